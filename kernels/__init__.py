@@ -1,0 +1,1 @@
+"""Triton kernels for the retrieval hot path, each with a torch reference (packaged as memfit_gpu.kernels)."""

@@ -1,0 +1,274 @@
+"""Typed configuration: one dataclass per stage, every default is SPEC.md's (the paper's).
+
+A run's configuration is `MemFitConfig`, loaded from YAML in `configs/` and refined by dot-list
+overrides (`retrieve.scan_top_k=30`). OmegaConf validates both against these dataclasses, so an
+unknown key or a wrongly typed value is an error that names the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for configs)
+from omegaconf.errors import OmegaConfBaseException
+
+
+@dataclass
+class DataConfig:
+    benchmark: str = "locomo"  # locomo | longmemeval | memgallery: picks the loader
+    path: Optional[str] = None  # file or folder; None = $MEMFIT_DATA_DIR or the fetch cache
+    limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
+    limit_questions: Optional[int] = None  # first N questions per memory: smoke runs and demos
+    include_categories: Optional[list[str]] = None  # None = the benchmark's evaluated set
+    exclude_categories: list[str] = field(default_factory=lambda: ["5"])  # LoCoMo adversarial is not scored (SPEC Evaluation)
+
+
+@dataclass
+class StoreConfig:
+    path: Optional[str] = None  # None = inside the run directory; persistent append-only log + snapshots
+    fsync: bool = False  # fsync after every append batch: a live agent wants it, a benchmark build does not
+
+
+@dataclass
+class IndexConfig:
+    encoder: str = "sentence-transformers/all-MiniLM-L6-v2"  # SPEC write path 1: the bi-encoder
+    normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC)
+    encode_batch_size: int = 128  # per device; halved automatically on OOM
+    device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
+    dtype: str = "auto"  # auto = bf16/fp16 on GPU, fp32 on CPU
+    bm25_k1: float = 1.5  # SPEC write path 2
+    bm25_b: float = 0.75  # SPEC write path 2
+    bm25_backend: str = "torch"  # torch (sparse, batched) | reference (readable, slow)
+    dense_factory: str = "Flat"  # FAISS factory string with inner product; Flat = exact (IndexFlatIP)
+    dense_gpu: bool = True  # use GPU FAISS when faiss-gpu and a GPU are present
+    dense_nprobe: int = 16  # for IVF factories only
+
+
+@dataclass
+class SegmentConfig:
+    min_window: int = 3  # SPEC write path 3: w = max(3, round(sqrt(n) * window_scale))
+    window_scale: float = 0.5  # sqrt(n) / 2
+    short_factor: int = 4  # n < 4w: the whole memory is one segment
+    depth_std_factor: float = 0.5  # cut where depth > mean + std/2 and depth is a local maximum
+
+
+@dataclass
+class SummaryConfig:
+    enabled: bool = True  # summaries index segments; off = a store with no LLM at all
+    min_segment: int = 3  # segments of fewer episodes get no summary (SPEC write path 3)
+    max_summaries: int = 60  # per memory, the largest segments win (SPEC write path 3)
+    max_excerpts: int = 14  # evenly spaced member turns shown to the LLM (SPEC write path 4)
+    excerpt_chars: int = 220  # each excerpt cut to this many characters (SPEC write path 4)
+    temperature: float = 0.0  # deterministic summaries (SPEC write path 4)
+    max_new_tokens: int = 200  # SPEC write path 4
+    min_chars: int = 20  # shorter outputs are dropped (SPEC write path 4)
+    prompt: str = "summary.txt"  # file in memfit_gpu/prompts/
+
+
+@dataclass
+class PRFConfig:
+    enabled: bool = True  # SPEC read path 6
+    docs: int = 2  # feedback from the top-2 episodes
+    terms: int = 12  # keep 12 expansion terms
+    min_token_chars: int = 4  # tokens longer than 3 characters
+    weight: float = 0.5  # new episodes enter with 0.5 x their score
+    term_order: str = "idf"  # idf (paper) | alphabetical (the released code's bug, as a switch)
+
+
+@dataclass
+class BoostConfig:
+    speaker: float = 0.10  # SPEC read path 2
+    month: float = 0.08
+    year: float = 0.05
+    min_speaker_chars: int = 3  # names longer than 2 characters, whole word
+
+
+@dataclass
+class RetrieveConfig:
+    scan_top_k: int = 60  # top-N of BM25 and of dense each (SPEC read path 1; "wide scan")
+    alpha: float = 0.7  # fused = alpha * dense + (1 - alpha) * bm25, min-max over the union
+    dense_min_cosine: float = 0.0  # dense keeps only cosine > 0
+    boosts: BoostConfig = field(default_factory=BoostConfig)
+    boosts_enabled: bool = True  # plain retrieval turns boosts off with the rest
+    summaries: bool = True  # search the summary layer at all (SPEC read path 3)
+    summary_top_k: int = 10  # hybrid over summaries, top 10
+    pool_size: int = 50  # round-robin pool of episode and summary hits (SPEC read path 4)
+    summary_expansion: bool = True  # SPEC read path 5
+    summary_expansion_top: int = 5  # members of the top-5 summaries
+    summary_expansion_weight: float = 0.5  # enter with 0.5 x the summary's score
+    prf: PRFConfig = field(default_factory=PRFConfig)
+    question_batch_size: int = 4096  # questions per batched pass; bounds peak memory
+
+
+@dataclass
+class RerankConfig:
+    backend: str = "cross-encoder"  # cross-encoder | none (keep the first-stage order)
+    model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"  # SPEC read path 7
+    max_length: int = 384  # SPEC read path 7
+    rerank_pool: int = 80  # pool[:80] plus every expansion is reranked
+    batch_size: int = 256  # pairs per forward, length-sorted; halved on OOM
+    zscore_min: int = 3  # fewer items of a kind: leave raw scores
+    summary_suffix: str = " (as of {date})"  # a summary's passage = text + this
+
+
+@dataclass
+class PackConfig:
+    k: int = 10  # top-k after rerank; summaries compete for slots (SPEC read path 8)
+    context_window: int = 1  # +/- 1 neighbouring turns of the same session
+    resolve_dates: bool = True  # relative dates resolved in parentheses (SPEC read path 9)
+
+
+@dataclass
+class ReaderConfig:
+    backend: str = "transformers"  # transformers | vllm | openai
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"  # hub id; packaged weights used offline
+    instances: int = 1  # vllm: engines spread over the visible GPUs
+    tensor_parallel_size: int = 1  # vllm: GPUs per engine
+    base_urls: list[str] = field(default_factory=list)  # openai: one or more servers
+    api_key_env: str = "OPENAI_API_KEY"  # openai: read the key from this variable
+    concurrency: int = 16  # openai: in-flight requests per URL
+    timeout_s: float = 120.0  # openai: per request
+    max_retries: int = 5  # openai: on timeout, 429, 5xx
+    temperature: float = 0.0  # deterministic answers
+    max_new_tokens: int = 64  # answers are short (SPEC: shortest complete answer)
+    batch_size: int = 16  # transformers: prompts per generate call
+    max_model_len: int = 8192  # vllm: context length
+    dtype: str = "auto"  # model weights dtype
+    images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)
+    prompt: str = "answer.txt"  # file in memfit_gpu/prompts/
+    protocol: str = "auto"  # auto = the benchmark's official protocol (MemGallery system prompt + per-category)
+
+
+@dataclass
+class JudgeConfig:
+    enabled: bool = False  # an LLM judge costs calls; off unless asked
+    backend: str = "transformers"
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    base_urls: list[str] = field(default_factory=list)
+    max_new_tokens: int = 128
+    prompt: str = "auto"  # auto = paper judge (LoCoMo), graded (MemGallery), per-type (LongMemEval)
+
+
+@dataclass
+class EvalConfig:
+    metrics: list[str] = field(default_factory=lambda: ["paper", "locomo", "memgallery"])  # F1/BLEU-1 variants
+    table_metric: str = "paper"  # which variant results.md reports
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    bootstrap_samples: int = 1000  # 95 % intervals
+    permutation_samples: int = 10000  # paired sign-flip test
+    seed: int = 0
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "memfit"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # a sweep sets this to its name
+    mode: str = "offline"  # online | offline | disabled
+
+
+@dataclass
+class TrackingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class MemFitConfig:
+    name: str = "memfit"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    segment: SegmentConfig = field(default_factory=SegmentConfig)
+    summary: SummaryConfig = field(default_factory=SummaryConfig)
+    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    pack: PackConfig = field(default_factory=PackConfig)
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that does not fit `MemFitConfig`."""
+
+
+_CHOICES = {
+    "index.bm25_backend": ("torch", "reference"),
+    "retrieve.prf.term_order": ("idf", "alphabetical"),
+    "rerank.backend": ("cross-encoder", "none"),
+    "reader.backend": ("transformers", "vllm", "openai"),
+    "reader.images": ("none", "question", "retrieved"),
+    "eval.judge.backend": ("transformers", "vllm", "openai"),
+    "eval.table_metric": ("paper", "locomo", "memgallery"),
+    "tracking.wandb.mode": ("online", "offline", "disabled"),
+}
+
+
+def _check_choices(cfg: MemFitConfig, source: str) -> None:
+    for dotted, allowed in _CHOICES.items():
+        value: Any = cfg
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        if value not in allowed:
+            raise ConfigError(f"{source}: {dotted}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _base_of(data: Any, path: Path) -> Any:
+    """Resolve `defaults: other.yaml` (one base file, relative to this one) before merging."""
+    if not isinstance(data, dict) or "defaults" not in data:
+        return OmegaConf.create(data or {})
+    base_name = data.pop("defaults")
+    base_path = (path.parent / base_name).resolve()
+    if not base_path.exists():
+        raise ConfigError(f"{path}: defaults points at {base_name}, which does not exist ({base_path})")
+    return OmegaConf.merge(_load_yaml_tree(base_path), OmegaConf.create(data))
+
+
+def _load_yaml_tree(path: Path) -> Any:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return _base_of(data, path)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> MemFitConfig:
+    """Defaults <- YAML file (with optional `defaults:` base) <- dot-list overrides, validated."""
+    schema = OmegaConf.structured(MemFitConfig)
+    source = str(path) if path else "<defaults>"
+    try:
+        merged = schema
+        if path is not None:
+            path = Path(path)
+            if not path.exists():
+                raise ConfigError(f"config file not found: {path}")
+            merged = OmegaConf.merge(merged, _load_yaml_tree(path))
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise ConfigError(f"override {bad[0]!r} is not key=value (e.g. retrieve.scan_top_k=30)")
+        if overrides:
+            source = f"{source} + overrides {list(overrides)}"
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{exc.msg if hasattr(exc, 'msg') else exc}") from None
+    assert isinstance(cfg, MemFitConfig)
+    _check_choices(cfg, source)
+    return cfg
+
+
+def to_yaml(cfg: MemFitConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: MemFitConfig) -> dict[str, Any]:
+    out = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]

@@ -1,0 +1,87 @@
+"""One schema for every benchmark: Benchmark -> Memory -> Session -> Turn, plus Questions.
+
+Loaders produce these; nothing downstream knows which benchmark a memory came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class Image:
+    caption: str  # the text that stands for the image in the episode (LoCoMo blip_caption, MemGallery caption)
+    image_id: Optional[str] = None  # MemGallery ids; LoCoMo has none
+    path: Optional[str] = None  # local file or URL where one is known
+
+
+@dataclass
+class Turn:
+    turn_id: str  # benchmark's own id: LoCoMo dia_id "D1:3", MemGallery round "D1:3", LongMemEval "<session>:<index>"
+    speaker: str
+    text: str
+    timestamp: str  # ISO 8601 of the session start, "2023-05-08T13:56:00"
+    date_text: str  # the session date as written in the benchmark (goes into the episode text)
+    images: list[Image] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. MemGallery's assistant reply
+
+
+@dataclass
+class Session:
+    session_id: str
+    date_text: str
+    timestamp: str
+    turns: list[Turn] = field(default_factory=list)
+
+
+@dataclass
+class Question:
+    question_id: str
+    memory_id: str
+    question: str
+    answer: str  # gold answer as text (integers become their decimal string)
+    category: str  # LoCoMo "1".."5", LongMemEval question_type, MemGallery point
+    evidence: list[str] = field(default_factory=list)  # gold turn ids (parsed; see Benchmark.problems)
+    evidence_sessions: list[str] = field(default_factory=list)
+    question_date: Optional[str] = None  # ISO 8601 when the benchmark gives one
+    image: Optional[Image] = None  # the question's own image (MemGallery)
+    abstention: bool = False  # LongMemEval `_abs`: the right answer is to decline
+    evaluated: bool = True  # False for categories excluded from scoring (LoCoMo category 5)
+    extra: dict[str, Any] = field(default_factory=dict)  # adversarial_answer, raw evidence strings, ...
+
+
+@dataclass
+class Memory:
+    memory_id: str
+    sessions: list[Session] = field(default_factory=list)
+    questions: list[Question] = field(default_factory=list)
+    speakers: list[str] = field(default_factory=list)
+
+    def turns(self) -> list[Turn]:
+        """Every turn in conversation order (sessions in time order, then turn order)."""
+        return [t for s in self.sessions for t in s.turns]
+
+
+@dataclass
+class Benchmark:
+    name: str
+    source: str  # file or folder it was read from
+    memories: list[Memory] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # quirks found and how each was handled
+
+    def questions(self) -> list[Question]:
+        return [q for m in self.memories for q in m.questions]
+
+
+class DataError(ValueError):
+    """A benchmark file that cannot be read: the message names the file, the item and the field."""
+
+    def __init__(self, file: str, item: str | int | None, field_name: str | None, reason: str):
+        where = [str(file)]
+        if item is not None:
+            where.append(f"item {item}")
+        if field_name is not None:
+            where.append(f"field {field_name!r}")
+        super().__init__(f"{', '.join(where)}: {reason}")
+        self.file, self.item, self.field = file, item, field_name
