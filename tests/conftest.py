@@ -1,0 +1,29 @@
+"""Session-wide fixtures: real data from ../shared/data, real packaged models loaded once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never reach a model hub: packaged weights only, and a clear error otherwise.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("MEMFIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        raise RuntimeError(f"benchmark data not found at {SHARED_DATA}: CI needs ../shared beside the checkout")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def locomo_path(shared_data: Path) -> Path:
+    return shared_data / "locomo" / "locomo10.json"
