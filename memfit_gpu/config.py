@@ -258,7 +258,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
-        raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{exc.msg if hasattr(exc, 'msg') else exc}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{reason}") from None
     assert isinstance(cfg, MemFitConfig)
     _check_choices(cfg, source)
     return cfg
