@@ -6,14 +6,14 @@ Loaders produce these; nothing downstream knows which benchmark a memory came fr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
 class Image:
     caption: str  # the text that stands for the image in the episode (LoCoMo blip_caption, MemGallery caption)
-    image_id: Optional[str] = None  # MemGallery ids; LoCoMo has none
-    path: Optional[str] = None  # local file or URL where one is known
+    image_id: str | None = None  # MemGallery ids; LoCoMo has none
+    path: str | None = None  # local file or URL where one is known
 
 
 @dataclass
@@ -44,8 +44,8 @@ class Question:
     category: str  # LoCoMo "1".."5", LongMemEval question_type, MemGallery point
     evidence: list[str] = field(default_factory=list)  # gold turn ids (parsed; see Benchmark.problems)
     evidence_sessions: list[str] = field(default_factory=list)
-    question_date: Optional[str] = None  # ISO 8601 when the benchmark gives one
-    image: Optional[Image] = None  # the question's own image (MemGallery)
+    question_date: str | None = None  # ISO 8601 when the benchmark gives one
+    image: Image | None = None  # the question's own image (MemGallery)
     abstention: bool = False  # LongMemEval `_abs`: the right answer is to decline
     evaluated: bool = True  # False for categories excluded from scoring (LoCoMo category 5)
     extra: dict[str, Any] = field(default_factory=dict)  # adversarial_answer, raw evidence strings, ...
@@ -57,6 +57,7 @@ class Memory:
     sessions: list[Session] = field(default_factory=list)
     questions: list[Question] = field(default_factory=list)
     speakers: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. MemGallery's character_profile
 
     def turns(self) -> list[Turn]:
         """Every turn in conversation order (sessions in time order, then turn order)."""

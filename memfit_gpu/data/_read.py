@@ -1,0 +1,141 @@
+"""Shared reading helpers for the loaders: JSON with file-naming errors, typed field access, dates.
+
+Every failure is a DataError that names the file, the item and the field, so a broken download
+or a hand-edited file points at the exact spot instead of a KeyError deep in a loader.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from memfit_gpu.data.schema import DataError
+
+_MISSING = object()
+
+# English month names as LoCoMo writes them; parsed by hand so the result never depends on locale.
+_MONTHS = {
+    name: number
+    for number, name in enumerate(
+        ["january", "february", "march", "april", "may", "june", "july", "august", "september",
+         "october", "november", "december"],
+        start=1,
+    )
+}
+_MONTHS.update({name[:3]: number for name, number in list(_MONTHS.items())})
+
+_LOCOMO_DATE = re.compile(
+    r"^\s*(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$", re.IGNORECASE
+)
+_LONGMEMEVAL_DATE = re.compile(r"^\s*(\d{4})/(\d{1,2})/(\d{1,2})\s*(?:\([A-Za-z]+\))?\s*(?:(\d{1,2}):(\d{2}))?\s*$")
+_ISO_DAY = re.compile(r"^\s*(\d{4})-(\d{1,2})-(\d{1,2})\s*$")
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; a file that is not JSON is a DataError naming the file and the position."""
+    try:
+        with open(path, "rb") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise DataError(str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(str(path), None, None, f"not UTF-8 text ({exc})") from exc
+
+
+def type_name(types: type | tuple[type, ...]) -> str:
+    if isinstance(types, tuple):
+        return " or ".join(t.__name__ for t in types)
+    return types.__name__
+
+
+def get(
+    obj: dict[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    file: Path | str,
+    item: str | int | None,
+    field_path: str | None = None,
+    default: Any = _MISSING,
+) -> Any:
+    """obj[key] checked against `types`; missing (without a default) or mistyped -> DataError.
+
+    `field_path` is how the field is named in the error (e.g. "qa[3].question"); defaults to key.
+    bool is rejected where int is asked for, since JSON true/false is never a count or an answer.
+    """
+    name = field_path or key
+    if not isinstance(obj, dict):
+        raise DataError(str(file), item, name.rsplit(".", 1)[0] if "." in name else None,
+                        f"expected an object, got {type(obj).__name__}")
+    if key not in obj or obj[key] is None:
+        if default is not _MISSING:
+            return default
+        raise DataError(str(file), item, name, "required field is missing")
+    value = obj[key]
+    wanted = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in wanted:
+        raise DataError(str(file), item, name, f"expected {type_name(types)}, got bool")
+    if not isinstance(value, wanted):
+        raise DataError(str(file), item, name, f"expected {type_name(types)}, got {type(value).__name__}")
+    return value
+
+
+def answer_text(value: Any, file: Path | str, item: str | int | None, field_path: str) -> str:
+    """Gold answers are strings or integers (LoCoMo, LongMemEval): both become text."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DataError(str(file), item, field_path, f"expected str or int, got {type(value).__name__}")
+    return value if isinstance(value, str) else str(value)
+
+
+def str_list(value: Any, file: Path | str, item: str | int | None, field_path: str) -> list[str]:
+    """A list of strings; a bare string is accepted as a one-element list."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DataError(str(file), item, field_path, f"expected a list of str, got {value!r:.80}")
+    return list(value)
+
+
+def _iso(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> str:
+    return datetime(year, month, day, hour, minute).isoformat()
+
+
+def parse_locomo_date(text: str) -> str | None:
+    """'1:56 pm on 8 May, 2023' -> '2023-05-08T13:56:00'; None when it does not parse."""
+    match = _LOCOMO_DATE.match(text)
+    if not match:
+        return None
+    hour, minute, half, day, month_name, year = match.groups()
+    month = _MONTHS.get(month_name.lower())
+    hour_24 = int(hour) % 12 + (12 if half.lower() == "p" else 0)
+    if month is None or int(hour) > 12:
+        return None
+    try:
+        return _iso(int(year), month, int(day), hour_24, int(minute))
+    except ValueError:
+        return None
+
+
+def parse_longmemeval_date(text: str) -> str | None:
+    """'2023/05/27 (Sat) 21:08' -> '2023-05-27T21:08:00'; None when it does not parse."""
+    match = _LONGMEMEVAL_DATE.match(text)
+    if not match:
+        return None
+    year, month, day, hour, minute = match.groups()
+    try:
+        return _iso(int(year), int(month), int(day), int(hour or 0), int(minute or 0))
+    except ValueError:
+        return None
+
+
+def parse_iso_day(text: str) -> str | None:
+    """'2024-06-17' -> '2024-06-17T00:00:00' (MemGallery session dates); None when it does not parse."""
+    match = _ISO_DAY.match(text)
+    if not match:
+        return None
+    try:
+        return _iso(*(int(g) for g in match.groups()))
+    except ValueError:
+        return None
