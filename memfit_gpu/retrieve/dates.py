@@ -1,0 +1,192 @@
+"""Pure date rules of the read path: query constraints (SPEC read path 2) and relative-date
+resolution in excerpts (SPEC read path 9).
+
+Shared by the batched path and the reference path; nothing here touches tensors or indexes.
+
+Rules written down (each has a unit test with hand-computed dates in tests/test_dates.py):
+
+Query constraints, from the lowercased question
+- speaker: a known speaker name longer than 2 characters (BoostConfig.min_speaker_chars) that occurs
+  as a whole word (`\\b` on both sides), compared lowercased.
+- year: every `\\b20\\d\\d\\b`.
+- month: full month names, 3-letter abbreviations and "sept", whole words. The modal verb "may" is
+  a month only when it looks like a date: preceded by "in"/"of" ("in may", "of may"), preceded by a
+  day number ("8 may", "8th may"), or followed by a day number or a year ("may 8", "may 8th",
+  "may 2023", "may, 2023"). "What may Caroline do" is not a month.
+
+Relative dates, resolved against the episode's session date (the anchor) and appended in
+parentheses after the phrase, e.g. "yesterday" -> "yesterday (7 May 2023)":
+- "yesterday" -> anchor - 1 day.
+- "N days ago" / "N weeks ago" -> anchor - N days / - 7N days (N a numeral, a number word up to
+  twelve, or "a"/"an" = 1).
+- "last week" -> "the week before {anchor}".
+- "last <weekday>" -> the latest such weekday strictly before the anchor (a Friday anchor's
+  "last Friday" is 7 days earlier).
+- "last/this/next month" -> the month name and year; "last/this/next year" -> the year.
+- "N months ago" -> month arithmetic on (year, month), shown as "April 2023"; "N years ago" -> year.
+Dates print as "8 May 2023" (day without a leading zero).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Iterable, Sequence
+
+MONTH_NAMES = (
+    "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+)
+_MONTH_BY_WORD: dict[str, int] = {}
+for _i, _name in enumerate(MONTH_NAMES, start=1):
+    _MONTH_BY_WORD[_name] = _i
+    _MONTH_BY_WORD[_name[:3]] = _i
+_MONTH_BY_WORD["sept"] = 9
+
+_MONTH_WORD_RE = re.compile(r"\b(" + "|".join(sorted(_MONTH_BY_WORD, key=len, reverse=True)) + r")\b")
+_YEAR_RE = re.compile(r"\b20\d\d\b")
+# "may" counts as a month only in these contexts (see module docstring).
+_MAY_BEFORE_RE = re.compile(r"(?:\b(?:in|of)|\b\d{1,2}(?:st|nd|rd|th)?)\s+$")
+_MAY_AFTER_RE = re.compile(r"^,?\s+(?:\d{1,2}(?:st|nd|rd|th)?\b|20\d\d\b|\d{4}\b)")
+
+
+@dataclass(frozen=True)
+class QueryConstraints:
+    """What a question names: speakers (lowercased names), years and months (1-12)."""
+
+    speakers: frozenset[str] = frozenset()
+    years: frozenset[int] = frozenset()
+    months: frozenset[int] = frozenset()
+
+
+def question_years(question: str) -> set[int]:
+    return {int(m.group(0)) for m in _YEAR_RE.finditer(question.lower())}
+
+
+def question_months(question: str) -> set[int]:
+    text = question.lower()
+    months: set[int] = set()
+    for match in _MONTH_WORD_RE.finditer(text):
+        word = match.group(1)
+        if word == "may":
+            before, after = text[: match.start()], text[match.end():]
+            if not (_MAY_BEFORE_RE.search(before) or _MAY_AFTER_RE.match(after)):
+                continue
+        months.add(_MONTH_BY_WORD[word])
+    return months
+
+
+def question_speakers(question: str, speakers: Iterable[str], min_chars: int = 3) -> set[str]:
+    """Known speaker names (lowercased) that occur as whole words in the lowercased question."""
+    text = question.lower()
+    found: set[str] = set()
+    for name in speakers:
+        low = name.lower().strip()
+        if len(low) < min_chars:
+            continue
+        if re.search(r"\b" + re.escape(low) + r"\b", text):
+            found.add(low)
+    return found
+
+
+def parse_constraints(question: str, speakers: Iterable[str], min_speaker_chars: int = 3) -> QueryConstraints:
+    return QueryConstraints(
+        speakers=frozenset(question_speakers(question, speakers, min_speaker_chars)),
+        years=frozenset(question_years(question)),
+        months=frozenset(question_months(question)),
+    )
+
+
+def text_mentions(text: str, name: str) -> bool:
+    """Whole-word, case-insensitive occurrence of a (speaker) name in an episode's text."""
+    return re.search(r"\b" + re.escape(name.lower()) + r"\b", text.lower()) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Relative dates in excerpts (SPEC read path 9)
+
+_NUMBER_WORDS = {
+    "a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+    "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+}
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_NUM = r"(\d+|" + "|".join(_NUMBER_WORDS) + r")"
+
+_RELATIVE_RE = re.compile(
+    r"\b(?:"
+    r"(?P<yesterday>yesterday)"
+    r"|(?P<n>" + _NUM[1:-1] + r")\s+(?P<unit>day|week|month|year)s?\s+ago"
+    r"|(?P<lastweek>last\s+week)"
+    r"|last\s+(?P<weekday>" + "|".join(_WEEKDAYS) + r")"
+    r"|(?P<rel>last|this|next)\s+(?P<period>month|year)"
+    r")\b",
+    re.IGNORECASE,
+)
+
+
+def format_date(day: date) -> str:
+    """8 May 2023 (no leading zero, full month name)."""
+    return f"{day.day} {MONTH_NAMES[day.month - 1].capitalize()} {day.year}"
+
+
+def format_month(year: int, month: int) -> str:
+    return f"{MONTH_NAMES[month - 1].capitalize()} {year}"
+
+
+def shift_month(year: int, month: int, delta: int) -> tuple[int, int]:
+    index = year * 12 + (month - 1) + delta
+    return index // 12, index % 12 + 1
+
+
+def _number(token: str) -> int:
+    token = token.lower()
+    return int(token) if token.isdigit() else _NUMBER_WORDS[token]
+
+
+def resolve_phrase(match: re.Match[str], anchor: date) -> str:
+    """The resolved value for one relative-date phrase (without parentheses)."""
+    groups = match.groupdict()
+    if groups["yesterday"]:
+        return format_date(anchor - timedelta(days=1))
+    if groups["n"]:
+        count, unit = _number(groups["n"]), groups["unit"].lower()
+        if unit == "day":
+            return format_date(anchor - timedelta(days=count))
+        if unit == "week":
+            return format_date(anchor - timedelta(days=7 * count))
+        if unit == "month":
+            return format_month(*shift_month(anchor.year, anchor.month, -count))
+        return str(anchor.year - count)
+    if groups["lastweek"]:
+        return f"the week before {format_date(anchor)}"
+    if groups["weekday"]:
+        target = _WEEKDAYS.index(groups["weekday"].lower())
+        back = (anchor.weekday() - target) % 7 or 7
+        return format_date(anchor - timedelta(days=back))
+    delta = {"last": -1, "this": 0, "next": 1}[groups["rel"].lower()]
+    if groups["period"].lower() == "month":
+        return format_month(*shift_month(anchor.year, anchor.month, delta))
+    return str(anchor.year + delta)
+
+
+def resolve_relative_dates(text: str, anchor: date | datetime) -> str:
+    """Append the resolved date in parentheses after every relative-date phrase of `text`."""
+    if isinstance(anchor, datetime):
+        anchor = anchor.date()
+    return _RELATIVE_RE.sub(lambda m: f"{m.group(0)} ({resolve_phrase(m, anchor)})", text)
+
+
+def resolve_many(texts: Sequence[str], anchors: Sequence[date | datetime]) -> list[str]:
+    """Batch form: one anchor per text."""
+    if len(texts) != len(anchors):
+        raise ValueError(f"resolve_many: {len(texts)} texts but {len(anchors)} anchors")
+    return [resolve_relative_dates(t, a) for t, a in zip(texts, anchors)]
+
+
+def parse_iso(timestamp: str) -> datetime:
+    """ISO 8601 timestamp of the schema (`2023-05-08T13:56:00`), with a clear error otherwise."""
+    try:
+        return datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not an ISO 8601 timestamp: {timestamp!r}") from exc
