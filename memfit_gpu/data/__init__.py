@@ -29,8 +29,20 @@ BENCHMARKS = ("locomo", "longmemeval", "memgallery")
 LONGMEMEVAL_SPLITS = ("s", "m", "oracle")
 
 __all__ = [
-    "BENCHMARKS", "Benchmark", "DataError", "DataNotFoundError", "Image", "Memory", "Question", "Session", "Turn",
-    "cache_dir", "load_benchmark", "resolve_data_path", "select_from_config", "select_questions",
+    "BENCHMARKS",
+    "Benchmark",
+    "DataError",
+    "DataNotFoundError",
+    "Image",
+    "Memory",
+    "Question",
+    "Session",
+    "Turn",
+    "cache_dir",
+    "load_benchmark",
+    "resolve_data_path",
+    "select_from_config",
+    "select_questions",
 ]
 
 
@@ -86,7 +98,8 @@ def _files_in(name: str, root: Path, split: str | None) -> list[Path]:
             if files:
                 return files
         return []
-    for folder in (root, root / "dialog", root / "memgallery" / "dialog"):
+    # The dialog folder before `root` itself: memgallery/ also holds image_lfs_manifest.json.
+    for folder in (root / "dialog", root / "memgallery" / "dialog", root):
         files = sorted(p for p in folder.glob("*.json") if p.is_file()) if folder.is_dir() else []
         if files:
             return files
@@ -130,12 +143,18 @@ def load_benchmark(name: str, path: str | Path | None = None, split: str | None 
     """
     name = _check_name(name)
     files = resolve_data_path(name, path, split)
-    log.info("loading %s from %s", name, files[0] if len(files) == 1 else f"{len(files)} files in {files[0].parent}")
+    log.info(
+        "loading %s from %s",
+        name,
+        files[0] if len(files) == 1 else f"{len(files)} files in {files[0].parent}",
+    )
     if name == "locomo":
         from memfit_gpu.data.locomo import load_locomo
 
         if len(files) != 1:
-            raise DataError(str(files[0].parent), None, None, "LoCoMo is one file: pass the locomo10.json path")
+            raise DataError(
+                str(files[0].parent), None, None, "LoCoMo is one file: pass the locomo10.json path"
+            )
         benchmark = load_locomo(files[0])
     elif name == "longmemeval":
         from memfit_gpu.data.longmemeval import load_longmemeval
@@ -175,14 +194,17 @@ def select_questions(
         if limit_memories is not None and len(memories) >= limit_memories:
             break
         kept = [
-            q for q in memory.questions
+            q
+            for q in memory.questions
             if (q.evaluated if include is None else q.category in include) and q.category not in exclude
         ]
         if limit_questions is not None:
             kept = kept[:limit_questions]
         if kept:
             memories.append(dataclasses.replace(memory, questions=kept))
-    return Benchmark(name=benchmark.name, source=benchmark.source, memories=memories, problems=list(benchmark.problems))
+    return Benchmark(
+        name=benchmark.name, source=benchmark.source, memories=memories, problems=list(benchmark.problems)
+    )
 
 
 def select_from_config(benchmark: Benchmark, cfg: DataConfig) -> Benchmark:

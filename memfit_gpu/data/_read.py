@@ -20,8 +20,20 @@ _MISSING = object()
 _MONTHS = {
     name: number
     for number, name in enumerate(
-        ["january", "february", "march", "april", "may", "june", "july", "august", "september",
-         "october", "november", "december"],
+        [
+            "january",
+            "february",
+            "march",
+            "april",
+            "may",
+            "june",
+            "july",
+            "august",
+            "september",
+            "october",
+            "november",
+            "december",
+        ],
         start=1,
     )
 }
@@ -30,7 +42,9 @@ _MONTHS.update({name[:3]: number for name, number in list(_MONTHS.items())})
 _LOCOMO_DATE = re.compile(
     r"^\s*(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$", re.IGNORECASE
 )
-_LONGMEMEVAL_DATE = re.compile(r"^\s*(\d{4})/(\d{1,2})/(\d{1,2})\s*(?:\([A-Za-z]+\))?\s*(?:(\d{1,2}):(\d{2}))?\s*$")
+_LONGMEMEVAL_DATE = re.compile(
+    r"^\s*(\d{4})/(\d{1,2})/(\d{1,2})\s*(?:\([A-Za-z]+\))?\s*(?:(\d{1,2}):(\d{2}))?\s*$"
+)
 _ISO_DAY = re.compile(r"^\s*(\d{4})-(\d{1,2})-(\d{1,2})\s*$")
 
 
@@ -40,7 +54,9 @@ def read_json(path: Path) -> Any:
         with open(path, "rb") as handle:
             return json.load(handle)
     except json.JSONDecodeError as exc:
-        raise DataError(str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+        raise DataError(
+            str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from exc
     except UnicodeDecodeError as exc:
         raise DataError(str(path), None, None, f"not UTF-8 text ({exc})") from exc
 
@@ -67,8 +83,12 @@ def get(
     """
     name = field_path or key
     if not isinstance(obj, dict):
-        raise DataError(str(file), item, name.rsplit(".", 1)[0] if "." in name else None,
-                        f"expected an object, got {type(obj).__name__}")
+        raise DataError(
+            str(file),
+            item,
+            name.rsplit(".", 1)[0] if "." in name else None,
+            f"expected an object, got {type(obj).__name__}",
+        )
     if key not in obj or obj[key] is None:
         if default is not _MISSING:
             return default

@@ -105,19 +105,27 @@ def _load_sample(sample: Any, index: int, path: Path, problems: list[str]) -> tu
         date_text = get(conversation, date_key, str, path, index, f"conversation.{date_key}")
         timestamp = parse_locomo_date(date_text)
         if timestamp is None:
-            raise DataError(str(path), index, f"conversation.{date_key}",
-                            f"date {date_text!r} is not like '1:56 pm on 8 May, 2023'")
+            raise DataError(
+                str(path),
+                index,
+                f"conversation.{date_key}",
+                f"date {date_text!r} is not like '1:56 pm on 8 May, 2023'",
+            )
         raw_turns = get(conversation, key, list, path, index, f"conversation.{key}")
         session = Session(session_id=key, date_text=date_text, timestamp=timestamp)
         for position, raw_turn in enumerate(raw_turns):
-            session.turns.append(_load_turn(raw_turn, path, index, f"conversation.{key}[{position}]", date_text, timestamp))
+            session.turns.append(
+                _load_turn(raw_turn, path, index, f"conversation.{key}[{position}]", date_text, timestamp)
+            )
         sessions.append(session)
 
     turn_session = {turn.turn_id: s.session_id for s in sessions for turn in s.turns}
     questions: list[Question] = []
     adversarial_only = 0
     for q_index, raw in enumerate(get(sample, "qa", list, path, index)):
-        question, was_adversarial_only = _load_question(raw, q_index, memory_id, turn_session, path, index, problems)
+        question, was_adversarial_only = _load_question(
+            raw, q_index, memory_id, turn_session, path, index, problems
+        )
         adversarial_only += was_adversarial_only
         questions.append(question)
     memory = Memory(memory_id=memory_id, sessions=sessions, questions=questions, speakers=speakers)
@@ -179,7 +187,9 @@ def _load_question(
     rewritten = False
     for e_index, item in enumerate(raw_evidence):
         if not isinstance(item, str):
-            raise DataError(str(path), index, f"{where}.evidence[{e_index}]", f"expected str, got {type(item).__name__}")
+            raise DataError(
+                str(path), index, f"{where}.evidence[{e_index}]", f"expected str, got {type(item).__name__}"
+            )
         ids, unreadable = parse_evidence(item)
         if ids != [item] or unreadable:
             rewritten = True

@@ -39,14 +39,19 @@ def load_longmemeval(paths: Path | Iterable[Path]) -> Benchmark:
         data = read_json(path)
         if not isinstance(data, list):
             raise DataError(str(path), None, None, f"expected a list of questions, got {type(data).__name__}")
-        for index, record in enumerate(tqdm(data, desc=f"longmemeval {path.name}", unit="question", leave=False, disable=None)):
-            memory = _load_record(record, index, path, benchmark.problems)
+        for index, record in enumerate(
+            tqdm(data, desc=f"longmemeval {path.name}", unit="question", leave=False, disable=None)
+        ):
+            # A skipped duplicate is still checked, but its own quirks are not reported.
+            record_problems: list[str] = []
+            memory = _load_record(record, index, path, record_problems)
             if memory.memory_id in seen:
                 benchmark.problems.append(
                     f"longmemeval {path.name} item {index}: question_id {memory.memory_id!r} already loaded: skipped"
                 )
                 continue
             seen.add(memory.memory_id)
+            benchmark.problems.extend(record_problems)
             benchmark.memories.append(memory)
     return benchmark
 
@@ -62,33 +67,45 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
     if not isinstance(record, dict):
         raise DataError(str(path), index, None, f"expected an object, got {type(record).__name__}")
     question_id = get(record, "question_id", str, path, index)
-    session_ids = str_list(get(record, "haystack_session_ids", list, path, index), path, index, "haystack_session_ids")
+    session_ids = str_list(
+        get(record, "haystack_session_ids", list, path, index), path, index, "haystack_session_ids"
+    )
     dates = str_list(get(record, "haystack_dates", list, path, index), path, index, "haystack_dates")
     raw_sessions = get(record, "haystack_sessions", list, path, index)
     if not len(session_ids) == len(dates) == len(raw_sessions):
         raise DataError(
-            str(path), index, "haystack_sessions",
+            str(path),
+            index,
+            "haystack_sessions",
             f"{len(raw_sessions)} sessions, {len(session_ids)} haystack_session_ids, {len(dates)} haystack_dates: "
             "the three lists must have the same length",
         )
 
     sessions: list[Session] = []
     used_ids: set[str] = set()
-    for s_index, (session_id, date_text, raw_turns) in enumerate(zip(session_ids, dates, raw_sessions, strict=True)):
+    for s_index, (session_id, date_text, raw_turns) in enumerate(
+        zip(session_ids, dates, raw_sessions, strict=True)
+    ):
         where = f"haystack_sessions[{s_index}]"
         if not isinstance(raw_turns, list):
-            raise DataError(str(path), index, where, f"expected a list of turns, got {type(raw_turns).__name__}")
+            raise DataError(
+                str(path), index, where, f"expected a list of turns, got {type(raw_turns).__name__}"
+            )
         if session_id in used_ids:
             # Turn ids must be unique within a memory; a repeated session id would collide.
             renamed = f"{session_id}#{s_index}"
-            problems.append(f"longmemeval {question_id}: session id {session_id!r} repeated: renamed {renamed!r}")
+            problems.append(
+                f"longmemeval {question_id}: session id {session_id!r} repeated: renamed {renamed!r}"
+            )
             session_id = renamed
         used_ids.add(session_id)
         timestamp = _date(date_text, path, index, f"haystack_dates[{s_index}]")
         session = Session(session_id=session_id, date_text=date_text, timestamp=timestamp)
         for t_index, raw_turn in enumerate(raw_turns):
             t_where = f"{where}[{t_index}]"
-            has_answer = get(raw_turn, "has_answer", bool, path, index, f"{t_where}.has_answer", default=False)
+            has_answer = get(
+                raw_turn, "has_answer", bool, path, index, f"{t_where}.has_answer", default=False
+            )
             turn = Turn(
                 turn_id=f"{session_id}:{t_index + 1}",
                 speaker=get(raw_turn, "role", str, path, index, f"{t_where}.role"),
@@ -104,11 +121,14 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
     sessions.sort(key=lambda s: s.timestamp)
 
     question_date_text = get(record, "question_date", str, path, index)
-    answer_sessions = str_list(get(record, "answer_session_ids", list, path, index, default=[]), path, index,
-                               "answer_session_ids")
+    answer_sessions = str_list(
+        get(record, "answer_session_ids", list, path, index, default=[]), path, index, "answer_session_ids"
+    )
     missing = [s for s in answer_sessions if s not in used_ids]
     if missing:
-        problems.append(f"longmemeval {question_id}: answer_session_ids {missing} are not in the haystack: kept")
+        problems.append(
+            f"longmemeval {question_id}: answer_session_ids {missing} are not in the haystack: kept"
+        )
     question = Question(
         question_id=question_id,
         memory_id=question_id,
@@ -121,4 +141,6 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
         abstention=question_id.endswith("_abs"),
         extra={"question_date_text": question_date_text},
     )
-    return Memory(memory_id=question_id, sessions=sessions, questions=[question], speakers=["user", "assistant"])
+    return Memory(
+        memory_id=question_id, sessions=sessions, questions=[question], speakers=["user", "assistant"]
+    )

@@ -100,16 +100,32 @@ def _load_round(raw: Any, path: Path, item: str, where: str, date_text: str, tim
         extra={"user": user, "assistant": assistant},
     )
     if "image_id" in raw or "input_image" in raw or "image_caption" in raw:
-        ids = str_list(get(raw, "image_id", list, path, item, f"{where}.image_id"), path, item, f"{where}.image_id")
-        files = str_list(get(raw, "input_image", list, path, item, f"{where}.input_image"), path, item,
-                         f"{where}.input_image")
-        captions = str_list(get(raw, "image_caption", list, path, item, f"{where}.image_caption"), path, item,
-                            f"{where}.image_caption")
+        ids = str_list(
+            get(raw, "image_id", list, path, item, f"{where}.image_id"), path, item, f"{where}.image_id"
+        )
+        files = str_list(
+            get(raw, "input_image", list, path, item, f"{where}.input_image"),
+            path,
+            item,
+            f"{where}.input_image",
+        )
+        captions = str_list(
+            get(raw, "image_caption", list, path, item, f"{where}.image_caption"),
+            path,
+            item,
+            f"{where}.image_caption",
+        )
         if not len(ids) == len(files) == len(captions):
-            raise DataError(str(path), item, f"{where}.image_id",
-                            f"{len(ids)} image_id, {len(files)} input_image, {len(captions)} image_caption: "
-                            "one of each per image")
-        turn.images = [Image(caption=c, image_id=i, path=f) for i, f, c in zip(ids, files, captions, strict=True)]
+            raise DataError(
+                str(path),
+                item,
+                f"{where}.image_id",
+                f"{len(ids)} image_id, {len(files)} input_image, {len(captions)} image_caption: "
+                "one of each per image",
+            )
+        turn.images = [
+            Image(caption=c, image_id=i, path=f) for i, f, c in zip(ids, files, captions, strict=True)
+        ]
     return turn
 
 
@@ -124,8 +140,9 @@ def _load_question(raw: Any, q_index: int, memory_id: str, path: Path) -> Questi
         answer=answer,
         category=category,
         evidence=str_list(get(raw, "clue", (list, str), path, item, default=[]), path, item, "clue"),
-        evidence_sessions=str_list(get(raw, "session_id", (list, str), path, item, default=[]), path, item,
-                                   "session_id"),
+        evidence_sessions=str_list(
+            get(raw, "session_id", (list, str), path, item, default=[]), path, item, "session_id"
+        ),
     )
     image_path = get(raw, "question_image", str, path, item, default=None)
     if image_path is not None:
