@@ -1,0 +1,191 @@
+"""Reading LLM-judge replies into {"verdict": bool, "reason": str, "score": float}.
+
+Three judges, three reply formats:
+- ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
+  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the first
+  JSON object that carries a label, else the last CORRECT/WRONG/INCORRECT word in the text.
+  score = 1.0 for CORRECT, 0.0 for WRONG.
+- ``memgallery``: Mem-Gallery's graded judge (data/memgallery/prompt/llm_judge.txt) answers
+  ``{"score": <0, 0.25, 0.5, 0.75, or 1>, "reasoning": "..."}``. Mem-Gallery's released
+  evaluation.py snaps the grade to 0 / 0.5 / 1 (below 0.25 -> 0, below 0.75 -> 0.5, else 1) before
+  averaging; ``grades="official"`` (default) reproduces that, ``grades="five"`` keeps the five
+  grades. The verdict is grade >= 0.75 on the judge's own grade ("largely accurate ... captures the
+  core information"), the same bar as the paper judge's CORRECT; the threshold is a parameter.
+- ``longmemeval``: LongMemEval's judge answers yes/no. Its evaluate_qa.py counts a reply as
+  correct when ``'yes' in reply.lower()``; ``rule="official"`` (default) does the same,
+  ``rule="word"`` reads the first whole yes/no word instead.
+
+An empty prediction is wrong without asking a judge (SPEC): `needs_judge` and `empty_verdict` say
+so. An abstention ("NOT_FOUND") is not empty: on LongMemEval's `_abs` questions declining is right.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+JUDGE_KINDS: tuple[str, ...] = ("paper", "memgallery", "longmemeval")
+
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*(.*?)```", re.DOTALL)
+_LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
+_REASON_KEYS = ("reason", "reasoning", "explanation", "rationale", "justification")
+_LABEL_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
+_SCORE_FIELD = re.compile(r"[\"']?score[\"']?\s*[:=]\s*\"?([0-9]*\.?[0-9]+)", re.IGNORECASE)
+_YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+class JudgeParseError(ValueError):
+    """A judge reply that carries no verdict; the message quotes the start of the reply."""
+
+    def __init__(self, kind: str, reply: str, why: str):
+        snippet = reply.strip().replace("\n", " ")[:160]
+        super().__init__(f"{kind} judge reply: {why}: {snippet!r}")
+        self.kind = kind
+        self.reply = reply
+
+
+def is_empty_prediction(prediction: str | None) -> bool:
+    """True for a prediction that must be judged wrong without a judge call (None or blank)."""
+    return prediction is None or not str(prediction).strip()
+
+
+def needs_judge(predictions: Sequence[str | None]) -> list[bool]:
+    """Per prediction: does it need a judge call? (Empty predictions are wrong without one.)"""
+    return [not is_empty_prediction(p) for p in predictions]
+
+
+def empty_verdict() -> dict[str, Any]:
+    """The judge record of an empty prediction (no call made)."""
+    return {"verdict": False, "reason": "empty prediction (judged wrong without a call)", "score": 0.0}
+
+
+def _json_objects(text: str):
+    """Every JSON object in the reply (fenced blocks first), parsed; balanced-brace scan."""
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    for chunk in candidates:
+        start = chunk.find("{")
+        while start != -1:
+            try:
+                value, _ = decoder.raw_decode(chunk, start)
+            except json.JSONDecodeError:
+                value = None
+            if isinstance(value, dict):
+                yield value
+            start = chunk.find("{", start + 1)
+
+
+def _lower_keys(obj: dict) -> dict[str, Any]:
+    return {str(k).strip().lower(): v for k, v in obj.items()}
+
+
+def _reason(obj: dict[str, Any]) -> str:
+    for key in _REASON_KEYS:
+        if obj.get(key) is not None:
+            return str(obj[key]).strip()
+    return ""
+
+
+def parse_paper_reply(reply: str) -> dict[str, Any]:
+    """CORRECT/WRONG judge reply -> {"verdict", "reason", "score"}; JudgeParseError if none found."""
+    text = reply or ""
+    for obj in _json_objects(text):
+        fields = _lower_keys(obj)
+        for key in _LABEL_KEYS:
+            value = fields.get(key)
+            if isinstance(value, bool):
+                return {"verdict": value, "reason": _reason(fields), "score": float(value)}
+            if isinstance(value, str):
+                word = value.strip().strip(".!").upper()
+                if word in ("CORRECT", "WRONG", "INCORRECT"):
+                    verdict = word == "CORRECT"
+                    return {"verdict": verdict, "reason": _reason(fields), "score": float(verdict)}
+    words = _LABEL_WORD.findall(text)
+    if not words:
+        raise JudgeParseError("paper", text, "no CORRECT/WRONG label")
+    # Judges that think aloud end with their decision: the last label wins.
+    verdict = words[-1].upper() == "CORRECT"
+    return {"verdict": verdict, "reason": text.strip(), "score": float(verdict)}
+
+
+def snap_memgallery_grade(grade: float) -> float:
+    """Mem-Gallery's released rounding of a grade: < 0.25 -> 0, < 0.75 -> 0.5, else 1."""
+    if grade < 0.25:
+        return 0.0
+    if grade < 0.75:
+        return 0.5
+    return 1.0
+
+
+def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: float = 0.75) -> dict[str, Any]:
+    """Graded judge reply -> {"verdict", "reason", "score"}; score in [0, 1]."""
+    if grades not in ("official", "five"):
+        raise ValueError(f"grades must be 'official' or 'five', got {grades!r}")
+    text = reply or ""
+    grade: float | None = None
+    reason = ""
+    for obj in _json_objects(text):
+        fields = _lower_keys(obj)
+        if "score" in fields:
+            try:
+                grade = float(fields["score"])
+            except (TypeError, ValueError):
+                continue
+            reason = _reason(fields)
+            break
+    if grade is None:
+        match = _SCORE_FIELD.search(text)
+        if match is None:
+            raise JudgeParseError("memgallery", text, "no score")
+        grade, reason = float(match.group(1)), text.strip()
+    if not 0.0 <= grade <= 1.0:
+        raise JudgeParseError("memgallery", text, f"score {grade} outside [0, 1]")
+    score = snap_memgallery_grade(grade) if grades == "official" else grade
+    return {"verdict": grade >= correct_at, "reason": reason, "score": float(score)}
+
+
+def parse_longmemeval_reply(reply: str, rule: str = "official") -> dict[str, Any]:
+    """yes/no judge reply -> {"verdict", "reason", "score"}."""
+    text = reply or ""
+    if rule == "official":
+        verdict = "yes" in text.strip().lower()
+    elif rule == "word":
+        match = _YES_NO_WORD.search(text)
+        if match is None:
+            raise JudgeParseError("longmemeval", text, "no yes/no word")
+        verdict = match.group(1).lower() == "yes"
+    else:
+        raise ValueError(f"rule must be 'official' or 'word', got {rule!r}")
+    return {"verdict": verdict, "reason": text.strip(), "score": float(verdict)}
+
+
+def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **options: Any) -> dict[str, Any]:
+    """Dispatch on the judge kind. strict=False turns an unreadable reply into a WRONG verdict whose
+    reason starts with "unparseable judge reply" (so it can be counted), instead of raising."""
+    parsers = {
+        "paper": parse_paper_reply,
+        "memgallery": parse_memgallery_reply,
+        "longmemeval": parse_longmemeval_reply,
+    }
+    if kind not in parsers:
+        raise ValueError(f"unknown judge kind {kind!r}; choose one of {', '.join(JUDGE_KINDS)}")
+    try:
+        return parsers[kind](reply, **options)
+    except JudgeParseError as exc:
+        if strict:
+            raise
+        return {"verdict": False, "reason": f"unparseable judge reply ({exc})", "score": 0.0}
+
+
+def fill_memgallery_prompt(template: str, question: str, gold: str, prediction: str) -> str:
+    """Mem-Gallery's llm_judge.txt with its {{question}}, {{ground_truth}}, {{model_output}} filled."""
+    missing = [
+        slot for slot in ("{{question}}", "{{ground_truth}}", "{{model_output}}") if slot not in template
+    ]
+    if missing:
+        raise ValueError(f"MemGallery judge template lacks {', '.join(missing)}")
+    # One pass over the slots, so a prediction that itself contains "{{question}}" stays verbatim.
+    values = {"question": str(question), "ground_truth": str(gold), "model_output": str(prediction)}
+    return re.sub(r"\{\{(question|ground_truth|model_output)\}\}", lambda m: values[m.group(1)], template)

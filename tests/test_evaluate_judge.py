@@ -1,0 +1,163 @@
+"""Judge reply parsers on realistic replies (fences, chatter, truncation, odd casing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memfit_gpu.evaluate.judge import (
+    JudgeParseError,
+    empty_verdict,
+    fill_memgallery_prompt,
+    is_empty_prediction,
+    needs_judge,
+    parse_judge_reply,
+    parse_longmemeval_reply,
+    parse_memgallery_reply,
+    parse_paper_reply,
+    snap_memgallery_grade,
+)
+
+# ----------------------------------------------------------------------------- paper judge
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict", "reason"),
+    [
+        ('{"verdict": "CORRECT", "reason": "Same date, other format."}', True, "Same date, other format."),
+        (
+            '```json\n{\n  "label": "WRONG",\n  "reasoning": "Says 2021; the gold is 2022."\n}\n```',
+            False,
+            "Says 2021; the gold is 2022.",
+        ),
+        (
+            "The gold answer is 7 May 2023 and the student wrote May 7, 2023, which is the same day.\n\n"
+            '{"verdict": "CORRECT", "reason": "same date"}\nHope this helps!',
+            True,
+            "same date",
+        ),
+        ('{"Verdict": "correct.", "Explanation": "matches"}', True, "matches"),
+        ('Sure! {"answer": "Paris", "verdict": "WRONG", "reason": "gold is Lyon"}', False, "gold is Lyon"),
+        ('{"verdict": true, "reason": "boolean label"}', True, "boolean label"),
+    ],
+)
+def test_paper_json_replies(reply, verdict, reason):
+    result = parse_paper_reply(reply)
+    assert result == {"verdict": verdict, "reason": reason, "score": float(verdict)}
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ("The answer omits the second city. WRONG", False),
+        ("INCORRECT - the answer names Paris, not Lyon.", False),  # INCORRECT is not CORRECT
+        ("Verdict: correct", True),
+        ('{"verdict": "WRONG", "reason": "The answer sa', False),  # truncated JSON at the token limit
+        ("At first this looks wrong, but the dates agree. Final verdict: CORRECT", True),  # last label wins
+    ],
+)
+def test_paper_text_replies(reply, verdict):
+    result = parse_paper_reply(reply)
+    assert result["verdict"] is verdict and result["score"] == float(verdict)
+    assert result["reason"] == reply.strip()
+
+
+def test_paper_unparseable():
+    with pytest.raises(JudgeParseError, match="paper judge reply: no CORRECT/WRONG label: 'I am not sure.'"):
+        parse_paper_reply("I am not sure.")
+    lenient = parse_judge_reply("I am not sure.", kind="paper", strict=False)
+    assert lenient["verdict"] is False and lenient["score"] == 0.0
+    assert lenient["reason"].startswith("unparseable judge reply")
+
+
+# ----------------------------------------------------------------------------- MemGallery graded judge
+
+
+@pytest.mark.parametrize(
+    ("reply", "official", "five", "verdict", "reason"),
+    [
+        ('{"score": 1, "reasoning": "Exact match."}', 1.0, 1.0, True, "Exact match."),
+        ('{"score": 0.75, "reasoning": "Misses the colour."}', 1.0, 0.75, True, "Misses the colour."),
+        ('{"score": 0.5, "reasoning": "Right breed, no size."}', 0.5, 0.5, False, "Right breed, no size."),
+        ('```json\n{"score": 0.25, "reasoning": "wrong breed"}\n```', 0.5, 0.25, False, "wrong breed"),
+        (
+            'Here is my evaluation:\n{"score": "0", "reasoning": "contradicts"}',
+            0.0,
+            0.0,
+            False,
+            "contradicts",
+        ),
+    ],
+)
+def test_memgallery_json_replies(reply, official, five, verdict, reason):
+    # Mem-Gallery's evaluation.py snaps grades to 0 / 0.5 / 1: 0.25 -> 0.5 and 0.75 -> 1.
+    assert parse_memgallery_reply(reply) == {"verdict": verdict, "reason": reason, "score": official}
+    assert parse_memgallery_reply(reply, grades="five") == {
+        "verdict": verdict,
+        "reason": reason,
+        "score": five,
+    }
+
+
+def test_memgallery_text_and_errors():
+    result = parse_memgallery_reply("Score: 0.75\nReasoning: minor detail missing")
+    assert result["score"] == 1.0 and result["verdict"] is True
+    assert parse_memgallery_reply("Score: 0.5", correct_at=0.5)["verdict"] is True
+    with pytest.raises(JudgeParseError, match="outside"):
+        parse_memgallery_reply('{"score": 3, "reasoning": "?"}')
+    with pytest.raises(JudgeParseError, match="no score"):
+        parse_memgallery_reply("The answer is fine.")
+    assert [snap_memgallery_grade(g) for g in (0, 0.2, 0.25, 0.5, 0.74, 0.75, 1)] == [
+        0,
+        0,
+        0.5,
+        0.5,
+        0.5,
+        1,
+        1,
+    ]
+
+
+# ----------------------------------------------------------------------------- LongMemEval yes/no judge
+
+
+def test_longmemeval_replies():
+    assert parse_longmemeval_reply("Yes.") == {"verdict": True, "reason": "Yes.", "score": 1.0}
+    assert parse_longmemeval_reply("no") == {"verdict": False, "reason": "no", "score": 0.0}
+    assert parse_longmemeval_reply("  YES, the response contains it\n")["verdict"] is True
+    # LongMemEval's own rule is a substring test, quirks included; "word" reads the first yes/no.
+    quirky = "No, although it says yes elsewhere."
+    assert parse_longmemeval_reply(quirky)["verdict"] is True
+    assert parse_longmemeval_reply(quirky, rule="word")["verdict"] is False
+    assert parse_judge_reply("Answer: yes", kind="longmemeval", rule="word")["verdict"] is True
+    with pytest.raises(JudgeParseError):
+        parse_longmemeval_reply("unclear", rule="word")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def test_empty_predictions_are_wrong_without_a_call():
+    assert is_empty_prediction(None) and is_empty_prediction("") and is_empty_prediction("  \n")
+    assert not is_empty_prediction("0") and not is_empty_prediction("NOT_FOUND")
+    assert needs_judge(["Paris", "", None, " 0 "]) == [True, False, False, True]
+    assert empty_verdict() == {
+        "verdict": False,
+        "reason": "empty prediction (judged wrong without a call)",
+        "score": 0.0,
+    }
+
+
+def test_fill_memgallery_prompt_with_the_official_template(shared_data):
+    template = (shared_data / "memgallery" / "prompt" / "llm_judge.txt").read_text(encoding="utf-8")
+    prompt = fill_memgallery_prompt(template, "What dog?", "a golden retriever", "a dog {{question}}")
+    assert "Question: What dog?\n" in prompt
+    assert "Ground Truth: a golden retriever\n" in prompt
+    assert "Assistant Answer: a dog {{question}}\n" in prompt  # the answer's own braces stay verbatim
+    assert "{{ground_truth}}" not in prompt and "{{model_output}}" not in prompt
+    with pytest.raises(ValueError, match="lacks"):
+        fill_memgallery_prompt("no slots here", "q", "g", "p")
+
+
+def test_unknown_kind():
+    with pytest.raises(ValueError, match="unknown judge kind"):
+        parse_judge_reply("yes", kind="squad")
