@@ -1,0 +1,122 @@
+"""metrics.json, the Markdown table and the CSV from a small hand-scored set of predictions."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from memfit_gpu.evaluate.tables import render_markdown, summarize, write_csv
+
+
+def _row(qid, cat, f1, b1, verdict, evaluated=True, locomo_f1=None):
+    return {
+        "question_id": qid,
+        "category": cat,
+        "evaluated": evaluated,
+        "scores": {
+            "paper": {"f1": f1, "bleu1": b1},
+            "locomo": {"f1": f1 if locomo_f1 is None else locomo_f1, "bleu1": b1},
+        },
+        "judge": None if verdict is None else {"verdict": verdict, "reason": "", "score": float(verdict)},
+    }
+
+
+ROWS = [
+    _row("q1", "1", 1.0, 1.0, True, locomo_f1=0.5),
+    _row("q2", "1", 0.0, 0.0, False),
+    _row("q3", "2", 0.5, 0.25, True),
+    _row("q4", "4", 1.0, 1.0, True),
+    _row("q5", "4", 1.0, 1.0, True),
+    _row("q6", "4", 0.4, 0.1, False),
+    _row("q7", "5", 0.0, 0.0, False, evaluated=False),  # adversarial: not scored
+]
+# category means (paper): 1 -> F1 0.5, BLEU 0.5, judge 1/2; 2 -> 0.5, 0.25, 1; 4 -> 0.8, 0.7, 2/3
+# Average (category_mean): F1 (0.5 + 0.5 + 0.8) / 3 = 0.6; BLEU (0.5 + 0.25 + 0.7) / 3 = 0.48333;
+#   judge (1/2 + 1 + 2/3) / 3 = 13/18
+# Overall: F1 3.9 / 6 = 0.65; BLEU 3.35 / 6 = 0.558333; judge 4/6
+
+
+def test_summarize_locomo_category_mean():
+    m = summarize(ROWS, variant="paper", benchmark="locomo", ci=False)
+    assert m["questions"] == 6 and m["averaging"] == "category_mean" and m["metric_variant"] == "paper"
+    assert m["variants"] == ["paper", "locomo"]
+    assert list(m["by_category"]) == ["1", "2", "4"]
+    cat1 = m["by_category"]["1"]
+    assert cat1["name"] == "multi-hop" and cat1["n"] == 2
+    assert cat1["paper"] == {"f1": pytest.approx(0.5), "bleu1": pytest.approx(0.5)}
+    assert cat1["locomo"]["f1"] == pytest.approx(0.25)  # (0.5 + 0) / 2
+    assert cat1["judge"] == pytest.approx(0.5) and cat1["judged"] == 2
+    assert m["by_category"]["4"]["paper"]["f1"] == pytest.approx(0.8)
+    assert m["by_category"]["4"]["judge"] == pytest.approx(2 / 3)
+    assert m["average"]["paper"]["f1"] == pytest.approx(0.6)
+    assert m["average"]["paper"]["bleu1"] == pytest.approx(1.45 / 3)
+    assert m["average"]["judge"] == pytest.approx(13 / 18)
+    assert m["overall"]["paper"]["f1"] == pytest.approx(0.65)
+    assert m["overall"]["paper"]["bleu1"] == pytest.approx(3.35 / 6)
+    assert m["overall"]["judge"] == pytest.approx(4 / 6)
+    assert "ci95" not in m
+
+
+def test_summarize_question_mean_and_missing_judge():
+    m = summarize(ROWS, variant="locomo", averaging="question_mean", ci=False)
+    assert m["averaging"] == "question_mean"
+    assert m["average"]["paper"]["f1"] == pytest.approx(0.65)  # = overall
+    assert m["average"]["locomo"]["f1"] == pytest.approx(3.4 / 6)
+    partly = [dict(r) for r in ROWS]
+    partly[2]["judge"] = None  # category 2 has no verdict left
+    m = summarize(partly, benchmark="locomo", ci=False)
+    assert m["by_category"]["2"]["judge"] is None and m["by_category"]["2"]["judged"] == 0
+    assert m["average"]["judge"] is None  # a mean over some categories only would mislead
+    assert m["overall"]["judge"] == pytest.approx(3 / 5) and m["overall"]["judged"] == 5
+    assert summarize(ROWS, judge=False, ci=False)["overall"].get("judge", "absent") == "absent"
+
+
+def test_summarize_ci_is_seeded_and_brackets_the_point():
+    m = summarize(ROWS, benchmark="locomo", n_boot=2000, seed=4)
+    ci = m["ci95"]
+    assert ci["n_boot"] == 2000 and ci["seed"] == 4 and "within each category" in ci["method"]
+    lo, hi = ci["average"]["paper"]["f1"]
+    assert lo <= m["average"]["paper"]["f1"] <= hi
+    lo, hi = ci["overall"]["judge"]
+    assert 0.0 <= lo <= 4 / 6 <= hi <= 1.0
+    assert ci["average"]["judge"][0] <= 13 / 18 <= ci["average"]["judge"][1]
+    assert summarize(ROWS, benchmark="locomo", n_boot=2000, seed=4)["ci95"] == ci
+
+
+def test_summarize_errors():
+    with pytest.raises(ValueError, match="'memgallery' is not scored"):
+        summarize(ROWS, variant="memgallery")
+    with pytest.raises(ValueError, match="unknown averaging rule"):
+        summarize(ROWS, averaging="median")
+    with pytest.raises(ValueError, match="no evaluated predictions"):
+        summarize([ROWS[-1]])
+
+
+def test_render_markdown_paper_layout():
+    m = summarize(ROWS, variant="paper", benchmark="locomo", n_boot=500)
+    text = render_markdown(m)
+    assert "### LoCoMo: 6 questions" in text
+    assert "Metric variant: `paper`" in text and "mean of the 3 category means" in text
+    assert "| Category | n | F1 | BLEU-1 | Judge |" in text
+    assert "| multi-hop (1) | 2 | 50.00 | 50.00 | 50.00 |" in text
+    assert "| temporal (2) | 1 | 50.00 | 25.00 | 100.00 |" in text
+    assert "| single-hop (4) | 3 | 80.00 | 70.00 | 66.67 |" in text
+    assert "| **Average** | 6 | 60.00 | 48.33 | 72.22 |" in text
+    assert "| **Overall** | 6 | 65.00 | 55.83 | 66.67 |" in text
+    assert "adversarial" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 3 + 2  # header, three categories, Average and Overall
+
+
+def test_write_csv(tmp_path):
+    m = summarize(ROWS, variant="paper", benchmark="locomo", ci=False)
+    path = write_csv(m, tmp_path / "metrics.csv")
+    with path.open(newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert [r["category"] for r in table] == ["1", "2", "4", "average", "overall"]
+    assert table[0]["name"] == "multi-hop" and table[0]["n"] == "2"
+    assert float(table[3]["paper_f1"]) == pytest.approx(0.6)
+    assert float(table[3]["judge"]) == pytest.approx(13 / 18)
+    assert float(table[4]["locomo_f1"]) == pytest.approx(3.4 / 6)
+    assert {r["averaging"] for r in table} == {"category_mean"}
