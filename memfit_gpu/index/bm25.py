@@ -1,0 +1,640 @@
+"""BM25 over many memories at once, as batched torch sparse operations (SPEC write path 2).
+
+Scoring is bm25s's ``lucene`` form with every statistic taken per memory:
+
+    idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    score    = sum over query tokens t (each occurrence counts) of
+               idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl))
+
+with N the memory's live documents, df(t) its live documents containing t and avgdl their mean
+length in tokens.
+
+`BM25Index` (the fast path) keys its vocabulary by (memory, token), so every term id belongs to
+exactly one memory: a query can only reach its own memory's postings, which isolates memories by
+construction and spends no work across them. Postings (term, row, tf) are appended to growable
+tensors; nothing stored is rewritten on `add`. On the first search after a change, the per-posting
+weights are recomputed in one vectorised pass and laid out as a term x position CSR matrix, where
+a row's position is its rank among its memory's live rows. Scoring a batch of queries is then one
+segmented scatter (query, term) -> postings into a padded [queries, max docs] matrix (a Triton
+kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), followed by one `topk`; there is no
+Python loop over queries or memories in the scoring.
+
+`ReferenceBM25` is the readable oracle: plain dict postings, one query at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add
+
+__all__ = ["BM25Index", "ReferenceBM25", "tokenize", "tokenize_many"]
+
+_TOKEN = re.compile(r"\w+")
+# Cap on the padded score matrix built per chunk of queries (elements); bounds search memory.
+_CHUNK_ELEMENTS = 1 << 24
+_STATE_VERSION = 1
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase ``\\w+`` runs (unicode), no stop words, no stemming (SPEC write path 2)."""
+    return _TOKEN.findall(text.lower())
+
+
+def tokenize_many(texts: Sequence[str]) -> list[list[str]]:
+    """`tokenize` over a batch of texts."""
+    findall = _TOKEN.findall
+    return [findall(text.lower()) for text in texts]
+
+
+def _as_int_list(values: Sequence[int] | torch.Tensor, name: str) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        return [int(v) for v in values.reshape(-1).tolist()]
+    return [int(v) for v in values]
+
+
+def _check_batch(items: Sequence[Any], memory_idx: Sequence[int] | torch.Tensor, what: str) -> list[int]:
+    mems = _as_int_list(memory_idx, "memory_idx")
+    if len(mems) != len(items):
+        raise ValueError(f"BM25: {len(items)} {what} but {len(mems)} memory_idx entries; give one memory per item")
+    bad = [i for i, m in enumerate(mems) if m < 0]
+    if bad:
+        raise ValueError(f"BM25: memory_idx must be >= 0; item {bad[0]} has {mems[bad[0]]}")
+    return mems
+
+
+def _check_k(k: int) -> int:
+    if int(k) < 1:
+        raise ValueError(f"BM25 search: k must be >= 1, got {k}")
+    return int(k)
+
+
+class _Growable:
+    """1-D tensor with amortised doubling: appends copy only the new entries (plus rare regrowth)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, fill: int | float | bool = 0):
+        self.fill = fill
+        self.data = torch.full((16,), fill, dtype=dtype, device=device)
+        self.size = 0
+
+    def append(self, values: torch.Tensor) -> None:
+        need = self.size + values.numel()
+        if need > self.data.numel():
+            grown = torch.full((max(need, 2 * self.data.numel()),), self.fill, dtype=self.data.dtype, device=self.data.device)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : need] = values.to(self.data.device, self.data.dtype)
+        self.size = need
+
+    def ensure(self, size: int) -> None:
+        """Grow (with the fill value) to at least ``size`` entries."""
+        if size > self.size:
+            self.append(torch.full((size - self.size,), self.fill, dtype=self.data.dtype))
+
+    @property
+    def view(self) -> torch.Tensor:
+        return self.data[: self.size]
+
+    def to(self, device: torch.device) -> None:
+        self.data = self.data.to(device)
+
+
+class BM25Index:
+    """Batched BM25 over many memories; rows are global, sequential and never reused.
+
+    Tensors live on ``device``; the vocabulary (strings) stays in Python dicts, one per memory.
+    `add` returns new row ids on the CPU; `search` and `scores` return tensors on ``device``.
+    """
+
+    def __init__(self, k1: float = 1.5, b: float = 0.75, device: str | torch.device = "cpu"):
+        self.k1 = float(k1)
+        self.b = float(b)
+        self.device = torch.device(device)
+        self._vocab: list[dict[str, int]] = []  # per memory: token -> global term id
+        self._term_token: list[str] = []  # term id -> token
+        dev = self.device
+        # postings, appended row by row: a row's postings are contiguous, in first-occurrence order
+        self._post_term = _Growable(torch.long, dev)
+        self._post_row = _Growable(torch.long, dev)
+        self._post_tf = _Growable(torch.int32, dev)
+        # per row
+        self._row_memory = _Growable(torch.long, dev)
+        self._row_len = _Growable(torch.long, dev)
+        self._row_post_start = _Growable(torch.long, dev)
+        self._deleted = _Growable(torch.bool, dev, fill=False)
+        # per term / per memory live statistics, kept current on add and delete
+        self._term_memory = _Growable(torch.long, dev)
+        self._df = _Growable(torch.long, dev)
+        self._mem_docs = _Growable(torch.long, dev)
+        self._mem_tokens = _Growable(torch.long, dev)
+        self._cache: dict[str, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ write
+    @property
+    def num_rows(self) -> int:
+        """Rows ever added (deleted rows included: their numbers are never reused)."""
+        return self._row_len.size
+
+    @property
+    def num_memories(self) -> int:
+        return len(self._vocab)
+
+    def add(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Append one document per token list to its memory; returns the new row ids (CPU LongTensor)."""
+        mems = _check_batch(tokens, memory_idx, "token lists")
+        first_row = self.num_rows
+        if not mems:
+            return torch.empty(0, dtype=torch.long)
+        if max(mems) >= len(self._vocab):
+            self._vocab.extend({} for _ in range(max(mems) + 1 - len(self._vocab)))
+        term_memory_new: list[int] = []
+        post_term: list[int] = []
+        post_tf: list[int] = []
+        post_count: list[int] = []
+        for doc_tokens, mem in zip(tokens, mems, strict=True):
+            vocab = self._vocab[mem]
+            counts = Counter(doc_tokens)
+            for token, tf in counts.items():
+                term = vocab.get(token)
+                if term is None:
+                    term = len(self._term_token)
+                    vocab[token] = term
+                    self._term_token.append(token)
+                    term_memory_new.append(mem)
+                post_term.append(term)
+                post_tf.append(tf)
+            post_count.append(len(counts))
+        n_new = len(mems)
+        rows = torch.arange(first_row, first_row + n_new, dtype=torch.long)
+        counts_t = torch.tensor(post_count, dtype=torch.long)
+        mem_t = torch.tensor(mems, dtype=torch.long)
+        len_t = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        term_t = torch.tensor(post_term, dtype=torch.long)
+        starts = self._post_term.size + torch.cumsum(counts_t, 0) - counts_t
+
+        self._row_post_start.append(starts)
+        self._row_memory.append(mem_t)
+        self._row_len.append(len_t)
+        self._deleted.ensure(self.num_rows)
+        self._post_term.append(term_t)
+        self._post_row.append(torch.repeat_interleave(rows, counts_t))
+        self._post_tf.append(torch.tensor(post_tf, dtype=torch.int32))
+        self._term_memory.append(torch.tensor(term_memory_new, dtype=torch.long))
+        self._df.ensure(len(self._term_token))
+        self._mem_docs.ensure(len(self._vocab))
+        self._mem_tokens.ensure(len(self._vocab))
+        dev = self.device
+        self._df.view.index_add_(0, term_t.to(dev), torch.ones_like(term_t, device=dev))
+        self._mem_docs.view.index_add_(0, mem_t.to(dev), torch.ones_like(mem_t, device=dev))
+        self._mem_tokens.view.index_add_(0, mem_t.to(dev), len_t.to(dev))
+        self._cache = None
+        return rows
+
+    def delete(self, rows: Sequence[int] | torch.Tensor) -> None:
+        """Tombstone rows: they leave results and their memory's N, df and avgdl. Repeats are no-ops."""
+        row_list = _as_int_list(rows, "rows")
+        bad = [r for r in row_list if not 0 <= r < self.num_rows]
+        if bad:
+            raise IndexError(f"BM25 delete: row {bad[0]} does not exist (rows 0..{self.num_rows - 1})")
+        if not row_list:
+            return
+        dev = self.device
+        row_t = torch.unique(torch.tensor(row_list, dtype=torch.long, device=dev))
+        row_t = row_t[~self._deleted.view[row_t]]
+        if row_t.numel() == 0:
+            return
+        starts = self._row_post_start.view[row_t]
+        ends = self._post_end()[row_t]
+        lengths = ends - starts
+        total = int(lengths.sum())
+        first = torch.cumsum(lengths, 0) - lengths
+        entry_row = torch.repeat_interleave(torch.arange(row_t.numel(), device=dev), lengths, output_size=total)
+        post_idx = starts[entry_row] + torch.arange(total, device=dev) - first[entry_row]
+        terms = self._post_term.view[post_idx]
+        self._df.view.index_add_(0, terms, torch.full_like(terms, -1))
+        mem_t = self._row_memory.view[row_t]
+        self._mem_docs.view.index_add_(0, mem_t, torch.full_like(mem_t, -1))
+        self._mem_tokens.view.index_add_(0, mem_t, -self._row_len.view[row_t])
+        self._deleted.view[row_t] = True
+        self._cache = None
+
+    def _post_end(self) -> torch.Tensor:
+        starts = self._row_post_start.view
+        tail = torch.tensor([self._post_term.size], dtype=torch.long, device=starts.device)
+        return torch.cat([starts[1:], tail])
+
+    # ------------------------------------------------------------------ statistics
+    def _idf_of_terms(self, df: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
+        n_docs = self._mem_docs.view[mem].double()
+        df = df.double()
+        return torch.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+    def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
+        """idf of arbitrary tokens within each list's memory (a token the memory lacks has df = 0)."""
+        mems = _check_batch(tokens, memory_idx, "token lists")
+        flat_terms = [
+            (self._vocab[m].get(t, -1) if m < len(self._vocab) else -1)
+            for toks, m in zip(tokens, mems, strict=True)
+            for t in toks
+        ]
+        flat_mems = [m for toks, m in zip(tokens, mems, strict=True) for _ in toks]
+        if not flat_terms:
+            return [[] for _ in tokens]
+        dev = self.device
+        terms = torch.tensor(flat_terms, dtype=torch.long, device=dev)
+        mem_t = torch.tensor(flat_mems, dtype=torch.long, device=dev)
+        known = terms >= 0
+        df = torch.zeros_like(terms)
+        df[known] = self._df.view[terms[known]]
+        # memories never seen have N = 0
+        self._mem_docs.ensure(max(flat_mems) + 1)
+        self._mem_tokens.ensure(max(flat_mems) + 1)
+        values = self._idf_of_terms(df, mem_t).tolist()
+        out: list[list[float]] = []
+        offset = 0
+        for toks in tokens:
+            out.append(values[offset : offset + len(toks)])
+            offset += len(toks)
+        return out
+
+    def memory_stats(self, memory_idx: int) -> tuple[int, float]:
+        """(live docs N, avgdl) of one memory."""
+        if memory_idx >= self._mem_docs.size:
+            return 0, 0.0
+        n_docs = int(self._mem_docs.view[memory_idx])
+        n_tokens = int(self._mem_tokens.view[memory_idx])
+        return n_docs, (n_tokens / n_docs if n_docs else 0.0)
+
+    def doc_tokens(self, rows: Sequence[int] | torch.Tensor) -> list[list[str]]:
+        """Distinct tokens of each row, in first-occurrence order (tombstoned rows keep theirs)."""
+        row_list = _as_int_list(rows, "rows")
+        bad = [r for r in row_list if not 0 <= r < self.num_rows]
+        if bad:
+            raise IndexError(f"BM25 doc_tokens: row {bad[0]} does not exist (rows 0..{self.num_rows - 1})")
+        starts = self._row_post_start.view.tolist()
+        n_post = self._post_term.size
+        terms = self._post_term.view
+        out = []
+        for r in row_list:
+            end = starts[r + 1] if r + 1 < len(starts) else n_post
+            out.append([self._term_token[t] for t in terms[starts[r] : end].tolist()])
+        return out
+
+    # ------------------------------------------------------------------ search
+    def _prepare(self) -> dict[str, torch.Tensor]:
+        """Per-posting lucene weights as a term x position CSR matrix, cached until the next change."""
+        if self._cache is not None:
+            return self._cache
+        dev = self.device
+        n_mem = len(self._vocab)
+        self._mem_docs.ensure(n_mem)
+        self._mem_tokens.ensure(n_mem)
+        n_terms = len(self._term_token)
+        live = ~self._deleted.view
+        row_memory = self._row_memory.view
+        live_rows = torch.nonzero(live).flatten()
+        # rows grouped by memory, row order kept inside each: position = rank among the memory's live rows
+        order = torch.sort(row_memory[live_rows], stable=True).indices
+        rows_by_memory = live_rows[order]
+        mem_docs = self._mem_docs.view
+        mem_start = torch.cumsum(mem_docs, 0) - mem_docs
+        position = torch.full((self.num_rows,), -1, dtype=torch.long, device=dev)
+        position[rows_by_memory] = (
+            torch.arange(rows_by_memory.numel(), device=dev) - mem_start[row_memory[rows_by_memory]]
+        )
+
+        post_row = self._post_row.view
+        keep = live[post_row]
+        term = self._post_term.view[keep]
+        row = post_row[keep]
+        tf = self._post_tf.view[keep].double()
+        term_order = torch.sort(term, stable=True).indices
+        term, row, tf = term[term_order], row[term_order], tf[term_order]
+        term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
+        term_ptr[1:] = torch.cumsum(torch.bincount(term, minlength=n_terms), 0)
+
+        mem = row_memory[row]
+        avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
+        dl = self._row_len.view[row].double()
+        idf = self._idf_of_terms(self._df.view[term], self._term_memory.view[term])
+        # avgdl > 0 whenever the memory has a posting, so the division is safe here
+        norm = self.k1 * (1.0 - self.b + self.b * dl / avgdl[mem])
+        weight = (idf * tf / (tf + norm)).float()
+        self._cache = {
+            "term_ptr": term_ptr,
+            # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
+            "post_col": position[row].to(torch.int32 if self.num_rows < 2**31 - 1 else torch.long),
+            "post_weight": weight,
+            "rows_by_memory": rows_by_memory,
+            "mem_start": mem_start,
+            "mem_docs": mem_docs.clone(),
+        }
+        return self._cache
+
+    def _encode_queries(self, queries: list[list[str]], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query index, term id) per query token the query's memory knows; repeats kept (each counts)."""
+        vocab = self._vocab
+        n_vocab = len(vocab)
+        empty: dict[str, int] = {}
+        flat_terms = [
+            term
+            for toks, m in zip(queries, mems, strict=True)
+            for term in map((vocab[m] if m < n_vocab else empty).get, toks, itertools.repeat(-1))
+        ]
+        lengths = torch.tensor([len(t) for t in queries], dtype=torch.long)
+        pair_query = torch.repeat_interleave(torch.arange(len(queries)), lengths)
+        pair_term = torch.tensor(flat_terms, dtype=torch.long)
+        known = pair_term >= 0
+        return pair_query[known].to(self.device), pair_term[known].to(self.device)
+
+    def _score_block(
+        self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
+    ) -> torch.Tensor:
+        out = torch.zeros((n_queries, width), dtype=torch.float32, device=self.device)
+        segmented_scatter_add(
+            out,
+            pair_query,
+            pair_term,
+            torch.ones(pair_query.numel(), dtype=torch.float32, device=self.device),
+            cache["term_ptr"],
+            cache["post_col"],
+            cache["post_weight"],
+        )
+        return out
+
+    def _query_memory(self, cache: dict[str, torch.Tensor], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(live docs, first slot in rows_by_memory) of each query's memory; 0 docs for unseen memories."""
+        mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
+        n_mem = cache["mem_docs"].numel()
+        seen = mem_t < n_mem
+        safe = torch.where(seen, mem_t, 0)
+        if n_mem == 0:
+            zero = torch.zeros_like(mem_t)
+            return zero, zero
+        return torch.where(seen, cache["mem_docs"][safe], 0), torch.where(seen, cache["mem_start"][safe], 0)
+
+    @staticmethod
+    def _rows_at(
+        cache: dict[str, torch.Tensor], q_docs: torch.Tensor, q_start: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        """Row id at each (query, column); -1 where the column is past the query's memory's docs."""
+        valid = cols < q_docs[:, None]
+        flat = torch.where(valid, q_start[:, None] + cols, 0)
+        if cache["rows_by_memory"].numel() == 0:
+            return torch.full_like(cols, -1)
+        return torch.where(valid, cache["rows_by_memory"][flat], -1)
+
+    def scores(
+        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full score vector of each query over its memory's live rows, in row order.
+
+        Returns (scores [Q, D] float32, rows [Q, D] long) with D the most live docs of any queried
+        memory; columns past a query's own memory are padded with score 0 and row -1.
+        """
+        mems = _check_batch(queries, memory_idx, "queries")
+        cache = self._prepare()
+        q_docs, q_start = self._query_memory(cache, mems)
+        width = int(q_docs.max()) if mems else 0
+        pair_query, pair_term = self._encode_queries(queries, mems)
+        out = self._score_block(cache, pair_query, pair_term, len(queries), width)
+        cols = torch.arange(width, device=self.device).expand(len(queries), width)
+        return out, self._rows_at(cache, q_docs, q_start, cols)
+
+    def search(
+        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k rows of each query's memory with score > 0: (scores [Q,k] float32, rows [Q,k] long).
+
+        Sorted by score descending, then row ascending; missing slots hold score 0 and row -1.
+        """
+        k = _check_k(k)
+        mems = _check_batch(queries, memory_idx, "queries")
+        n_queries = len(queries)
+        dev = self.device
+        top_scores = torch.zeros((n_queries, k), dtype=torch.float32, device=dev)
+        top_rows = torch.full((n_queries, k), -1, dtype=torch.long, device=dev)
+        if n_queries == 0:
+            return top_scores, top_rows
+        cache = self._prepare()
+        q_docs, q_start = self._query_memory(cache, mems)
+        width = int(q_docs.max())
+        if width == 0:
+            return top_scores, top_rows
+        pair_query, pair_term = self._encode_queries(queries, mems)
+        kk = min(k, width)
+        chunk = max(1, _CHUNK_ELEMENTS // width)
+        bounds = torch.searchsorted(pair_query, torch.arange(0, n_queries + chunk, chunk, device=dev)).tolist()
+        col_key = (1 << 32) - 1 - torch.arange(width, dtype=torch.long, device=dev)
+        for i, q0 in enumerate(range(0, n_queries, chunk)):
+            q1 = min(q0 + chunk, n_queries)
+            lo, hi = bounds[i], bounds[i + 1]
+            block = self._score_block(cache, pair_query[lo:hi] - q0, pair_term[lo:hi], q1 - q0, width)
+            # Scores are >= 0, so their float32 bit patterns order like the floats; the low 32 bits
+            # rank lower columns (= lower rows) first, making topk's tie order exact.
+            key = (block.view(torch.int32).long() << 32) | col_key
+            cols = torch.topk(key, kk, dim=1).indices
+            vals = torch.gather(block, 1, cols)
+            rows = self._rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
+            hit = vals > 0
+            top_scores[q0:q1, :kk] = torch.where(hit, vals, 0.0)
+            top_rows[q0:q1, :kk] = torch.where(hit, rows, -1)
+        return top_scores, top_rows
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors (CPU) + vocabulary; `load_state_dict` of it scores identically."""
+        return {
+            "version": _STATE_VERSION,
+            "k1": self.k1,
+            "b": self.b,
+            "num_memories": len(self._vocab),
+            "terms": list(self._term_token),
+            "term_memory": self._term_memory.view.cpu().clone(),
+            "post_term": self._post_term.view.cpu().clone(),
+            "post_tf": self._post_tf.view.cpu().clone(),
+            "row_memory": self._row_memory.view.cpu().clone(),
+            "row_len": self._row_len.view.cpu().clone(),
+            "row_post_start": self._row_post_start.view.cpu().clone(),
+            "deleted": self._deleted.view.cpu().clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version = state.get("version")
+        if version != _STATE_VERSION:
+            raise ValueError(f"BM25Index state: version {version!r} is not {_STATE_VERSION}")
+        terms: list[str] = list(state["terms"])
+        term_memory = state["term_memory"].long().cpu()
+        if len(terms) != term_memory.numel():
+            raise ValueError(f"BM25Index state: {len(terms)} terms but {term_memory.numel()} term_memory entries")
+        fresh = BM25Index(k1=state["k1"], b=state["b"], device=self.device)
+        fresh._vocab = [{} for _ in range(int(state["num_memories"]))]
+        for term_id, (token, mem) in enumerate(zip(terms, term_memory.tolist(), strict=True)):
+            fresh._vocab[mem][token] = term_id
+        fresh._term_token = terms
+        fresh._term_memory.append(term_memory)
+        post_term = state["post_term"].long()
+        row_post_start = state["row_post_start"].long()
+        n_rows = row_post_start.numel()
+        fresh._post_term.append(post_term)
+        fresh._post_tf.append(state["post_tf"].int())
+        ends = torch.cat([row_post_start[1:], torch.tensor([post_term.numel()])])
+        fresh._post_row.append(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
+        fresh._row_memory.append(state["row_memory"].long())
+        fresh._row_len.append(state["row_len"].long())
+        fresh._row_post_start.append(row_post_start)
+        fresh._deleted.append(state["deleted"].bool())
+        # live statistics are integers, recomputed exactly from the live rows and postings
+        dev = self.device
+        live = ~fresh._deleted.view
+        live_terms = fresh._post_term.view[live[fresh._post_row.view]]
+        fresh._df.ensure(len(terms))
+        fresh._df.view.index_add_(0, live_terms, torch.ones_like(live_terms, device=dev))
+        fresh._mem_docs.ensure(len(fresh._vocab))
+        fresh._mem_tokens.ensure(len(fresh._vocab))
+        live_mem = fresh._row_memory.view[live]
+        fresh._mem_docs.view.index_add_(0, live_mem, torch.ones_like(live_mem))
+        fresh._mem_tokens.view.index_add_(0, live_mem, fresh._row_len.view[live])
+        self.__dict__.update(fresh.__dict__)
+
+    def to(self, device: str | torch.device) -> BM25Index:
+        """Move every tensor to ``device`` (in place; returns self)."""
+        self.device = torch.device(device)
+        for buf in (
+            self._post_term, self._post_row, self._post_tf, self._row_memory, self._row_len,
+            self._row_post_start, self._deleted, self._term_memory, self._df, self._mem_docs, self._mem_tokens,
+        ):
+            buf.to(self.device)
+        self._cache = None
+        return self
+
+
+class ReferenceBM25:
+    """The readable oracle: dict postings per memory, one query at a time, float64 arithmetic."""
+
+    def __init__(self, k1: float = 1.5, b: float = 0.75, device: str | torch.device = "cpu"):
+        self.k1 = float(k1)
+        self.b = float(b)
+        self.device = torch.device(device)
+        self._postings: dict[int, dict[str, dict[int, int]]] = {}  # memory -> token -> row -> tf
+        self._row_memory: list[int] = []
+        self._row_len: list[int] = []
+        self._row_tokens: list[list[str]] = []  # distinct tokens, first-occurrence order
+        self._deleted: set[int] = set()
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._row_memory)
+
+    def add(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        mems = _check_batch(tokens, memory_idx, "token lists")
+        new_rows = []
+        for doc_tokens, mem in zip(tokens, mems, strict=True):
+            row = len(self._row_memory)
+            counts = Counter(doc_tokens)
+            memory_postings = self._postings.setdefault(mem, {})
+            for token, tf in counts.items():
+                memory_postings.setdefault(token, {})[row] = tf
+            self._row_memory.append(mem)
+            self._row_len.append(len(doc_tokens))
+            self._row_tokens.append(list(counts))
+            new_rows.append(row)
+        return torch.tensor(new_rows, dtype=torch.long)
+
+    def delete(self, rows: Sequence[int] | torch.Tensor) -> None:
+        for row in _as_int_list(rows, "rows"):
+            if not 0 <= row < self.num_rows:
+                raise IndexError(f"BM25 delete: row {row} does not exist (rows 0..{self.num_rows - 1})")
+            self._deleted.add(row)
+
+    def _live_rows(self, mem: int) -> list[int]:
+        return [r for r, m in enumerate(self._row_memory) if m == mem and r not in self._deleted]
+
+    def memory_stats(self, memory_idx: int) -> tuple[int, float]:
+        rows = self._live_rows(memory_idx)
+        return len(rows), (sum(self._row_len[r] for r in rows) / len(rows) if rows else 0.0)
+
+    def _idf(self, token: str, mem: int, n_docs: int) -> float:
+        rows = self._postings.get(mem, {}).get(token, {})
+        df = sum(1 for r in rows if r not in self._deleted)
+        return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+    def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
+        mems = _check_batch(tokens, memory_idx, "token lists")
+        return [[self._idf(t, m, self.memory_stats(m)[0]) for t in toks] for toks, m in zip(tokens, mems, strict=True)]
+
+    def doc_tokens(self, rows: Sequence[int] | torch.Tensor) -> list[list[str]]:
+        return [list(self._row_tokens[r]) for r in _as_int_list(rows, "rows")]
+
+    def _score_one(self, query: list[str], mem: int) -> dict[int, float]:
+        n_docs, avgdl = self.memory_stats(mem)
+        scores: dict[int, float] = {}
+        postings = self._postings.get(mem, {})
+        for token in query:  # each occurrence counts
+            idf = self._idf(token, mem, n_docs)
+            for row, tf in postings.get(token, {}).items():
+                if row in self._deleted:
+                    continue
+                norm = self.k1 * (1.0 - self.b + self.b * self._row_len[row] / avgdl)
+                scores[row] = scores.get(row, 0.0) + idf * tf / (tf + norm)
+        return scores
+
+    def scores(
+        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mems = _check_batch(queries, memory_idx, "queries")
+        live = [self._live_rows(m) for m in mems]
+        width = max((len(r) for r in live), default=0)
+        out = torch.zeros((len(queries), width), dtype=torch.float32)
+        rows_out = torch.full((len(queries), width), -1, dtype=torch.long)
+        for qi, (query, mem, rows) in enumerate(zip(queries, mems, live, strict=True)):
+            scored = self._score_one(query, mem)
+            for col, row in enumerate(rows):
+                out[qi, col] = scored.get(row, 0.0)
+                rows_out[qi, col] = row
+        return out.to(self.device), rows_out.to(self.device)
+
+    def search(
+        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = _check_k(k)
+        mems = _check_batch(queries, memory_idx, "queries")
+        out = torch.zeros((len(queries), k), dtype=torch.float32)
+        rows_out = torch.full((len(queries), k), -1, dtype=torch.long)
+        for qi, (query, mem) in enumerate(zip(queries, mems, strict=True)):
+            scored = self._score_one(query, mem)
+            ranked = sorted(((s, r) for r, s in scored.items() if s > 0), key=lambda sr: (-sr[0], sr[1]))[:k]
+            for col, (score, row) in enumerate(ranked):
+                out[qi, col] = score
+                rows_out[qi, col] = row
+        return out.to(self.device), rows_out.to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "k1": self.k1,
+            "b": self.b,
+            "postings": {m: {t: dict(r) for t, r in p.items()} for m, p in self._postings.items()},
+            "row_memory": list(self._row_memory),
+            "row_len": list(self._row_len),
+            "row_tokens": [list(t) for t in self._row_tokens],
+            "deleted": sorted(self._deleted),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.k1, self.b = float(state["k1"]), float(state["b"])
+        self._postings = {int(m): {t: dict(r) for t, r in p.items()} for m, p in state["postings"].items()}
+        self._row_memory = list(state["row_memory"])
+        self._row_len = list(state["row_len"])
+        self._row_tokens = [list(t) for t in state["row_tokens"]]
+        self._deleted = set(state["deleted"])
+
+    def to(self, device: str | torch.device) -> ReferenceBM25:
+        self.device = torch.device(device)
+        return self

@@ -1,0 +1,306 @@
+"""BM25Index (batched torch) against hand-computed values, ReferenceBM25, and bm25s on real LoCoMo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memfit_gpu.index.bm25 as bm25_module
+from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25, tokenize, tokenize_many
+
+BACKENDS = [BM25Index, ReferenceBM25]
+# three documents of memory 0 used by the hand-computed cases: N = 3, avgdl = (2 + 3 + 1) / 3 = 2
+DOCS = [["a", "b"], ["a", "c", "c"], ["d"]]
+IDF_A = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # df(a) = 2
+IDF_C = math.log(1 + (3 - 1 + 0.5) / (1 + 0.5))  # df(c) = 1
+# tf / (tf + k1 * (1 - b + b * dl / avgdl)) with k1 = 1.5, b = 0.75
+TF_A_DOC0 = 1 / (1 + 1.5 * (0.25 + 0.75 * 2 / 2))  # = 0.4
+TF_A_DOC1 = 1 / (1 + 1.5 * (0.25 + 0.75 * 3 / 2))  # = 1 / 3.0625
+TF_C_DOC1 = 2 / (2 + 1.5 * (0.25 + 0.75 * 3 / 2))  # = 2 / 4.0625
+
+
+# ---------------------------------------------------------------- helpers
+def locomo_memories(path, limit: int | None = None) -> tuple[list[list[str]], list[list[str]]]:
+    """(episode texts, evaluated question texts) per conversation, sessions driven off session_N keys."""
+    conversations = json.loads(path.read_text())[:limit]
+    episodes, questions = [], []
+    for conv in conversations:
+        talk = conv["conversation"]
+        numbers = sorted(int(m.group(1)) for key in talk if (m := re.fullmatch(r"session_(\d+)", key)))
+        texts = [
+            f"DATE: {talk[f'session_{n}_date_time']} | Speaker {turn['speaker']} says: {turn['text']}"
+            for n in numbers
+            for turn in talk[f"session_{n}"]
+        ]
+        episodes.append(texts)
+        questions.append([qa["question"] for qa in conv["qa"] if str(qa["category"]) != "5"])
+    return episodes, questions
+
+
+def build(cls, docs: list[list[str]], mems: list[int]):
+    index = cls()
+    index.add(docs, mems)
+    return index
+
+
+def assert_same_results(fast, slow, queries, mems, k, atol=1e-5):
+    """Same scores; same rows except where two scores are within float32 noise of each other."""
+    fs, fr = fast.search(queries, mems, k)
+    ss, sr = slow.search(queries, mems, k)
+    assert fs.shape == ss.shape == (len(queries), k)
+    torch.testing.assert_close(fs, ss, atol=atol, rtol=1e-5)
+    assert torch.equal(fr >= 0, sr >= 0)
+    for q in range(len(queries)):
+        for j in range(k):
+            if fr[q, j] != sr[q, j]:
+                # a swap is only acceptable between near-equal scores
+                assert abs(float(ss[q, j]) - float(fs[q, j])) < atol
+                near = (ss[q] - ss[q, j]).abs() < atol
+                assert int(fr[q, j]) in sr[q][near].tolist()
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_tokenize_lowercases_unicode_word_runs():
+    assert tokenize("Hello, World! It's 2023 — Café_au_lait ÜBER naïve") == [
+        "hello", "world", "it", "s", "2023", "café_au_lait", "über", "naïve",
+    ]
+    assert tokenize("") == []
+    assert tokenize_many(["A b", "", "c-D"]) == [["a", "b"], [], ["c", "d"]]
+
+
+# ---------------------------------------------------------------- hand-computed values
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_hand_computed_scores_and_order(cls):
+    index = build(cls, DOCS, [0, 0, 0])
+    scores, rows = index.search([["a"], ["c", "a"]], [0, 0], k=3)
+    assert rows.tolist() == [[0, 1, -1], [1, 0, -1]]
+    expected = [[IDF_A * TF_A_DOC0, IDF_A * TF_A_DOC1, 0.0], [IDF_C * TF_C_DOC1 + IDF_A * TF_A_DOC1, IDF_A * TF_A_DOC0, 0.0]]
+    torch.testing.assert_close(scores, torch.tensor(expected), atol=1e-6, rtol=1e-6)
+    assert scores.dtype == torch.float32 and rows.dtype == torch.long
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_repeated_query_term_counts_per_occurrence(cls):
+    index = build(cls, DOCS, [0, 0, 0])
+    once, _ = index.search([["a"]], [0], k=2)
+    twice, rows = index.search([["a", "a"]], [0], k=2)
+    assert rows.tolist() == [[0, 1]]
+    torch.testing.assert_close(twice, 2 * once)
+    torch.testing.assert_close(twice[0, 0], torch.tensor(2 * IDF_A * 0.4))
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_empty_and_unmatched_queries_return_nothing(cls):
+    index = build(cls, DOCS, [0, 0, 0])
+    scores, rows = index.search([[], ["zebra", "unicorn"], ["d"]], [0, 0, 0], k=2)
+    assert rows.tolist() == [[-1, -1], [-1, -1], [2, -1]]
+    assert scores[:2].abs().sum() == 0
+    # a memory that was never added has no rows at all
+    scores, rows = index.search([["a"]], [7], k=2)
+    assert rows.tolist() == [[-1, -1]] and scores.abs().sum() == 0
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_ties_break_by_lower_row(cls):
+    # rows 0 and 2 are identical documents: equal scores, lower row first
+    index = build(cls, [["x", "y"], ["z"], ["x", "y"], ["x", "x", "y"]], [0, 0, 0, 0])
+    scores, rows = index.search([["y"]], [0], k=4)
+    assert rows.tolist() == [[0, 2, 3, -1]]
+    assert scores[0, 0] == scores[0, 1]
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_idf_and_doc_tokens(cls):
+    index = build(cls, DOCS + [["a", "q"]], [0, 0, 0, 1])
+    idf = index.idf([["a", "c", "never"], ["a"]], [0, 1])
+    # memory 1 has N = 1, df(a) = 1; a token absent from the memory has df = 0
+    expected = [[IDF_A, IDF_C, math.log(1 + 3.5 / 0.5)], [math.log(1 + 0.5 / 1.5)]]
+    for got, want in zip(idf, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert index.doc_tokens([1, 3]) == [["a", "c"], ["a", "q"]]
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_delete_updates_n_df_avgdl(cls):
+    index = build(cls, DOCS, [0, 0, 0])
+    index.delete([0])
+    index.delete([0])  # repeat: no double counting
+    # memory now: ["a","c","c"], ["d"]: N = 2, avgdl = 2, df(a) = 1
+    scores, rows = index.search([["a"]], [0], k=3)
+    idf = math.log(1 + (2 - 1 + 0.5) / 1.5)
+    assert rows.tolist() == [[1, -1, -1]]
+    assert float(scores[0, 0]) == pytest.approx(idf * 1 / (1 + 1.5 * (0.25 + 0.75 * 3 / 2)), rel=1e-6)
+    assert index.memory_stats(0) == (2, 2.0)
+    assert index.idf([["a"]], [0])[0][0] == pytest.approx(idf)
+    # rows keep their numbers after a delete
+    assert index.add([["a"]], [0]).tolist() == [3]
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_scores_full_vectors_padded(cls):
+    index = build(cls, [["a"], ["b"], ["a", "b"], ["a"]], [0, 1, 0, 0])
+    index.delete([3])
+    scores, rows = index.scores([["a"], ["a"], ["b"]], [0, 1, 1])
+    # width = most live docs of a queried memory (memory 0: rows 0, 2)
+    assert rows.tolist() == [[0, 2], [1, -1], [1, -1]]
+    assert scores.shape == (3, 2)
+    assert scores[1].tolist() == [0.0, 0.0]
+    assert scores[2, 1] == 0 and scores[2, 0] > 0
+    assert scores[0, 0] > scores[0, 1] > 0
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_bad_arguments_name_the_problem(cls):
+    index = build(cls, DOCS, [0, 0, 0])
+    with pytest.raises(ValueError, match="2 token lists but 1 memory_idx"):
+        index.add([["a"], ["b"]], [0])
+    with pytest.raises(IndexError, match="row 9 does not exist"):
+        index.delete([9])
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        index.search([["a"]], [0], k=0)
+    with pytest.raises(ValueError, match="memory_idx must be >= 0"):
+        index.search([["a"]], [-1], k=1)
+
+
+# ---------------------------------------------------------------- bm25s parity on real LoCoMo
+def test_parity_with_bm25s_on_locomo(locomo_path):
+    import bm25s  # dev dependency: the oracle
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    episodes, questions = locomo_memories(locomo_path, limit=3)
+    index = BM25Index()
+    doc_tokens = [tokenize_many(texts) for texts in episodes]
+    for mem, tokens in enumerate(doc_tokens):
+        index.add(tokens, [mem] * len(tokens))
+    query_tokens = [tokenize_many(qs) for qs in questions]
+    flat_queries = [q for qs in query_tokens for q in qs]
+    flat_mems = [mem for mem, qs in enumerate(query_tokens) for _ in qs]
+    ours, rows = index.scores(flat_queries, flat_mems)
+    assert len(flat_queries) > 300
+    qi = 0
+    for mem, tokens in enumerate(doc_tokens):
+        retriever = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
+        retriever.index(tokens, show_progress=False)
+        first_row = sum(len(t) for t in doc_tokens[:mem])
+        for query in query_tokens[mem]:
+            theirs = torch.from_numpy(retriever.get_scores(query)).float()
+            n = len(tokens)
+            assert rows[qi, :n].tolist() == list(range(first_row, first_row + n))
+            torch.testing.assert_close(ours[qi, :n], theirs, atol=1e-4, rtol=0)
+            assert ours[qi, n:].abs().sum() == 0
+            qi += 1
+
+
+# ---------------------------------------------------------------- fast vs reference
+def test_parity_with_reference_after_appends_and_deletes(locomo_path):
+    episodes, questions = locomo_memories(locomo_path, limit=3)
+    fast, slow = BM25Index(), ReferenceBM25()
+    rng = random.Random(0)
+    # interleave memories across add calls so each memory's rows are not contiguous
+    pending = [(mem, tokenize(text)) for mem, texts in enumerate(episodes) for text in texts]
+    rng.shuffle(pending)
+    queries = [tokenize(q) for qs in questions for q in qs[:15]]
+    mems = [mem for mem, qs in enumerate(questions) for _ in qs[:15]]
+    for start in range(0, len(pending), 400):
+        batch = pending[start : start + 400]
+        new_fast = fast.add([t for _, t in batch], [m for m, _ in batch])
+        new_slow = slow.add([t for _, t in batch], [m for m, _ in batch])
+        assert torch.equal(new_fast, new_slow)
+        victims = rng.sample(new_fast.tolist(), 25)
+        fast.delete(victims)
+        slow.delete(victims)
+        assert_same_results(fast, slow, queries, mems, k=20)
+    fs, fr = fast.scores(queries, mems)
+    ss, sr = slow.scores(queries, mems)
+    assert torch.equal(fr, sr)
+    torch.testing.assert_close(fs, ss, atol=1e-5, rtol=1e-5)
+    probe = [["caroline", "melanie", "the", "never_seen"]] * 3
+    for got, want in zip(fast.idf(probe, [0, 1, 2]), slow.idf(probe, [0, 1, 2]), strict=True):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert fast.doc_tokens([5, 17, 300]) == slow.doc_tokens([5, 17, 300])
+
+
+def test_chunked_search_equals_one_block(monkeypatch):
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(30)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(0, 8))] for _ in range(120)]
+    mems = [rng.randrange(4) for _ in docs]
+    index = build(BM25Index, docs, mems)
+    queries = [[rng.choice(words) for _ in range(rng.randint(0, 4))] for _ in range(50)]
+    qmems = [rng.randrange(5) for _ in queries]  # memory 4 was never added
+    whole = index.search(queries, qmems, k=7)
+    monkeypatch.setattr(bm25_module, "_CHUNK_ELEMENTS", 100)  # about 2 queries per block
+    chunked = index.search(queries, qmems, k=7)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+    assert_same_results(index, build(ReferenceBM25, docs, mems), queries, qmems, k=7)
+
+
+# ---------------------------------------------------------------- isolation
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    data=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.sampled_from("abcdef"), max_size=6)), min_size=1, max_size=30
+    ),
+    queries=st.lists(
+        st.tuples(st.integers(0, 4), st.lists(st.sampled_from("abcdefg"), max_size=4)), min_size=1, max_size=12
+    ),
+)
+def test_batched_search_equals_per_memory_search(data, queries):
+    index = build(BM25Index, [d for _, d in data], [m for m, _ in data])
+    row_memory = [m for m, _ in data]
+    k = 5
+    scores, rows = index.search([q for _, q in queries], [m for m, _ in queries], k)
+    for qi, (mem, query) in enumerate(queries):
+        own_rows = [r for r, m in enumerate(row_memory) if m == mem]
+        got = [r for r in rows[qi].tolist() if r >= 0]
+        assert all(row_memory[r] == mem for r in got)  # never a row of another memory
+        # the same query against an index holding only this memory
+        alone = BM25Index()
+        if own_rows:
+            alone.add([data[r][1] for r in own_rows], [0] * len(own_rows))
+        alone_scores, alone_rows = alone.search([query], [0], k)
+        mapped = [own_rows[r] if r >= 0 else -1 for r in alone_rows[0].tolist()]
+        assert rows[qi].tolist() == mapped
+        torch.testing.assert_close(scores[qi], alone_scores[0])
+
+
+# ---------------------------------------------------------------- persistence and devices
+def test_state_dict_round_trip(tmp_path):
+    rng = random.Random(2)
+    words = [f"t{i}" for i in range(40)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(1, 10))] for _ in range(200)]
+    mems = [rng.randrange(3) for _ in docs]
+    index = build(BM25Index, docs, mems)
+    index.delete([3, 50, 51, 199])
+    queries = [[rng.choice(words) for _ in range(3)] for _ in range(30)]
+    qmems = [rng.randrange(3) for _ in queries]
+    before = index.search(queries, qmems, k=10)
+    torch.save(index.state_dict(), tmp_path / "bm25.pt")
+    reopened = BM25Index(k1=0.1, b=0.1)  # the state's k1 and b win
+    reopened.load_state_dict(torch.load(tmp_path / "bm25.pt"))
+    after = reopened.search(queries, qmems, k=10)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    assert reopened.idf(queries, qmems) == index.idf(queries, qmems)
+    assert reopened.doc_tokens([0, 199]) == index.doc_tokens([0, 199])
+    # both keep growing identically
+    assert torch.equal(reopened.add([["t1", "t2"]], [1]), index.add([["t1", "t2"]], [1]))
+    assert torch.equal(reopened.scores(queries, qmems)[0], index.scores(queries, qmems)[0])
+    with pytest.raises(ValueError, match="version"):
+        BM25Index().load_state_dict({"version": 99})
+
+
+def test_to_device_keeps_results():
+    index = build(BM25Index, DOCS, [0, 0, 0])
+    before = index.search([["a", "c"]], [0], k=3)
+    index.to("cpu")
+    after = index.search([["a", "c"]], [0], k=3)
+    assert torch.equal(before[1], after[1]) and torch.equal(before[0], after[0])
+    assert after[0].device == torch.device("cpu")
