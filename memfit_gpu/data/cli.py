@@ -1,0 +1,105 @@
+"""`memfit data`: inspect and fetch the benchmarks (LoCoMo, LongMemEval, MemGallery)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+BENCHMARK_CHOICES = ("locomo", "longmemeval", "memgallery")
+SPLIT_CHOICES = ("s", "m", "oracle")
+
+DESCRIPTION = """\
+Benchmark data: LoCoMo (10 conversations), LongMemEval (S, M and oracle files; each question is its
+own memory) and MemGallery (20 multimodal scenarios), all read into one schema
+(Benchmark -> Memory -> Session -> Turn, plus Questions).
+
+Where data is found, first hit wins:
+  1. --path FILE_OR_FOLDER
+  2. $MEMFIT_DATA_DIR, a folder laid out as locomo/locomo10.json, longmemeval/*.json, memgallery/dialog/
+  3. the fetch cache, $MEMFIT_CACHE/data (default ~/.cache/memfit/data), same layout
+
+Known quirks of the real files (malformed LoCoMo evidence, date keys without sessions,
+adversarial-only answers, VS answers that are not image ids, ...) are handled and counted under
+"problems"; a file that cannot be read fails with the file, item and field named.
+"""
+
+STATS_HELP = """\
+Load a benchmark and print its counts: memories, sessions, turns, questions (all, evaluated,
+abstention), questions per category, images, evidence coverage and the data quirks handled.
+With --json, one JSON object on one line (for scripts and CI)."""
+
+FETCH_HELP = """\
+Download the official files (LoCoMo from snap-research/LoCoMo on GitHub; LongMemEval from the
+Hugging Face dataset xiaowu0162/longmemeval-cleaned; MemGallery dialogs from Ethan-Bei/Mem-Gallery on
+Hugging Face and its prompts from GitHub), check each against the sha256 in
+memfit_gpu/data/checksums.json and store it in the cache (or --dest). A download is written to
+NAME.part and renamed only when its checksum matches: a failed or corrupted download leaves nothing.
+Files already cached with the right checksum are skipped."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "data",
+        help="inspect and fetch benchmark data (stats, fetch)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="data_command", metavar="ACTION")
+    actions.required = True
+
+    stats = actions.add_parser(
+        "stats", help="counts of a benchmark", description=STATS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    stats.add_argument("name", choices=BENCHMARK_CHOICES, help="benchmark")
+    stats.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
+    stats.add_argument("--split", choices=SPLIT_CHOICES, help="LongMemEval split when a folder holds several")
+    stats.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    stats.add_argument(
+        "--problems", type=int, default=5, metavar="N", help="how many quirks to list (default 5)"
+    )
+    stats.set_defaults(func=_stats)
+
+    fetch = actions.add_parser(
+        "fetch", help="download and verify the official files", description=FETCH_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    fetch.add_argument("name", choices=BENCHMARK_CHOICES, help="benchmark")
+    fetch.add_argument(
+        "--dest", help="folder to store into (default: $MEMFIT_CACHE/data or ~/.cache/memfit/data)"
+    )
+    fetch.add_argument("--split", choices=SPLIT_CHOICES, help="LongMemEval split (default s)")
+    fetch.add_argument(
+        "--mirror",
+        help="URL (http://, file://) or folder laid out like the cache to download from instead of the "
+        "official hosts; checksums are still enforced",
+    )
+    fetch.add_argument("--no-progress", action="store_true", help="no progress bars")
+    fetch.set_defaults(func=_fetch)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from memfit_gpu.data import load_benchmark
+    from memfit_gpu.data.stats import benchmark_stats, format_stats
+
+    benchmark = load_benchmark(args.name, args.path, split=args.split)
+    stats = benchmark_stats(benchmark, first_problems=max(args.problems, 0))
+    print(json.dumps(stats, ensure_ascii=False) if args.json else format_stats(stats))
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from memfit_gpu.data.fetch import fetch_benchmark
+
+    if args.split is not None and args.name != "longmemeval":
+        print(
+            f"memfit data fetch: error: --split applies to longmemeval only, not {args.name}", file=sys.stderr
+        )
+        return 2
+    paths = fetch_benchmark(
+        args.name, args.dest, split=args.split, mirror=args.mirror, progress=not args.no_progress
+    )
+    for path in paths:
+        print(path)
+    return 0

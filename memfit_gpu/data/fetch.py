@@ -1,0 +1,159 @@
+"""`memfit data fetch`: download the official benchmark files, verify sha256, cache them.
+
+The list of files (URL, cache path, sha256, size) is checksums.json beside this module. A file is
+streamed to `<name>.part`, hashed while it arrives, and renamed into place only when the hash
+matches, so the cache never holds a partial or wrong file: a failed or corrupted download leaves
+nothing behind. A mirror (a URL or folder laid out like the cache, e.g. ../shared/data) can stand in
+for the official hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import os
+import re
+import urllib.error
+import urllib.request
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from memfit_gpu.data.schema import DataError
+
+log = logging.getLogger(__name__)
+
+CHECKSUMS_FILE = Path(__file__).with_name("checksums.json")
+CHUNK_BYTES = 1 << 20
+DEFAULT_SPLIT = "s"  # LongMemEval: the split the paper reports
+
+
+class FetchError(DataError):
+    """A download that failed or did not match its checksum (nothing was left in the cache)."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(where, None, None, reason)
+
+
+@lru_cache(maxsize=1)
+def _catalogue() -> tuple[dict[str, Any], ...]:
+    with open(CHECKSUMS_FILE, encoding="utf-8") as handle:
+        return tuple(json.load(handle)["files"])
+
+
+def files_for(name: str, split: str | None = None) -> list[dict[str, Any]]:
+    """Catalogue entries of one benchmark (LongMemEval: of one split, default S)."""
+    entries = [dict(e) for e in _catalogue() if e["benchmark"] == name]
+    if not entries:
+        known = sorted({e["benchmark"] for e in _catalogue()})
+        raise ValueError(f"no files to fetch for {name!r}: choose one of {', '.join(known)}")
+    if name == "longmemeval":
+        wanted = split or DEFAULT_SPLIT
+        entries = [e for e in entries if e.get("split") == wanted]
+        if not entries:
+            splits = sorted({e.get("split") for e in _catalogue() if e["benchmark"] == name})
+            raise ValueError(f"unknown LongMemEval split {wanted!r}: choose one of {', '.join(splits)}")
+    elif split is not None:
+        raise ValueError(f"--split applies to longmemeval only, not {name}")
+    return entries
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _mirror_url(mirror: str, relative: str) -> str:
+    """A mirror is a URL (http://, file://) or a local folder; both are laid out like the cache."""
+    base = mirror if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", mirror) else Path(mirror).resolve().as_uri()
+    return base.rstrip("/") + "/" + relative
+
+
+def download_verified(
+    url: str,
+    target: Path,
+    sha256: str,
+    size: int | None = None,
+    progress: bool = True,
+    timeout_s: float = 60.0,
+) -> Path:
+    """Stream `url` into `target` through `target.part`; keep it only if its sha256 is `sha256`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    digest = hashlib.sha256()
+    received = 0
+    request = urllib.request.Request(url, headers={"User-Agent": "memfit-data-fetch"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response, open(part, "wb") as out:
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else size
+            with tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                desc=target.name,
+                disable=not progress or None,
+                leave=False,
+            ) as bar:
+                for block in iter(lambda: response.read(CHUNK_BYTES), b""):
+                    out.write(block)
+                    digest.update(block)
+                    received += len(block)
+                    bar.update(len(block))
+            if length and length.isdigit() and received != int(length):
+                # http.client ends a short body quietly instead of raising: check it here.
+                raise http.client.IncompleteRead(b"", int(length) - received)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        part.unlink(missing_ok=True)
+        raise FetchError(url, f"download failed: {exc}") from exc
+    except BaseException:
+        part.unlink(missing_ok=True)  # Ctrl-C included: never leave a partial file
+        raise
+    got = digest.hexdigest()
+    if got != sha256:
+        part.unlink(missing_ok=True)
+        raise FetchError(
+            url,
+            f"sha256 mismatch: expected {sha256}, got {got} ({received} bytes"
+            + (f", expected {size}" if size is not None else "")
+            + f"); the download was deleted, {target} was not written",
+        )
+    os.replace(part, target)
+    return target
+
+
+def fetch_benchmark(
+    name: str,
+    dest: str | Path | None = None,
+    split: str | None = None,
+    mirror: str | None = None,
+    progress: bool = True,
+) -> list[Path]:
+    """Fetch every file of `name` into `dest` (default: the cache load_benchmark reads), verified.
+
+    Files already present with the right sha256 are not downloaded again. Returns the file paths.
+    """
+    from memfit_gpu.data import cache_dir
+
+    root = Path(dest).expanduser() if dest is not None else cache_dir()
+    written: list[Path] = []
+    for entry in files_for(name, split):
+        target = root / entry["path"]
+        if target.is_file():
+            if sha256_of(target) == entry["sha256"]:
+                log.info("%s: already cached and verified", target)
+                written.append(target)
+                continue
+            log.warning("%s: cached copy does not match its sha256: downloading it again", target)
+        url = _mirror_url(mirror, entry["path"]) if mirror else entry["url"]
+        log.info("fetching %s -> %s", url, target)
+        written.append(download_verified(url, target, entry["sha256"], entry.get("size"), progress=progress))
+    return written
