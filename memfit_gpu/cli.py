@@ -16,6 +16,7 @@ from typing import Sequence
 # name -> module with register(subparsers). Only commands that do real work are listed here.
 SUBCOMMANDS: dict[str, str] = {
     "data": "memfit_gpu.data.cli",
+    "compare": "memfit_gpu.evaluate.cli",
 }
 
 
