@@ -110,7 +110,7 @@ def download_verified(
                     bar.update(len(block))
             if length and length.isdigit() and received != int(length):
                 # http.client ends a short body quietly instead of raising: check it here.
-                raise http.client.IncompleteRead(b"", int(length) - received)
+                raise OSError(f"connection closed after {received} of {length} bytes")
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         part.unlink(missing_ok=True)
         raise FetchError(url, f"download failed: {exc}") from exc
