@@ -1,0 +1,299 @@
+"""Experiment tracking: one Weights & Biases run per run directory, or nothing at all.
+
+```python
+tracker = Tracker.start(cfg, run_dir)      # no-op object unless tracking.wandb.enabled
+tracker.log_timings({"build": 12.3, "retrieve": 4.5})
+tracker.log_metrics(flatten(metrics_json))
+tracker.log_predictions(rows, run_dir / "predictions.jsonl")
+tracker.finish()
+```
+
+The W&B run id is fixed per run directory (stored in `RUN_DIR/wandb_run_id`, first derived from the
+directory's path), and runs start with `resume="allow"`: a resumed `memfit run` continues the same
+W&B run instead of opening a second one. A sweep passes `tracking.wandb.group=<sweep name>`, so its
+points show up together. W&B's own files go to `$WANDB_DIR` when set, else into the run directory.
+`read_offline_run` reads back what an offline run recorded (tests and debugging, no network).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memfit_gpu.config import MemFitConfig
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "wandb_run_id"
+# per-question table: these fields of a predictions.jsonl row, then the table variant's scores
+TABLE_FIELDS = ("question_id", "memory_id", "category", "question", "gold", "prediction", "abstained")
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict[str, Any]:
+    """{"overall": {"paper": {"f1": .5}}} -> {"overall/paper/f1": .5}; non-numeric leaves are dropped
+    except strings (W&B summaries hold them fine), None is dropped."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name, sep))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+    return flat
+
+
+def run_id_for(run_dir: str | Path) -> str:
+    """The W&B id of a run directory: kept in RUN_DIR/wandb_run_id, first made from the path.
+
+    W&B ids allow letters, digits, `-` and `_` (64 characters at most); the directory name keeps it
+    readable, the path hash keeps two `points/k=5` directories of different sweeps apart.
+    """
+    run_dir = Path(run_dir)
+    stored = run_dir / RUN_ID_FILE
+    if stored.exists():
+        text = stored.read_text().strip()
+        if text:
+            return text
+    resolved = str(run_dir.resolve())
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", run_dir.resolve().name).strip("-")[:40] or "run"
+    run_id = f"{slug}-{hashlib.sha1(resolved.encode()).hexdigest()[:12]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stored.write_text(run_id + "\n")
+    return run_id
+
+
+class Tracker:
+    """The no-op tracker: what every run gets when tracking is off. WandbTracker overrides each method."""
+
+    enabled = False
+    run_id: str | None = None
+
+    @classmethod
+    def start(cls, cfg: MemFitConfig, run_dir: str | Path) -> Tracker:
+        settings = cfg.tracking.wandb
+        if not settings.enabled or settings.mode == "disabled":
+            return Tracker()
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            log.warning(
+                "tracking.wandb.enabled is true but wandb is not installed (pip install 'memfit-gpu[track]'); "
+                "this run is not tracked"
+            )
+            return Tracker()
+        return WandbTracker(cfg, Path(run_dir))
+
+    def log_timings(self, timings: Mapping[str, float]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def log_predictions(self, rows: Sequence[Mapping[str, Any]], path: str | Path | None = None) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
+class WandbTracker(Tracker):
+    enabled = True
+
+    def __init__(self, cfg: MemFitConfig, run_dir: Path):
+        import wandb
+
+        from memfit_gpu.config import to_dict
+
+        settings = cfg.tracking.wandb
+        self.run_dir = run_dir
+        self.run_id = run_id_for(run_dir)
+        self.table_metric = cfg.eval.table_metric
+        wandb_dir = Path(os.environ.get("WANDB_DIR") or run_dir)
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group,
+            id=self.run_id,
+            name=run_dir.resolve().name,
+            resume="allow",
+            mode=settings.mode,
+            dir=str(wandb_dir),
+            config=to_dict(cfg),
+            job_type="memfit-run",
+            reinit="create_new",
+        )
+        log.info("W&B run %s (%s mode, project %s, group %s)", self.run_id, settings.mode, settings.project,
+                 settings.group)
+
+    def log_timings(self, timings: Mapping[str, float]) -> None:
+        flat = {f"timings/{stage}": float(seconds) for stage, seconds in timings.items()}
+        self.run.log(flat)
+        self.run.summary.update(flat)
+
+    def log_metrics(self, metrics: Mapping[str, Any]) -> None:
+        flat = flatten(metrics)
+        numeric = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if numeric:
+            self.run.log(numeric)
+        self.run.summary.update(flat)
+
+    def log_predictions(self, rows: Sequence[Mapping[str, Any]], path: str | Path | None = None) -> None:
+        import wandb
+
+        variant = self.table_metric
+        columns = [*TABLE_FIELDS, f"{variant}_f1", f"{variant}_bleu1", "judge", "pack_hit"]
+        data = []
+        for row in rows:
+            scores = (row.get("scores") or {}).get(variant) or {}
+            judge = row.get("judge") or {}
+            retrieval = row.get("retrieval") or {}
+            data.append(
+                [*(_table_cell(row.get(f)) for f in TABLE_FIELDS), scores.get("f1"), scores.get("bleu1"),
+                 judge.get("verdict"), retrieval.get("pack_hit")]
+            )
+        self.run.log({"predictions": wandb.Table(columns=columns, data=data)})
+        if path is not None and Path(path).exists():
+            artifact = wandb.Artifact(f"predictions-{self.run_id}", type="predictions",
+                                      metadata={"questions": len(rows), "run_dir": str(self.run_dir)})
+            artifact.add_file(str(path), name=Path(path).name)
+            self.run.log_artifact(artifact)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+def _table_cell(value: Any) -> Any:
+    # wandb.Table wants one type per column; category ids are strings in the schema, keep them so
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return json.dumps(value)
+
+
+# ---------------------------------------------------------------------------------------- read back
+
+
+@dataclass
+class OfflineRun:
+    """What a `run-<id>.wandb` file holds, decoded: enough to check a run without a server."""
+
+    run_id: str = ""
+    project: str = ""
+    group: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)  # name, type, files (manifest paths)
+    files: list[str] = field(default_factory=list)
+    exited: bool = False
+
+
+def _records(data: bytes) -> Iterable[bytes]:
+    """LevelDB-log framing of W&B's transaction log: 7-byte file header (`:W&B`, magic, version), then
+    32 KiB blocks of chunks [crc32c:4][length:2][type:1][payload]; types 1 full, 2 first, 3 middle, 4 last."""
+    if data[:4] != b":W&B":
+        raise ValueError("not a W&B transaction log (missing ':W&B' header)")
+    block = 32768
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        payload = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            yield payload
+        elif kind == 2:
+            pending = payload
+        elif kind == 3:
+            pending += payload
+        elif kind == 4:
+            yield pending + payload
+            pending = b""
+
+
+def _set_nested(target: dict[str, Any], item: Any) -> None:
+    keys = list(item.nested_key) or [item.key]
+    node = target
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = json.loads(item.value_json)
+
+
+def read_offline_run(path: str | Path, wait_s: float = 0.0) -> OfflineRun:
+    """Decode an offline W&B run: `path` is the `.wandb` file or its `offline-run-*` folder.
+
+    `run.finish()` returns before W&B's service process has flushed the log; `wait_s` > 0 re-reads
+    until the exit record is there (or the time is up).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.glob("run-*.wandb"))
+        if not found:
+            raise FileNotFoundError(f"{path}: no run-*.wandb file")
+        path = found[0]
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = _decode(path)
+        if out.exited or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.1)
+
+
+def _decode(path: Path) -> OfflineRun:
+    from wandb.proto import wandb_internal_pb2
+
+    out = OfflineRun()
+    for payload in _records(path.read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            out.run_id, out.project, out.group = record.run.run_id, record.run.project, record.run.run_group
+            for item in record.run.config.update:
+                out.config[item.key] = json.loads(item.value_json)
+        elif kind == "config":
+            for item in record.config.update:
+                out.config[item.key] = json.loads(item.value_json)
+        elif kind == "history":
+            row: dict[str, Any] = {}
+            for item in record.history.item:
+                _set_nested(row, item)
+            out.history.append(row)
+        elif kind == "summary":
+            for item in record.summary.update:
+                _set_nested(out.summary, item)
+        elif kind == "artifact":
+            art = record.artifact
+            out.artifacts.append(
+                {"name": art.name, "type": art.type, "files": [e.path for e in art.manifest.contents],
+                 "digests": {e.path: e.digest for e in art.manifest.contents}}
+            )
+        elif kind == "files":
+            out.files += [f.path for f in record.files.files]
+        elif kind == "exit":
+            out.exited = True
+    return out
