@@ -17,6 +17,8 @@ from typing import Sequence
 SUBCOMMANDS: dict[str, str] = {
     "data": "memfit_gpu.data.cli",
     "compare": "memfit_gpu.evaluate.cli",
+    "sweep": "memfit_gpu.sweep_cli",
+    "aggregate": "memfit_gpu.sweep_cli",
 }
 
 
