@@ -27,3 +27,11 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def locomo_path(shared_data: Path) -> Path:
     return shared_data / "locomo" / "locomo10.json"
+
+
+@pytest.fixture(scope="session")
+def bi_encoder():
+    """The real all-MiniLM-L6-v2 bi-encoder (packaged weights), loaded once per test session, on CPU."""
+    from memfit_gpu.index.encoders import BiEncoder
+
+    return BiEncoder.from_pretrained("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
