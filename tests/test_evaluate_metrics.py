@@ -229,3 +229,26 @@ def test_errors_name_the_problem():
         score("a", "b", "1", "squad")
     with pytest.raises(ValueError, match="same length"):
         score_all(["a"], ["b", "c"], ["1"])
+
+
+def test_real_gold_answers_score_themselves(locomo_path, shared_data):
+    # Every evaluated LoCoMo gold scored against itself is exact, except under the official scorer
+    # for category-3 golds with a ";": it cuts the gold, not the prediction, so those lose recall.
+    qa = [q for conv in json.loads(locomo_path.read_text()) for q in conv["qa"] if q["category"] != 5]
+    golds, cats = [str(q["answer"]) for q in qa], [str(q["category"]) for q in qa]
+    assert len(golds) == 1540
+    rows = score_all(golds, golds, cats)
+    for variant in ("paper", "memgallery"):
+        assert all(r[variant] == {"f1": 1.0, "bleu1": 1.0} for r in rows), variant
+    below = {i for i, r in enumerate(rows) if r["locomo"]["f1"] < 1.0}
+    cut = {i for i, (g, c) in enumerate(zip(golds, cats, strict=True)) if c == "3" and ";" in g}
+    assert below == cut and len(cut) > 0
+    # MemGallery golds (image ids, decimals, yes/no) under its own scorer
+    answers = [
+        str(q["answer"])
+        for path in sorted((shared_data / "memgallery" / "dialog").glob("*.json"))
+        for q in json.loads(path.read_text())["human-annotated QAs"]
+    ]
+    assert len(answers) == 1711
+    scored = score_all(answers, answers, ["FR"] * len(answers), variants=["memgallery"])
+    assert all(r["memgallery"] == {"f1": 1.0, "bleu1": 1.0} for r in scored)

@@ -1,0 +1,8 @@
+"""Evaluation: answer scores, per-category tables, uncertainty, judge replies, run comparison.
+
+metrics.py  token F1 / BLEU-1: `paper`, official `locomo`, `memgallery` variants (score, score_all)
+tables.py   summarize(rows) -> metrics.json; render_markdown (the paper's table); write_csv
+stats.py    seeded percentile bootstrap (mean, mean of category means); paired sign-flip permutation test
+judge.py    judge reply parsers (paper CORRECT/WRONG, MemGallery graded, LongMemEval yes/no)
+compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`, parser in cli.py)
+"""
