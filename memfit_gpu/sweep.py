@@ -166,8 +166,12 @@ def _flat_mapping(value: Any, where: str) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and check a sweep file; every point's config is validated before anything runs."""
+def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and check a sweep file; every point's config is validated before anything runs.
+
+    `extra_overrides` (`key=value` from the command line) join the file's `fixed:` block, e.g. the
+    reader servers of slurm/vllm-servers.sbatch.
+    """
     import yaml
 
     from memfit_gpu.config import ConfigError, load_config
@@ -191,6 +195,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise SweepError(f"{path}: config {data['config']} does not exist ({config})")
     name = str(data.get("name") or path.stem)
     fixed = _flat_mapping(data.get("fixed"), f"{path}: fixed")
+    for item in extra_overrides:
+        if "=" not in item:
+            raise SweepError(f"override {item!r} is not key=value (e.g. reader.backend=openai)")
+        key, value = item.split("=", 1)
+        fixed[key] = value  # kept as text: override_arg passes it through as typed
 
     grid = _flat_mapping(data.get("grid"), f"{path}: grid")
     for key, values in grid.items():
@@ -315,6 +324,7 @@ class SweepState:
                 "name": self.spec.name,
                 "sweep_file": str(self.spec.source),
                 "base_config": str(self.spec.config),
+                "fixed": self.spec.fixed,
                 "launcher": self.launcher,
                 "sweep_keys": self.spec.sweep_keys,
                 "slurm": asdict(self.spec.slurm),
@@ -330,6 +340,13 @@ def _progress(total: int, name: str):  # tqdm is imported lazily: `memfit --help
     from tqdm import tqdm
 
     return tqdm(total=total, desc=f"sweep {name}", unit="point", file=sys.stderr, dynamic_ncols=True)
+
+
+def _show(bar: Any, done: int, postfix: str) -> None:
+    if bar.n != done or bar.postfix != postfix:
+        bar.n = done
+        bar.set_postfix_str(postfix, refresh=False)
+        bar.refresh()
 
 
 # ---------------------------------------------------------------------------------------- local
@@ -376,9 +393,7 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
                     reason = f"exit code {rc}" if rc else "exit 0 without DONE"
                     log.warning("point %s failed (%s); log: %s", point_id, reason, record["jobs"][-1]["log"])
                 state.save()
-            bar.n = state.refresh_done()
-            bar.set_postfix_str(f"running={len(running)} queued={len(queue)}")
-            bar.refresh()
+            _show(bar, state.refresh_done(), f"running={len(running)} queued={len(queue)}")
     except BaseException:
         # Ctrl-C or an error here: stop our children; their run dirs resume on the next sweep
         for proc, handle in running.values():
@@ -519,10 +534,8 @@ def wait_slurm(state: SweepState, poll_s: float) -> None:
             done = state.refresh_done()
             if changed:
                 state.save()
-            bar.n = done
             running = sum(1 for j in current.values() if j["state"] == "RUNNING")
-            bar.set_postfix_str(f"running={running} waiting={active - running}")
-            bar.refresh()
+            _show(bar, done, f"running={running} waiting={active - running}")
             if active == 0:
                 return
             time.sleep(poll_s)
@@ -594,6 +607,40 @@ def run_sweep(
     done = sum(1 for p in data["points"] if p["state"] == "done")
     log.info("sweep %s: %d/%d points DONE (%s)", spec.name, done, len(data["points"]), state.path)
     return data
+
+
+def find_point(spec: SweepSpec, which: str) -> SweepPoint:
+    """A point by index (SLURM_ARRAY_TASK_ID) or by id."""
+    if which.isdigit():
+        index = int(which)
+        if index >= len(spec.points):
+            raise SweepError(f"{spec.source}: point index {index} out of range (sweep has {len(spec.points)} points)")
+        return spec.points[index]
+    for point in spec.points:
+        if point.point_id == which:
+            return point
+    raise SweepError(f"{spec.source}: no point {which!r}; points: {', '.join(p.point_id for p in spec.points)}")
+
+
+def run_point(spec: SweepSpec, out_dir: str | Path, which: str) -> int:
+    """Run one point in this process's job (slurm/memfit-array.sbatch: one array task per point).
+
+    sweep.json is written only if missing (many tasks start at once; the driver-less mode keeps no job
+    records); a point with DONE returns at once.
+    """
+    out = Path(out_dir).resolve()
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    point = find_point(spec, which)
+    state = SweepState(spec, out, "sbatch")
+    if not state.path.exists():
+        state.save()
+    point_dir = state.point_dir(point)
+    if state.is_done(point):
+        log.info("point %s is DONE, nothing to do (%s)", point.point_id, point_dir)
+        return 0
+    argv = point_command(spec, point, point_dir)
+    log.info("point %s: %s", point.point_id, shlex.join(argv))
+    return subprocess.run(argv).returncode
 
 
 # ---------------------------------------------------------------------------------------- aggregate

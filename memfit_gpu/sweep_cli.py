@@ -14,11 +14,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from memfit_gpu.sweep import SweepError, load_sweep, run_sweep
 
     try:
-        spec = load_sweep(args.config)
+        spec = load_sweep(args.config, args.overrides)
     except SweepError as exc:
         print(f"memfit sweep: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path("runs") / "sweeps" / spec.name
+    if args.count:
+        print(len(spec.points))
+        return 0
+    if args.point is not None:
+        from memfit_gpu.sweep import run_point
+
+        try:
+            return run_point(spec, out, args.point)
+        except SweepError as exc:
+            print(f"memfit sweep: error: {exc}", file=sys.stderr)
+            return 2
     if args.dry_run:
         from memfit_gpu.sweep import point_command
 
@@ -74,6 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         p.add_argument("--config", required=True, help="sweep YAML (configs/sweeps/*.yaml)")
         p.add_argument("--launcher", choices=("local", "slurm"), default="local")
+        p.add_argument("overrides", nargs="*", metavar="key=value",
+                       help="overrides every point gets (added to the sweep file's fixed:)")
         p.add_argument("--out", help="sweep directory (default runs/sweeps/<name>)")
         p.add_argument("--jobs", type=int, default=1, help="local launcher: points run at once")
         p.add_argument("--no-wait", action="store_true", help="slurm: submit and return; re-run to wait/resume")
@@ -81,6 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--max-requeue", type=int, default=None,
                        help="resubmission rounds for unfinished points (default: slurm.max_requeue; local: 0)")
         p.add_argument("--dry-run", action="store_true", help="print each point's command and exit")
+        p.add_argument("--count", action="store_true", help="print the number of points and exit (for --array)")
+        p.add_argument("--point", help="run only this point (index, e.g. $SLURM_ARRAY_TASK_ID, or id) here")
         p.set_defaults(func=cmd_sweep)
     if "aggregate" not in subparsers.choices:
         p = subparsers.add_parser(
