@@ -30,9 +30,9 @@ Dates print as "8 May 2023" (day without a leading zero).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Iterable, Sequence
 
 MONTH_NAMES = (
     "january", "february", "march", "april", "may", "june",
@@ -181,7 +181,7 @@ def resolve_many(texts: Sequence[str], anchors: Sequence[date | datetime]) -> li
     """Batch form: one anchor per text."""
     if len(texts) != len(anchors):
         raise ValueError(f"resolve_many: {len(texts)} texts but {len(anchors)} anchors")
-    return [resolve_relative_dates(t, a) for t, a in zip(texts, anchors)]
+    return [resolve_relative_dates(t, a) for t, a in zip(texts, anchors, strict=False)]
 
 
 def parse_iso(timestamp: str) -> datetime:

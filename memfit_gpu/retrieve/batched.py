@@ -1,0 +1,236 @@
+"""The batched read path (SPEC read path 1-9): every stage runs once for a whole batch of questions.
+
+    results = retrieve_batch(view, cfg, questions, memory_ids, embed=encoder.encode, reranker=None)
+
+`embed(texts) -> [n, d]` encodes questions and PRF queries (one call for each, for all questions);
+pass `question_embeddings` to skip the first call (benchmarks share one untimed encoder pass).
+Questions are processed in chunks of `retrieve.question_batch_size` to bound peak memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
+from memfit_gpu.retrieve.dates import parse_constraints
+from memfit_gpu.retrieve.hybrid import Hits, hybrid_search
+from memfit_gpu.retrieve.pack import Pack, build_pack, format_excerpts
+from memfit_gpu.retrieve.pool import (
+    EPISODE,
+    SOURCE_NAMES,
+    SUMMARY,
+    Candidates,
+    concat,
+    prf_expansion,
+    round_robin,
+    summary_expansion,
+)
+from memfit_gpu.retrieve.prf import choose_terms_batch
+from memfit_gpu.retrieve.rerank import cross_encoder_scores, final_order, reranker_info, zscore
+from memfit_gpu.retrieve.view import ReadView
+
+log = logging.getLogger(__name__)
+
+Embed = Callable[[list[str]], torch.Tensor]
+
+
+@dataclass
+class RetrievalResult:
+    """One question's retrieval: the ranked candidates with stage scores, the pack, the excerpts."""
+
+    memory_id: str
+    question: str
+    ranked: list[dict[str, Any]]  # final order; kind, row, turn_id/members, bm25, dense, fused, boost, score, source, origin, rerank
+    pack: Pack
+    excerpts: str
+    prf_terms: list[str] = field(default_factory=list)
+    reranker: dict[str, Any] = field(default_factory=dict)
+
+    def pack_key(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        return tuple(self.pack.episodes), tuple(self.pack.selected), tuple(self.pack.summaries)
+
+    def to_json(self, view: ReadView) -> dict[str, Any]:
+        return {
+            "memory_id": self.memory_id,
+            "question": self.question,
+            "reranker": self.reranker,
+            "prf_terms": self.prf_terms,
+            "ranked": self.ranked,
+            "pack": {
+                "episodes": [{"row": r, "turn_id": view.ep_turn_id[r], "selected": r in self.pack.selected}
+                             for r in self.pack.episodes],
+                "selected": [{"row": r, "turn_id": view.ep_turn_id[r]} for r in self.pack.selected],
+                "summaries": [{"row": s, "text": view.sm_text[s],
+                               "members": [view.ep_turn_id[m] for m in view.sm_members[s]]}
+                              for s in self.pack.summaries],
+            },
+            "excerpts": self.excerpts,
+        }
+
+
+def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
+    """Hits of a subset of questions (positions `index`) placed into an n_q-row batch of pads."""
+    width = hits.rows.shape[1]
+
+    def full(t: torch.Tensor, fill: float | int) -> torch.Tensor:
+        out = torch.full((n_q, width), fill, dtype=t.dtype)
+        out[index] = t
+        return out
+
+    return Hits(full(hits.rows, -1), full(hits.bm25, 0.0), full(hits.dense, 0.0), full(hits.fused, 0.0),
+                full(hits.boost, 0.0), full(hits.score, float("-inf")))
+
+
+def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speaker_mask: np.ndarray,
+           year: np.ndarray, month: np.ndarray) -> Hits:
+    if not cfg.retrieve.boosts_enabled:
+        return hits
+    return add_boosts(hits, cfg.retrieve.boosts, *cons, speaker_mask, year, month)
+
+
+def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], memory_ids: Sequence[str],
+                   embed: Embed | None = None, question_embeddings: torch.Tensor | None = None,
+                   reranker: Any | None = None, progress: bool = False) -> list[RetrievalResult]:
+    """Retrieve for every question; see module doc. reranker: a CrossEncoderModule or None (= backend none)."""
+    if len(questions) != len(memory_ids):
+        raise ValueError(f"retrieve_batch: {len(questions)} questions but {len(memory_ids)} memory ids")
+    if cfg.rerank.backend == "cross-encoder" and reranker is None:
+        raise ValueError("rerank.backend=cross-encoder needs the loaded cross-encoder (rerank.load_reranker)")
+    if question_embeddings is None and embed is None:
+        raise ValueError("retrieve_batch needs embed (an encoder) or precomputed question_embeddings")
+    step = max(1, cfg.retrieve.question_batch_size)
+    out: list[RetrievalResult] = []
+    for start in range(0, len(questions), step):
+        stop = min(start + step, len(questions))
+        q_emb = None if question_embeddings is None else question_embeddings[start:stop]
+        out.extend(_retrieve_chunk(view, cfg, list(questions[start:stop]), list(memory_ids[start:stop]),
+                                   embed, q_emb, reranker, progress))
+    return out
+
+
+def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], memory_ids: list[str],
+                    embed: Embed | None, q_emb: torch.Tensor | None, reranker: Any | None,
+                    progress: bool) -> list[RetrievalResult]:
+    from memfit_gpu.index.bm25 import tokenize
+
+    rcfg = cfg.retrieve
+    n_q = len(questions)
+    mems = [view.memory_index(m) for m in memory_ids]
+    if q_emb is None:
+        assert embed is not None
+        q_emb = embed(questions)
+    q_emb = torch.as_tensor(q_emb, dtype=torch.float32).cpu()
+    tokens = [tokenize(q) for q in questions]
+    min_chars = rcfg.boosts.min_speaker_chars
+    constraints = [parse_constraints(q, view.speakers[m], min_chars) for q, m in zip(questions, mems, strict=False)]
+    cons = constraint_tensors(constraints, view.speakers_lower, mems)
+
+    # 1-2: episode hybrid + boosts
+    ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
+                       rcfg.dense_min_cosine)
+    ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars), *view.ep_year_month)
+
+    # 3: summary hybrid + boosts, top summary_top_k
+    sm: Hits | None = None
+    if rcfg.summaries and view.has_summaries:
+        sm = hybrid_search(view.sm_bm25, view.sm_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
+                           rcfg.dense_min_cosine)
+        sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars), *view.sm_year_month)
+        sm = sm.head(rcfg.summary_top_k)
+
+    # 4-5: pool and summary expansion
+    pool = round_robin(ep, sm, rcfg.pool_size)
+    expansion = Candidates.empty(n_q)
+    if rcfg.summary_expansion and sm is not None:
+        expansion = summary_expansion(pool, sm, view.members_padded, rcfg.summary_expansion_top,
+                                      rcfg.summary_expansion_weight)
+
+    # 6: PRF, a second batched hybrid pass
+    prf_terms: list[list[str]] = [[] for _ in range(n_q)]
+    prf = Candidates.empty(n_q)
+    if rcfg.prf.enabled:
+        top_rows = ep.head(rcfg.prf.docs).rows.tolist()
+        docs = [[r for r in rows if r >= 0] for rows in top_rows]
+        flat = [r for rows in docs for r in rows]
+        flat_tokens = view.prf_tokens(flat, rcfg.prf.min_token_chars)
+        lists, offset = [], 0
+        for rows in docs:
+            lists.append(flat_tokens[offset: offset + len(rows)])
+            offset += len(rows)
+        prf_terms = choose_terms_batch(lists, mems, view.ep_bm25, rcfg.prf.terms, rcfg.prf.term_order)
+        asking = [i for i, terms in enumerate(prf_terms) if terms]
+        if asking:
+            if embed is None:
+                raise ValueError("PRF needs embed to encode its queries (retrieve.prf.enabled=true)")
+            prf_emb = torch.as_tensor(embed([" ".join(prf_terms[i]) for i in asking]), dtype=torch.float32).cpu()
+            hits = hybrid_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
+                                 [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine)
+            hits = _expand(hits, torch.tensor(asking, dtype=torch.long), n_q)
+            prf = prf_expansion(hits, pool, expansion, rcfg.prf.weight)
+
+    # 7: rerank candidates = pool[:rerank_pool] + every expansion
+    cands = concat([pool.head(cfg.rerank.rerank_pool), expansion, prf])
+    rerank_scores: torch.Tensor | None = None
+    if reranker is not None:
+        kinds, rows = cands.kind.tolist(), cands.row.tolist()
+        passages = []
+        for kind_row, row_row in zip(kinds, rows, strict=False):
+            ps = []
+            for kind, row in zip(kind_row, row_row, strict=False):
+                if kind == EPISODE:
+                    ps.append(view.ep_text[row])
+                elif kind == SUMMARY:
+                    ps.append(view.sm_text[row] + cfg.rerank.summary_suffix.format(date=view.summary_date(row)))
+            passages.append(ps)
+        raw = cross_encoder_scores(reranker, questions, passages, cfg.rerank.batch_size, progress)
+        rerank_scores = torch.zeros(cands.kind.shape, dtype=torch.float64)
+        for i, vals in enumerate(raw):
+            rerank_scores[i, : len(vals)] = torch.tensor(vals, dtype=torch.float64)
+        final = zscore(rerank_scores, cands.kind, cfg.rerank.zscore_min)
+    else:
+        final = cands.score
+    order = final_order(final, cands.valid)
+    ranked = cands.take(order)
+    final = torch.where(ranked.valid, final.gather(1, order), 0.0)
+    raw_rerank = rerank_scores.gather(1, order) if rerank_scores is not None else None
+
+    # 8-9: pack and excerpts
+    info = reranker_info(cfg.rerank, reranker)
+    cols = {name: getattr(ranked, name).tolist() for name in
+            ("kind", "row", "score", "bm25", "dense", "fused", "boost", "source", "origin")}
+    final_list = final.tolist()
+    raw_list = raw_rerank.tolist() if raw_rerank is not None else None
+    body_cache = view.__dict__.setdefault("_excerpt_bodies", {}).setdefault(cfg.pack.resolve_dates, {})
+    results = []
+    k = cfg.pack.k
+    for i in range(n_q):
+        ranked_i = []
+        top = []
+        for j, kind in enumerate(cols["kind"][i]):
+            if kind < 0:
+                break
+            row = cols["row"][i][j]
+            item = {
+                "kind": "episode" if kind == EPISODE else "summary", "row": row,
+                "bm25": cols["bm25"][i][j], "dense": cols["dense"][i][j], "fused": cols["fused"][i][j],
+                "boost": cols["boost"][i][j], "score": cols["score"][i][j],
+                "source": SOURCE_NAMES[cols["source"][i][j]],
+                "origin": cols["origin"][i][j] if cols["origin"][i][j] >= 0 else None,
+                "rerank": raw_list[i][j] if raw_list is not None else None,
+                "final": final_list[i][j],
+            }
+            item["turn_id"] = view.ep_turn_id[row] if kind == EPISODE else None
+            ranked_i.append(item)
+            if j < k:
+                top.append((kind, row))
+        pack = build_pack(top, view, cfg.pack.context_window)
+        text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, body_cache)
+        results.append(RetrievalResult(memory_ids[i], questions[i], ranked_i, pack, text, prf_terms[i], info))
+    return results

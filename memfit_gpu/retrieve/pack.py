@@ -1,0 +1,76 @@
+"""Pack assembly and excerpt text (SPEC read path 8-9).
+
+Pack: the top k of the final ranking (summaries compete for slots). Selected episodes, each with
+its +/- context_window live neighbouring turns of the same session, deduplicated, in time order
+(memory, timestamp, turn position). Summaries, in rank order, come first in a "remembered facts"
+block.
+
+Excerpt text (what the reader sees):
+    REMEMBERED FACTS:
+    - {summary text} (as of {date})
+    <blank line>
+    EXCERPT 1 (recorded 8 May 2023): Speaker Caroline says: I went yesterday (7 May 2023).
+One excerpt per episode of the pack, chronological. The episode text's leading
+"DATE: {session date} | " is dropped because the header carries the date; relative dates are
+resolved against the episode's own session date (dates.resolve_relative_dates).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit_gpu.retrieve.dates import resolve_relative_dates
+
+_DATE_PREFIX = re.compile(r"^DATE: [^|]*\| ")
+FACTS_HEADER = "REMEMBERED FACTS:"
+
+
+@dataclass
+class Pack:
+    episodes: list[int] = field(default_factory=list)  # episode rows in time order (with neighbours)
+    selected: list[int] = field(default_factory=list)  # episode rows among the top k (before neighbours)
+    summaries: list[int] = field(default_factory=list)  # summary rows among the top k, in rank order
+
+
+def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pack:
+    """top: (kind, row) of the k best candidates in rank order (kind 0 episode, 1 summary)."""
+    selected = [row for kind, row in top if kind == 0]
+    summaries = [row for kind, row in top if kind == 1]
+    rows: set[int] = set()
+    for row in selected:
+        if context_window > 0:
+            rows.update(view.neighbours(row, context_window))
+        else:
+            rows.add(row)
+    rank = view.time_rank
+    return Pack(episodes=sorted(rows, key=lambda r: rank[r]), selected=selected, summaries=summaries)
+
+
+def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:
+    body = _DATE_PREFIX.sub("", text, count=1)
+    return resolve_relative_dates(body, anchor) if resolve_dates else body
+
+
+def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool,
+                    body_cache: dict[int, str] | None = None) -> str:
+    """The reader's evidence block for one pack. body_cache: per-row resolved bodies (batched path)."""
+    parts: list[str] = []
+    if pack.summaries:
+        facts = [FACTS_HEADER]
+        for srow in pack.summaries:
+            facts.append("- " + view.sm_text[srow] + summary_suffix.format(date=view.summary_date(srow)))
+        parts.append("\n".join(facts))
+    lines = []
+    for i, row in enumerate(pack.episodes, start=1):
+        if body_cache is not None and row in body_cache:
+            body = body_cache[row]
+        else:
+            body = excerpt_body(view.ep_text[row], view.ep_time[row].astype(object), resolve_dates)
+            if body_cache is not None:
+                body_cache[row] = body
+        lines.append(f"EXCERPT {i} (recorded {view.recorded(row)}): {body}")
+    if lines:
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)

@@ -1,0 +1,165 @@
+"""Candidate pool and additive expansions (SPEC read path 4-6), vectorised over questions.
+
+Pool: episode hits and summary hits interleaved round-robin, episode first (e0 s0 e1 s1 ...; when
+one list runs out the other continues), cut at `pool_size`.
+Summary expansion: members of the top summaries not already pooled enter with weight x that
+summary's (fused + boost) score; a member of several summaries keeps its best (ties: the higher
+ranked summary). PRF expansion: new episodes (in neither the pool nor the summary expansion) enter
+with weight x their PRF fused score, uncapped. Expansions are ordered by score desc, then row asc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from memfit_gpu.retrieve.hybrid import _BIG, Hits
+
+EPISODE, SUMMARY = 0, 1
+SOURCE_POOL, SOURCE_SUMMARY_EXPANSION, SOURCE_PRF = 0, 1, 2
+SOURCE_NAMES = {SOURCE_POOL: "pool", SOURCE_SUMMARY_EXPANSION: "summary_expansion", SOURCE_PRF: "prf"}
+
+
+@dataclass
+class Candidates:
+    """Padded per-question candidate list [Q, N]; pads have kind -1, row -1, score -inf."""
+
+    kind: torch.Tensor  # long: 0 episode, 1 summary
+    row: torch.Tensor  # long: episode row or summary row
+    score: torch.Tensor  # float64 first-stage score (fused + boost, or expansion score)
+    bm25: torch.Tensor  # float64 raw stage scores of the search that found it (0 for summary members)
+    dense: torch.Tensor
+    fused: torch.Tensor
+    boost: torch.Tensor
+    source: torch.Tensor  # long: SOURCE_*
+    origin: torch.Tensor  # long: summary row an expansion came from, else -1
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.kind >= 0
+
+    def take(self, cols: torch.Tensor) -> Candidates:
+        safe, pad = cols.clamp(min=0), cols < 0
+        out = {}
+        for f in fields(self):
+            t = getattr(self, f.name)
+            fill = float("-inf") if f.name == "score" else (0.0 if t.is_floating_point() else -1)
+            out[f.name] = torch.where(pad, torch.as_tensor(fill, dtype=t.dtype), t.gather(1, safe))
+        return Candidates(**out)
+
+    @classmethod
+    def empty(cls, n_q: int) -> Candidates:
+        z = torch.zeros((n_q, 0), dtype=torch.float64)
+        e = torch.zeros((n_q, 0), dtype=torch.long)
+        return cls(e, e, z, z, z, z, z, e, e)
+
+    @classmethod
+    def from_hits(cls, hits: Hits, kind: int, source: int, score: torch.Tensor | None = None,
+                  origin: torch.Tensor | None = None) -> Candidates:
+        valid = hits.valid
+        return cls(
+            kind=torch.where(valid, kind, -1), row=hits.rows,
+            score=torch.where(valid, hits.score if score is None else score, -torch.inf),
+            bm25=hits.bm25, dense=hits.dense, fused=hits.fused, boost=hits.boost,
+            source=torch.where(valid, source, -1),
+            origin=torch.full_like(hits.rows, -1) if origin is None else origin,
+        )
+
+    def compact(self) -> Candidates:
+        """Pads moved to the end, order of real entries kept, width cut to the longest list."""
+        order = (~self.valid).long().argsort(dim=1, stable=True)
+        out = self.take(order)
+        width = int(self.valid.sum(1).max()) if self.kind.numel() else 0
+        return out.take(torch.arange(width).expand(self.kind.shape[0], -1))
+
+    def head(self, k: int) -> Candidates:
+        return self.take(torch.arange(min(k, self.kind.shape[1])).expand(self.kind.shape[0], -1))
+
+
+def concat(parts: list[Candidates]) -> Candidates:
+    out = {f.name: torch.cat([getattr(p, f.name) for p in parts], 1) for f in fields(Candidates)}
+    return Candidates(**out).compact()
+
+
+def in_set(values: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """values [Q, A] (-1 = pad) found among members [Q, B] (-1 = pad), per question."""
+    if members.shape[1] == 0 or values.shape[1] == 0:
+        return torch.zeros(values.shape, dtype=torch.bool)
+    keys = torch.where(members >= 0, members, _BIG).sort(dim=1).values
+    pos = torch.searchsorted(keys, values.contiguous()).clamp(max=keys.shape[1] - 1)
+    return (keys.gather(1, pos) == values) & (values >= 0)
+
+
+def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candidates:
+    """Interleave ranked episode and summary hits, episode first, up to pool_size items."""
+    ep = Candidates.from_hits(episodes, EPISODE, SOURCE_POOL)
+    if summaries is None or summaries.rows.shape[1] == 0:
+        return ep.compact().head(pool_size)
+    sm = Candidates.from_hits(summaries, SUMMARY, SOURCE_POOL)
+    n_e, n_s = episodes.counts()[:, None], summaries.counts()[:, None]
+    i = torch.arange(episodes.rows.shape[1])[None, :]
+    j = torch.arange(summaries.rows.shape[1])[None, :]
+    key_e = torch.where(i < n_s, 2 * i, n_s + i)
+    key_s = torch.where(j < n_e, 2 * j + 1, n_e + j)
+    key = torch.cat([torch.where(episodes.valid, key_e, _BIG), torch.where(summaries.valid, key_s, _BIG)], 1)
+    both = concat_raw([ep, sm])
+    order = key.argsort(dim=1, stable=True)
+    return both.take(order).compact().head(pool_size)
+
+
+def concat_raw(parts: list[Candidates]) -> Candidates:
+    return Candidates(**{f.name: torch.cat([getattr(p, f.name) for p in parts], 1) for f in fields(Candidates)})
+
+
+def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.Tensor, top: int,
+                      weight: float) -> Candidates:
+    """Members of the top `top` summaries that are not pooled episodes, best score per member."""
+    n_q = pool.kind.shape[0]
+    best = summaries.head(top)
+    if best.rows.shape[1] == 0 or members_padded.numel() == 0:
+        return Candidates.empty(n_q)
+    members = members_padded[best.rows.clamp(min=0)]  # [Q, T, M]
+    ok = best.valid[:, :, None] & (members >= 0)
+    width = members.shape[1] * members.shape[2]
+    rows = torch.where(ok, members, -1).reshape(n_q, width)
+    score = torch.where(ok, (weight * best.score)[:, :, None].expand_as(members), -torch.inf).reshape(n_q, width)
+    origin = torch.where(ok, best.rows[:, :, None].expand_as(members), -1).reshape(n_q, width)
+    pooled_episodes = torch.where(pool.kind == EPISODE, pool.row, -1)
+    keep = (rows >= 0) & ~in_set(rows, pooled_episodes)
+    rows = torch.where(keep, rows, -1)
+    # best per member: order by score desc (stable: higher summary first), then group by row
+    by_score = torch.where(keep, score, -torch.inf).argsort(dim=1, descending=True, stable=True)
+    rows, score, origin = rows.gather(1, by_score), score.gather(1, by_score), origin.gather(1, by_score)
+    by_row = torch.where(rows >= 0, rows, _BIG).argsort(dim=1, stable=True)
+    rows, score, origin = rows.gather(1, by_row), score.gather(1, by_row), origin.gather(1, by_row)
+    first = torch.ones_like(rows, dtype=torch.bool)
+    first[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    keep = first & (rows >= 0)
+    zero = torch.zeros_like(score)
+    cand = Candidates(
+        kind=torch.where(keep, EPISODE, -1), row=torch.where(keep, rows, -1),
+        score=torch.where(keep, score, -torch.inf), bm25=zero, dense=zero, fused=zero, boost=zero,
+        source=torch.where(keep, SOURCE_SUMMARY_EXPANSION, -1), origin=torch.where(keep, origin, -1),
+    ).compact()
+    return order_by_score(cand)
+
+
+def order_by_score(cand: Candidates) -> Candidates:
+    """Score desc, row asc (pads last)."""
+    by_row = torch.where(cand.valid, cand.row, _BIG).argsort(dim=1, stable=True)
+    cand = cand.take(by_row)
+    return cand.take(cand.score.argsort(dim=1, descending=True, stable=True)).compact()
+
+
+def prf_expansion(prf_hits: Hits, pool: Candidates, expansion: Candidates, weight: float) -> Candidates:
+    """PRF hits that are neither pooled episodes nor summary-expansion members, at weight x fused."""
+    taken = torch.cat([torch.where(pool.kind == EPISODE, pool.row, -1), expansion.row], 1)
+    keep = prf_hits.valid & ~in_set(prf_hits.rows, taken)
+    rows = torch.where(keep, prf_hits.rows, -1)
+    hits = Hits(rows, prf_hits.bm25, prf_hits.dense, prf_hits.fused, prf_hits.boost,
+                torch.where(keep, prf_hits.score, -torch.inf))
+    cand = Candidates.from_hits(hits, EPISODE, SOURCE_PRF, score=weight * prf_hits.fused)
+    cand = Candidates(**{f.name: getattr(cand, f.name) for f in fields(Candidates)})
+    cand.score = torch.where(keep, cand.score, -torch.inf)
+    return order_by_score(cand.compact())

@@ -1,0 +1,45 @@
+"""Pseudo-relevance feedback terms (SPEC read path 6).
+
+From the top `docs` episodes of the first stage take their distinct tokens of at least
+`min_token_chars` characters (tokens longer than 3), then keep `terms` of them:
+- term_order "idf": highest idf in the question's memory first, ties by token text (the paper);
+- term_order "alphabetical": the first ones in alphabetical order (the released code's bug).
+The PRF query is these terms in that order: each term once for BM25, and their space-joined text
+for the dense encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def choose_terms(token_lists: Sequence[Sequence[str]], idf: dict[str, float] | None, terms: int,
+                 term_order: str) -> list[str]:
+    """Terms for one question from the token lists of its feedback episodes."""
+    pool = set()
+    for tokens in token_lists:
+        pool.update(tokens)
+    if term_order == "alphabetical":
+        return sorted(pool)[:terms]
+    if term_order != "idf":
+        raise ValueError(f"retrieve.prf.term_order={term_order!r} is not one of idf, alphabetical")
+    if idf is None:
+        raise ValueError("term_order idf needs the idf of every candidate token")
+    return sorted(pool, key=lambda t: (-idf[t], t))[:terms]
+
+
+def choose_terms_batch(token_lists: Sequence[Sequence[Sequence[str]]], memory_idx: Sequence[int], bm25,
+                       terms: int, term_order: str) -> list[list[str]]:
+    """`choose_terms` for every question; one idf call for all distinct (memory, token) pairs."""
+    idf_by_memory: dict[int, dict[str, float]] = {}
+    if term_order == "idf":
+        wanted: dict[int, set[str]] = {}
+        for lists, m in zip(token_lists, memory_idx, strict=False):
+            bucket = wanted.setdefault(m, set())
+            for tokens in lists:
+                bucket.update(tokens)
+        mems = sorted(wanted)
+        token_rows = [sorted(wanted[m]) for m in mems]
+        values = bm25.idf(token_rows, mems) if mems else []
+        idf_by_memory = {m: dict(zip(toks, vals, strict=False)) for m, toks, vals in zip(mems, token_rows, values, strict=False)}
+    return [choose_terms(lists, idf_by_memory.get(m), terms, term_order) for lists, m in zip(token_lists, memory_idx, strict=False)]

@@ -1,0 +1,205 @@
+"""The reference read path: the same retrieval, one question at a time, in plain readable Python.
+
+It shares only the pure rule helpers with the batched path (dates: constraint parsing and
+relative dates; pack.format_excerpts: text layout) and calls the indexes' searches with a batch of
+one. Every score is formed with the same float64 operations in the same order, so both paths must
+produce identical packs; tests/test_retrieve_reference.py and experiments/bench_retrieval.py check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.retrieve.batched import RetrievalResult
+from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
+from memfit_gpu.retrieve.pack import Pack, format_excerpts
+from memfit_gpu.retrieve.rerank import reranker_info
+
+
+def _minmax(values: list[float]) -> list[float]:
+    lo, hi = min(values), max(values)
+    if hi - lo <= 0:
+        return [1.0 if v > 0 else 0.0 for v in values]
+    return [(v - lo) / (hi - lo) for v in values]
+
+
+def hybrid_one(bm25: Any, dense: Any, tokens: list[str], embedding: torch.Tensor, memory: int,
+               scan_top_k: int, alpha: float, min_cosine: float) -> list[dict[str, Any]]:
+    """Fused candidates of one query, best first (ties: lower row first)."""
+    b_scores, b_rows = bm25.search([tokens], [memory], scan_top_k)
+    d_scores, d_rows = dense.search(embedding.reshape(1, -1), [memory], scan_top_k, min_score=min_cosine)
+    raw: dict[int, list[float]] = {}
+    for score, row in zip(b_scores[0].tolist(), b_rows[0].tolist(), strict=False):
+        if row >= 0:
+            raw.setdefault(row, [0.0, 0.0])[0] = score
+    for score, row in zip(d_scores[0].tolist(), d_rows[0].tolist(), strict=False):
+        if row >= 0:
+            raw.setdefault(row, [0.0, 0.0])[1] = score
+    rows = sorted(raw)
+    if not rows:
+        return []
+    bm25_norm = _minmax([raw[r][0] for r in rows])
+    dense_norm = _minmax([raw[r][1] for r in rows])
+    hits = []
+    for row, bn, dn in zip(rows, bm25_norm, dense_norm, strict=False):
+        fused = alpha * dn + (1 - alpha) * bn
+        hits.append({"row": row, "bm25": raw[row][0], "dense": raw[row][1], "fused": fused, "boost": 0.0,
+                     "score": fused})
+    hits.sort(key=lambda h: (-h["score"], h["row"]))
+    return hits
+
+
+def _boost_value(cfg: MemFitConfig, speaker_hit: bool, month_hit: bool, year_hit: bool) -> float:
+    boosts = cfg.retrieve.boosts
+    value = 0.0
+    value = value + (boosts.speaker if speaker_hit else 0.0)
+    value = value + (boosts.month if month_hit else 0.0)
+    value = value + (boosts.year if year_hit else 0.0)
+    return value
+
+
+def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
+                 embed: Callable[[list[str]], torch.Tensor], question_embedding: torch.Tensor | None = None,
+                 reranker: Any | None = None) -> RetrievalResult:
+    from memfit_gpu.index.bm25 import tokenize
+
+    rcfg = cfg.retrieve
+    memory = view.memory_ids.index(memory_id)
+    if question_embedding is None:
+        question_embedding = embed([question])[0]
+    speakers = view.speakers[memory]
+    min_chars = rcfg.boosts.min_speaker_chars
+    wanted = parse_constraints(question, speakers, min_chars)
+    tokens = tokenize(question)
+
+    # 1-2: episodes
+    episodes = hybrid_one(view.ep_bm25, view.ep_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
+                          rcfg.alpha, rcfg.dense_min_cosine)
+    if rcfg.boosts_enabled:
+        for hit in episodes:
+            row = hit["row"]
+            when = view.ep_time[row].astype(object)
+            speaker_hit = any(
+                len(name) >= min_chars and (view.ep_speaker[row].lower().strip() == name or text_mentions(view.ep_text[row], name))
+                for name in wanted.speakers
+            )
+            hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
+            hit["score"] = hit["fused"] + hit["boost"]
+        episodes.sort(key=lambda h: (-h["score"], h["row"]))
+
+    # 3: summaries
+    summaries: list[dict[str, Any]] = []
+    use_summaries = rcfg.summaries and view.has_summaries
+    if use_summaries:
+        summaries = hybrid_one(view.sm_bm25, view.sm_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
+                               rcfg.alpha, rcfg.dense_min_cosine)
+        if rcfg.boosts_enabled:
+            for hit in summaries:
+                row = hit["row"]
+                when = view.sm_time[row].astype(object)
+                speaker_hit = any(len(name) >= min_chars and text_mentions(view.sm_text[row], name)
+                                  for name in wanted.speakers)
+                hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
+                hit["score"] = hit["fused"] + hit["boost"]
+            summaries.sort(key=lambda h: (-h["score"], h["row"]))
+        summaries = summaries[: rcfg.summary_top_k]
+
+    # 4: pool, round robin, episode first
+    pool: list[dict[str, Any]] = []
+    i = j = 0
+    while len(pool) < rcfg.pool_size and (i < len(episodes) or j < len(summaries)):
+        if i < len(episodes):
+            pool.append({**episodes[i], "kind": "episode", "source": "pool", "origin": None})
+            i += 1
+        if len(pool) < rcfg.pool_size and j < len(summaries):
+            pool.append({**summaries[j], "kind": "summary", "source": "pool", "origin": None})
+            j += 1
+    pooled = {c["row"] for c in pool if c["kind"] == "episode"}
+
+    # 5: summary expansion
+    expansion: dict[int, dict[str, Any]] = {}
+    if rcfg.summary_expansion and use_summaries:
+        for summary in summaries[: rcfg.summary_expansion_top]:
+            score = rcfg.summary_expansion_weight * summary["score"]
+            for member in view.sm_members[summary["row"]]:
+                if member in pooled:
+                    continue
+                if member not in expansion or score > expansion[member]["score"]:
+                    expansion[member] = {"row": member, "bm25": 0.0, "dense": 0.0, "fused": 0.0, "boost": 0.0,
+                                         "score": score, "kind": "episode", "source": "summary_expansion",
+                                         "origin": summary["row"]}
+    expanded = sorted(expansion.values(), key=lambda c: (-c["score"], c["row"]))
+
+    # 6: pseudo-relevance feedback
+    terms: list[str] = []
+    prf: list[dict[str, Any]] = []
+    if rcfg.prf.enabled and episodes:
+        feedback_rows = [h["row"] for h in episodes[: rcfg.prf.docs]]
+        candidates = set()
+        for doc in view.ep_bm25.doc_tokens(feedback_rows):
+            candidates.update(t for t in doc if len(t) >= rcfg.prf.min_token_chars)
+        if rcfg.prf.term_order == "alphabetical":
+            terms = sorted(candidates)[: rcfg.prf.terms]
+        else:
+            ordered = sorted(candidates)
+            idf = dict(zip(ordered, view.ep_bm25.idf([ordered], [memory])[0], strict=False)) if ordered else {}
+            terms = sorted(candidates, key=lambda t: (-idf[t], t))[: rcfg.prf.terms]
+        if terms:
+            taken = pooled | set(expansion)
+            prf_embedding = embed([" ".join(terms)])[0]
+            for hit in hybrid_one(view.ep_bm25, view.ep_dense, terms, prf_embedding, memory, rcfg.scan_top_k,
+                                  rcfg.alpha, rcfg.dense_min_cosine):
+                if hit["row"] not in taken:
+                    prf.append({**hit, "score": rcfg.prf.weight * hit["fused"], "kind": "episode",
+                                "source": "prf", "origin": None})
+            prf.sort(key=lambda c: (-c["score"], c["row"]))
+
+    # 7: rerank pool[:rerank_pool] + every expansion
+    candidates_list = pool[: cfg.rerank.rerank_pool] + expanded + prf
+    if reranker is not None:
+        passages = []
+        for c in candidates_list:
+            if c["kind"] == "episode":
+                passages.append(view.ep_text[c["row"]])
+            else:
+                passages.append(view.sm_text[c["row"]] + cfg.rerank.summary_suffix.format(date=view.summary_date(c["row"])))
+        raw = reranker.score([(question, p) for p in passages], batch_size=cfg.rerank.batch_size).double().tolist()
+        for c, value in zip(candidates_list, raw, strict=False):
+            c["rerank"] = value
+            c["final"] = value
+        for kind in ("episode", "summary"):
+            group = [c for c in candidates_list if c["kind"] == kind]
+            if len(group) < cfg.rerank.zscore_min:
+                continue
+            mean = sum(c["rerank"] for c in group) / len(group)
+            std = (sum((c["rerank"] - mean) ** 2 for c in group) / len(group)) ** 0.5
+            for c in group:
+                c["final"] = (c["rerank"] - mean) / std if std > 0 else 0.0
+    else:
+        for c in candidates_list:
+            c["rerank"] = None
+            c["final"] = c["score"]
+    ranked = sorted(candidates_list, key=lambda c: -c["final"])  # stable: ties keep candidate order
+    for c in ranked:
+        c["turn_id"] = view.ep_turn_id[c["row"]] if c["kind"] == "episode" else None
+
+    # 8: pack
+    top = ranked[: cfg.pack.k]
+    selected = [c["row"] for c in top if c["kind"] == "episode"]
+    packed = set()
+    for row in selected:
+        same_session = np.flatnonzero((view.ep_session == view.ep_session[row]) & ~view.ep_deleted).tolist()
+        session_rows = sorted(same_session, key=lambda r: view.ep_position[r])
+        at = session_rows.index(row)
+        w = cfg.pack.context_window
+        packed.update(session_rows[max(0, at - w): at + w + 1])
+    ordered = sorted(packed, key=lambda r: (view.ep_memory[r], view.ep_time[r], view.ep_position[r]))
+    pack = Pack(episodes=[int(r) for r in ordered], selected=selected,
+                summaries=[c["row"] for c in top if c["kind"] == "summary"])
+    text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates)
+    return RetrievalResult(memory_id, question, ranked, pack, text, terms, reranker_info(cfg.rerank, reranker))

@@ -1,0 +1,288 @@
+"""What the read path needs from a store, as flat arrays indexed by episode row / summary row.
+
+`ReadView.from_store(store)` reads an `EpisodeStore` (memfit_gpu/store); `ReadView.from_memories`
+builds the same thing straight from loaded memories with the real BM25 and FAISS indexes (no
+summaries), so retrieval can run and be tested without a persistent store. Everything derived
+(speaker bit masks, time order, session neighbours, PRF token lists) is computed once per view and
+cached here, never per question.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from memfit_gpu.retrieve.dates import format_date
+
+if TYPE_CHECKING:
+    from memfit_gpu.data.schema import Memory, Turn
+
+MAX_SPEAKERS = 62  # speaker sets are int64 bit masks per memory
+
+
+def _episode_text(turn: Turn) -> str:
+    try:
+        from memfit_gpu.store import episode_text  # the store's own formatter, once it exists
+    except ImportError:
+        episode_text = None
+    if episode_text is not None:
+        return episode_text(turn)
+    # SPEC "Episode": DATE: {session date} | Speaker {name} says: {[Image ...] }{text}
+    images = "".join(
+        f"[Image {im.image_id}: {im.caption}] " if im.image_id else f"[Image: {im.caption}] " for im in turn.images
+    )
+    return f"DATE: {turn.date_text} | Speaker {turn.speaker} says: {images}{turn.text}"
+
+
+@dataclass
+class ReadView:
+    memory_ids: list[str]
+    speakers: list[list[str]]  # per memory_idx: known speaker names
+    # episodes, by global row
+    ep_memory: np.ndarray  # int64
+    ep_session: np.ndarray  # int64, unique per (memory, session)
+    ep_position: np.ndarray  # int64, turn order within the memory
+    ep_time: np.ndarray  # datetime64[s]
+    ep_speaker: list[str]
+    ep_text: list[str]
+    ep_turn_id: list[str]
+    ep_deleted: np.ndarray  # bool
+    ep_bm25: Any
+    ep_dense: Any
+    # summaries, by summary row (empty when the store has none)
+    sm_memory: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    sm_text: list[str] = field(default_factory=list)
+    sm_members: list[list[int]] = field(default_factory=list)
+    sm_time: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="datetime64[s]"))  # event time (boosts)
+    sm_recorded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="datetime64[s]"))  # last member ("as of")
+    sm_bm25: Any = None
+    sm_dense: Any = None
+    encoder_info: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_memories(cls, memories: Sequence[Memory], encoder: Any, cfg: Any, progress: bool = False,
+                      embeddings: torch.Tensor | None = None) -> ReadView:
+        """Episodes of `memories` in the real BM25Index and DenseIndex; no summaries.
+
+        embeddings: precomputed episode embeddings in turn order (else `encoder.encode`)."""
+        from memfit_gpu.index.bm25 import BM25Index, tokenize_many
+        from memfit_gpu.index.dense import DenseIndex
+
+        texts, mem, sess, pos, times, spk, tids = [], [], [], [], [], [], []
+        memory_ids, speakers = [], []
+        session_counter = 0
+        for m_idx, memory in enumerate(memories):
+            memory_ids.append(memory.memory_id)
+            names = list(dict.fromkeys(memory.speakers or [t.speaker for t in memory.turns()]))
+            speakers.append(names)
+            p = 0
+            for session in memory.sessions:
+                for turn in session.turns:
+                    texts.append(_episode_text(turn))
+                    mem.append(m_idx)
+                    sess.append(session_counter)
+                    pos.append(p)
+                    times.append(np.datetime64(turn.timestamp or session.timestamp, "s"))
+                    spk.append(turn.speaker)
+                    tids.append(turn.turn_id)
+                    p += 1
+                session_counter += 1
+        if embeddings is None:
+            embeddings = encoder.encode(texts, batch_size=cfg.index.encode_batch_size, progress=progress)
+        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b)
+        bm25.add(tokenize_many(texts), mem)
+        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, gpu=cfg.index.dense_gpu)
+        dense.add(embeddings, mem)
+        info = {}
+        if getattr(encoder, "loaded_from", None) is not None:
+            info = encoder.loaded_from.to_dict()
+        return cls(
+            memory_ids=memory_ids, speakers=speakers,
+            ep_memory=np.asarray(mem, dtype=np.int64), ep_session=np.asarray(sess, dtype=np.int64),
+            ep_position=np.asarray(pos, dtype=np.int64), ep_time=np.asarray(times, dtype="datetime64[s]"),
+            ep_speaker=spk, ep_text=texts, ep_turn_id=tids, ep_deleted=np.zeros(len(texts), dtype=bool),
+            ep_bm25=bm25, ep_dense=dense, encoder_info=info,
+        )
+
+    @classmethod
+    def from_store(cls, store: Any) -> ReadView:
+        """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/design.md)."""
+        def col(name: str) -> Any:
+            if not hasattr(store, name):
+                raise AttributeError(f"EpisodeStore has no read-side column {name!r} (docs/design.md store/)")
+            return getattr(store, name)
+
+        memory_ids = list(col("memory_ids"))
+        speaker_of = col("speaker")
+        speakers_by_memory: list[list[str]] = [[] for _ in memory_ids]
+        mem = np.asarray(col("memory_idx"), dtype=np.int64)
+        for m, name in zip(mem.tolist(), speaker_of, strict=False):
+            if name not in speakers_by_memory[m]:
+                speakers_by_memory[m].append(name)
+        known = getattr(store, "speakers", None)
+        if isinstance(known, (list, dict)) and len(known) == len(memory_ids):
+            for m, names in enumerate(known.values() if isinstance(known, dict) else known):
+                for name in names:
+                    if name not in speakers_by_memory[m]:
+                        speakers_by_memory[m].append(name)
+        sums = list(getattr(store, "summaries", []) or [])
+        info = {}
+        encoder = getattr(store, "encoder", None)
+        if getattr(encoder, "loaded_from", None) is not None:
+            info = encoder.loaded_from.to_dict()
+        return cls(
+            memory_ids=memory_ids, speakers=speakers_by_memory,
+            ep_memory=mem, ep_session=np.asarray(col("session_idx"), dtype=np.int64),
+            ep_position=np.asarray(col("position"), dtype=np.int64),
+            ep_time=np.asarray(col("timestamp"), dtype="datetime64[s]"),
+            ep_speaker=list(speaker_of), ep_text=list(col("text")), ep_turn_id=list(col("turn_id")),
+            ep_deleted=np.asarray(col("deleted"), dtype=bool),
+            ep_bm25=col("episode_bm25"), ep_dense=col("episode_dense"),
+            sm_memory=np.asarray([s.memory_idx for s in sums], dtype=np.int64),
+            sm_text=[s.text for s in sums], sm_members=[list(map(int, s.members)) for s in sums],
+            sm_time=np.asarray([np.datetime64(s.event_time, "s") for s in sums], dtype="datetime64[s]"),
+            sm_recorded=np.asarray([np.datetime64(s.recorded_time, "s") for s in sums], dtype="datetime64[s]"),
+            sm_bm25=getattr(store, "summary_bm25", None) if sums else None,
+            sm_dense=getattr(store, "summary_dense", None) if sums else None,
+            encoder_info=info,
+        )
+
+    # ------------------------------------------------------------------ lookups
+    @property
+    def num_episodes(self) -> int:
+        return len(self.ep_text)
+
+    @property
+    def has_summaries(self) -> bool:
+        return len(self.sm_text) > 0 and self.sm_bm25 is not None and self.sm_dense is not None
+
+    def memory_index(self, memory_id: str) -> int:
+        try:
+            return self._memory_lookup[memory_id]
+        except KeyError:
+            raise KeyError(f"memory {memory_id!r} is not in the store ({len(self.memory_ids)} memories)") from None
+
+    @cached_property
+    def _memory_lookup(self) -> dict[str, int]:
+        return {m: i for i, m in enumerate(self.memory_ids)}
+
+    @cached_property
+    def speakers_lower(self) -> list[list[str]]:
+        """Per memory: lowercased speaker names, in bit order of the speaker masks."""
+        out = []
+        for m, names in enumerate(self.speakers):
+            low = list(dict.fromkeys(n.lower().strip() for n in names))
+            if len(low) > MAX_SPEAKERS:
+                raise ValueError(f"memory {self.memory_ids[m]!r}: {len(low)} speakers, at most {MAX_SPEAKERS} supported")
+            out.append(low)
+        return out
+
+    @staticmethod
+    def _mask_of(texts: Sequence[str], speakers: Sequence[str], memory: np.ndarray, names: list[list[str]],
+                 min_chars: int) -> np.ndarray:
+        """Bit s set when speaker s of the row's memory is the row's speaker or a whole word of its text."""
+        masks = np.zeros(len(texts), dtype=np.int64)
+        patterns = [[(bit, name, re.compile(r"\b" + re.escape(name) + r"\b")) for bit, name in enumerate(ns)
+                     if len(name) >= min_chars] for ns in names]
+        for row, text in enumerate(texts):
+            low = text.lower()
+            spk = speakers[row].lower().strip() if speakers else None
+            bits = 0
+            for bit, name, pattern in patterns[int(memory[row])]:
+                if name == spk or pattern.search(low):
+                    bits |= 1 << bit
+            masks[row] = bits
+        return masks
+
+    def episode_speaker_mask(self, min_chars: int) -> np.ndarray:
+        key = ("ep", min_chars)
+        if key not in self._speaker_masks:
+            self._speaker_masks[key] = self._mask_of(self.ep_text, self.ep_speaker, self.ep_memory,
+                                                     self.speakers_lower, min_chars)
+        return self._speaker_masks[key]
+
+    def summary_speaker_mask(self, min_chars: int) -> np.ndarray:
+        key = ("sm", min_chars)
+        if key not in self._speaker_masks:
+            self._speaker_masks[key] = self._mask_of(self.sm_text, [], self.sm_memory, self.speakers_lower, min_chars)
+        return self._speaker_masks[key]
+
+    @cached_property
+    def _speaker_masks(self) -> dict[tuple[str, int], np.ndarray]:
+        return {}
+
+    @staticmethod
+    def _year_month(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        years = times.astype("datetime64[Y]").astype(np.int64) + 1970
+        months = times.astype("datetime64[M]").astype(np.int64) % 12 + 1
+        return years, months
+
+    @cached_property
+    def ep_year_month(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._year_month(self.ep_time)
+
+    @cached_property
+    def sm_year_month(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._year_month(self.sm_time)
+
+    @cached_property
+    def time_rank(self) -> np.ndarray:
+        """Rank of each episode in time order: (memory, timestamp, position)."""
+        order = np.lexsort((self.ep_position, self.ep_time.astype(np.int64), self.ep_memory))
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return rank
+
+    @cached_property
+    def session_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """Live rows sorted by (session, position) and each row's place in that list (-1 when deleted)."""
+        live = np.flatnonzero(~self.ep_deleted)
+        order = live[np.lexsort((self.ep_position[live], self.ep_session[live]))]
+        place = np.full(self.num_episodes, -1, dtype=np.int64)
+        place[order] = np.arange(len(order))
+        return order, place
+
+    def neighbours(self, row: int, window: int) -> list[int]:
+        """Live rows of the same session within +/- window turns (the row itself included), in turn order."""
+        order, place = self.session_order
+        i = int(place[row])
+        if i < 0:
+            return []
+        lo, hi = max(0, i - window), min(len(order), i + window + 1)
+        return [int(r) for r in order[lo:hi] if self.ep_session[r] == self.ep_session[row]]
+
+    @cached_property
+    def members_padded(self) -> torch.Tensor:
+        """[n_summaries, max_members] episode rows, -1 padded."""
+        width = max((len(m) for m in self.sm_members), default=0)
+        out = torch.full((len(self.sm_members), max(width, 1)), -1, dtype=torch.long)
+        for i, members in enumerate(self.sm_members):
+            if members:
+                out[i, : len(members)] = torch.tensor(members, dtype=torch.long)
+        return out
+
+    @cached_property
+    def _prf_tokens(self) -> dict[tuple[int, int], list[str]]:
+        return {}
+
+    def prf_tokens(self, rows: Sequence[int], min_chars: int) -> list[list[str]]:
+        """Distinct tokens of at least `min_chars` characters of each row (cached per row)."""
+        cache = self._prf_tokens
+        missing = [r for r in dict.fromkeys(rows) if (r, min_chars) not in cache]
+        if missing:
+            for r, toks in zip(missing, self.ep_bm25.doc_tokens(missing), strict=False):
+                cache[(r, min_chars)] = [t for t in toks if len(t) >= min_chars]
+        return [cache[(r, min_chars)] for r in rows]
+
+    def recorded(self, row: int) -> str:
+        return format_date(self.ep_time[row].astype(object).date())
+
+    def summary_date(self, srow: int) -> str:
+        return format_date(self.sm_recorded[srow].astype(object).date())
