@@ -710,17 +710,27 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
 def _cell(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return f"{value:.4f}"
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     return str(value)
 
 
+# rates shown as percentages in the markdown table, like results.md; the CSV keeps fractions
+PERCENT_COLUMNS = ("f1", "bleu1", "judge", "pack_hit")
+
+
 def to_markdown(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    header = [f"{c} %" if c in PERCENT_COLUMNS else c for c in columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in columns) + " |")
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            if column in PERCENT_COLUMNS and isinstance(value, (int, float)):
+                cells.append(f"{100.0 * value:.2f}")
+            else:
+                cells.append(_cell(value).replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,172 @@
+"""Sweep files, point ids and overrides, the aggregate table: no processes (see test_sweep_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.cli import main as memfit_main
+from memfit_gpu.config import load_config
+from memfit_gpu.sweep import (
+    SweepError,
+    aggregate,
+    find_point,
+    load_sweep,
+    override_arg,
+    point_command,
+    point_ids,
+    to_csv,
+    to_markdown,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "configs" / "memfit.yaml"
+
+
+def write_sweep(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "sweeps" / "s.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body.replace("BASE", str(BASE)))
+    return path
+
+
+def test_override_arg_reads_back_as_the_same_value() -> None:
+    args = [
+        override_arg("reader.base_urls", ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]),
+        override_arg("retrieve.alpha", 0.5),
+        override_arg("retrieve.prf.enabled", False),
+        override_arg("data.limit_questions", None),
+        override_arg("reader.model", "Qwen/Qwen2.5-7B-Instruct"),
+    ]
+    assert args[0] == 'reader.base_urls=["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]'
+    cfg = load_config(BASE, args)
+    assert cfg.reader.base_urls == ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]
+    assert (cfg.retrieve.alpha, cfg.retrieve.prf.enabled) == (0.5, False)
+    assert cfg.data.limit_questions is None and cfg.reader.model == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_point_ids_are_readable_unique_and_use_full_keys_only_on_clashes() -> None:
+    assert point_ids([{"pack.k": 5, "retrieve.alpha": 0.5}, {"pack.k": 10, "retrieve.alpha": 0.5}], [None, None]) == [
+        "k=5,alpha=0.5", "k=10,alpha=0.5"]
+    # two keys end in `model`: both are spelled out
+    assert point_ids([{"reader.model": "org/m-1", "eval.judge.model": "j"}], [None]) == [
+        "reader.model=org-m-1,eval.judge.model=j"]
+    assert point_ids([{}, {"pack.k": 3}], ["paper", None]) == ["paper", "k=3"]
+    assert point_ids([{}], [None]) == ["base"]
+    # lists join with +
+    assert point_ids([{"reader.base_urls": ["a", "b"]}], [None]) == ["base_urls=a+b"]
+    with pytest.raises(SweepError, match="same overrides"):
+        point_ids([{"pack.k": 3}, {"pack.k": 3}], [None, None])
+
+
+def test_load_sweep_grid_then_points_fixed_and_group(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, """
+name: grid-test
+config: BASE
+fixed: {data.limit_memories: 1}
+grid:
+  pack.k: [5, 10]
+  retrieve.alpha: [0.5, 0.7]
+points:
+  - {name: no-prf, retrieve.prf.enabled: false}
+slurm: {partition: debug, gpus_per_task: 0, cpus_per_task: 1, mem_gb: 2, timeout_min: 5, array_parallelism: 2, max_requeue: 1}
+""")
+    spec = load_sweep(path)
+    assert spec.name == "grid-test" and spec.config == BASE
+    assert [p.point_id for p in spec.points] == [
+        "k=5,alpha=0.5", "k=5,alpha=0.7", "k=10,alpha=0.5", "k=10,alpha=0.7", "no-prf"]
+    assert spec.sweep_keys == ["pack.k", "retrieve.alpha", "retrieve.prf.enabled"]
+    assert (spec.slurm.partition, spec.slurm.gpus_per_task, spec.slurm.max_requeue) == ("debug", 0, 1)
+    out = tmp_path / "out" / "points" / "k=10,alpha=0.7"
+    argv = point_command(spec, spec.points[3], out)
+    assert argv[1:] == ["-m", "memfit_gpu.cli", "run", "--config", str(BASE), "--out", str(out),
+                        "data.limit_memories=1", "pack.k=10", "retrieve.alpha=0.7", "tracking.wandb.group=grid-test"]
+    assert find_point(spec, "4").point_id == "no-prf" and find_point(spec, "k=5,alpha=0.7") is spec.points[1]
+    with pytest.raises(SweepError, match="out of range"):
+        find_point(spec, "5")
+    # command-line overrides join `fixed`
+    spec2 = load_sweep(path, ["reader.backend=openai", 'reader.base_urls=["http://h:1/v1"]'])
+    assert point_command(spec2, spec2.points[4], out)[-4:] == [
+        "reader.backend=openai", 'reader.base_urls=["http://h:1/v1"]', "retrieve.prf.enabled=false",
+        "tracking.wandb.group=grid-test"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("config: BASE\ngird: {pack.k: [1]}\n", "unknown key\\(s\\) \\['gird'\\]"),
+        ("grid: {pack.k: [1]}\n", "missing `config:`"),
+        ("config: nope.yaml\n", "config nope.yaml does not exist"),
+        ("config: BASE\ngrid: {pack.k: 5}\n", "grid.pack.k must be a non-empty list"),
+        ("config: BASE\ngrid: {pack.kk: [5]}\n", "point kk=5: .*pack.kk"),
+        ("config: BASE\ngrid: {pack.k: [five]}\n", "point k=five: .*pack.k"),
+        ("config: BASE\nslurm: {gpus: 1}\n", "unknown slurm key\\(s\\) \\['gpus'\\]"),
+        ("config: BASE\ncommand: [memfit, run]\n", "command must contain \\{config\\}"),
+    ],
+)
+def test_bad_sweep_files_name_the_file_and_the_field(tmp_path: Path, body: str, message: str) -> None:
+    path = write_sweep(tmp_path, body)
+    with pytest.raises(SweepError, match=message) as info:
+        load_sweep(path)
+    assert str(path) in str(info.value)
+
+
+def _point(sweep_dir: Path, point_id: str, metrics: dict | None, predictions: list[dict] | None, done: bool) -> None:
+    point_dir = sweep_dir / "points" / point_id
+    point_dir.mkdir(parents=True)
+    if metrics is not None:
+        (point_dir / "metrics.json").write_text(json.dumps(metrics))
+    if predictions is not None:
+        (point_dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in predictions))
+    if done:
+        (point_dir / "DONE").write_text("")
+
+
+def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": "k=5", "overrides": {"pack.k": 5}, "dir": str(sweep_dir / "points" / "k=5"), "state": "done"},
+              {"id": "k=10", "overrides": {"pack.k": 10}, "dir": str(sweep_dir / "points" / "k=10"), "state": "done"},
+              {"id": "k=20", "overrides": {"pack.k": 20}, "dir": str(sweep_dir / "points" / "k=20"),
+               "state": "failed"}]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
+    # k=5: judge and pack_hit in metrics.json; k=10: no judge, pack_hit from predictions (2 of 3 evaluated hit)
+    _point(sweep_dir, "k=5", {"questions": 4, "metric_variant": "paper",
+                              "average": {"paper": {"f1": 0.25, "bleu1": 0.125}, "judge": 0.5},
+                              "retrieval": {"pack_hit": 0.75}}, None, True)
+    _point(sweep_dir, "k=10", {"questions": 3, "metric_variant": "locomo",
+                               "average": {"paper": {"f1": 0.9, "bleu1": 0.9}, "locomo": {"f1": 0.5, "bleu1": 0.375},
+                                           "judge": None},
+                               "overall": {"judge": None}},
+           [{"question_id": "a", "evaluated": True, "retrieval": {"pack_hit": True}},
+            {"question_id": "b", "evaluated": True, "retrieval": {"pack_hit": False}},
+            {"question_id": "c", "evaluated": False, "retrieval": {"pack_hit": False}},
+            {"question_id": "d", "evaluated": True, "retrieval": {"pack_hit": True}}], True)
+    _point(sweep_dir, "k=20", None, None, False)
+
+    columns, rows = aggregate(sweep_dir)
+    assert columns == ["point", "pack.k", "status", "metric", "f1", "bleu1", "judge", "pack_hit", "questions"]
+    assert rows[1]["pack_hit"] == pytest.approx(2 / 3)
+    expected_md = (
+        "| point | pack.k | status | metric | f1 % | bleu1 % | judge % | pack_hit % | questions |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+        "| k=5 | 5 | done | paper | 25.00 | 12.50 | 50.00 | 75.00 | 4 |\n"
+        "| k=10 | 10 | done | locomo | 50.00 | 37.50 |  | 66.67 | 3 |\n"
+        "| k=20 | 20 | failed |  |  |  |  |  |  |\n"
+    )
+    assert to_markdown(columns, rows) == expected_md
+    assert to_csv(columns, rows).splitlines()[1] == "k=5,5,done,paper,0.25,0.125,0.5,0.75,4"
+
+    # the CLI prints the same table and writes both files
+    assert memfit_main(["aggregate", str(sweep_dir)]) == 0
+    assert capsys.readouterr().out == expected_md
+    assert (sweep_dir / "aggregate.md").read_text() == expected_md
+    assert (sweep_dir / "aggregate.csv").read_text() == to_csv(columns, rows)
+
+
+def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> None:
+    with pytest.raises(SweepError, match="no sweep.json"):
+        aggregate(tmp_path)
+    assert memfit_main(["aggregate", str(tmp_path)]) == 2
