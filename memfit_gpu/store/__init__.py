@@ -1,0 +1,5 @@
+"""Episode store: the append-only log of episodes and summaries, and the indexes over them."""
+
+from memfit_gpu.store.episodes import EpisodeStore, Summary, SummaryTable, episode_body, episode_text
+
+__all__ = ["EpisodeStore", "Summary", "SummaryTable", "episode_body", "episode_text"]

@@ -1,0 +1,737 @@
+"""EpisodeStore: every memory's episodes (and summaries) in one store, with the indexes it owns.
+
+Rows are global sequence numbers in append order across memories (design.md "Identifiers"); a
+deleted row keeps its number. The read path gets numpy columns indexed by row, the memories'
+speakers, per-episode speaker mentions, and the four indexes (episode and summary, BM25 and dense).
+
+Persistence (a path is set): `log.jsonl` is an append-only record log (store/log.py) of memories,
+speakers, episodes, deletions and summaries; `snapshots/<records>/` holds index state written after
+each batch (BM25 state dicts, dense vectors as .npy) with the log fingerprint it covers. Opening
+loads the newest snapshot that matches the log, rebuilds the metadata columns from every record
+(cheap, no model), and replays into the indexes only the records after the snapshot, encoding just
+those texts. A store written in batches (add_memories, build_summaries, delete_episode snapshot
+after themselves) therefore reopens with bit-identical indexes; turns appended one at a time with
+`append_turn` are logged only and re-encoded on open (batch composition can move scores in the
+last float bits), until the next `snapshot()` or `close()`.
+
+Nothing stored is rewritten, re-encoded or re-summarised, except what a user deletion demands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data.schema import Memory, Turn
+from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.store.log import RecordLog
+
+if TYPE_CHECKING:
+    from memfit_gpu.index.encoders import BiEncoder
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_KEEP_SNAPSHOTS = 2
+_MAX_SPEAKERS = 63  # speaker mentions are a per-row int64 bit mask
+
+
+def episode_body(turn: Turn) -> str:
+    """What the speaker said: image captions first (SPEC Units), then the text."""
+    images = "".join(
+        f"[Image {image.image_id}: {image.caption}] " if image.image_id else f"[Image: {image.caption}] "
+        for image in turn.images
+    )
+    return images + turn.text
+
+
+def episode_prefix(date_text: str, speaker: str) -> str:
+    return f"DATE: {date_text} | Speaker {speaker} says: "
+
+
+def episode_text(turn: Turn) -> str:
+    """SPEC Units: `DATE: {date} | Speaker {name} says: {[Image ...] }{text}`."""
+    return episode_prefix(turn.date_text, turn.speaker) + episode_body(turn)
+
+
+def _timestamp(value: str | None) -> np.datetime64:
+    if not value:
+        return np.datetime64("NaT", "s")
+    try:
+        return np.datetime64(value, "s")
+    except ValueError:
+        return np.datetime64("NaT", "s")
+
+
+def _name_pattern(name: str) -> re.Pattern[str]:
+    return re.compile(r"(?<!\w)" + re.escape(name.lower()) + r"(?!\w)")
+
+
+class _Column:
+    """Growable numpy column (capacity doubling): one-turn appends stay O(1) amortised."""
+
+    def __init__(self, dtype: Any, fill: Any = 0):
+        self._data = np.full(256, fill, dtype=dtype)
+        self._fill = fill
+        self.size = 0
+
+    def extend(self, values: Sequence[Any] | np.ndarray) -> None:
+        values = np.asarray(values, dtype=self._data.dtype)
+        need = self.size + len(values)
+        if need > len(self._data):
+            grown = np.full(max(need, 2 * len(self._data)), self._fill, dtype=self._data.dtype)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size : need] = values
+        self.size = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._data[: self.size]
+
+
+@dataclass(frozen=True)
+class Summary:
+    row: int
+    text: str
+    memory_idx: int
+    members: np.ndarray  # episode rows (provenance), time order
+    event_time: np.datetime64  # first member's timestamp
+    recorded_time: np.datetime64  # last member's timestamp
+    deleted: bool  # retired (a member was deleted); its index rows are tombstoned
+    replaces: int  # the summary row this one rebuilt, -1 for none
+
+
+@dataclass
+class SummaryTable:
+    """Summary rows (their own row space; the summary indexes use the same numbers)."""
+
+    text: list[str] = field(default_factory=list)
+    memory_idx: _Column = field(default_factory=lambda: _Column(np.int32))
+    members: list[np.ndarray] = field(default_factory=list)  # episode rows, in time order (provenance)
+    event_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
+    recorded_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
+    deleted: _Column = field(default_factory=lambda: _Column(np.bool_, False))  # replaced or retired
+    replaces: _Column = field(default_factory=lambda: _Column(np.int64, -1))  # the summary this one rebuilt
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def __getitem__(self, row: int) -> Summary:
+        return Summary(
+            row=int(row), text=self.text[row], memory_idx=int(self.memory_idx.view[row]), members=self.members[row],
+            event_time=self.event_time.view[row], recorded_time=self.recorded_time.view[row],
+            deleted=bool(self.deleted.view[row]), replaces=int(self.replaces.view[row]),
+        )
+
+    def __iter__(self) -> Iterator[Summary]:
+        """Every summary row, retired ones included (their index rows are tombstoned)."""
+        return (self[row] for row in range(len(self)))
+
+    def live_rows(self, memory_idx: int | None = None) -> np.ndarray:
+        live = ~self.deleted.view
+        if memory_idx is not None:
+            live &= self.memory_idx.view == memory_idx
+        return np.flatnonzero(live)
+
+
+class EpisodeStore:
+    """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them."""
+
+    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: BiEncoder | None = None):
+        self.cfg = cfg or MemFitConfig()
+        if encoder is None:
+            from memfit_gpu.index.encoders import BiEncoder
+
+            encoder = BiEncoder.from_pretrained(self.cfg.index.encoder, device=self.cfg.index.device, dtype=self.cfg.index.dtype)
+        self.encoder = encoder
+        self.dim = int(encoder.dim)
+        path = path if path is not None else self.cfg.store.path
+        self.path = Path(path) if path is not None else None
+        self.last_timings: dict[str, float] = {}
+
+        # memories
+        self.memory_ids: list[str] = []
+        self._memory_index: dict[str, int] = {}
+        self.memory_speakers: list[list[str]] = []
+        self._speaker_index: list[dict[str, int]] = []
+        self._speaker_patterns: list[list[re.Pattern[str]]] = []
+        self.session_ids: list[str] = []  # global session index -> the benchmark's session id
+        self.session_memory: list[int] = []  # global session index -> memory_idx
+        self._session_index: list[dict[str, int]] = []
+        self._memory_rows: list[list[int]] = []
+        self._turn_rows: list[dict[str, list[int]]] = []
+
+        # episode columns (row-indexed)
+        self._memory_idx = _Column(np.int32)
+        self._session_idx = _Column(np.int32)
+        self._position = _Column(np.int32)
+        self._speaker_id = _Column(np.int16)
+        self._timestamp = _Column("datetime64[s]", np.datetime64("NaT", "s"))
+        self._deleted = _Column(np.bool_, False)
+        self._mentions = _Column(np.int64)
+        self._text: list[str] = []
+        self._prefix_len: list[int] = []
+        self._turn_id: list[str] = []
+        self._speaker_name: list[str] = []
+        self._image_ids: list[tuple[str, ...]] = []
+        self._object_cache: dict[str, np.ndarray] = {}
+
+        self.summaries = SummaryTable()
+        self.episode_bm25, self.summary_bm25 = self._new_bm25(), self._new_bm25()
+        self.episode_dense, self.summary_dense = self._new_dense(), self._new_dense()
+
+        self._log: RecordLog | None = None
+        self._snapshot_records = 0
+        if self.path is not None:
+            self._open()
+
+    # ------------------------------------------------------------------ index construction
+    def _bm25_device(self) -> str:
+        device = self.cfg.index.device
+        if device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return device
+
+    def _new_bm25(self) -> Any:
+        from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25
+
+        kind = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
+        return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
+
+    def _new_dense(self) -> DenseIndex:
+        ic = self.cfg.index
+        return DenseIndex(self.dim, factory=ic.dense_factory, gpu=ic.dense_gpu, nprobe=ic.dense_nprobe)
+
+    # ------------------------------------------------------------------ read-side columns
+    @property
+    def size(self) -> int:
+        """Episode rows ever stored (deleted rows keep their number)."""
+        return len(self._text)
+
+    @property
+    def memory_idx(self) -> np.ndarray:
+        return self._memory_idx.view
+
+    @property
+    def session_idx(self) -> np.ndarray:
+        """Global session number (unique per memory and session, in order of first appearance);
+        `session_ids[i]` is the benchmark's id, `session_memory[i]` its memory."""
+        return self._session_idx.view
+
+    @property
+    def speakers(self) -> list[list[str]]:
+        """Speaker names per memory_idx (alias of memory_speakers)."""
+        return self.memory_speakers
+
+    @property
+    def speaker(self) -> np.ndarray:
+        """Speaker name per row, object array."""
+        names = self._objects("speaker", self._speaker_name)
+        return names
+
+    @property
+    def position(self) -> np.ndarray:
+        """Turn order within the memory: 0, 1, 2, ... in append order (deleted turns keep theirs)."""
+        return self._position.view
+
+    @property
+    def speaker_id(self) -> np.ndarray:
+        """Index into `memory_speakers[memory_idx]`."""
+        return self._speaker_id.view
+
+    @property
+    def timestamp(self) -> np.ndarray:
+        return self._timestamp.view
+
+    @property
+    def year(self) -> np.ndarray:
+        """Calendar year of the timestamp (0 when unknown)."""
+        ts = self.timestamp
+        years = ts.astype("datetime64[Y]").astype(np.int64) + 1970
+        return np.where(np.isnat(ts), 0, years).astype(np.int16)
+
+    @property
+    def month(self) -> np.ndarray:
+        """Month 1..12 of the timestamp (0 when unknown)."""
+        ts = self.timestamp
+        months = ts.astype("datetime64[M]").astype(np.int64) % 12 + 1
+        return np.where(np.isnat(ts), 0, months).astype(np.int8)
+
+    @property
+    def deleted(self) -> np.ndarray:
+        return self._deleted.view
+
+    @property
+    def speaker_mentions(self) -> np.ndarray:
+        """int64 bit mask per row: bit j set when speaker j of the row's memory is named in its text
+        (whole word, lowercase; the DATE/Speaker prefix is not searched)."""
+        return self._mentions.view
+
+    def mentions_speaker(self, rows: np.ndarray, speaker: np.ndarray) -> np.ndarray:
+        """Whether each row's speaker field is, or its text names, the given speaker id (same shapes)."""
+        rows = np.asarray(rows)
+        speaker = np.asarray(speaker, dtype=np.int64)
+        named = (self.speaker_mentions[rows] >> speaker) & 1
+        return (self.speaker_id[rows] == speaker) | (named == 1)
+
+    def _objects(self, name: str, source: list[Any]) -> np.ndarray:
+        cached = self._object_cache.get(name)
+        if cached is None or len(cached) != len(source):
+            cached = np.empty(len(source), dtype=object)
+            cached[:] = source
+            self._object_cache[name] = cached
+        return cached
+
+    @property
+    def text(self) -> np.ndarray:
+        """Episode texts (what was encoded and BM25-indexed), object array."""
+        return self._objects("text", self._text)
+
+    @property
+    def turn_id(self) -> np.ndarray:
+        return self._objects("turn_id", self._turn_id)
+
+    @property
+    def image_ids(self) -> np.ndarray:
+        """Tuple of image ids per row (empty when none or when the benchmark has no ids)."""
+        return self._objects("image_ids", self._image_ids)
+
+    def body(self, row: int) -> str:
+        """The episode text without its `DATE: ... says: ` prefix."""
+        return self._text[row][self._prefix_len[row] :]
+
+    def speaker_name(self, row: int) -> str:
+        return self.memory_speakers[int(self.memory_idx[row])][int(self.speaker_id[row])]
+
+    def memory_rows(self, memory_idx: int, live: bool = True) -> np.ndarray:
+        """Rows of one memory in conversation order."""
+        rows = np.asarray(self._memory_rows[memory_idx], dtype=np.int64)
+        return rows[~self.deleted[rows]] if live else rows
+
+    def memory_of(self, memory_id: str) -> int:
+        try:
+            return self._memory_index[memory_id]
+        except KeyError:
+            raise KeyError(f"EpisodeStore: no memory {memory_id!r} (have {len(self.memory_ids)})") from None
+
+    def row_of(self, memory_id: str, turn_id: str) -> int:
+        """The live row of a turn. Unknown or ambiguous turn ids are errors that name both ids."""
+        memory = self.memory_of(memory_id)
+        rows = [r for r in self._turn_rows[memory].get(turn_id, []) if not self.deleted[r]]
+        if not rows:
+            raise KeyError(f"EpisodeStore: memory {memory_id!r} has no live turn {turn_id!r}")
+        if len(rows) > 1:
+            raise KeyError(f"EpisodeStore: memory {memory_id!r} has {len(rows)} live turns with id {turn_id!r} (rows {rows})")
+        return rows[0]
+
+    # ------------------------------------------------------------------ record application (metadata)
+    def _apply_memory(self, record: dict[str, Any]) -> None:
+        memory = int(record["memory"])
+        if memory != len(self.memory_ids):
+            raise ValueError(f"{self._where()}: memory record {memory} out of order (expected {len(self.memory_ids)})")
+        self.memory_ids.append(record["id"])
+        self._memory_index[record["id"]] = memory
+        self.memory_speakers.append([])
+        self._speaker_index.append({})
+        self._speaker_patterns.append([])
+        self._session_index.append({})
+        self._memory_rows.append([])
+        self._turn_rows.append({})
+        for name in record.get("speakers", []):
+            self._apply_speaker({"memory": memory, "name": name})
+
+    def _apply_speaker(self, record: dict[str, Any]) -> None:
+        memory, name = int(record["memory"]), record["name"]
+        if name in self._speaker_index[memory]:
+            return
+        speaker = len(self.memory_speakers[memory])
+        if speaker >= _MAX_SPEAKERS:
+            raise ValueError(f"EpisodeStore: memory {self.memory_ids[memory]!r} has more than {_MAX_SPEAKERS} speakers")
+        self.memory_speakers[memory].append(name)
+        self._speaker_index[memory][name] = speaker
+        pattern = _name_pattern(name)
+        self._speaker_patterns[memory].append(pattern)
+        # A speaker first seen late may be named in earlier turns: set its bit on those (metadata only).
+        rows = self._memory_rows[memory]
+        if rows:
+            mentions = self._mentions.view
+            for row in rows:
+                if pattern.search(self.body(row).lower()):
+                    mentions[row] |= np.int64(1) << speaker
+
+    def _apply_episode(self, record: dict[str, Any]) -> None:
+        row, memory = int(record["row"]), int(record["memory"])
+        if row != self.size:
+            raise ValueError(f"{self._where()}: episode record row {row} out of order (expected {self.size})")
+        self._apply_speaker({"memory": memory, "name": record["speaker"]})
+        sessions = self._session_index[memory]
+        session = sessions.get(record["session"])
+        if session is None:
+            session = sessions[record["session"]] = len(self.session_ids)
+            self.session_ids.append(record["session"])
+            self.session_memory.append(memory)
+        text = record["text"]
+        prefix = episode_prefix(record["date"], record["speaker"])
+        if not text.startswith(prefix):
+            raise ValueError(f"{self._where()}: episode row {row} text does not start with {prefix!r}")
+        body = text[len(prefix) :].lower()
+        mask = 0
+        for speaker, pattern in enumerate(self._speaker_patterns[memory]):
+            if pattern.search(body):
+                mask |= 1 << speaker
+        self._memory_idx.extend([memory])
+        self._session_idx.extend([session])
+        self._position.extend([len(self._memory_rows[memory])])
+        self._speaker_id.extend([self._speaker_index[memory][record["speaker"]]])
+        self._timestamp.extend([_timestamp(record.get("ts"))])
+        self._deleted.extend([False])
+        self._mentions.extend([mask])
+        self._text.append(text)
+        self._prefix_len.append(len(prefix))
+        self._turn_id.append(record["turn"])
+        self._speaker_name.append(record["speaker"])
+        self._image_ids.append(tuple(record.get("images", ())))
+        self._memory_rows[memory].append(row)
+        self._turn_rows[memory].setdefault(record["turn"], []).append(row)
+
+    def _apply_delete(self, record: dict[str, Any]) -> None:
+        self._deleted.view[int(record["row"])] = True
+
+    def _apply_summary(self, record: dict[str, Any]) -> None:
+        table = self.summaries
+        row = int(record["row"])
+        if row != len(table):
+            raise ValueError(f"{self._where()}: summary record row {row} out of order (expected {len(table)})")
+        table.text.append(record["text"])
+        table.memory_idx.extend([int(record["memory"])])
+        table.members.append(np.asarray(record["members"], dtype=np.int64))
+        table.event_time.extend([_timestamp(record.get("event"))])
+        table.recorded_time.extend([_timestamp(record.get("recorded"))])
+        table.deleted.extend([False])
+        replaces = record.get("replaces")
+        table.replaces.extend([-1 if replaces is None else int(replaces)])
+
+    def _apply_summary_delete(self, record: dict[str, Any]) -> None:
+        self.summaries.deleted.view[int(record["row"])] = True
+
+    _APPLY = {
+        "memory": _apply_memory,
+        "speaker": _apply_speaker,
+        "episode": _apply_episode,
+        "delete": _apply_delete,
+        "summary": _apply_summary,
+        "summary_delete": _apply_summary_delete,
+    }
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        kind = record.get("t")
+        if kind == "header":
+            return
+        handler = self._APPLY.get(kind)
+        if handler is None:
+            raise ValueError(f"{self._where()}: unknown record type {kind!r}")
+        handler(self, record)
+
+    def _where(self) -> str:
+        return str(self._log.path) if self._log is not None else "EpisodeStore"
+
+    # ------------------------------------------------------------------ index application
+    def _index_records(self, records: list[dict[str, Any]], progress: bool = False) -> None:
+        """Bring the four indexes up to date with records (already applied to the metadata).
+
+        Every new text (episodes and summaries) is encoded in ONE encoder pass; consecutive episode
+        records become one BM25 add and one dense add.
+        """
+        from memfit_gpu.index.bm25 import tokenize_many
+
+        texts = [r["text"] for r in records if r.get("t") in ("episode", "summary")]
+        started = time.perf_counter()
+        embeddings = self._encode(texts, progress)
+        self.last_timings["encode_s"] = time.perf_counter() - started
+        self.last_timings.setdefault("bm25_s", 0.0)
+        self.last_timings.setdefault("dense_s", 0.0)
+        cursor = 0
+        i = 0
+        while i < len(records):
+            kind = records[i].get("t")
+            if kind in ("episode", "summary"):
+                j = i
+                while j < len(records) and records[j].get("t") == kind:
+                    j += 1
+                run = records[i:j]
+                vectors = embeddings[cursor : cursor + len(run)]
+                cursor += len(run)
+                memories = [int(r["memory"]) for r in run]
+                bm25, dense = (
+                    (self.episode_bm25, self.episode_dense) if kind == "episode" else (self.summary_bm25, self.summary_dense)
+                )
+                expected = [int(r["row"]) for r in run]
+                t0 = time.perf_counter()
+                bm25_rows = bm25.add(tokenize_many([r["text"] for r in run]), memories)
+                t1 = time.perf_counter()
+                dense_rows = dense.add(vectors, memories)
+                t2 = time.perf_counter()
+                self.last_timings["bm25_s"] += t1 - t0
+                self.last_timings["dense_s"] += t2 - t1
+                if list(map(int, bm25_rows)) != expected or dense_rows.tolist() != expected:
+                    raise RuntimeError(
+                        f"{self._where()}: {kind} rows disagree: log {expected[:3]}..., BM25 {list(map(int, bm25_rows[:3]))}..., "
+                        f"dense {dense_rows[:3].tolist()}..."
+                    )
+                i = j
+            elif kind == "delete":
+                self.episode_bm25.delete([int(records[i]["row"])])
+                self.episode_dense.delete([int(records[i]["row"])])
+                i += 1
+            elif kind == "summary_delete":
+                self.summary_bm25.delete([int(records[i]["row"])])
+                self.summary_dense.delete([int(records[i]["row"])])
+                i += 1
+            else:
+                i += 1
+
+    def _encode(self, texts: list[str], progress: bool = False) -> torch.Tensor:
+        if not texts:
+            return torch.empty((0, self.dim), dtype=torch.float32)
+        return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
+
+    def _commit(self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True) -> None:
+        """Log, then apply to the metadata and the indexes, then (persistent stores) snapshot."""
+        started = time.perf_counter()
+        if self._log is not None:
+            self._log.append(records)
+        self.last_timings["log_s"] = time.perf_counter() - started
+        for record in records:
+            self._apply(record)
+        self.last_timings["metadata_s"] = time.perf_counter() - started - self.last_timings["log_s"]
+        self._index_records(records, progress)
+        if snapshot:
+            t0 = time.perf_counter()
+            self.snapshot()
+            self.last_timings["snapshot_s"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ writes
+    def _memory_records(self, memory_id: str, speakers: Sequence[str], pending: dict[str, int]) -> tuple[int, list[dict[str, Any]]]:
+        if memory_id in self._memory_index:
+            return self._memory_index[memory_id], []
+        if memory_id in pending:
+            return pending[memory_id], []
+        memory = len(self.memory_ids) + len(pending)
+        pending[memory_id] = memory
+        return memory, [{"t": "memory", "memory": memory, "id": memory_id, "speakers": list(dict.fromkeys(speakers))}]
+
+    @staticmethod
+    def _episode_record(row: int, memory: int, session_id: str, turn: Turn) -> dict[str, Any]:
+        return {
+            "t": "episode",
+            "row": row,
+            "memory": memory,
+            "session": session_id,
+            "turn": turn.turn_id,
+            "speaker": turn.speaker,
+            "ts": turn.timestamp,
+            "date": turn.date_text,
+            "images": [image.image_id for image in turn.images if image.image_id],
+            "text": episode_text(turn),
+        }
+
+    def add_memories(self, memories: Sequence[Memory], progress: bool = True) -> np.ndarray:
+        """Store whole memories (a benchmark) in one batch: one encoder pass over every new turn.
+
+        A memory id already in the store gets the turns appended. Returns the new episode rows.
+        """
+        started = time.perf_counter()
+        self.last_timings = {}
+        records: list[dict[str, Any]] = []
+        pending: dict[str, int] = {}
+        row = self.size
+        first = row
+        for memory in memories:
+            memory_idx, created = self._memory_records(memory.memory_id, memory.speakers, pending)
+            records.extend(created)
+            for session in memory.sessions:
+                for turn in session.turns:
+                    records.append(self._episode_record(row, memory_idx, session.session_id, turn))
+                    row += 1
+        if records:
+            self._commit(records, progress=progress)
+        self.last_timings["total_s"] = time.perf_counter() - started
+        log.info(
+            "EpisodeStore: stored %d episodes of %d memories in %.1f s (%s)",
+            row - first, len(memories), self.last_timings["total_s"],
+            ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k != "total_s"),
+        )
+        return np.arange(first, row, dtype=np.int64)
+
+    def append_turn(self, memory_id: str, turn: Turn, session_id: str | None = None, speakers: Sequence[str] = ()) -> int:
+        """A live agent's one new turn: logged (fsync with store.fsync) and indexed; returns its row.
+
+        session_id None: the turn's date text names its session. A new memory id creates the memory
+        with `speakers` (more speakers are added as they first speak).
+        """
+        records: list[dict[str, Any]] = []
+        memory_idx, created = self._memory_records(memory_id, speakers, {})
+        records.extend(created)
+        row = self.size
+        records.append(self._episode_record(row, memory_idx, session_id if session_id is not None else turn.date_text, turn))
+        self._commit(records, snapshot=False)
+        return row
+
+    def delete_episode(
+        self, memory_id: str, turn_id: str, generate: Callable[[list[str]], list[str]] | None = None
+    ) -> None:
+        """User-initiated deletion (SPEC write path 5): the episode leaves the store's live rows and both
+        indexes; a summary whose members include it is retired and, with `generate`, rebuilt over the
+        remaining members (new summary row, `replaces` = the old one). Without `generate` the old
+        summary is still retired (it may quote the deleted turn) and the segment stays unsummarised."""
+        from memfit_gpu.store.summaries import summary_records
+
+        row = self.row_of(memory_id, turn_id)
+        memory = self.memory_of(memory_id)
+        records: list[dict[str, Any]] = [{"t": "delete", "row": row}]
+        affected = [s for s in self.summaries.live_rows(memory) if row in set(self.summaries.members[s].tolist())]
+        rebuild: list[tuple[int, np.ndarray]] = []
+        for summary in affected:
+            records.append({"t": "summary_delete", "row": int(summary)})
+            remaining = self.summaries.members[summary]
+            remaining = remaining[(remaining != row) & ~self.deleted[remaining]]
+            rebuild.append((int(summary), remaining))
+        if rebuild and generate is None:
+            log.warning(
+                "EpisodeStore: deleting %s/%s retires %d summar%s; no generate callable was given, so the "
+                "segment is left without one", memory_id, turn_id, len(rebuild), "y" if len(rebuild) == 1 else "ies",
+            )
+        if rebuild and generate is not None:
+            records.extend(
+                summary_records(self, [(memory, members) for _, members in rebuild], generate,
+                                first_row=len(self.summaries), replaces=[old for old, _ in rebuild])
+            )
+        self._commit(records)
+
+    def build_summaries(
+        self, generate: Callable[[list[str]], list[str]], memory_ids: Sequence[str] | None = None, progress: bool = True
+    ) -> int:
+        """Summarise every segment of every memory that has no summaries yet, in one generate batch."""
+        from memfit_gpu.store.summaries import build_summaries
+
+        return build_summaries(self, generate, memory_ids=memory_ids, progress=progress)
+
+    # ------------------------------------------------------------------ persistence
+    def _snapshot_dir(self) -> Path:
+        assert self.path is not None
+        return self.path / "snapshots"
+
+    def snapshot(self) -> None:
+        """Write index state covering every record logged so far (no-op in memory or when current)."""
+        if self._log is None or len(self._log) == self._snapshot_records:
+            return
+        count = len(self._log)
+        root = self._snapshot_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{count:012d}"
+        staging = root / f".staging-{count:012d}-{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        torch.save(self.episode_bm25.state_dict(), staging / "episode_bm25.pt")
+        torch.save(self.summary_bm25.state_dict(), staging / "summary_bm25.pt")
+        self.episode_dense.save(staging / "episode_dense")
+        self.summary_dense.save(staging / "summary_dense")
+        meta = {"format": FORMAT_VERSION, **self._log.fingerprint(count), "episodes": self.size,
+                "summaries": len(self.summaries), "dim": self.dim}
+        # meta.json last: a snapshot without it is incomplete and ignored
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        self._snapshot_records = count
+        for old in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[:-_KEEP_SNAPSHOTS]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _load_snapshot(self) -> int:
+        """Load the newest snapshot that matches the log; returns how many records it covers."""
+        assert self._log is not None
+        root = self._snapshot_dir()
+        if not root.exists():
+            return 0
+        for folder in sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True):
+            meta_path = folder / "meta.json"
+            if not meta_path.exists():
+                continue
+            try:
+                meta = json.loads(meta_path.read_text())
+            except json.JSONDecodeError:
+                log.warning("%s: unreadable, skipped", meta_path)
+                continue
+            count = int(meta.get("records", -1))
+            if count > len(self._log) or self._log.fingerprint(count) != {k: meta.get(k) for k in ("records", "bytes", "last_crc")}:
+                log.warning("%s: covers %d records that do not match the log (%d valid records); skipped",
+                            folder, count, len(self._log))
+                continue
+            if meta.get("dim") != self.dim:
+                raise ValueError(f"{meta_path}: embeddings are {meta.get('dim')}-d, the encoder gives {self.dim}-d")
+            self.episode_bm25.load_state_dict(torch.load(folder / "episode_bm25.pt", weights_only=False))
+            self.summary_bm25.load_state_dict(torch.load(folder / "summary_bm25.pt", weights_only=False))
+            gpu = self.cfg.index.dense_gpu
+            self.episode_dense = DenseIndex.load(folder / "episode_dense", gpu=gpu)
+            self.summary_dense = DenseIndex.load(folder / "summary_dense", gpu=gpu)
+            log.info("EpisodeStore: loaded snapshot %s (%d records)", folder, count)
+            return count
+        return 0
+
+    def _open(self) -> None:
+        assert self.path is not None
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
+        records = self._log.records
+        if not records:
+            self._log.append([{"t": "header", "format": FORMAT_VERSION, "encoder": self.cfg.index.encoder, "dim": self.dim}])
+            return
+        header = records[0]
+        if header.get("t") != "header":
+            raise ValueError(f"{self._log.path}: first record is not a store header")
+        if header.get("dim") != self.dim:
+            raise ValueError(f"{self._log.path}: store was built with {header.get('dim')}-d embeddings "
+                             f"({header.get('encoder')}), the encoder gives {self.dim}-d")
+        if header.get("encoder") != self.cfg.index.encoder:
+            log.warning("%s: built with encoder %s, opened with %s", self._log.path, header.get("encoder"), self.cfg.index.encoder)
+        for record in records:
+            self._apply(record)
+        covered = self._load_snapshot()
+        self._snapshot_records = covered
+        expected = sum(1 for r in records[:covered] if r.get("t") == "episode")
+        if int(self.episode_bm25.num_rows) != expected or self.episode_dense.size != expected:
+            raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
+                             f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")
+        tail = records[covered:]
+        if any(r.get("t") in ("episode", "summary") for r in tail):
+            log.info("EpisodeStore: replaying %d log records after the snapshot", len(tail))
+        self._index_records(tail)
+        log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
+                 self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
+
+    def close(self) -> None:
+        """Snapshot what the log holds beyond the last snapshot, then close the log."""
+        if self._log is not None:
+            self.snapshot()
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> EpisodeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
