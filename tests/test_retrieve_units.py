@@ -1,0 +1,153 @@
+"""Pure stages of the batched read path on hand-built tensors, against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from memfit_gpu.config import BoostConfig
+from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
+from memfit_gpu.retrieve.dates import QueryConstraints
+from memfit_gpu.retrieve.hybrid import Hits, fuse, minmax
+from memfit_gpu.retrieve.pack import build_pack, format_excerpts
+from memfit_gpu.retrieve.pool import prf_expansion, round_robin, summary_expansion
+from memfit_gpu.retrieve.prf import choose_terms
+from memfit_gpu.retrieve.rerank import final_order, zscore
+from memfit_gpu.retrieve.view import ReadView
+
+A = 0.7
+
+
+def _t(x, dtype=torch.float32):
+    return torch.tensor(x, dtype=dtype)
+
+
+def test_fuse_union_minmax_and_ties() -> None:
+    bm25_scores = _t([[4.0, 2.0], [1.5, 0.0], [1.0, 1.0]])
+    bm25_rows = _t([[3, 1], [7, -1], [2, 9]], torch.long)
+    dense_scores = _t([[0.8, 0.4], [0.6, 0.0], [0.0, 0.0]])
+    dense_rows = _t([[1, 5], [7, -1], [-1, -1]], torch.long)
+    hits = fuse(bm25_scores, bm25_rows, dense_scores, dense_rows, A)
+    # q0: union {1,3,5}; bm25 raw 2,4,0 -> 0.5,1,0; dense raw 0.8,0,0.4 -> 1,0,0.5
+    assert hits.rows[0].tolist() == [1, 5, 3]
+    assert hits.fused[0].tolist() == [A * 1.0 + (1 - A) * 0.5, A * 0.5 + (1 - A) * 0.0, A * 0.0 + (1 - A) * 1.0]
+    assert hits.bm25[0].tolist() == [2.0, 0.0, 4.0]
+    assert hits.dense[0].tolist() == pytest.approx([0.8, 0.4, 0.0])
+    # q1: one candidate: both signals degenerate and positive -> 1, fused 1
+    assert hits.rows[1].tolist() == [7, -1, -1] and hits.fused[1, 0].item() == A + (1 - A)
+    assert hits.score[1, 1].item() == float("-inf")
+    # q2: equal BM25 scores (degenerate -> 1), no dense (0): a tie broken by the lower row
+    assert hits.rows[2].tolist()[:2] == [2, 9] and hits.fused[2, :2].tolist() == [(1 - A) * 1.0] * 2
+
+
+def test_minmax_degenerate_rule() -> None:
+    values = _t([[0.0, 0.0], [3.0, 3.0], [1.0, 3.0]], torch.float64)
+    valid = torch.ones_like(values, dtype=torch.bool)
+    assert minmax(values, valid).tolist() == [[0.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+
+
+def _hits(rows, fused) -> Hits:
+    rows_t = _t(rows, torch.long)
+    f = _t(fused, torch.float64)
+    z = torch.zeros_like(f)
+    return Hits(rows_t, z, z, f, z, torch.where(rows_t >= 0, f, -torch.inf))
+
+
+def test_boosts_add_up_and_resort() -> None:
+    hits = _hits([[0, 1, 2]], [[0.5, 0.4, 0.3]])
+    cons = QueryConstraints(speakers=frozenset({"bob"}), years=frozenset({2023}), months=frozenset({5}))
+    bits, years, months = constraint_tensors([cons], [["ann", "bob"]], [0])
+    assert bits.tolist() == [0b10]
+    out = add_boosts(hits, BoostConfig(), bits, years, months, np.array([0b01, 0, 0b10]),
+                     np.array([2023, 2022, 2023]), np.array([5, 5, 6]))
+    # row 0: month + year; row 1: month; row 2: speaker (bit 1) + year
+    assert out.boost.tolist() == [[0.0 + 0.08 + 0.05, 0.0 + 0.08, 0.0 + 0.10 + 0.05]]
+    assert out.score.tolist() == [[0.5 + (0.08 + 0.05), 0.4 + 0.08, 0.3 + (0.10 + 0.05)]]
+    assert out.rows.tolist() == [[0, 1, 2]]  # 0.63 > 0.48 > 0.45
+    flipped = add_boosts(_hits([[0, 1, 2]], [[0.5, 0.4, 0.38]]), BoostConfig(), bits, years, months,
+                         np.array([0b01, 0, 0b10]), np.array([2023, 2022, 2023]), np.array([5, 5, 6]))
+    assert flipped.rows.tolist() == [[0, 2, 1]]  # 0.53 > 0.48 boosted past row 1
+
+
+def test_round_robin_episode_first_and_cut() -> None:
+    episodes = _hits([[10, 11, 12], [20, -1, -1]], [[0.9, 0.8, 0.7], [0.5, 0.0, 0.0]])
+    summaries = _hits([[0, 1, -1], [5, 6, 7]], [[0.6, 0.5, 0.0], [0.4, 0.3, 0.2]])
+    pool = round_robin(episodes, summaries, 4)
+    assert pool.kind.tolist() == [[0, 1, 0, 1], [0, 1, 1, 1]]
+    assert pool.row.tolist() == [[10, 0, 11, 1], [20, 5, 6, 7]]
+    full = round_robin(episodes, summaries, 50)
+    assert full.row[0].tolist() == [10, 0, 11, 1, 12]
+
+
+def test_summary_expansion_best_score_and_prf_new_rows() -> None:
+    episodes = _hits([[10, 11]], [[0.9, 0.8]])
+    summaries = _hits([[0, 1, 2]], [[0.9, 0.8, 0.7]])
+    pool = round_robin(episodes, summaries, 50)
+    members = _t([[10, 13, 14], [14, 15, -1], [16, -1, -1]], torch.long)
+    exp = summary_expansion(pool, summaries, members, top=2, weight=0.5)
+    assert exp.row.tolist() == [[13, 14, 15]]
+    assert exp.score.tolist() == [[0.45, 0.45, 0.4]]
+    assert exp.origin.tolist() == [[0, 0, 1]]
+    prf_hits = _hits([[15, 20, 13, 21, 11]], [[0.9, 0.8, 0.5, 0.2, 0.1]])
+    prf = prf_expansion(prf_hits, pool, exp, weight=0.5)
+    assert prf.row.tolist() == [[20, 21]]
+    assert prf.score.tolist() == [[0.4, 0.1]]
+
+
+def test_prf_term_orders() -> None:
+    lists = [["zeta", "alpha", "common"], ["alpha", "beta"]]
+    idf = {"zeta": 1.0, "alpha": 2.0, "common": 0.1, "beta": 2.0}
+    assert choose_terms(lists, idf, 3, "idf") == ["alpha", "beta", "zeta"]
+    assert choose_terms(lists, idf, 3, "alphabetical") == ["alpha", "beta", "common"]
+    with pytest.raises(ValueError, match="term_order"):
+        choose_terms(lists, idf, 3, "random")
+
+
+def test_zscore_per_kind_and_order() -> None:
+    scores = _t([[1.0, 2.0, 3.0, 10.0, 20.0, 0.0]], torch.float64)
+    groups = _t([[0, 0, 0, 1, 1, -1]], torch.long)
+    z = zscore(scores, groups, 3)
+    s = (2.0 / 3.0) ** 0.5
+    assert z[0, :3].tolist() == pytest.approx([-1 / s, 0.0, 1 / s])
+    assert z[0, 3:].tolist() == [10.0, 20.0, 0.0]  # two summaries: raw; pad untouched
+    order = final_order(_t([[0.5, 0.7, 0.5, 0.0]], torch.float64), _t([[True, True, True, False]], torch.bool))
+    assert order.tolist() == [[1, 0, 2, 3]]
+
+
+def _tiny_view(deleted: list[bool] | None = None) -> ReadView:
+    day1, day2 = np.datetime64("2023-05-08T13:56:00", "s"), np.datetime64("2023-05-20T09:00:00", "s")
+    texts = [f"DATE: 8 May, 2023 | Speaker Ann says: turn {i}" for i in range(3)]
+    texts[2] = "DATE: 8 May, 2023 | Speaker Ann says: I left yesterday"
+    texts += [f"DATE: 20 May, 2023 | Speaker Bob says: turn {i}" for i in range(3, 6)]
+    return ReadView(
+        memory_ids=["m"], speakers=[["Ann", "Bob"]],
+        ep_memory=np.zeros(6, dtype=np.int64), ep_session=np.array([0, 0, 0, 1, 1, 1]),
+        ep_position=np.arange(6), ep_time=np.array([day1] * 3 + [day2] * 3),
+        ep_speaker=["Ann"] * 3 + ["Bob"] * 3, ep_text=texts, ep_turn_id=[f"D{i}" for i in range(6)],
+        ep_deleted=np.array(deleted or [False] * 6), ep_bm25=None, ep_dense=None,
+        sm_memory=np.zeros(1, dtype=np.int64), sm_text=["Ann and Bob talk."], sm_members=[[0, 1, 2]],
+        sm_time=np.array([day1]), sm_recorded=np.array([day2]),
+    )
+
+
+def test_pack_neighbours_same_session_time_order() -> None:
+    view = _tiny_view()
+    pack = build_pack([(0, 3), (1, 0), (0, 2)], view, context_window=1)
+    assert pack.selected == [3, 2] and pack.summaries == [0]
+    assert pack.episodes == [1, 2, 3, 4]  # row 3 opens session 1, row 2 closes session 0
+    assert build_pack([(0, 3), (0, 2)], view, context_window=0).episodes == [2, 3]
+    # a deleted neighbour is skipped: the next live turn of the session is the neighbour
+    assert build_pack([(0, 3)], _tiny_view([False, False, False, False, True, False]), 1).episodes == [3, 5]
+
+
+def test_excerpt_text() -> None:
+    view = _tiny_view()
+    pack = build_pack([(1, 0), (0, 2)], view, context_window=0)
+    text = format_excerpts(pack, view, " (as of {date})", resolve_dates=True)
+    assert text == (
+        "REMEMBERED FACTS:\n- Ann and Bob talk. (as of 20 May 2023)\n\n"
+        "EXCERPT 1 (recorded 8 May 2023): Speaker Ann says: I left yesterday (7 May 2023)"
+    )
+    plain = format_excerpts(pack, view, " (as of {date})", resolve_dates=False)
+    assert plain.endswith("Speaker Ann says: I left yesterday")
