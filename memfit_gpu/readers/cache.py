@@ -1,0 +1,105 @@
+"""Response cache: every reader call keyed by what determines its output, stored in the run's SQLite file.
+
+The key is sha256 over (backend, model, messages, images, generation parameters); an image that is a
+local file enters by the sha256 of its bytes, so renaming a folder does not invalidate answers but changing
+a picture does. WAL mode and one commit per batch: a run killed mid-way keeps every finished call, and a
+rerun makes no repeat calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from memfit_gpu.readers.base import Request, Response
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    backend TEXT NOT NULL,
+    model TEXT NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    tokens_estimated INTEGER NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    # size and mtime are part of the cache key of this memo, so an edited file is hashed again.
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def image_fingerprint(image: str) -> str:
+    path = Path(image)
+    if not image.startswith(("http://", "https://", "data:")) and path.is_file():
+        st = path.stat()
+        return "sha256:" + _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    return image
+
+
+def request_key(backend: str, model: str, request: Request) -> str:
+    payload = {
+        "backend": backend,
+        "model": model,
+        "messages": request.messages,
+        "images": [image_fingerprint(i) for i in request.images],
+        "params": {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature},
+    }
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class ResponseCache:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(self.path), timeout=60.0)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(_SCHEMA)
+        self._conn.commit()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Response]:
+        found: dict[str, Response] = {}
+        unique = list(dict.fromkeys(keys))
+        # SQLite limits bound parameters per statement; 500 stays far below every build's limit.
+        for i in range(0, len(unique), 500):
+            part = unique[i:i + 500]
+            rows = self._conn.execute(
+                "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model "
+                f"FROM responses WHERE key IN ({','.join('?' * len(part))})", part
+            ).fetchall()
+            for key, text, n_in, n_out, latency, estimated, model in rows:
+                found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated))
+        return found
+
+    def put_many(self, backend: str, rows: Sequence[tuple[str, str, Response]]) -> None:
+        """rows = (key, role, response) from `backend`; one transaction, committed before returning."""
+        now = time.time()
+        with self._conn:
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(k, backend, r.model, role, r.text, r.input_tokens,
+                  r.output_tokens, r.latency_s, int(r.tokens_estimated), now) for k, role, r in rows],
+            )
+
+    def __len__(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+    def close(self) -> None:
+        self._conn.close()

