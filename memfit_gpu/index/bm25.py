@@ -369,9 +369,9 @@ class BM25Index:
         )
         return out
 
-    def _query_memory(self, cache: dict[str, torch.Tensor], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def _query_memory(cache: dict[str, torch.Tensor], mem_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(live docs, first slot in rows_by_memory) of each query's memory; 0 docs for unseen memories."""
-        mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
         n_mem = cache["mem_docs"].numel()
         seen = mem_t < n_mem
         safe = torch.where(seen, mem_t, 0)
@@ -401,12 +401,16 @@ class BM25Index:
         """
         mems = _check_batch(queries, memory_idx, "queries")
         cache = self._prepare()
-        q_docs, q_start = self._query_memory(cache, mems)
-        width = int(q_docs.max()) if mems else 0
+        if not mems:
+            return torch.zeros((0, 0), device=self.device), torch.zeros((0, 0), dtype=torch.long, device=self.device)
+        # the row layout depends only on the memory: build it once per distinct memory, then copy rows
+        memories, which = torch.unique(torch.tensor(mems, dtype=torch.long, device=self.device), return_inverse=True)
+        mem_docs, mem_start = self._query_memory(cache, memories)
+        width = int(mem_docs.max())
         pair_query, pair_term = self._encode_queries(queries, mems)
         out = self._score_block(cache, pair_query, pair_term, len(queries), width)
-        cols = torch.arange(width, device=self.device).expand(len(queries), width)
-        return out, self._rows_at(cache, q_docs, q_start, cols)
+        cols = torch.arange(width, device=self.device).expand(memories.numel(), width)
+        return out, self._rows_at(cache, mem_docs, mem_start, cols).index_select(0, which)
 
     def search(
         self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int
@@ -424,7 +428,7 @@ class BM25Index:
         if n_queries == 0:
             return top_scores, top_rows
         cache = self._prepare()
-        q_docs, q_start = self._query_memory(cache, mems)
+        q_docs, q_start = self._query_memory(cache, torch.tensor(mems, dtype=torch.long, device=dev))
         width = int(q_docs.max())
         if width == 0:
             return top_scores, top_rows
@@ -439,7 +443,9 @@ class BM25Index:
             block = self._score_block(cache, pair_query[lo:hi] - q0, pair_term[lo:hi], q1 - q0, width)
             # Scores are >= 0, so their float32 bit patterns order like the floats; the low 32 bits
             # rank lower columns (= lower rows) first, making topk's tie order exact.
-            key = (block.view(torch.int32).long() << 32) | col_key
+            key = block.view(torch.int32).long()
+            key.bitwise_left_shift_(32)
+            key.add_(col_key)
             cols = torch.topk(key, kk, dim=1).indices
             vals = torch.gather(block, 1, cols)
             rows = self._rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
