@@ -7,7 +7,7 @@ questions. Both see the same token lists (`tokenize`); indexing and tokenisation
 timed region (each side is warmed once). max_abs_diff compares every score of every question's full
 per-conversation score vector.
 
-    .venv/bin/python experiments/bench_bm25.py [--path locomo10.json] [--repeats 9] [--device cpu]
+    .venv/bin/python experiments/bench_bm25.py [--path locomo10.json] [--repeats 9] [--device cpu] [--threads 1]
 
 The last line printed is a JSON object: ours_qps, bm25s_qps, ratio, max_abs_diff, ...
 """
@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--path", default=os.environ.get("MEMFIT_LOCOMO", str(DEFAULT_PATH)))
     parser.add_argument("--repeats", type=int, default=9, help="timed repeats per side; the best is kept")
     parser.add_argument("--device", default="cpu")
+    # bm25s's get_scores runs on one core, so by default both sides get one; on a shared machine torch's
+    # intra-op threads also stall on busy cores (measured 6x slower at 2 threads under load)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for ours")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     import bm25s
 

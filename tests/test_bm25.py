@@ -28,6 +28,14 @@ TF_C_DOC1 = 2 / (2 + 1.5 * (0.25 + 0.75 * 3 / 2))  # = 2 / 4.0625
 
 
 # ---------------------------------------------------------------- helpers
+@pytest.fixture(params=["dense-rows", "all-sparse"])
+def scoring_path(request, monkeypatch):
+    """BM25Index scores frequent terms as dense rows and the rest through the segmented scatter; tiny
+    corpora make every term dense, so these runs force each path in turn."""
+    monkeypatch.setattr(bm25_module, "_DENSE_FACTOR", 10**9 if request.param == "dense-rows" else 0)
+    return request.param
+
+
 def locomo_memories(path, limit: int | None = None) -> tuple[list[list[str]], list[list[str]]]:
     """(episode texts, evaluated question texts) per conversation, sessions driven off session_N keys."""
     conversations = json.loads(path.read_text())[:limit]
@@ -78,7 +86,7 @@ def test_tokenize_lowercases_unicode_word_runs():
 
 # ---------------------------------------------------------------- hand-computed values
 @pytest.mark.parametrize("cls", BACKENDS)
-def test_hand_computed_scores_and_order(cls):
+def test_hand_computed_scores_and_order(cls, scoring_path):
     index = build(cls, DOCS, [0, 0, 0])
     scores, rows = index.search([["a"], ["c", "a"]], [0, 0], k=3)
     assert rows.tolist() == [[0, 1, -1], [1, 0, -1]]
@@ -88,7 +96,7 @@ def test_hand_computed_scores_and_order(cls):
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
-def test_repeated_query_term_counts_per_occurrence(cls):
+def test_repeated_query_term_counts_per_occurrence(cls, scoring_path):
     index = build(cls, DOCS, [0, 0, 0])
     once, _ = index.search([["a"]], [0], k=2)
     twice, rows = index.search([["a", "a"]], [0], k=2)
@@ -109,7 +117,7 @@ def test_empty_and_unmatched_queries_return_nothing(cls):
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
-def test_ties_break_by_lower_row(cls):
+def test_ties_break_by_lower_row(cls, scoring_path):
     # rows 0 and 2 are identical documents: equal scores, lower row first
     index = build(cls, [["x", "y"], ["z"], ["x", "y"], ["x", "x", "y"]], [0, 0, 0, 0])
     scores, rows = index.search([["y"]], [0], k=4)
@@ -129,7 +137,7 @@ def test_idf_and_doc_tokens(cls):
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
-def test_delete_updates_n_df_avgdl(cls):
+def test_delete_updates_n_df_avgdl(cls, scoring_path):
     index = build(cls, DOCS, [0, 0, 0])
     index.delete([0])
     index.delete([0])  # repeat: no double counting
@@ -145,7 +153,7 @@ def test_delete_updates_n_df_avgdl(cls):
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
-def test_scores_full_vectors_padded(cls):
+def test_scores_full_vectors_padded(cls, scoring_path):
     index = build(cls, [["a"], ["b"], ["a", "b"], ["a"]], [0, 1, 0, 0])
     index.delete([3])
     scores, rows = index.scores([["a"], ["a"], ["b"]], [0, 1, 1])
@@ -228,7 +236,7 @@ def test_parity_with_reference_after_appends_and_deletes(locomo_path):
     assert fast.doc_tokens([5, 17, 300]) == slow.doc_tokens([5, 17, 300])
 
 
-def test_chunked_search_equals_one_block(monkeypatch):
+def test_chunked_search_equals_one_block(monkeypatch, scoring_path):
     rng = random.Random(1)
     words = [f"w{i}" for i in range(30)]
     docs = [[rng.choice(words) for _ in range(rng.randint(0, 8))] for _ in range(120)]

@@ -40,6 +40,8 @@ __all__ = ["BM25Index", "ReferenceBM25", "tokenize", "tokenize_many"]
 _TOKEN = re.compile(r"\w+")
 # Cap on the padded score matrix built per chunk of queries (elements); bounds search memory.
 _CHUNK_ELEMENTS = 1 << 24
+# A term whose live df reaches 1/_DENSE_FACTOR of the widest memory is scored as a dense row.
+_DENSE_FACTOR = 8
 _STATE_VERSION = 1
 
 
@@ -327,11 +329,27 @@ class BM25Index:
         # avgdl > 0 whenever the memory has a posting, so the division is safe here
         norm = self.k1 * (1.0 - self.b + self.b * dl / avgdl[mem])
         weight = (idf * tf / (tf + norm)).float()
+        col = position[row]
+
+        # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
+        # gathering and scattering _DENSE_FACTOR postings one by one. Each dense term has
+        # df >= width / _DENSE_FACTOR, so the matrix holds at most _DENSE_FACTOR x the live postings.
+        width = int(mem_docs.max()) if n_mem else 0
+        term_df = term_ptr[1:] - term_ptr[:-1]
+        is_dense = term_df * _DENSE_FACTOR >= max(width, 1)
+        dense_terms = torch.nonzero(is_dense).flatten()
+        dense_slot = torch.full((n_terms,), -1, dtype=torch.long, device=dev)
+        dense_slot[dense_terms] = torch.arange(dense_terms.numel(), device=dev)
+        dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float32, device=dev)
+        in_dense = is_dense[term]
+        dense_weight[dense_slot[term[in_dense]], col[in_dense]] = weight[in_dense]
         self._cache = {
             "term_ptr": term_ptr,
             # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
-            "post_col": position[row].to(torch.int32 if self.num_rows < 2**31 - 1 else torch.long),
+            "post_col": col.to(torch.int32 if self.num_rows < 2**31 - 1 else torch.long),
             "post_weight": weight,
+            "dense_slot": dense_slot,
+            "dense_weight": dense_weight,
             "rows_by_memory": rows_by_memory,
             "mem_start": mem_start,
             "mem_docs": mem_docs.clone(),
@@ -358,6 +376,12 @@ class BM25Index:
         self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
     ) -> torch.Tensor:
         out = torch.zeros((n_queries, width), dtype=torch.float32, device=self.device)
+        slot = cache["dense_slot"][pair_term]
+        dense = slot >= 0
+        if bool(dense.any()):
+            rows = cache["dense_weight"].index_select(0, slot[dense])[:, :width]
+            out.index_add_(0, pair_query[dense], rows)
+            pair_query, pair_term = pair_query[~dense], pair_term[~dense]
         segmented_scatter_add(
             out,
             pair_query,
