@@ -3,7 +3,7 @@
 Every question outside category 5 (1,540) is scored against its own conversation's turns.
 bm25s: one index per conversation, `get_scores` per question (the way a per-memory store would use
 it). Ours: one `BM25Index` holding all ten conversations, one batched `scores` call for all
-questions. Both see the same token lists (`tokenize`); indexing and tokenisation are outside the
+questions. Both see the same token lists (`tokenize` of the store's episode texts); indexing and tokenisation are outside the
 timed region (each side is warmed once). max_abs_diff compares every score of every question's full
 per-conversation score vector.
 
@@ -27,17 +27,9 @@ import torch
 
 from memfit_gpu.data import load_benchmark, select_questions
 from memfit_gpu.index.bm25 import BM25Index, tokenize_many
+from memfit_gpu.store import episode_text
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
-
-
-def episode_texts(memory) -> list[str]:
-    """SPEC episode text; the store owns the canonical one, this is enough to exercise BM25."""
-    texts = []
-    for turn in memory.turns():
-        images = "".join(f"[Image: {image.caption}] " for image in turn.images)
-        texts.append(f"DATE: {turn.date_text} | Speaker {turn.speaker} says: {images}{turn.text}")
-    return texts
 
 
 def best_times(fns: list, repeats: int) -> list[float]:
@@ -66,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     import bm25s
 
     benchmark = select_questions(load_benchmark("locomo", args.path), exclude_categories=["5"])
-    doc_tokens = [tokenize_many(episode_texts(m)) for m in benchmark.memories]
+    doc_tokens = [tokenize_many([episode_text(t) for t in m.turns()]) for m in benchmark.memories]
     questions = [(mi, q.question) for mi, m in enumerate(benchmark.memories) for q in m.questions]
     query_tokens = tokenize_many([text for _, text in questions])
     query_memory = [mi for mi, _ in questions]
