@@ -27,17 +27,9 @@ MAX_SPEAKERS = 62  # speaker sets are int64 bit masks per memory
 
 
 def _episode_text(turn: Turn) -> str:
-    try:
-        from memfit_gpu.store import episode_text  # the store's own formatter, once it exists
-    except ImportError:
-        episode_text = None
-    if episode_text is not None:
-        return episode_text(turn)
-    # SPEC "Episode": DATE: {session date} | Speaker {name} says: {[Image ...] }{text}
-    images = "".join(
-        f"[Image {im.image_id}: {im.caption}] " if im.image_id else f"[Image: {im.caption}] " for im in turn.images
-    )
-    return f"DATE: {turn.date_text} | Speaker {turn.speaker} says: {images}{turn.text}"
+    from memfit_gpu.store import episode_text  # the store's formatter: one definition of SPEC "Episode"
+
+    return episode_text(turn)
 
 
 @dataclass

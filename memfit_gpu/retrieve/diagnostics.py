@@ -1,0 +1,102 @@
+"""Retrieval diagnostics from gold evidence turn ids (SPEC Evaluation).
+
+Per question, over the final ranked EPISODE list (summaries removed, the order the reranker or the
+first stage left): hit@5/10/20/30 (a gold turn in the first K), rr (1 / rank of the first gold
+episode, 0 if none); over the pack: pack_hit (a gold turn among the k selected, before neighbours,
+as the paper counts it), pack_hit_window (after neighbours), all_gold_pack / all_gold_pack_window
+(every matched gold turn there).
+
+Evidence ids are matched to turn ids of the question's own memory. Ids matching no turn are counted
+(`unmatched_evidence`, with examples); questions without evidence, and questions none of whose
+evidence ids match a turn, cannot be scored: they are counted separately and left out of the rates
+(`questions` is the number scored), never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+HIT_KS = (5, 10, 20, 30)
+RATE_KEYS = tuple(f"hit@{k}" for k in HIT_KS) + ("pack_hit", "pack_hit_window", "all_gold_pack",
+                                                  "all_gold_pack_window", "mrr")
+
+
+def question_diagnostics(ranked_rows: Sequence[int], selected: Sequence[int], packed: Sequence[int],
+                         gold_rows: set[int]) -> dict[str, Any]:
+    """One question's record; gold_rows must be non-empty."""
+    rank = next((i for i, r in enumerate(ranked_rows, start=1) if r in gold_rows), None)
+    record: dict[str, Any] = {f"hit@{k}": rank is not None and rank <= k for k in HIT_KS}
+    record["rr"] = 1.0 / rank if rank is not None else 0.0
+    chosen, window = set(selected), set(packed)
+    record["pack_hit"] = bool(gold_rows & chosen)
+    record["pack_hit_window"] = bool(gold_rows & window)
+    record["all_gold_pack"] = gold_rows <= chosen
+    record["all_gold_pack_window"] = gold_rows <= window
+    return record
+
+
+def _rates(records: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(records)
+    out: dict[str, Any] = {"questions": n}
+    for key in RATE_KEYS:
+        field = "rr" if key == "mrr" else key
+        out[key] = sum(float(r[field]) for r in records) / n if n else None
+    return out
+
+
+def compute_diagnostics(results: Sequence[Any], questions: Sequence[Any], view: Any,
+                        reranker: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
+    """(diagnostics.json content, per-question records aligned with `questions`; None = not scorable).
+
+    results: RetrievalResult per question (ranked dicts with kind/row, pack); questions: schema
+    Questions (memory_id, category, evidence)."""
+    if len(results) != len(questions):
+        raise ValueError(f"diagnostics: {len(results)} results for {len(questions)} questions")
+    row_of: dict[tuple[int, str], int] = {}
+    for row, (memory, turn_id) in enumerate(zip(view.ep_memory.tolist(), view.ep_turn_id, strict=True)):
+        if not view.ep_deleted[row]:
+            row_of.setdefault((memory, turn_id), row)
+    records: list[dict[str, Any] | None] = []
+    scored: list[tuple[str, dict[str, Any]]] = []
+    unmatched: list[str] = []
+    no_evidence: list[str] = []
+    unmatched_only: list[str] = []
+    for result, question in zip(results, questions, strict=True):
+        memory = view.memory_index(question.memory_id)
+        gold = set()
+        for turn_id in question.evidence:
+            row = row_of.get((memory, turn_id))
+            if row is None:
+                unmatched.append(f"{question.question_id}:{turn_id}")
+            else:
+                gold.add(row)
+        if not question.evidence:
+            no_evidence.append(question.question_id)
+            records.append(None)
+            continue
+        if not gold:
+            unmatched_only.append(question.question_id)
+            records.append(None)
+            continue
+        ranked_rows = [c["row"] for c in result.ranked if c["kind"] == "episode"]
+        record = question_diagnostics(ranked_rows, result.pack.selected, result.pack.episodes, gold)
+        records.append(record)
+        scored.append((str(question.category), record))
+    by_category = {}
+    for category in sorted({c for c, _ in scored}, key=lambda c: (len(c), c)):
+        by_category[category] = _rates([r for c, r in scored if c == category])
+    diagnostics = {
+        "overall": _rates([r for _, r in scored]),
+        "by_category": by_category,
+        "questions": len(scored),
+        "questions_total": len(questions),
+        "questions_without_evidence": len(no_evidence),
+        "questions_without_evidence_ids": no_evidence[:50],
+        "questions_with_only_unmatched_evidence": len(unmatched_only),
+        "questions_with_only_unmatched_evidence_ids": unmatched_only[:50],
+        "unmatched_evidence": len(unmatched),
+        "unmatched_evidence_examples": unmatched[:50],
+        "reranker": reranker,
+    }
+    return diagnostics, records
