@@ -11,11 +11,12 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 # name -> module with register(subparsers). Only commands that do real work are listed here.
 SUBCOMMANDS: dict[str, str] = {
     "data": "memfit_gpu.data.cli",
+    "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
     "sweep": "memfit_gpu.sweep_cli",
     "aggregate": "memfit_gpu.sweep_cli",
