@@ -515,8 +515,9 @@ def wait_slurm(state: SweepState, poll_s: float) -> None:
     bar = _progress(len(state.spec.points), state.spec.name)
     try:
         while True:
+            # a point may write DONE while its task is still finishing: follow the task until it ends
             current = {pid: rec["jobs"][-1] for pid, rec in state.points.items()
-                       if rec["jobs"] and rec["state"] == "running"}
+                       if rec["jobs"] and (rec["state"] == "running" or rec["jobs"][-1]["state"] in ACTIVE_STATES)}
             states = squeue_states([j["job_id"] for j in current.values()]) if current else {}
             active = 0
             changed = False
