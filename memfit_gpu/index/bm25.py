@@ -312,24 +312,27 @@ class BM25Index:
             torch.arange(rows_by_memory.numel(), device=dev) - mem_start[row_memory[rows_by_memory]]
         )
 
+        # live postings in term order (row order inside a term): the CSR layout
         post_row = self._post_row.view
-        keep = live[post_row]
-        term = self._post_term.view[keep]
-        row = post_row[keep]
-        tf = self._post_tf.view[keep].double()
-        term_order = torch.sort(term, stable=True).indices
-        term, row, tf = term[term_order], row[term_order], tf[term_order]
+        term = self._post_term.view
+        keep = None
+        if self._deleted.size and bool(self._deleted.view.any()):
+            keep = torch.nonzero(live.index_select(0, post_row)).flatten()
+            term = term.index_select(0, keep)
+        term, order = torch.sort(term, stable=True)
+        perm = order if keep is None else keep.index_select(0, order)
+        row = post_row.index_select(0, perm)
+        tf = self._post_tf.view.index_select(0, perm).double()
         term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
         term_ptr[1:] = torch.cumsum(torch.bincount(term, minlength=n_terms), 0)
 
-        mem = row_memory[row]
+        # lucene factors per term (idf) and per row (length norm), then one gather each per posting;
+        # avgdl > 0 whenever the memory has a posting, so the division is safe where it is used
+        term_idf = self._idf_of_terms(self._df.view, self._term_memory.view)
         avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
-        dl = self._row_len.view[row].double()
-        idf = self._idf_of_terms(self._df.view[term], self._term_memory.view[term])
-        # avgdl > 0 whenever the memory has a posting, so the division is safe here
-        norm = self.k1 * (1.0 - self.b + self.b * dl / avgdl[mem])
-        weight = (idf * tf / (tf + norm)).float()
-        col = position[row]
+        row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
+        weight = (term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float()
+        col = position.index_select(0, row)
 
         # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
         # gathering and scattering _DENSE_FACTOR postings one by one. Each dense term has
@@ -341,8 +344,11 @@ class BM25Index:
         dense_slot = torch.full((n_terms,), -1, dtype=torch.long, device=dev)
         dense_slot[dense_terms] = torch.arange(dense_terms.numel(), device=dev)
         dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float32, device=dev)
-        in_dense = is_dense[term]
-        dense_weight[dense_slot[term[in_dense]], col[in_dense]] = weight[in_dense]
+        in_dense = torch.nonzero(is_dense.index_select(0, term)).flatten()
+        dense_weight.index_put_(
+            (dense_slot.index_select(0, term.index_select(0, in_dense)), col.index_select(0, in_dense)),
+            weight.index_select(0, in_dense),
+        )
         self._cache = {
             "term_ptr": term_ptr,
             # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
