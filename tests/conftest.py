@@ -35,3 +35,17 @@ def bi_encoder():
     from memfit_gpu.index.encoders import BiEncoder
 
     return BiEncoder.from_pretrained("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Folder of the real all-MiniLM-L6-v2 weights, as `models.resolve` finds them (packaged offline)."""
+    from memfit_gpu.models import resolve
+
+    return Path(resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2").path)
+
+
+@pytest.fixture(scope="session")
+def minilm(bi_encoder):
+    """The loaded BiEncoder (same object as `bi_encoder`: one load per session)."""
+    return bi_encoder
