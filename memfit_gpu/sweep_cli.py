@@ -44,6 +44,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except SweepError as exc:
         print(f"memfit sweep: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.launcher == "slurm":
+            print(f"memfit sweep: interrupted; submitted tasks keep running. Run the same command again to wait "
+                  f"for them (nothing is resubmitted while they run); state in {out / 'sweep.json'}", file=sys.stderr)
+        else:
+            print("memfit sweep: interrupted; running points were stopped and resume on the next run",
+                  file=sys.stderr)
+        return 130
     states = [p["state"] for p in data["points"]]
     done = states.count("done")
     print(f"sweep {spec.name}: {done}/{len(states)} points DONE; state in {out / 'sweep.json'}")
