@@ -190,6 +190,7 @@ class EpisodeStore:
         self._object_cache: dict[str, np.ndarray] = {}
 
         self.summaries = SummaryTable()
+        self.summarised: set[int] = set()  # memories build_summaries has processed (never re-summarised)
         self.episode_bm25, self.summary_bm25 = self._new_bm25(), self._new_bm25()
         self.episode_dense, self.summary_dense = self._new_dense(), self._new_dense()
 
@@ -427,6 +428,9 @@ class EpisodeStore:
     def _apply_summary_delete(self, record: dict[str, Any]) -> None:
         self.summaries.deleted.view[int(record["row"])] = True
 
+    def _apply_summarised(self, record: dict[str, Any]) -> None:
+        self.summarised.update(int(m) for m in record["memories"])
+
     _APPLY = {
         "memory": _apply_memory,
         "speaker": _apply_speaker,
@@ -434,6 +438,7 @@ class EpisodeStore:
         "delete": _apply_delete,
         "summary": _apply_summary,
         "summary_delete": _apply_summary_delete,
+        "summarised": _apply_summarised,
     }
 
     def _apply(self, record: dict[str, Any]) -> None:

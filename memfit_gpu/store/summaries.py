@@ -117,13 +117,12 @@ def build_summaries(
     memory_ids: Sequence[str] | None = None,
     progress: bool = True,
 ) -> int:
-    """Summarise the segments of every memory that has never had summaries; returns summaries added."""
+    """Summarise the segments of every memory not summarised before; returns how many summaries were added."""
     if not store.cfg.summary.enabled:
         log.info("summaries: disabled (summary.enabled=false); nothing built")
         return 0
     wanted = range(len(store.memory_ids)) if memory_ids is None else [store.memory_of(m) for m in memory_ids]
-    summarised = set(store.summaries.memory_idx.view.tolist())
-    memories = [m for m in wanted if m not in summarised]
+    memories = [m for m in wanted if m not in store.summarised]
     if len(memories) < len(wanted):
         log.info("summaries: %d memories already have summaries; they are not re-summarised", len(wanted) - len(memories))
     if not memories:
@@ -136,7 +135,10 @@ def build_summaries(
         spans = summary_segments([(int(starts[i]), int(starts[i + 1])) for i in range(len(segments))], store.cfg.summary)
         jobs.extend((memory, by_start[start]) for start, _ in spans)
     records = summary_records(store, jobs, generate, first_row=len(store.summaries))
-    if records:
-        store._commit(records, progress=progress)
-    log.info("summaries: %d built over %d memories (%d segments eligible)", len(records), len(memories), len(jobs))
-    return len(records)
+    # Remember which memories were summarised, even where every output was dropped: asking again would
+    # re-summarise the same segments (and at temperature 0 get the same short answers).
+    records.append({"t": "summarised", "memories": [int(m) for m in memories]})
+    store._commit(records, progress=progress)
+    built = len(records) - 1
+    log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
+    return built
