@@ -4,7 +4,7 @@ Order: whitespace; code fences; a JSON object's `answer` field (also inside surr
 `ANSWER:` prefix; surrounding quotes and markdown emphasis; whitespace again (repeated until stable, so
 `"ANSWER: \"Paris\""` and a fenced JSON both come out as `Paris`). NOT_FOUND in any case, with a space
 or underscore, alone or with punctuation around it, means the reader abstained; so does NOT_FOUND
-(with the underscore) alone on the first line followed by an explanation.
+(with the underscore) leading an answer that goes on to explain.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ _ANSWER_PREFIX = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?\s*[:：\-]\
 _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), ("`", "`"), ("**", "**"),
            ("__", "__")]
 _NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
+_NOT_FOUND_LEAD = re.compile(r"^[^\w]*not_found(?![a-z0-9])", re.IGNORECASE)
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
@@ -81,9 +82,9 @@ def clean_answer(raw: str | None) -> CleanAnswer:
         text = _strip_quotes(text).strip()
         if text == before:
             break
-    # Small readers often add an explanation after the token: the first line decides.
-    first_line = text.split("\n", 1)[0].strip()
-    if _NOT_FOUND.match(first_line) and (first_line == text or NOT_FOUND in first_line.upper()):
+    # Small readers often add an explanation after the token: NOT_FOUND (underscore form) leading the answer
+    # decides; the spaced "not found" only counts alone, since "Not found in ..., but X" is prose.
+    if _NOT_FOUND.match(text) or _NOT_FOUND_LEAD.match(text):
         return CleanAnswer(NOT_FOUND, True)
     return CleanAnswer(text, False)
 

@@ -1,0 +1,125 @@
+"""Response cache keys, SQLite persistence, the ledger and its one-answer-per-question check, cost."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.readers.base import Request, Response
+from memfit_gpu.readers.cache import ResponseCache, request_key
+from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
+
+
+def _req(content: str = "What is the capital of France?", **kw: object) -> Request:
+    base: dict = {"max_new_tokens": 8, "temperature": 0.0, "key": "q1"}
+    base.update(kw)
+    return Request([{"role": "user", "content": content}], "answer", **base)  # type: ignore[arg-type]
+
+
+def test_key_depends_on_what_decides_the_output(tmp_path: Path) -> None:
+    k = request_key("transformers", "m", _req())
+    assert k == request_key("transformers", "m", _req(key="another question id"))  # the id is not an input
+    assert len(k) == 64 and int(k, 16) >= 0
+    assert k != request_key("vllm", "m", _req())
+    assert k != request_key("transformers", "m2", _req())
+    assert k != request_key("transformers", "m", _req("What is the capital of Spain?"))
+    assert k != request_key("transformers", "m", _req(max_new_tokens=9))
+    assert k != request_key("transformers", "m", _req(temperature=0.7))
+
+
+def test_local_images_enter_the_key_by_content(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "a.png", tmp_path / "b.png", tmp_path / "c.png"
+    a.write_bytes(b"\x89PNG same bytes")
+    b.write_bytes(b"\x89PNG same bytes")
+    c.write_bytes(b"\x89PNG other bytes")
+    key = lambda p: request_key("vllm", "m", _req(images=[str(p)]))  # noqa: E731
+    assert key(a) == key(b)  # same picture under another name: same answer
+    assert key(a) != key(c)
+    url = "https://example.org/x.png"
+    assert request_key("vllm", "m", _req(images=[url])) != key(a)
+
+
+def test_cache_persists_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    cache = ResponseCache(path)
+    cache.put_many("openai", [("k1", "answer", Response("Paris", 30, 2, 0.5, False, "gpt-4o-mini", True)),
+                              ("k2", "judge", Response("{}", 10, 1, 0.1, False, "gpt-4o-mini"))])
+    cache.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        rows = conn.execute("SELECT key, backend, role, text FROM responses ORDER BY key").fetchall()
+    assert rows == [("k1", "openai", "answer", "Paris"), ("k2", "openai", "judge", "{}")]
+    again = ResponseCache(path)
+    found = again.get_many(["k1", "k1", "missing"])
+    assert list(found) == ["k1"]
+    assert found["k1"] == Response("Paris", 30, 2, 0.5, True, "gpt-4o-mini", True)
+    assert len(again) == 2
+
+
+def _resp(n_in: int, n_out: int, cached: bool = False, model: str = "gpt-4o-mini") -> Response:
+    return Response("x", n_in, n_out, 0.25, cached, model)
+
+
+def test_ledger_counts_per_role() -> None:
+    ledger = Ledger()
+    ledger.record("answer", "q1", _resp(100, 5), "openai")
+    ledger.record("answer", "q2", _resp(200, 7, cached=True), "openai")
+    ledger.record("summary", "seg0", _resp(300, 40), "openai")
+    ledger.add_wall("answer", 2.0)
+    d = ledger.to_dict()
+    assert d["roles"]["answer"] == {"calls": 1, "cached": 1, "input_tokens": 100, "output_tokens": 5,
+                                    "estimated_token_calls": 0, "latency_s": 0.25, "wall_s": 2.0, "gpu_seconds": 0.0}
+    assert d["roles"]["summary"]["calls"] == 1 and d["roles"]["summary"]["output_tokens"] == 40
+    assert d["roles"]["judge"]["calls"] == 0
+    assert d["answer_calls"] == 2 and d["answer_keys"] == ["q1", "q2"]
+    # gpt-4o-mini: 0.15 / 0.60 USD per 1M tokens; 400 in, 45 out over backend calls only.
+    assert d["cost"]["usd"] == pytest.approx(400 * 0.15e-6 + 45 * 0.60e-6)
+    assert json.loads(ledger.to_json()) == d
+    assert Ledger.from_dict(d).to_dict() == d
+
+
+def test_local_models_cost_nothing_unknown_models_are_reported() -> None:
+    ledger = Ledger()
+    ledger.record("answer", "q1", _resp(1000, 10, model="HuggingFaceTB/SmolLM2-135M-Instruct"), "vllm")
+    ledger.add_gpu_seconds("answer", 12.5)
+    ledger.record("judge", "q1", _resp(1000, 10, model="my-private-model"), "openai")
+    cost = ledger.cost()
+    assert cost["usd"] == 0.0
+    assert cost["by_model"] == {"vllm|HuggingFaceTB/SmolLM2-135M-Instruct": 0.0, "openai|my-private-model": None}
+    assert cost["unpriced_models"] == ["my-private-model"]
+    assert cost["gpu_seconds"] == 12.5
+
+
+def test_one_answer_per_question_check() -> None:
+    ledger = Ledger()
+    for key in ["q1", "q2", "q3"]:
+        ledger.record("answer", key, _resp(1, 1), "openai")
+    ledger.record("judge", "q1", _resp(1, 1), "openai")  # judge calls do not count as answers
+    ledger.check_one_answer_per_question(["q3", "q1", "q2"])
+    with pytest.raises(LedgerCheckError, match=r"1 questions without an answer call: \['q4'\]"):
+        ledger.check_one_answer_per_question(["q1", "q2", "q3", "q4"])
+    with pytest.raises(LedgerCheckError, match=r"answer calls for ids that are not questions: \['q3'\]"):
+        ledger.check_one_answer_per_question(["q1", "q2"])
+    ledger.record("answer", "q2", _resp(1, 1, cached=True), "openai")
+    with pytest.raises(LedgerCheckError, match=r"more than one answer call: \['q2 x2'\]"):
+        ledger.check_one_answer_per_question(["q1", "q2", "q3"])
+
+
+def test_prices_file(tmp_path: Path) -> None:
+    assert load_prices()["gpt-4o"] == {"input": 2.5, "output": 10.0}
+    bad = tmp_path / "prices.yaml"
+    bad.write_text("models:\n  m: {input: 1.0}\n")
+    with pytest.raises(ValueError, match="models.m needs 'input' and 'output'"):
+        load_prices(bad)
+    with pytest.raises(FileNotFoundError, match="nowhere.yaml"):
+        load_prices(tmp_path / "nowhere.yaml")
+
+
+def test_request_validation_names_the_key() -> None:
+    with pytest.raises(ValueError, match=r"key='q9'.*role 'reader'"):
+        Request([{"role": "user", "content": "x"}], "reader", key="q9")
+    with pytest.raises(ValueError, match=r"messages\[0\] lacks"):
+        Request([{"content": "x"}], "answer", key="q9")

@@ -1,0 +1,80 @@
+"""Answer cleaning (SPEC read path 9) on raw outputs of the kinds readers really produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from memfit_gpu.readers.clean import NOT_FOUND, CleanAnswer, clean_answer, clean_answers
+
+ANSWERS = [
+    ("Paris", "Paris"),
+    ("  Paris \n", "Paris"),
+    ('"Paris"', "Paris"),
+    ("'single'", "single"),
+    ("\u201cBoston\u201d", "Boston"),
+    ("`7 May 2023`", "7 May 2023"),
+    ("ANSWER: Paris", "Paris"),
+    ("answer: 7 May 2023", "7 May 2023"),
+    ("Answer - yes", "yes"),
+    ("Final answer: 2022", "2022"),
+    ("**Answer:** Sweden", "Sweden"),
+    ('Answer: "The week before 9 June 2023"', "The week before 9 June 2023"),
+    ("**Paris**", "Paris"),
+    ('{"answer": "Paris"}', "Paris"),
+    ('{"answer": 7}', "7"),
+    ('{"answer": ["pottery", "camping", "painting"]}', "pottery, camping, painting"),
+    ('```json\n{"answer": "hiking and painting"}\n```', "hiking and painting"),
+    ('```\n{"answer": "Paris", "evidence": "EXCERPT 2"}\n```', "Paris"),
+    ("```\nANSWER: Paris\n```", "Paris"),
+    ("```text\nPottery class\n```", "Pottery class"),
+    ('Here is the answer:\n```json\n{"answer": "Melanie"}\n```', "Melanie"),
+    ('Sure! {"answer": "a dog named Oscar"}', "a dog named Oscar"),
+    ('```json\n{"answer": "\\"quoted\\""}\n```', "quoted"),
+    ("D2:IMG_003, D10:IMG_002", "D2:IMG_003, D10:IMG_002"),
+    ('"a" and "b"', '"a" and "b"'),  # two quoted items: not one quoted string
+    ("It's Caroline's", "It's Caroline's"),
+    ("The answer is not found in the excerpts", "The answer is not found in the excerpts"),
+    ("Not found\nbut probably Paris", "Not found\nbut probably Paris"),
+    ("", ""),
+    ("   ", ""),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), ANSWERS)
+def test_clean_answer_text(raw: str, expected: str) -> None:
+    assert clean_answer(raw) == CleanAnswer(expected, False)
+
+
+ABSTAINED = [
+    "NOT_FOUND",
+    "not_found",
+    "Not_Found",
+    "NOT_FOUND.",
+    "NOT_FOUND!",
+    "(NOT_FOUND)",
+    "**NOT_FOUND**",
+    '"NOT_FOUND"',
+    "not found",
+    "Not found.",
+    "NOT FOUND",
+    "not-found",
+    "ANSWER: NOT_FOUND",
+    '{"answer": "NOT_FOUND"}',
+    '```json\n{"answer": "not_found"}\n```',
+    "NOT_FOUND\n\nThe excerpts do not mention her trip.",
+    "NOT_FOUND - nothing relevant.",
+]
+
+
+@pytest.mark.parametrize("raw", ABSTAINED)
+def test_not_found_means_abstained(raw: str) -> None:
+    assert clean_answer(raw) == CleanAnswer(NOT_FOUND, True)
+
+
+def test_none_is_empty_not_abstained() -> None:
+    assert clean_answer(None) == CleanAnswer("", False)
+
+
+def test_batch_keeps_order() -> None:
+    raws = ['"a"', "NOT_FOUND", "ANSWER: c"]
+    assert clean_answers(raws) == [CleanAnswer("a", False), CleanAnswer(NOT_FOUND, True), CleanAnswer("c", False)]

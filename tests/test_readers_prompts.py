@@ -1,0 +1,117 @@
+"""Prompt files, slot filling and the chat messages for answer and judge calls."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.readers.prompts import (
+    LONGMEMEVAL_JUDGE_FILES,
+    PROMPT_DIR,
+    MemGalleryPrompts,
+    PromptError,
+    build_answer_messages,
+    build_judge_messages,
+    fill,
+    image_note,
+    load_prompt,
+    resolve_protocol,
+)
+
+EXCERPTS = ("EXCERPT 1 (recorded 8 May 2023):\nDATE: 1:56 pm on 8 May, 2023 | Speaker Caroline says: I went to a "
+            "LGBTQ support group yesterday (7 May 2023). {not a slot}")
+
+
+def test_fill_replaces_only_named_slots_and_drops_empty_lines() -> None:
+    template = "A {x}\nDate: {d}\n{note}\n\nJSON: {\"verdict\": \"CORRECT\"}\nB {x}"
+    assert fill(template, x="1", d=None, note="") == "A 1\n\nJSON: {\"verdict\": \"CORRECT\"}\nB 1\n"
+    # A value holding braces is inserted as is, never filled again.
+    assert fill("{x}|{y}", x="{y}", y="2") == "{y}|2\n"
+    with pytest.raises(PromptError, match=r"\['y'\]"):
+        fill("{x} {y}", x="1")
+
+
+def test_load_prompt_names_the_folder_when_missing() -> None:
+    with pytest.raises(PromptError, match="no_such_prompt.txt"):
+        load_prompt("no_such_prompt.txt")
+    assert "NOT_FOUND" in load_prompt("answer.txt")
+
+
+def test_paper_answer_message() -> None:
+    messages = build_answer_messages("When did Caroline go to the LGBTQ support group?", EXCERPTS, None, "2")
+    assert len(messages) == 1 and messages[0]["role"] == "user"
+    text = messages[0]["content"]
+    assert EXCERPTS in text
+    assert "Question: When did Caroline go to the LGBTQ support group?" in text
+    assert "Question date" not in text  # LoCoMo questions have no date: the line is dropped
+    assert "NOT_FOUND" in text and "{" not in text.replace("{not a slot}", "")
+    dated = build_answer_messages("How many days ago?", EXCERPTS, "2023/05/30 (Tue) 23:40")[0]["content"]
+    assert "Question date: 2023/05/30 (Tue) 23:40" in dated
+
+
+def test_multimodal_answer_says_which_image_is_the_question_s() -> None:
+    text = build_answer_messages("What breed is this dog?", EXCERPTS, None, "VR", "paper",
+                                 ["q.jpg", "e1.jpg", "e2.jpg"], question_image=True)[0]["content"]
+    assert ("Image 1 is the image attached to the question. Images 2 to 3 belong to the excerpts, in the order the "
+            "excerpts mention them.") in text
+    assert image_note(2, True) == "Image 1 is the image attached to the question. Image 2 belongs to the excerpts."
+    assert image_note(2, False) == "Images 1 to 2 belong to the excerpts, in the order the excerpts mention them."
+    assert image_note(0, True) == ""
+
+
+def test_memgallery_protocol_reads_the_official_prompts(shared_data: Path) -> None:
+    folder = shared_data / "memgallery"
+    official = MemGalleryPrompts.load(folder)
+    messages = build_answer_messages("Which image shows my cat?", EXCERPTS, None, "VS", "memgallery",
+                                     memgallery_dir=folder)
+    assert messages[0] == {"role": "system", "content": (folder / "prompt" / "sys_prompt.txt").read_text().strip()}
+    assert messages[1]["content"].rstrip().endswith(official.instructions["VS"])
+    assert "Question: Which image shows my cat?" in messages[1]["content"]
+    # Categories without an official instruction (e.g. FR) get none.
+    fr = build_answer_messages("Where?", EXCERPTS, None, "FR", "memgallery", memgallery_dir=folder)[1]["content"]
+    assert not any(instr in fr for instr in official.instructions.values())
+
+
+def test_memgallery_prompts_missing_is_a_clear_error(tmp_path: Path, shared_data: Path) -> None:
+    (tmp_path / "prompt").mkdir()
+    shutil.copy(shared_data / "memgallery" / "prompt" / "sys_prompt.txt", tmp_path / "prompt")
+    with pytest.raises(PromptError, match=r"ar_prompt.txt, cd_prompt.txt, vs_prompt.txt, llm_judge.txt"):
+        MemGalleryPrompts.load(tmp_path)
+    with pytest.raises(PromptError, match="memgallery_dir"):
+        build_answer_messages("q", EXCERPTS, None, "AR", "memgallery")
+
+
+def test_resolve_protocol() -> None:
+    assert resolve_protocol("auto", "memgallery") == "memgallery"
+    assert resolve_protocol("auto", "locomo") == "paper"
+    assert resolve_protocol("paper", "memgallery") == "paper"
+    with pytest.raises(ValueError, match="official"):
+        resolve_protocol("official", "locomo")
+
+
+def test_judge_messages() -> None:
+    text = build_judge_messages("Where did she go?", "Paris", "She went to Paris, France.")[0]["content"]
+    assert "Gold answer: Paris" in text and "Answer to grade: She went to Paris, France." in text
+    assert '{"verdict": "CORRECT" or "WRONG"' in text
+    temporal = build_judge_messages("How many days?", "18 days", "19 days", "temporal-reasoning",
+                                    "longmemeval")[0]["content"]
+    assert "off-by-one" in temporal
+    update = build_judge_messages("q", "g", "p", "knowledge-update", "longmemeval")[0]["content"]
+    assert "updated" in update
+    pref = build_judge_messages("q", "rubric", "p", "single-session-preference", "longmemeval")[0]["content"]
+    assert "Rubric for the desired personalised response: rubric" in pref
+    abstain = build_judge_messages("q", "never said", "NOT_FOUND", "multi-session", "longmemeval",
+                                   abstention=True)[0]["content"]
+    assert "cannot be answered" in abstain and "Why it is unanswerable: never said" in abstain
+    with pytest.raises(ValueError, match="question type 'trivia'"):
+        build_judge_messages("q", "g", "p", "trivia", "longmemeval")
+    assert set(LONGMEMEVAL_JUDGE_FILES.values()) <= {p.name for p in PROMPT_DIR.glob("judge_longmemeval_*.txt")}
+
+
+def test_memgallery_judge_fills_its_double_brace_slots(shared_data: Path) -> None:
+    text = build_judge_messages("What color?", "red", "It is red.", "FR", "memgallery",
+                                memgallery_dir=shared_data / "memgallery")[0]["content"]
+    assert "Question: What color?\nGround Truth: red\nAssistant Answer: It is red." in text
+    assert "{{" not in text

@@ -1,0 +1,137 @@
+"""The transformers reader on the real SmolLM2-135M-Instruct weights, behind the real cache and ledger."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.readers.base import (
+    Backend,
+    MissingBackendError,
+    Reader,
+    Request,
+    Response,
+    make_backend,
+    make_reader,
+    require,
+)
+from memfit_gpu.readers.cache import ResponseCache
+from memfit_gpu.readers.ledger import Ledger
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Answer in one word. Which planet do we live on? Please keep the answer very short and do not explain.",
+    "What is the capital of France?",  # the same request twice: generated once
+    "Say hello.",
+]
+
+
+class Counting(Backend):
+    """The real backend, counting the requests that reach it; optionally dying after some calls (a kill)."""
+
+    def __init__(self, inner: Backend, die_after_calls: int | None = None) -> None:
+        self.inner = inner
+        self.name, self.model, self.gpus = inner.name, inner.model, inner.gpus
+        self.chunk_size = inner.chunk_size
+        self.requests_seen = 0
+        self.calls = 0
+        self.die_after_calls = die_after_calls
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        if self.die_after_calls is not None and self.calls >= self.die_after_calls:
+            raise KeyboardInterrupt("run killed")
+        self.calls += 1
+        self.requests_seen += len(requests)
+        return self.inner.generate(requests)
+
+
+def _requests() -> list[Request]:
+    return [Request([{"role": "user", "content": q}], "answer", max_new_tokens=8, key=f"q{i}")
+            for i, q in enumerate(QUESTIONS)]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("run")
+
+
+@pytest.fixture(scope="module")
+def smollm_reader(run_dir: Path) -> Reader:
+    import torch
+
+    # On a shared 2-core machine two OpenMP threads spin against other processes (10x slower here).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reader = make_reader(ReaderConfig(backend="transformers", batch_size=2, max_new_tokens=8), run_dir,
+                         progress=False)
+    yield reader
+    reader.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_rerun_makes_no_calls(smollm_reader: Reader, run_dir: Path) -> None:
+    backend = smollm_reader.backend
+    cache_path = run_dir / "cache.sqlite"
+    assert smollm_reader.cache is not None and smollm_reader.cache.path == cache_path
+
+    # 1. A run killed after its first chunk: that chunk (2 calls) is committed, nothing else.
+    dying = Counting(backend, die_after_calls=1)
+    dying.chunk_size = 2
+    killed = Reader(dying, ResponseCache(cache_path), Ledger(), 8, 0.0, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        killed.generate(_requests())
+    killed.cache.close()  # type: ignore[union-attr]
+    with sqlite3.connect(cache_path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 2
+
+    # 2. The resumed run generates only what is missing; the repeated question is generated once at most.
+    resumed_backend = Counting(backend)
+    resumed = Reader(resumed_backend, ResponseCache(cache_path), Ledger(), 8, 0.0, progress=False)
+    out = resumed.generate(_requests())
+    assert resumed_backend.requests_seen == 1 and resumed_backend.calls == 1
+    assert [r.cached for r in out] == [True, True, True, False]
+    # Answers come back in the caller's order despite length-sorted batches.
+    assert "Paris" in out[0].text and out[2].text == out[0].text
+    assert "Paris" not in out[1].text and "Paris" not in out[3].text
+    for r in out:
+        assert 1 <= r.output_tokens <= 8 and r.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ids = backend.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        [{"role": "user", "content": QUESTIONS[3]}], add_generation_prompt=True)
+    assert out[3].input_tokens == len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert resumed.ledger.roles["answer"].calls == 1 and resumed.ledger.roles["answer"].cached == 3
+    resumed.cache.close()  # type: ignore[union-attr]
+
+    # 3. A rerun through make_reader's own reader (config defaults fill max_new_tokens=8, so the keys match):
+    #    zero backend calls, identical texts, every answer counted once.
+    rerun_requests = [Request(r.messages, r.role, key=r.key) for r in _requests()]
+    counted = Counting(backend)
+    smollm_reader.backend = counted
+    try:
+        again = smollm_reader.generate(rerun_requests)
+    finally:
+        smollm_reader.backend = backend
+    assert counted.requests_seen == 0
+    assert [r.text for r in again] == [r.text for r in out]
+    assert all(r.cached for r in again)
+    assert smollm_reader.ledger.roles["answer"].calls == 0 and smollm_reader.ledger.roles["answer"].cached == 4
+    smollm_reader.ledger.check_one_answer_per_question(["q0", "q1", "q2", "q3"])
+
+
+@pytest.mark.slow
+def test_transformers_reader_is_text_only(smollm_reader: Reader) -> None:
+    with pytest.raises(ValueError, match="text-only"):
+        smollm_reader.generate([Request([{"role": "user", "content": "x"}], "answer", images=["a.png"], key="q")])
+
+
+def test_missing_backend_package_is_named() -> None:
+    with pytest.raises(MissingBackendError, match="'vllm_not_installed_anywhere'.*pip install it"):
+        require("vllm_not_installed_anywhere", "vllm", "pip install it")
+    with pytest.raises(ValueError, match="base_urls"):
+        make_backend(ReaderConfig(backend="openai", base_urls=[]))
+    with pytest.raises(ValueError, match="'llama' is not one of transformers, vllm, openai"):
+        make_backend(ReaderConfig(backend="llama"))
