@@ -68,3 +68,48 @@ def test_summary_segments_keeps_largest_with_earlier_on_ties():
     # sizes 2, 4, 4, 5, 4, 2, 5: eligible >= 3; largest three = (10,15), (21,26), then the earlier 4 = (2,6)
     assert summary_segments(segments, cfg) == [(2, 6), (10, 15), (21, 26)]
     assert summary_segments([(0, 2)], cfg) == []
+
+
+COOKING = [
+    "I boiled the spaghetti for nine minutes in salted water.",
+    "The tomato sauce needs garlic, basil and a splash of olive oil.",
+    "Grate some parmesan cheese over the pasta before serving.",
+    "My grandmother's lasagna recipe uses three layers of béchamel.",
+    "Fresh egg noodles cook much faster than dried ones.",
+    "Stir the risotto slowly and add the broth one ladle at a time.",
+    "I burned the onions while making the carbonara sauce.",
+    "Homemade ravioli filled with ricotta and spinach is my favourite dinner.",
+    "Season the pasta water generously with salt.",
+    "We baked garlic bread to go with the spaghetti.",
+]
+CARS = [
+    "The mechanic said my car's brake pads are worn out.",
+    "I changed the engine oil and the oil filter this weekend.",
+    "The tyre pressure warning light came on during the drive.",
+    "My old sedan needs a new battery because it will not start.",
+    "The garage replaced the timing belt on the engine.",
+    "I rotated the tyres and checked the wheel alignment.",
+    "The transmission makes a grinding noise when I shift gears.",
+    "We took the truck in for its annual safety inspection.",
+    "The radiator was leaking coolant onto the driveway.",
+    "The mechanic recommended new spark plugs for the engine.",
+]
+ASTRONOMY = [
+    "Through the telescope we could see the rings of Saturn.",
+    "Jupiter's largest moons are visible with good binoculars.",
+    "The Andromeda galaxy is the nearest large galaxy to the Milky Way.",
+    "A meteor shower lit up the night sky over the desert.",
+    "Astronomers discovered a new exoplanet orbiting a red dwarf star.",
+    "The full moon made it hard to see faint stars and nebulae.",
+    "A total solar eclipse darkened the sky for three minutes.",
+    "The Orion nebula is a nursery where new stars are born.",
+    "We photographed the Milky Way from a dark observatory site.",
+    "Mars appears reddish because of iron oxide dust on the planet.",
+]
+
+
+@pytest.mark.slow
+def test_real_minilm_embeddings_of_three_topics_cut_at_the_two_shifts(bi_encoder):
+    embeddings = bi_encoder.encode(COOKING + CARS + ASTRONOMY)
+    assert segment_batch([embeddings]) == [[(0, 10), (10, 20), (20, 30)]]
+    assert segment_reference(embeddings) == [(0, 10), (10, 20), (20, 30)]
