@@ -41,17 +41,32 @@ log = logging.getLogger(__name__)
 Embed = Callable[[list[str]], torch.Tensor]
 
 
+_RANKED_FIELDS = ("kind", "row", "turn_id", "bm25", "dense", "fused", "boost", "score", "source", "origin",
+                  "rerank", "final")
+
+
 @dataclass
 class RetrievalResult:
-    """One question's retrieval: the ranked candidates with stage scores, the pack, the excerpts."""
+    """One question's retrieval: the ranked candidates with stage scores, the pack, the excerpts.
+
+    `ranked` is a list of dicts (kind, row, turn_id, bm25, dense, fused, boost, score, source, origin,
+    rerank, final) in final order. The batched path keeps the batch's [Q, N] tensors
+    (`ranked_columns`) and builds one question's dicts only when asked."""
 
     memory_id: str
     question: str
-    ranked: list[dict[str, Any]]  # final order; kind, row, turn_id/members, bm25, dense, fused, boost, score, source, origin, rerank
+    ranked_list: list[dict[str, Any]] | None
     pack: Pack
     excerpts: str
     prf_terms: list[str] = field(default_factory=list)
     reranker: dict[str, Any] = field(default_factory=dict)
+    ranked_columns: tuple[Any, int] | None = None  # (the batch's tensors, this question's row)
+
+    @property
+    def ranked(self) -> list[dict[str, Any]]:
+        if self.ranked_list is None:
+            self.ranked_list = self.ranked_columns[0].question(self.ranked_columns[1]) if self.ranked_columns else []
+        return self.ranked_list
 
     def pack_key(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         return tuple(self.pack.episodes), tuple(self.pack.selected), tuple(self.pack.summaries)
@@ -73,6 +88,28 @@ class RetrievalResult:
             },
             "excerpts": self.excerpts,
         }
+
+
+class _ChunkColumns:
+    """The final ranked candidates of a batch as [Q, N] tensors; one question's dicts on demand."""
+
+    def __init__(self, cands: Candidates, final: torch.Tensor, rerank: torch.Tensor | None, turn_ids: Any):
+        self.cands, self.final, self.rerank, self.turn_ids = cands, final, rerank, turn_ids
+
+    def question(self, i: int) -> list[dict[str, Any]]:
+        c = self.cands
+        n = int(c.valid[i].sum())
+        kinds, rows = c.kind[i, :n].tolist(), c.row[i, :n].tolist()
+        rerank = self.rerank[i, :n].tolist() if self.rerank is not None else [None] * n
+        columns = zip(
+            ["episode" if k == EPISODE else "summary" for k in kinds], rows,
+            [self.turn_ids[r] if k == EPISODE else None for k, r in zip(kinds, rows, strict=True)],
+            c.bm25[i, :n].tolist(), c.dense[i, :n].tolist(), c.fused[i, :n].tolist(), c.boost[i, :n].tolist(),
+            c.score[i, :n].tolist(), [SOURCE_NAMES[s] for s in c.source[i, :n].tolist()],
+            [o if o >= 0 else None for o in c.origin[i, :n].tolist()], rerank, self.final[i, :n].tolist(),
+            strict=True,
+        )
+        return [dict(zip(_RANKED_FIELDS, item, strict=True)) for item in columns]
 
 
 def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
@@ -203,34 +240,14 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
 
     # 8-9: pack and excerpts
     info = reranker_info(cfg.rerank, reranker)
-    cols = {name: getattr(ranked, name).tolist() for name in
-            ("kind", "row", "score", "bm25", "dense", "fused", "boost", "source", "origin")}
-    final_list = final.tolist()
-    raw_list = raw_rerank.tolist() if raw_rerank is not None else None
-    body_cache = view.__dict__.setdefault("_excerpt_bodies", {}).setdefault(cfg.pack.resolve_dates, {})
-    results = []
+    columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
     k = cfg.pack.k
+    top_kinds, top_rows = ranked.kind[:, :k].tolist(), ranked.row[:, :k].tolist()
+    body_cache = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(cfg.pack.resolve_dates, {})
+    results = []
     for i in range(n_q):
-        ranked_i = []
-        top = []
-        for j, kind in enumerate(cols["kind"][i]):
-            if kind < 0:
-                break
-            row = cols["row"][i][j]
-            item = {
-                "kind": "episode" if kind == EPISODE else "summary", "row": row,
-                "bm25": cols["bm25"][i][j], "dense": cols["dense"][i][j], "fused": cols["fused"][i][j],
-                "boost": cols["boost"][i][j], "score": cols["score"][i][j],
-                "source": SOURCE_NAMES[cols["source"][i][j]],
-                "origin": cols["origin"][i][j] if cols["origin"][i][j] >= 0 else None,
-                "rerank": raw_list[i][j] if raw_list is not None else None,
-                "final": final_list[i][j],
-            }
-            item["turn_id"] = view.ep_turn_id[row] if kind == EPISODE else None
-            ranked_i.append(item)
-            if j < k:
-                top.append((kind, row))
+        top = [(kind, row) for kind, row in zip(top_kinds[i], top_rows[i], strict=True) if kind >= 0]
         pack = build_pack(top, view, cfg.pack.context_window)
         text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, body_cache)
-        results.append(RetrievalResult(memory_ids[i], questions[i], ranked_i, pack, text, prf_terms[i], info))
+        results.append(RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i)))
     return results

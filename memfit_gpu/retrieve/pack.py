@@ -48,14 +48,23 @@ def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pa
     return Pack(episodes=sorted(rows, key=lambda r: rank[r]), selected=selected, summaries=summaries)
 
 
+_TRIGGERS = ("yesterday", "ago", "last", "this", "next")
+
+
 def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:
     body = _DATE_PREFIX.sub("", text, count=1)
-    return resolve_relative_dates(body, anchor) if resolve_dates else body
+    if not resolve_dates:
+        return body
+    low = body.lower()
+    # every relative-date phrase contains one of these words: skip the regex pass when none occurs
+    if not any(word in low for word in _TRIGGERS):
+        return body
+    return resolve_relative_dates(body, anchor)
 
 
 def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool,
                     body_cache: dict[int, str] | None = None) -> str:
-    """The reader's evidence block for one pack. body_cache: per-row resolved bodies (batched path)."""
+    """The reader's evidence block for one pack. body_cache: per-row line tails (batched path)."""
     parts: list[str] = []
     if pack.summaries:
         facts = [FACTS_HEADER]
@@ -64,13 +73,14 @@ def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: b
         parts.append("\n".join(facts))
     lines = []
     for i, row in enumerate(pack.episodes, start=1):
-        if body_cache is not None and row in body_cache:
-            body = body_cache[row]
-        else:
+        # tail = "(recorded {date}): {body}", the part of the line that depends on the row alone
+        tail = body_cache.get(row) if body_cache is not None else None
+        if tail is None:
             body = excerpt_body(view.ep_text[row], view.ep_time[row].astype(object), resolve_dates)
+            tail = f"(recorded {view.recorded(row)}): {body}"
             if body_cache is not None:
-                body_cache[row] = body
-        lines.append(f"EXCERPT {i} (recorded {view.recorded(row)}): {body}")
+                body_cache[row] = tail
+        lines.append(f"EXCERPT {i} {tail}")
     if lines:
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

@@ -243,6 +243,17 @@ class ReadView:
 
     def neighbours(self, row: int, window: int) -> list[int]:
         """Live rows of the same session within +/- window turns (the row itself included), in turn order."""
+        key = (row, window)
+        cached = self._neighbour_cache.get(key)
+        if cached is None:
+            cached = self._neighbour_cache[key] = self._neighbours(row, window)
+        return cached
+
+    @cached_property
+    def _neighbour_cache(self) -> dict[tuple[int, int], list[int]]:
+        return {}
+
+    def _neighbours(self, row: int, window: int) -> list[int]:
         order, place = self.session_order
         i = int(place[row])
         if i < 0:

@@ -1,0 +1,134 @@
+"""Retrieval throughput: the batched read path vs the one-question-at-a-time reference, same run.
+
+All evaluated LoCoMo questions (1,540) over one EpisodeStore of the ten conversations (no summaries),
+reranker none. The bi-encoder runs once, untimed, for every query text both paths need: one
+batched pass over the questions, then one over the PRF queries (collected by a first batched run
+whose embed hook records them). Both timed paths then read query embeddings from that cache, so the
+ratio times everything else: BM25 and dense searches, fusion, boosts, pool, PRF term choice and the
+PRF searches, ordering, packs and excerpt text. Each timed repeat starts from a fresh ReadView (no
+per-row caches carried over); the two paths are interleaved and each keeps its best time.
+
+    .venv/bin/python experiments/bench_retrieval.py --data ../shared/data/locomo/locomo10.json
+
+Last line: JSON with questions, batched_qps, loop_qps, ratio, identical_packs, encode_qps, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "memfit.yaml"))
+    parser.add_argument("--limit-memories", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per path; the best is kept")
+    # On a shared 2-core machine torch's intra-op threads stall on busy cores; one thread is steadier.
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads while timing")
+    parser.add_argument("overrides", nargs="*", help="config overrides (rerank.backend is forced to none)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING)
+
+    from memfit_gpu.config import load_config
+    from memfit_gpu.data import load_benchmark, select_questions
+    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.retrieve.batched import retrieve_batch
+    from memfit_gpu.retrieve.diagnostics import compute_diagnostics
+    from memfit_gpu.retrieve.reference import retrieve_one
+    from memfit_gpu.retrieve.view import ReadView
+    from memfit_gpu.store import EpisodeStore
+
+    cfg = load_config(args.config, list(args.overrides) + ["rerank.backend=none", "retrieve.summaries=false"])
+    benchmark = select_questions(load_benchmark("locomo", args.data), exclude_categories=["5"],
+                                 limit_memories=args.limit_memories)
+    questions = [q for q in benchmark.questions() if q.evaluated]
+    texts = [q.question for q in questions]
+    memory_ids = [q.memory_id for q in questions]
+
+    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    store = EpisodeStore(None, cfg, encoder)
+    store.add_memories(benchmark.memories, progress=True)
+
+    # One shared, untimed encoder pass per kind of query text.
+    cache: dict[str, torch.Tensor] = {}
+    encoded = 0
+    encode_s = 0.0
+
+    def encode_into_cache(batch: list[str]) -> torch.Tensor:
+        nonlocal encoded, encode_s
+        todo = [t for t in dict.fromkeys(batch) if t not in cache]
+        if todo:
+            start = time.perf_counter()
+            vectors = encoder.encode(todo, batch_size=cfg.index.encode_batch_size)
+            encode_s += time.perf_counter() - start
+            encoded += len(todo)
+            cache.update(zip(todo, vectors, strict=True))
+        return torch.stack([cache[t] for t in batch])
+
+    question_embeddings = encode_into_cache(texts)
+    retrieve_batch(ReadView.from_store(store), cfg, texts, memory_ids, embed=encode_into_cache,
+                   question_embeddings=question_embeddings)  # collects and encodes every PRF query
+
+    def lookup(batch: list[str]) -> torch.Tensor:
+        return torch.stack([cache[t] for t in batch])
+
+    torch.set_num_threads(args.threads)
+    best = {"batched": float("inf"), "loop": float("inf")}
+    batched = loop = None
+    for _ in range(args.repeats):
+        view = ReadView.from_store(store)
+        start = time.perf_counter()
+        batched = retrieve_batch(view, cfg, texts, memory_ids, embed=lookup, question_embeddings=question_embeddings)
+        best["batched"] = min(best["batched"], time.perf_counter() - start)
+        ref_view = ReadView.from_store(store)
+        start = time.perf_counter()
+        loop = [retrieve_one(ref_view, cfg, t, m, lookup, question_embeddings[i])
+                for i, (t, m) in enumerate(zip(texts, memory_ids, strict=True))]
+        best["loop"] = min(best["loop"], time.perf_counter() - start)
+    assert batched is not None and loop is not None
+    same_packs = sum(a.pack_key() == b.pack_key() for a, b in zip(batched, loop, strict=True))
+    same_excerpts = sum(a.excerpts == b.excerpts for a, b in zip(batched, loop, strict=True))
+    same_ranked = sum(
+        [(c["kind"], c["row"]) for c in a.ranked] == [(c["kind"], c["row"]) for c in b.ranked]
+        for a, b in zip(batched, loop, strict=True)
+    )
+    diagnostics, _ = compute_diagnostics(batched, questions, view, {"backend": "none"})
+    overall = diagnostics["overall"]
+    n = len(questions)
+    result = {
+        "questions": n,
+        "batched_qps": n / best["batched"],
+        "loop_qps": n / best["loop"],
+        "ratio": best["loop"] / best["batched"],
+        "identical_packs": same_packs == n,
+        "identical_packs_count": same_packs,
+        "identical_rankings_count": same_ranked,
+        "identical_excerpts_count": same_excerpts,
+        "encode_qps": encoded / encode_s if encode_s else None,
+        "encoded_query_texts": encoded,
+        "batched_s": best["batched"],
+        "loop_s": best["loop"],
+        "threads": args.threads,
+        "pack_hit": overall["pack_hit"],
+        "pack_hit_window": overall["pack_hit_window"],
+        "hit@30": overall["hit@30"],
+        "mrr": overall["mrr"],
+        "scored_questions": overall["questions"],
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
