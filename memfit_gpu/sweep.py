@@ -36,6 +36,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -360,6 +361,11 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
     running: dict[str, tuple[subprocess.Popen, Any]] = {}
     bar = _progress(len(state.spec.points), state.spec.name)
     bar.update(state.refresh_done())
+    # children run in their own session (their whole process group is stopped together), so a
+    # terminal's Ctrl-C does not reach them: SIGTERM/SIGINT of the sweep stops them explicitly below
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():
+        previous_term = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         while queue or running:
             while queue and len(running) < max(1, jobs):
@@ -406,7 +412,13 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
         state.save()
         raise
     finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         bar.close()
+
+
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # ---------------------------------------------------------------------------------------- slurm
@@ -552,10 +564,12 @@ def attach_active(state: SweepState) -> None:
         return
     states = squeue_states([j["job_id"] for j in last.values()])
     for point_id, job in last.items():
-        alive = states.get(job["job_id"]) in ACTIVE_STATES
-        state.points[point_id]["state"] = "running" if alive else "failed"
         if job["job_id"] in states:
             job["state"] = states[job["job_id"]]
+        elif job["state"] in ACTIVE_STATES:
+            job["state"] = "ENDED"  # squeue forgot it: it ended while no sweep was watching
+        if job["state"] in ACTIVE_STATES:
+            state.points[point_id]["state"] = "running"
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -579,6 +593,11 @@ def run_sweep(
     retries = spec.slurm.max_requeue if max_requeue is None else max_requeue
     if launcher == "local" and max_requeue is None:
         retries = 0  # a local failure is usually a bug, not a preemption: report it, do not loop
+    # "running" in an old sweep.json is stale unless SLURM still has the task (a local sweep's children
+    # die with it): such points run again, and resume
+    for record in state.points.values():
+        if record["state"] == "running":
+            record["state"] = "interrupted"
     if launcher == "slurm":
         attach_active(state)
     state.save()
