@@ -123,3 +123,16 @@ def test_request_validation_names_the_key() -> None:
         Request([{"role": "user", "content": "x"}], "reader", key="q9")
     with pytest.raises(ValueError, match=r"messages\[0\] lacks"):
         Request([{"content": "x"}], "answer", key="q9")
+
+
+def test_judge_reader_config_takes_the_judge_model_and_keeps_transport_settings() -> None:
+    from memfit_gpu.config import JudgeConfig, ReaderConfig
+    from memfit_gpu.readers import reader_config_for_judge
+
+    reader = ReaderConfig(backend="vllm", model="Qwen/Qwen2.5-VL-7B-Instruct", base_urls=["http://a/v1"],
+                          max_retries=9, temperature=0.3, images="question")
+    judge = reader_config_for_judge(JudgeConfig(backend="openai", model="gpt-4o-mini", max_new_tokens=128), reader)
+    assert (judge.backend, judge.model, judge.max_new_tokens, judge.temperature, judge.images) == (
+        "openai", "gpt-4o-mini", 128, 0.0, "none")
+    assert judge.base_urls == ["http://a/v1"] and judge.max_retries == 9
+    assert reader.model == "Qwen/Qwen2.5-VL-7B-Instruct"  # the reader's own config is untouched
