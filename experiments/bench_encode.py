@@ -1,0 +1,102 @@
+"""Bi-encoder throughput: our BiEncoder.encode vs SentenceTransformer.encode on real LoCoMo turns.
+
+Same weights (all-MiniLM-L6-v2, packaged offline), same texts (stored-episode format), both at batch
+size 128 and normalised; runs alternate so both see the same machine load. Pairs of figures: wall
+clock texts/s (the ratio) and CPU-time texts/s (this machine is shared).
+
+Last line: JSON with ours_tps, st_tps, ratio (ours / reference), max_abs_diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from memfit_gpu.index.encoders import BiEncoder  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
+
+
+def locomo_turns(path: Path) -> list[str]:
+    texts = []
+    for conv in json.loads(path.read_text()):
+        body = conv["conversation"]
+        for key, session in body.items():
+            if key.startswith("session_") and isinstance(session, list):
+                for turn in session:
+                    image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
+                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: "
+                                 f"{image}{turn['text']}")
+    return texts
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
+    parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--texts", type=int, default=1500, help="turns sampled from all of LoCoMo")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    turns = locomo_turns(args.locomo)
+    texts = random.Random(args.seed).sample(turns, min(args.texts, len(turns)))
+    ours = BiEncoder.from_pretrained(args.model, device=args.device)
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(ours.loaded_from.path, device=str(ours.device))
+    ours.encode(texts[:64], batch_size=args.batch_size)
+    reference.encode(texts[:64], batch_size=args.batch_size)
+
+    timings: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
+    ours_vectors = st_vectors = None
+    for _ in range(args.repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        ours_vectors = ours.encode(texts, batch_size=args.batch_size)
+        timings["ours"].append((time.perf_counter() - wall, time.process_time() - cpu))
+        wall, cpu = time.perf_counter(), time.process_time()
+        st_vectors = reference.encode(texts, batch_size=args.batch_size, normalize_embeddings=True,
+                                      convert_to_tensor=True)
+        timings["st"].append((time.perf_counter() - wall, time.process_time() - cpu))
+
+    n = len(texts)
+    ours_wall = statistics.median(t[0] for t in timings["ours"])
+    st_wall = statistics.median(t[0] for t in timings["st"])
+    result = {
+        "texts": n,
+        "device": str(ours.device),
+        "threads": torch.get_num_threads(),
+        "fast_path": ours.fast_path,
+        "batch_size": args.batch_size,
+        "ours_s": round(ours_wall, 2),
+        "st_s": round(st_wall, 2),
+        "ours_cpu_tps": round(n / statistics.median(t[1] for t in timings["ours"]), 1),
+        "st_cpu_tps": round(n / statistics.median(t[1] for t in timings["st"]), 1),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "ours_tps": round(n / ours_wall, 1),
+        "st_tps": round(n / st_wall, 1),
+        "ratio": round(st_wall / ours_wall, 3),
+        "max_abs_diff": float((ours_vectors - st_vectors.float().cpu()).abs().max()),
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,131 @@
+"""Cross-encoder throughput: our batched CrossEncoderModule vs sentence-transformers' CrossEncoder.predict.
+
+Both score the same (question, turn) pairs with the same weights: real LoCoMo questions, each paired
+with `--candidates` turns of its own conversation (the size of a rerank pool), formatted as stored
+episodes. Without `--model`, the weights are the real all-MiniLM-L6-v2 body with a seeded random
+one-label head (no trained cross-encoder is installable offline); its scores mean nothing, its cost is
+exactly that of ms-marco-MiniLM-L-6-v2 (same architecture and size).
+
+The reference runs at its own default batch size (32) unless `--st-batch-size` says otherwise; runs
+alternate (ours, reference, ours, ...) so both see the same machine load. Pairs/s are wall-clock; the
+CPU-time figures are printed too because this machine is shared.
+
+Last line: JSON with ours_pps, st_pps, ratio (ours / reference), max_abs_diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from memfit_gpu.index.encoders import CrossEncoderModule, random_cross_encoder  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
+
+
+def locomo_pairs(path: Path, questions: int, candidates: int, seed: int) -> list[tuple[str, str]]:
+    """`questions` questions spread over the conversations, each with `candidates` of its own turns."""
+    conversations = json.loads(path.read_text())
+    rng = random.Random(seed)
+    per_conv = -(-questions // len(conversations))
+    pairs: list[tuple[str, str]] = []
+    for conv in conversations:
+        body = conv["conversation"]
+        turns = []
+        for key, session in body.items():
+            if key.startswith("session_") and isinstance(session, list):
+                date = body.get(f"{key}_date_time", "")
+                for turn in session:
+                    image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
+                    turns.append(f"DATE: {date} | Speaker {turn['speaker']} says: {image}{turn['text']}")
+        for qa in rng.sample(conv["qa"], min(per_conv, len(conv["qa"]))):
+            for turn in rng.sample(turns, min(candidates, len(turns))):
+                pairs.append((str(qa["question"]), turn))
+    rng.shuffle(pairs)  # a rerank batch arrives in no particular length order
+    return pairs[: questions * candidates]
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
+    parser.add_argument("--model", default=None, help="cross-encoder folder or hub id (default: random head)")
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--candidates", type=int, default=80)
+    parser.add_argument("--batch-size", type=int, default=256, help="ours (RerankConfig.batch_size)")
+    parser.add_argument("--st-batch-size", type=int, default=32, help="reference (CrossEncoder.predict default)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    pairs = locomo_pairs(args.locomo, args.questions, args.candidates, args.seed)
+    with tempfile.TemporaryDirectory(prefix="bench_rerank_") as tmp:
+        model_path = args.model or str(random_cross_encoder(Path(tmp) / "ce", seed=args.seed))
+        ours = CrossEncoderModule.from_pretrained(model_path, device=args.device, max_length=384)
+        from sentence_transformers import CrossEncoder
+
+        reference = CrossEncoder(ours.loaded_from.path, device=str(ours.device), max_length=384)
+        if ours.activation == "identity" and "Identity" not in type(reference.activation_fn).__name__:
+            raise RuntimeError(f"activation mismatch: ours identity, reference {reference.activation_fn}")
+
+        warm = pairs[:64]
+        ours.score(warm, batch_size=args.batch_size)
+        reference.predict(warm, batch_size=args.st_batch_size, show_progress_bar=False)
+
+        timings: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
+        ours_scores = st_scores = None
+        for _ in range(args.repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            ours_scores = ours.score(pairs, batch_size=args.batch_size)
+            timings["ours"].append((time.perf_counter() - wall, time.process_time() - cpu))
+            wall, cpu = time.perf_counter(), time.process_time()
+            st_scores = reference.predict(pairs, batch_size=args.st_batch_size, show_progress_bar=False,
+                                          convert_to_tensor=True)
+            timings["st"].append((time.perf_counter() - wall, time.process_time() - cpu))
+
+    n = len(pairs)
+    ours_wall = statistics.median(t[0] for t in timings["ours"])
+    st_wall = statistics.median(t[0] for t in timings["st"])
+    ours_cpu = statistics.median(t[1] for t in timings["ours"])
+    st_cpu = statistics.median(t[1] for t in timings["st"])
+    lengths = [len(ids) for ids in ours._tokenize([p[0] for p in pairs], [p[1] for p in pairs])["input_ids"]]
+    result = {
+        "pairs": n,
+        "mean_tokens": round(sum(lengths) / n, 1),
+        "max_tokens": max(lengths),
+        "device": str(ours.device),
+        "threads": torch.get_num_threads(),
+        "fast_path": ours.fast_path,
+        "batch_size": args.batch_size,
+        "st_batch_size": args.st_batch_size,
+        "ours_s": round(ours_wall, 2),
+        "st_s": round(st_wall, 2),
+        "ours_cpu_pps": round(n / ours_cpu, 1),
+        "st_cpu_pps": round(n / st_cpu, 1),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "ours_pps": round(n / ours_wall, 1),
+        "st_pps": round(n / st_wall, 1),
+        "ratio": round(st_wall / ours_wall, 3),
+        "max_abs_diff": float((ours_scores - st_scores.float().cpu()).abs().max()),
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

