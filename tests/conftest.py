@@ -49,3 +49,30 @@ def minilm_path() -> Path:
 def minilm(bi_encoder):
     """The loaded BiEncoder (same object as `bi_encoder`: one load per session)."""
     return bi_encoder
+
+
+def lead_summaries(prompts: list[str]) -> list[str]:
+    """Extractive summaries without an LLM: the first two excerpt bullets of each summary prompt.
+
+    Real conversation text, deterministic; for tests of retrieval over a summary layer (not of summary
+    quality, which needs a reader)."""
+    out = []
+    for prompt in prompts:
+        bullets = [line[2:] for line in prompt.splitlines() if line.startswith("- ")]
+        out.append(" ".join(bullets[:2]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def locomo2_summary_store(locomo_path: Path, bi_encoder):
+    """In-memory EpisodeStore of the first two LoCoMo conversations (788 turns, one encoder pass) with
+    extractive summaries (`lead_summaries`). Read-only: tests must not append to or delete from it."""
+    from memfit_gpu.config import MemFitConfig
+    from memfit_gpu.data import load_benchmark, select_questions
+    from memfit_gpu.store import EpisodeStore
+
+    benchmark = select_questions(load_benchmark("locomo", locomo_path), exclude_categories=["5"], limit_memories=2)
+    store = EpisodeStore(None, MemFitConfig(), bi_encoder)
+    store.add_memories(benchmark.memories, progress=False)
+    store.build_summaries(lead_summaries, progress=False)
+    return benchmark, store
