@@ -133,6 +133,25 @@ def test_oom_halves_batch_and_retries(minilm: BiEncoder, locomo_turns: list[str]
         minilm._run(tokens, 16, other_error, torch.empty(len(texts), 384), False, "test")
 
 
+def test_replicas_share_the_batches(minilm: BiEncoder, locomo_turns: list[str]) -> None:
+    """Two replicas (both on the CPU here; one per GPU in production) split batches, same result."""
+    pair = BiEncoder(minilm.model, minilm.tokenizer, minilm.max_length, [torch.device("cpu")] * 2,
+                     torch.float32, minilm.pooling, minilm.normalize, loaded_from=minilm.loaded_from)
+    assert len(pair._replicas) == 2 and pair._replicas[1] is not pair._replicas[0]
+    calls = [0, 0]
+    hooks = [r.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, r in enumerate(pair._replicas)]
+    texts = locomo_turns[:48]
+    try:
+        pair.fast_path = False  # run the replicas' own forward so the hooks see every batch
+        vectors = pair.encode(texts, batch_size=4)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert sum(calls) == 12 and min(calls) >= 1
+    torch.testing.assert_close(vectors, minilm.encode(texts, batch_size=16), atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_cross_encoder_matches_sentence_transformers(cross_encoder_dir: Path,
                                                      locomo_pairs: list[tuple[str, str]]) -> None:

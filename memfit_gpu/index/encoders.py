@@ -261,17 +261,28 @@ def _bert_body(model: torch.nn.Module) -> torch.nn.Module | None:
     return body
 
 
+def _version(tensor: torch.Tensor) -> int:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors (created under inference_mode) keep no version counter
+        return -1
+
+
 def _fused_qkv(attention: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """One [3d, d] weight for the three projections: one GEMM instead of three (cached per module)."""
+    # Keyed on the source tensors' storage and version: moving, casting or reloading the weights
+    # rebuilds it.
+    key = tuple((p.data_ptr(), _version(p), p.dtype, p.device)
+                for lin in (attention.query, attention.key, attention.value) for p in (lin.weight, lin.bias))
     cached = getattr(attention, "_memfit_qkv", None)
-    weight = attention.query.weight
-    if cached is None or cached[0].device != weight.device or cached[0].dtype != weight.dtype:
+    if cached is None or cached[2] != key:
         cached = (
             torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]).detach(),
             torch.cat([attention.query.bias, attention.key.bias, attention.value.bias]).detach(),
+            key,
         )
         object.__setattr__(attention, "_memfit_qkv", cached)  # a plain attribute, not a parameter
-    return cached
+    return cached[0], cached[1]
 
 
 def _bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only: bool
