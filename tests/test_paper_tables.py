@@ -1,0 +1,331 @@
+"""Paper experiment configs and experiments/paper_tables.py.
+
+Configs: every configs/experiments/ file loads; every configs/sweeps/paper_* point loads with its overrides and
+changes exactly what its configs/ablations/ file changes. Tables: small run directories written here (their
+numbers are test inputs) with every expected cell computed by hand in the comments; and, slow, two real runs
+of configs/smoke.yaml.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memfit_gpu.config import load_config, to_dict, to_yaml
+from memfit_gpu.evaluate.tables import summarize
+from memfit_gpu.readers.ledger import Ledger, RoleStats
+from memfit_gpu.readers.prompts import JUDGE_KINDS
+from memfit_gpu.sweep import load_sweep, point_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "configs" / "experiments"
+ABLATIONS = REPO / "configs" / "ablations"
+PAPER_SWEEPS = sorted((REPO / "configs" / "sweeps").glob("paper_*.yaml"))
+
+
+def _load_tables_module():
+    spec = importlib.util.spec_from_file_location("paper_tables", REPO / "experiments" / "paper_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paper_tables"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+pt = _load_tables_module()
+
+
+# ------------------------------------------------------------------------------------------- configs
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _diff(changed, base) -> dict[str, Any]:
+    a, b = _flat(to_dict(changed)), _flat(to_dict(base))
+    return {k: a[k] for k in a if a[k] != b.get(k) and k not in ("name", "tracking.wandb.group")}
+
+
+def test_experiment_configs_load_with_the_paper_readers_and_judge():
+    files = sorted(EXPERIMENTS.glob("*.yaml"))
+    loaded = {f.stem: load_config(f) for f in files}  # a typo in any key raises ConfigError here
+    expected = {
+        "locomo_qwen3_8b": ("locomo", "Qwen/Qwen3-8B", "none"),
+        "locomo_gemma3_27b": ("locomo", "google/gemma-3-27b-it", "none"),
+        "memgallery_qwen25vl_7b_text": ("memgallery", "Qwen/Qwen2.5-VL-7B-Instruct", "none"),
+        "memgallery_qwen25vl_7b_question": ("memgallery", "Qwen/Qwen2.5-VL-7B-Instruct", "question"),
+        "memgallery_qwen25vl_7b_retrieved": ("memgallery", "Qwen/Qwen2.5-VL-7B-Instruct", "retrieved"),
+        "longmemeval_s_qwen3_8b": ("longmemeval", "Qwen/Qwen3-8B", "none"),
+        "efficiency_locomo_gemma3_27b": ("locomo", "google/gemma-3-27b-it", "none"),
+    }
+    assert set(expected) <= set(loaded)
+    paper = load_config(REPO / "configs" / "memfit.yaml")
+    for stem, (benchmark, model, images) in expected.items():
+        cfg = loaded[stem]
+        assert (cfg.data.benchmark, cfg.reader.model, cfg.reader.images) == (benchmark, model, images), stem
+        assert cfg.reader.backend == "vllm"
+        # the reader GPUs of one 4-GPU server, leaving GPU 3 to the judge server
+        assert cfg.reader.instances * cfg.reader.tensor_parallel_size <= 3
+        # retrieval is the paper's everywhere: only data, reader, eval and tracking differ from memfit.yaml
+        assert {k.split(".")[0] for k in _diff(cfg, paper)} <= {"data", "reader", "eval", "tracking"}, stem
+        assert cfg.eval.judge.prompt in ("auto", *JUDGE_KINDS)
+        if stem.startswith("efficiency"):
+            assert not cfg.eval.judge.enabled
+        else:
+            assert cfg.eval.judge.enabled and cfg.eval.judge.model == "openai/gpt-oss-20b"
+    assert loaded["memgallery_qwen25vl_7b_text"].eval.judge.prompt == "paper"
+    assert loaded["longmemeval_s_qwen3_8b"].data.exclude_categories == []
+
+
+def _ablation_file_for(point_name: str) -> Path | None:
+    if point_name in ("full", "default"):
+        return None  # = configs/memfit.yaml
+    if point_name == "narrow_pools_30_40":
+        return ABLATIONS / "no_wide_scan.yaml"  # the paper row narrows both numbers at once
+    return ABLATIONS / f"{point_name}.yaml"
+
+
+def test_paper_sweeps_load_and_points_match_the_ablation_files():
+    assert len(PAPER_SWEEPS) >= 5
+    paper = load_config(REPO / "configs" / "memfit.yaml")
+    covered: set[str] = set()
+    for path in PAPER_SWEEPS:
+        spec = load_sweep(path)  # validates every point's config
+        base = load_config(spec.config)
+        for point in spec.points:
+            cfg = load_config(spec.config, point_overrides(spec.name, spec.fixed, point))
+            ablation_file = _ablation_file_for(point.point_id)
+            want = {} if ablation_file is None else _diff(load_config(ablation_file), paper)
+            assert ablation_file is None or ablation_file.exists(), f"{path.name}: {point.point_id}"
+            assert _diff(cfg, base) == want, f"{path.name}: point {point.point_id}"
+            if ablation_file is not None:
+                covered.add(ablation_file.stem)
+    # every ablation/sensitivity file of configs/ablations/ is some paper sweep's point
+    assert covered == {f.stem for f in ABLATIONS.glob("*.yaml")}
+
+
+# -------------------------------------------------------------------------------- synthetic run dirs
+
+
+def _row(qid: str, cat: str, f1: float, bleu1: float, verdict: bool, memory: str = "m1") -> dict[str, Any]:
+    return {"question_id": qid, "memory_id": memory, "category": cat, "evaluated": True, "question": "q",
+            "gold": "g", "prediction": "p", "raw_output": "p", "abstained": False,
+            "scores": {"paper": {"f1": f1, "bleu1": bleu1}},
+            "judge": {"verdict": verdict, "reason": "", "score": float(verdict)}, "retrieval": None}
+
+
+def _ledger(answer_in: int = 8000, answer_out: int = 80, answer_calls: int = 8) -> dict[str, Any]:
+    ledger = Ledger()
+    ledger.roles["summary"] = RoleStats(calls=3, input_tokens=3000, output_tokens=300, wall_s=6.0, gpu_seconds=6.0)
+    ledger.roles["answer"] = RoleStats(calls=answer_calls, input_tokens=answer_in, output_tokens=answer_out,
+                                       wall_s=4.0, gpu_seconds=4.0)
+    ledger.roles["judge"] = RoleStats(calls=answer_calls, input_tokens=1, output_tokens=1)
+    ledger.answer_keys = [f"q{i}" for i in range(answer_calls)]
+    return ledger.to_dict()
+
+
+def write_run(path: Path, rows: list[dict[str, Any]], benchmark: str = "locomo", model: str = "reader/A",
+              retrieval: dict[str, Any] | None = None, ledger: dict[str, Any] | None = None) -> Path:
+    """A finished run directory with the files `memfit run` writes, from hand-chosen predictions."""
+    path.mkdir(parents=True)
+    cfg = load_config(REPO / "configs" / "memfit.yaml", [f"data.benchmark={benchmark}", f"reader.model={model}"])
+    (path / "config.yaml").write_text(to_yaml(cfg))
+    (path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = summarize(rows, variant="paper", judge=True, benchmark=benchmark, ci=False)
+    metrics["retrieval"] = retrieval or {"overall": {"questions": len(rows), "pack_hit": 0.5, "hit@30": 0.5},
+                                         "by_category": {}}
+    metrics["timings"] = {"load": 1.0, "build": 10.0, "summaries": 6.0, "retrieve": 0.4, "answer": 5.0, "score": 0.1}
+    (path / "metrics.json").write_text(json.dumps(metrics))
+    (path / "ledger.json").write_text(json.dumps(ledger or _ledger(answer_calls=len(rows))))
+    (path / "DONE").write_text("2026-01-01T00:00:00\n")
+    return path
+
+
+# LoCoMo, 8 questions, 2 per category: (id, category, F1, BLEU-1, judge verdict, memory)
+FULL = [("q1", "1", 1.0, 0.9, True), ("q2", "1", 0.4, 0.3, False), ("q3", "2", 0.6, 0.5, True),
+        ("q4", "2", 0.2, 0.1, True), ("q5", "3", 0.3, 0.2, False), ("q6", "3", 0.1, 0.1, True),
+        ("q7", "4", 0.8, 0.7, True), ("q8", "4", 0.9, 0.8, True)]
+PLAIN = [("q1", "1", 0.5, 0.4, False), ("q2", "1", 0.4, 0.3, False), ("q3", "2", 0.6, 0.5, True),
+         ("q4", "2", 0.0, 0.0, False), ("q5", "3", 0.3, 0.2, False), ("q6", "3", 0.1, 0.1, False),
+         ("q7", "4", 0.8, 0.7, True), ("q8", "4", 0.5, 0.4, True)]
+NO_PRF = [("q1", "1", 0.5, 0.4, False)] + FULL[1:4] + [("q5", "3", 0.5, 0.4, True)] + FULL[5:]
+
+
+def _rows(spec):
+    return [_row(q, c, f, b, v, "m1" if int(q[1:]) <= 4 else "m2") for q, c, f, b, v in spec]
+
+
+FULL_RETRIEVAL = {"overall": {"questions": 8, "pack_hit": 0.75, "hit@30": 0.875},
+                  "by_category": {"1": {"questions": 2, "pack_hit": 0.5, "hit@30": 1.0},
+                                  "2": {"questions": 2, "pack_hit": 1.0, "hit@30": 1.0},
+                                  "3": {"questions": 2, "pack_hit": 0.5, "hit@30": 0.5},
+                                  "4": {"questions": 2, "pack_hit": 1.0, "hit@30": 1.0}}}
+
+
+@pytest.fixture()
+def sweep_dir(tmp_path: Path) -> Path:
+    """A sweep directory as `memfit sweep --out` leaves it: sweep.json and points/<id>/."""
+    root = tmp_path / "sweep"
+    write_run(root / "points" / "full", _rows(FULL), retrieval=FULL_RETRIEVAL)
+    write_run(root / "points" / "no_prf", _rows(NO_PRF))
+    write_run(root / "points" / "plain_retrieval", _rows(PLAIN), ledger=_ledger(answer_in=4400))
+    points = [{"id": p, "dir": f"/elsewhere/{p}", "state": "done"} for p in ("full", "no_prf", "plain_retrieval")]
+    (root / "sweep.json").write_text(json.dumps({"name": "t", "points": points}))
+    return root
+
+
+EXACT = pt.PairedTests(method="exact")
+
+
+def test_table1_locomo_cells(sweep_dir: Path):
+    table = pt.locomo_main(pt.expand(str(sweep_dir)))
+    # full: multi-hop F1 (1.0 + 0.4) / 2 = 70.00, BLEU-1 (0.9 + 0.3) / 2 = 60.00, judge 1 of 2 = 50.00
+    assert [table.cell("full", c) for c in ("multi-hop F1", "multi-hop BLEU-1", "multi-hop Judge")] == \
+        ["70.00", "60.00", "50.00"]
+    # category F1 means 0.7, 0.4, 0.2, 0.85 -> average 53.75; BLEU-1 0.6, 0.3, 0.15, 0.75 -> 45.00;
+    # judge 0.5, 1.0, 0.5, 1.0 -> 75.00
+    assert [table.cell("full", c) for c in ("Average F1", "Average BLEU-1", "Average Judge")] == \
+        ["53.75", "45.00", "75.00"]
+    # plain: F1 means 0.45, 0.3, 0.2, 0.65 -> 40.00; temporal judge 1 of 2
+    assert table.cell("plain_retrieval", "Average F1") == "40.00"
+    assert table.cell("plain_retrieval", "temporal Judge") == "50.00"
+    assert table.cell("full", "Reader") == "reader/A" and table.cell("full", "n") == "8"
+    assert "| full | reader/A | 8 | 70.00 | 60.00 | 50.00 |" in table.markdown()
+
+
+def test_table6_plain_vs_memfit_paired_test(sweep_dir: Path):
+    table = pt.plain_vs_memfit(pt.pairs_from_sweeps([f"Reader A={sweep_dir}"]), EXACT)
+    # judge 3/8 -> 6/8; full gains q1, q4, q6 and loses none: three +1 differences, exact p = 2 / 2**3
+    assert [table.cell("Reader A", c) for c in ("n", "Plain Judge", "MemFit Judge", "Judge diff", "p",
+                                                "Gained", "Lost")] == \
+        ["8", "37.50", "75.00", "+37.50", "0.2500", "3", "0"]
+    # average F1 40.00 -> 53.75
+    assert [table.cell("Reader A", c) for c in ("Plain Avg F1", "MemFit Avg F1", "F1 diff")] == \
+        ["40.00", "53.75", "+13.75"]
+    # without a label the row is the reader model from config.yaml
+    assert pt.plain_vs_memfit(pt.pairs_from_sweeps([str(sweep_dir)]), EXACT).formatted()[0][0] == "reader/A"
+
+
+def test_ablation_table_deltas_to_full(sweep_dir: Path):
+    table = pt.ablation(pt.expand(str(sweep_dir)), EXACT)
+    # no_prf: multi-hop (0.5 + 0.4) / 2 = 45.00, open-domain (0.5 + 0.1) / 2 = 30.00; average
+    # (0.45 + 0.4 + 0.3 + 0.85) / 4 = 50.00; BLEU-1 (0.35 + 0.3 + 0.25 + 0.75) / 4 = 41.25
+    assert [table.cell("no_prf", c) for c in ("multi-hop F1", "open-domain F1", "Avg F1", "Avg BLEU-1")] == \
+        ["45.00", "30.00", "50.00", "41.25"]
+    # judge still 6/8 (q1 lost, q5 gained): diff +0.00, both sign vectors' sums reach |0|: p = 4/4
+    assert [table.cell("no_prf", c) for c in ("Judge", "F1 diff", "Judge diff", "p", "Gained", "Lost")] == \
+        ["75.00", "-3.75", "+0.00", "1.0000", "1", "1"]
+    assert [table.cell("plain_retrieval", c) for c in ("F1 diff", "Judge diff", "p", "Lost")] == \
+        ["-13.75", "-37.50", "0.2500", "3"]
+    assert table.cell("full", "Judge diff") == "-"
+
+
+def test_retrieval_diagnostics_table(sweep_dir: Path):
+    table = pt.retrieval_diagnostics(pt.expand(str(sweep_dir)))
+    assert [table.cell("full", c) for c in ("n", "Pack hit", "Hit@30", "multi-hop pack hit", "open-domain hit@30")] \
+        == ["8", "75.00", "87.50", "50.00", "50.00"]
+    assert table.cell("no_prf", "temporal pack hit") == "-"  # no per-category block in that run
+
+
+def test_sensitivity_tokens_relative_to_default(tmp_path: Path):
+    default = write_run(tmp_path / "default", _rows(FULL))  # answer prompts 8000 tokens / 8 calls
+    k5 = write_run(tmp_path / "k5", _rows(PLAIN), ledger=_ledger(answer_in=4400))
+    table = pt.sensitivity([pt.load_run(default), pt.load_run(k5)], EXACT)
+    # 4400 / 8 = 550 tokens per question, 550 / 1000 = x0.55
+    assert [table.cell("k5", c) for c in ("Input tokens / question", "Tokens vs default", "Judge diff", "p")] == \
+        ["550", "x0.55", "-37.50", "0.2500"]
+    assert [table.cell("default", c) for c in ("Input tokens / question", "Tokens vs default", "Judge diff")] == \
+        ["1000", "x1.00", "-"]
+
+
+def test_memgallery_table(tmp_path: Path):
+    text = write_run(tmp_path / "text", [_row("a", "TTL", 0.5, 0.5, True), _row("b", "TTL", 0.7, 0.7, False),
+                                         _row("c", "VS", 0.2, 0.2, False), _row("d", "FR", 1.0, 1.0, True)],
+                     benchmark="memgallery")
+    image = write_run(tmp_path / "question", [_row("a", "TTL", 0.9, 0.9, True), _row("b", "TTL", 0.9, 0.9, True),
+                                              _row("c", "VS", 0.2, 0.2, False), _row("d", "FR", 1.0, 1.0, True)],
+                      benchmark="memgallery")
+    table = pt.memgallery(pt.expand_all([f"text-only={text}", f"question image={image}"]), EXACT)
+    assert [c.name for c in table.columns][2:5] == ["FR F1", "TTL F1", "VS F1"]
+    # text-only: TTL (0.5 + 0.7) / 2 = 60.00; overall (0.5 + 0.7 + 0.2 + 1.0) / 4 = 60.00; judge 2/4
+    assert [table.cell("text-only", c) for c in ("TTL F1", "Overall F1", "Judge", "Judge diff")] == \
+        ["60.00", "60.00", "50.00", "-"]
+    # question image: TTL 90.00; overall (0.9 + 0.9 + 0.2 + 1.0) / 4 = 75.00; judge 3/4; one gained: p = 2/2
+    assert [table.cell("question image", c) for c in ("TTL F1", "Overall F1", "Judge", "Judge diff", "p")] == \
+        ["90.00", "75.00", "75.00", "+25.00", "1.0000"]
+
+
+def test_longmemeval_table_by_question_type(tmp_path: Path):
+    run = write_run(tmp_path / "lme", [
+        _row("u1", "single-session-user", 0, 0, True), _row("u2_abs", "single-session-user", 0, 0, False),
+        _row("t1", "temporal-reasoning", 0, 0, True), _row("t2", "temporal-reasoning", 0, 0, False),
+        _row("k1_abs", "knowledge-update", 0, 0, True)], benchmark="longmemeval")
+    table = pt.longmemeval([pt.load_run(run)])
+    assert [c.name for c in table.columns][3:6] == ["single-session-user", "knowledge-update", "temporal-reasoning"]
+    # per type 1/2, 1/1, 1/2; abstention ids u2_abs (wrong), k1_abs (right) = 1/2; overall 3/5
+    assert [table.cell("lme", c) for c in ("single-session-user", "knowledge-update", "temporal-reasoning",
+                                           "Abstention", "n abstention", "Overall")] == \
+        ["50.00", "100.00", "50.00", "50.00", "2", "60.00"]
+
+
+def test_efficiency_tables(tmp_path: Path):
+    run = pt.load_run(write_run(tmp_path / "eff", _rows(FULL)))
+    time_table, cost_table = pt.efficiency([run])
+    # timings build 10 s + summaries 6 s over 2 memories (m1, m2); retrieve 0.4 s / 8 questions = 50 ms;
+    # answer wall 4 s / 8 = 0.5 s; GPU-seconds 6 + 4
+    assert [time_table.cell("eff", c) for c in (
+        "Memories", "Questions", "Store + index s", "Summaries s", "Memory build s", "Build s / memory",
+        "Retrieval ms / question", "Answer s / question", "GPU-seconds")] == \
+        ["2", "8", "10.0", "6.0", "16.0", "8.00", "50.0", "0.50", "10"]
+    # 3 summary + 8 answer calls; (3000 + 300) tokens / 2 memories = 1.65 k; 8000 / 8 in, 80 / 8 out
+    assert [cost_table.cell("eff", c) for c in (
+        "Summary calls", "Answer calls", "Judge calls", "LLM calls", "Summary calls / memory",
+        "Build tokens / memory (k)", "Answer input tokens / question", "Answer output tokens / question",
+        "Ledger USD")] == ["3", "8", "8", "11", "1.50", "1.65", "1000", "10.0", "0.00"]
+    # gpt-4.1-mini list price: 11,000 input tokens x $0.40/M + 380 output x $1.60/M = $0.005008
+    path = cost_table.write_csv(tmp_path / "cost.csv")
+    row = next(csv.DictReader(path.open()))
+    assert float(row["USD at gpt-4.1-mini prices"]) == pytest.approx(0.005008)
+
+
+def test_errors_name_the_directory(tmp_path: Path, sweep_dir: Path):
+    unfinished = write_run(tmp_path / "unfinished", _rows(FULL))
+    (unfinished / "DONE").unlink()
+    with pytest.raises(pt.TablesError, match="unfinished: no DONE"):
+        pt.load_run(unfinished)
+    mg = write_run(tmp_path / "mg", [_row("a", "TTL", 1, 1, True)], benchmark="memgallery")
+    with pytest.raises(pt.TablesError, match="needs locomo runs"):
+        pt.locomo_main([pt.load_run(mg)])
+    with pytest.raises(pt.TablesError, match="no run labelled 'default'"):
+        pt.sensitivity(pt.expand(str(sweep_dir)), EXACT)
+
+
+def test_cli_writes_markdown_and_csv(tmp_path: Path, sweep_dir: Path):
+    out = tmp_path / "tables"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out", str(out),
+         "--locomo-main", str(sweep_dir), "--plain-vs-memfit", str(sweep_dir), "--ablation", str(sweep_dir),
+         "--permutation-method", "exact"],
+        capture_output=True, text=True, check=True,
+    )
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["tables"] == ["table1_locomo", "table6_plain_vs_memfit", "table7_ablation"]
+    rows = list(csv.DictReader((out / "table6_plain_vs_memfit.csv").open()))
+    assert float(rows[0]["Judge diff"]) == pytest.approx(37.5) and float(rows[0]["p"]) == pytest.approx(0.25)
+    assert "| reader/A | 8 | 37.50 | 75.00 | +37.50 | 0.2500 | 3 | 0 |" in (out / "tables.md").read_text()
+    bad = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out", str(out),
+                          "--ablation", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "nowhere: not a run directory" in bad.stderr
