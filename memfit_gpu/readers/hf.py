@@ -3,6 +3,10 @@
 Prompts go through the model's chat template, are sorted by length so each batch pads little, are
 left-padded (generation continues from the right edge), and come back in the caller's order.
 Temperature 0 is greedy decoding.
+
+A vision-language checkpoint (its config has a `vision_config`) is loaded with AutoProcessor +
+AutoModelForImageTextToText instead; a request's images (local files) go into its last user message as
+`{"type": "image"}` parts before the text, in order, and the processor expands them into image tokens.
 """
 
 from __future__ import annotations
@@ -52,13 +56,23 @@ class TransformersBackend(Backend):
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
         start = time.perf_counter()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
+        from transformers import AutoConfig
+
+        self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
+        dtype = _pick_dtype(cfg.dtype, self.device)
+        if self.vision:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            self.processor = AutoProcessor.from_pretrained(self.resolved.path)
+            self.tokenizer = self.processor.tokenizer
+            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
+        else:
+            self.processor = None
+            self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
+            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.net = AutoModelForCausalLM.from_pretrained(
-            self.resolved.path, dtype=_pick_dtype(cfg.dtype, self.device)
-        ).to(self.device)
         self.net.eval()
         self.load_s = time.perf_counter() - start
         self._torch = torch
@@ -68,8 +82,8 @@ class TransformersBackend(Backend):
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:
             raise ValueError(
-                f"request {request.key!r} has images, but the transformers reader is text-only; "
-                "use reader.backend=vllm or openai with a vision-language model"
+                f"request {request.key!r} has images, but {self.model} is a text-only model; "
+                "use a vision-language model (its config has a vision_config)"
             )
         ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -77,6 +91,8 @@ class TransformersBackend(Backend):
         return list(ids)
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
+        if self.vision:
+            return self._generate_vision(requests)
         torch = self._torch
         prompts = [self._prompt_ids(r) for r in requests]
         # Batches share generation parameters; within a group, sort by length so padding is small.
@@ -113,6 +129,68 @@ class TransformersBackend(Backend):
                     text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
                     n_out = len(kept) + (1 if len(kept) < len(row) else 0)  # the stop token was generated too
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
+        return [r for r in out if r is not None]
+
+    def _vision_text(self, request: Request) -> str:
+        last_user = max((i for i, m in enumerate(request.messages) if m["role"] == "user"), default=None)
+        if request.images and last_user is None:
+            raise ValueError(f"request {request.key!r}: images need a user message to carry them")
+        messages = []
+        for i, m in enumerate(request.messages):
+            parts: list[dict[str, Any]] = [{"type": "image"} for _ in request.images] if i == last_user else []
+            parts.append({"type": "text", "text": m["content"]})
+            messages.append({"role": m["role"], "content": parts})
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _load_images(self, request: Request) -> list[Any]:
+        from PIL import Image
+
+        images = []
+        for path in request.images:
+            if path.startswith(("http://", "https://", "data:")):
+                raise ValueError(f"request {request.key!r}: the transformers reader reads local image files, not {path[:40]}")
+            try:
+                with Image.open(path) as img:
+                    images.append(img.convert("RGB"))
+            except FileNotFoundError:
+                raise FileNotFoundError(f"request {request.key!r}: image {path} does not exist") from None
+        return images
+
+    def _generate_vision(self, requests: Sequence[Request]) -> list[Response]:
+        torch = self._torch
+        texts = [self._vision_text(r) for r in requests]
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
+        out: list[Response | None] = [None] * len(requests)
+        eos_ids = self._eos_ids()
+        for (max_new, temperature), members in groups.items():
+            members = sorted(members, key=lambda i: (len(requests[i].images), len(texts[i])))
+            for b in range(0, len(members), self.batch_size):
+                batch = members[b:b + self.batch_size]
+                images = [img for i in batch for img in self._load_images(requests[i])]
+                inputs = self.processor(text=[texts[i] for i in batch], images=images or None, padding=True,
+                                        return_tensors="pt").to(self.device)
+                kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self.tokenizer.pad_token_id}
+                if temperature > 0:
+                    kwargs.update(do_sample=True, temperature=temperature)
+                else:
+                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    generated = self.net.generate(**inputs, **kwargs)
+                share = (time.perf_counter() - start) / len(batch)
+                width = inputs["input_ids"].shape[1]
+                n_prompt = inputs["attention_mask"].sum(dim=1).tolist()
+                for row, i, n_in in zip(generated[:, width:].tolist(), batch, n_prompt, strict=True):
+                    kept = []
+                    for tok in row:
+                        if tok in eos_ids:
+                            break
+                        kept.append(tok)
+                    text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
+                    n_out = len(kept) + (1 if len(kept) < len(row) else 0)
+                    out[i] = Response(text, int(n_in), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 
     def _eos_ids(self) -> set[int]:
