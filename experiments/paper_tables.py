@@ -149,12 +149,17 @@ def sweep_point_dirs(sweep_dir: Path) -> list[tuple[str, Path]]:
     return [(str(p["id"]), sweep_dir / "points" / str(p["id"])) for p in points]
 
 
+def split_spec(spec: str) -> tuple[str, Path]:
+    """(label or "", directory) of `DIR` or `LABEL=DIR`; an existing DIR may itself contain "=" (`points/k=5`)."""
+    label, _, rest = spec.partition("=")
+    if not rest or Path(spec).exists():
+        return "", Path(spec)
+    return label, Path(rest)
+
+
 def expand(spec: str) -> list[Run]:
     """`DIR` or `LABEL=DIR`; a sweep directory becomes all its points (labels `LABEL/point` or `point`)."""
-    label, _, rest = spec.partition("=")
-    if not rest:
-        label, rest = "", spec
-    path = Path(rest)
+    label, path = split_spec(spec)
     if (path / "sweep.json").is_file():
         return [load_run(d, f"{label}/{pid}" if label else pid) for pid, d in sweep_point_dirs(path)]
     return [load_run(path, label or None)]
@@ -369,8 +374,8 @@ def pairs_from_sweeps(specs: Iterable[str]) -> list[tuple[str, Run, Run]]:
         runs = expand(spec)
         memfit = point(runs, ABLATION_BASELINE, spec)
         plain = point(runs, PLAIN_POINT, spec)
-        label, _, rest = spec.partition("=")
-        pairs.append((label if rest else memfit.reader, plain, memfit))
+        label, _ = split_spec(spec)
+        pairs.append((label or memfit.reader, plain, memfit))
     return pairs
 
 
