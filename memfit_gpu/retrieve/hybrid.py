@@ -51,9 +51,8 @@ class Hits:
         """By score descending, ties by row ascending (pads last)."""
         key_rows = torch.where(self.valid, self.rows, _BIG)
         by_row = key_rows.argsort(dim=1, stable=True)
-        hits = self.take(by_row)
-        by_score = hits.score.argsort(dim=1, descending=True, stable=True)
-        return hits.take(by_score)
+        by_score = self.score.gather(1, by_row).argsort(dim=1, descending=True, stable=True)
+        return self.take(by_row.gather(1, by_score))  # one gather per field for both sorts
 
     def head(self, k: int) -> Hits:
         cols = torch.arange(min(k, self.rows.shape[1])).expand(self.rows.shape[0], -1)

@@ -44,8 +44,8 @@ def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pa
             rows.update(view.neighbours(row, context_window))
         else:
             rows.add(row)
-    rank = view.time_rank
-    return Pack(episodes=sorted(rows, key=lambda r: rank[r]), selected=selected, summaries=summaries)
+    rank = view.time_rank_list
+    return Pack(episodes=sorted(rows, key=rank.__getitem__), selected=selected, summaries=summaries)
 
 
 _TRIGGERS = ("yesterday", "ago", "last", "this", "next")

@@ -66,12 +66,13 @@ class Candidates:
             origin=torch.full_like(hits.rows, -1) if origin is None else origin,
         )
 
-    def compact(self) -> Candidates:
-        """Pads moved to the end, order of real entries kept, width cut to the longest list."""
+    def compact(self, limit: int | None = None) -> Candidates:
+        """Pads moved to the end, order of real entries kept, width cut to the longest list (and limit)."""
         order = (~self.valid).long().argsort(dim=1, stable=True)
-        out = self.take(order)
         width = int(self.valid.sum(1).max()) if self.kind.numel() else 0
-        return out.take(torch.arange(width).expand(self.kind.shape[0], -1))
+        if limit is not None:
+            width = min(width, limit)
+        return self.take(order[:, :width])
 
     def head(self, k: int) -> Candidates:
         return self.take(torch.arange(min(k, self.kind.shape[1])).expand(self.kind.shape[0], -1))
@@ -95,7 +96,7 @@ def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candi
     """Interleave ranked episode and summary hits, episode first, up to pool_size items."""
     ep = Candidates.from_hits(episodes, EPISODE, SOURCE_POOL)
     if summaries is None or summaries.rows.shape[1] == 0:
-        return ep.compact().head(pool_size)
+        return ep.compact(pool_size)
     sm = Candidates.from_hits(summaries, SUMMARY, SOURCE_POOL)
     n_e, n_s = episodes.counts()[:, None], summaries.counts()[:, None]
     i = torch.arange(episodes.rows.shape[1])[None, :]
@@ -104,8 +105,8 @@ def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candi
     key_s = torch.where(j < n_e, 2 * j + 1, n_e + j)
     key = torch.cat([torch.where(episodes.valid, key_e, _BIG), torch.where(summaries.valid, key_s, _BIG)], 1)
     both = concat_raw([ep, sm])
-    order = key.argsort(dim=1, stable=True)
-    return both.take(order).compact().head(pool_size)
+    order = key.argsort(dim=1, stable=True)[:, :pool_size]  # pads carry key _BIG: they sort last
+    return both.take(order).compact()
 
 
 def concat_raw(parts: list[Candidates]) -> Candidates:
@@ -146,10 +147,12 @@ def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.T
 
 
 def order_by_score(cand: Candidates) -> Candidates:
-    """Score desc, row asc (pads last)."""
+    """Score desc, row asc (pads last: their score is -inf)."""
     by_row = torch.where(cand.valid, cand.row, _BIG).argsort(dim=1, stable=True)
-    cand = cand.take(by_row)
-    return cand.take(cand.score.argsort(dim=1, descending=True, stable=True)).compact()
+    by_score = cand.score.gather(1, by_row).argsort(dim=1, descending=True, stable=True)
+    order = by_row.gather(1, by_score)
+    width = int(cand.valid.sum(1).max()) if cand.kind.numel() else 0
+    return cand.take(order[:, :width])
 
 
 def prf_expansion(prf_hits: Hits, pool: Candidates, expansion: Candidates, weight: float) -> Candidates:

@@ -233,6 +233,10 @@ class ReadView:
         return rank
 
     @cached_property
+    def time_rank_list(self) -> list[int]:
+        return self.time_rank.tolist()
+
+    @cached_property
     def session_order(self) -> tuple[np.ndarray, np.ndarray]:
         """Live rows sorted by (session, position) and each row's place in that list (-1 when deleted)."""
         live = np.flatnonzero(~self.ep_deleted)
@@ -253,13 +257,18 @@ class ReadView:
     def _neighbour_cache(self) -> dict[tuple[int, int], list[int]]:
         return {}
 
-    def _neighbours(self, row: int, window: int) -> list[int]:
+    @cached_property
+    def _session_lists(self) -> tuple[list[int], list[int], list[int]]:
         order, place = self.session_order
-        i = int(place[row])
+        return order.tolist(), place.tolist(), self.ep_session.tolist()
+
+    def _neighbours(self, row: int, window: int) -> list[int]:
+        order, place, session = self._session_lists
+        i = place[row]
         if i < 0:
             return []
         lo, hi = max(0, i - window), min(len(order), i + window + 1)
-        return [int(r) for r in order[lo:hi] if self.ep_session[r] == self.ep_session[row]]
+        return [r for r in order[lo:hi] if session[r] == session[row]]
 
     @cached_property
     def members_padded(self) -> torch.Tensor:
