@@ -16,6 +16,7 @@ from memfit_gpu.readers.prompts import (
     build_judge_messages,
     fill,
     image_note,
+    judge_kind,
     load_prompt,
     resolve_protocol,
 )
@@ -115,3 +116,10 @@ def test_memgallery_judge_fills_its_double_brace_slots(shared_data: Path) -> Non
                                 memgallery_dir=shared_data / "memgallery")[0]["content"]
     assert "Question: What color?\nGround Truth: red\nAssistant Answer: It is red." in text
     assert "{{" not in text
+
+
+def test_judge_kind() -> None:
+    assert [judge_kind(b) for b in ("locomo", "longmemeval", "memgallery")] == ["paper", "longmemeval", "memgallery"]
+    assert judge_kind("memgallery", "paper") == "paper"
+    with pytest.raises(ValueError, match="eval.judge.prompt='graded'"):
+        judge_kind("locomo", "graded")

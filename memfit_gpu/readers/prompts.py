@@ -97,6 +97,16 @@ def resolve_protocol(protocol: str, benchmark: str) -> str:
     return protocol
 
 
+def judge_kind(benchmark: str, prompt: str = "auto") -> str:
+    """eval.judge.prompt -> judge kind. `auto` = the benchmark's own: the paper judge for LoCoMo, the
+    per-type judges for LongMemEval, MemGallery's graded judge for MemGallery."""
+    if prompt == "auto":
+        return {"longmemeval": "longmemeval", "memgallery": "memgallery"}.get(benchmark, "paper")
+    if prompt not in JUDGE_KINDS:
+        raise ValueError(f"eval.judge.prompt={prompt!r} is not one of auto, {', '.join(JUDGE_KINDS)}")
+    return prompt
+
+
 def image_note(n_images: int, question_image: bool) -> str:
     if n_images == 0:
         return ""
