@@ -70,7 +70,16 @@ ENGINE_SCRIPT = textwrap.dedent('''
         requests = [Request([{"role": "user", "content": q}], "answer", key=f"q{i}") for i, q in enumerate(questions)]
         first = reader.generate(requests)
         second = reader.generate(requests)
+        # A prompt over max_model_len fails its batch with a clear error; the engine keeps serving.
+        try:
+            reader.generate([Request([{"role": "user", "content": "word " * 3000}], "judge", key="long")])
+            error = ""
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        after = reader.generate([Request([{"role": "user", "content": "Say hello."}], "judge", max_new_tokens=3,
+                                         key="after")])
         print(json.dumps({
+            "error": error[:500], "after": after[0].text, "after_cached": after[0].cached,
             "load_s": reader.backend.load_s, "engines": len(reader.backend.engines),
             "first": [[r.text, r.input_tokens, r.output_tokens, r.cached] for r in first],
             "second": [[r.text, r.cached] for r in second],
@@ -101,6 +110,8 @@ def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir:
     assert repeat[0] == paris and repeat[3] is True  # generated once, served twice
     assert result["second"] == [[paris, True], [hello[0], True], [paris, True]]
     assert result["ledger"]["calls"] == 2 and result["ledger"]["cached"] == 4
+    assert result["error"].startswith("ReaderError: vLLM engine 0:") and "2048" in result["error"]
+    assert result["after"] and result["after_cached"] is False
     log = tmp_path / "run" / "logs" / "vllm-engine-0.log"
     assert log.is_file() and log.stat().st_size > 0
     assert (tmp_path / "run" / "cache.sqlite").is_file()

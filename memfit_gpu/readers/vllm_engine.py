@@ -207,12 +207,20 @@ class VLLMBackend(Backend):
         for engine, (lo, hi) in zip(self.engines, parts, strict=False):
             engine.send({"requests": payload[lo:hi]})
         out: list[Response] = []
+        first_error: ReaderError | None = None
+        # Every engine's reply is read even after a failure, so no stale reply is left in a pipe for the next batch.
         for engine, (lo, hi) in zip(self.engines, parts, strict=False):
-            reply = engine.receive(self.batch_timeout_s)
+            try:
+                reply = engine.receive(self.batch_timeout_s)
+            except ReaderError as exc:
+                first_error = first_error or exc
+                continue
             share = float(reply["wall_s"]) / max(1, hi - lo)
             for item in reply["responses"]:
                 out.append(Response(item["text"], int(item["input_tokens"]), int(item["output_tokens"]), share,
                                     False, self.model))
+        if first_error is not None:
+            raise first_error
         if len(out) != len(requests):
             raise ReaderError(f"vLLM returned {len(out)} responses for {len(requests)} requests")
         logger.debug("vLLM batch of %d in %.1f s", len(requests), time.perf_counter() - start)
