@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # Fetch this many extra neighbours beyond k + tombstones before checking for ties at the cut.
 _TIE_MARGIN = 8
+_GPU_MAX_K = 2048
 
 
 def _as_float32_matrix(vectors: np.ndarray | torch.Tensor, dim: int, what: str) -> np.ndarray:
@@ -287,15 +288,17 @@ class DenseIndex:
             if part is None or part.size == part.deleted:
                 continue
             query_ids = np.flatnonzero(memories == memory)
-            fetch = min(part.size, k + part.deleted + _TIE_MARGIN)
+            # GPU FAISS answers at most 2048 neighbours per query
+            most = part.size if not self._on_gpu(part) else min(part.size, _GPU_MAX_K)
+            fetch = min(most, k + part.deleted + _TIE_MARGIN)
             while True:
                 distances, labels = part.index.search(queries[query_ids], fetch)
                 rows, scores, live = self._live(distances, labels, part, deleted, min_score)
                 # Fetch again, wider, only when the cut at k could split a run of equal scores (or when
                 # fewer than k live rows came back although the last fetched one was still live).
-                if fetch >= part.size or not self._cut_may_split_ties(scores, labels, live, k, min_score):
+                if fetch >= most or not self._cut_may_split_ties(scores, labels, live, k, min_score):
                     break
-                fetch = min(part.size, 2 * fetch)
+                fetch = min(most, 2 * fetch)
             order = np.lexsort((np.where(live, rows, np.iinfo(np.int64).max), np.where(live, -scores, np.inf)), axis=-1)
             order = order[:, :k]
             taken_live = np.take_along_axis(live, order, axis=1)
@@ -303,6 +306,9 @@ class DenseIndex:
             rows_out[query_ids, :width] = np.where(taken_live, np.take_along_axis(rows, order, axis=1), -1)
             scores_out[query_ids, :width] = np.where(taken_live, np.take_along_axis(scores, order, axis=1), 0.0)
         return torch.from_numpy(scores_out), torch.from_numpy(rows_out)
+
+    def _on_gpu(self, part: _MemoryPart) -> bool:
+        return self.use_gpu and "Gpu" in type(part.index).__name__
 
     @staticmethod
     def _live(

@@ -531,7 +531,9 @@ class EpisodeStore:
     # ------------------------------------------------------------------ writes
     def _memory_records(self, memory_id: str, speakers: Sequence[str], pending: dict[str, int]) -> tuple[int, list[dict[str, Any]]]:
         if memory_id in self._memory_index:
-            return self._memory_index[memory_id], []
+            memory = self._memory_index[memory_id]
+            known = self._speaker_index[memory]
+            return memory, [{"t": "speaker", "memory": memory, "name": name} for name in dict.fromkeys(speakers) if name not in known]
         if memory_id in pending:
             return pending[memory_id], []
         memory = len(self.memory_ids) + len(pending)
@@ -700,6 +702,9 @@ class EpisodeStore:
     def _open(self) -> None:
         assert self.path is not None
         self.path.mkdir(parents=True, exist_ok=True)
+        if self._snapshot_dir().exists():  # a snapshot interrupted while being written
+            for staging in self._snapshot_dir().glob(".staging-*"):
+                shutil.rmtree(staging, ignore_errors=True)
         self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
         records = self._log.records
         if not records:
