@@ -716,7 +716,7 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
             row["bleu1"] = _get(metrics, "average", variant, "bleu1")
             judge = _get(metrics, "average", "judge")
             row["judge"] = judge if judge is not None else _get(metrics, "overall", "judge")
-            pack_hit = _get(metrics, "retrieval", "pack_hit")
+            pack_hit = _get(metrics, "retrieval", "overall", "pack_hit")
             row["pack_hit"] = pack_hit if pack_hit is not None else _pack_hit_rate(point_dir / "predictions.jsonl")
             row["questions"] = metrics.get("questions")
         rows.append(row)

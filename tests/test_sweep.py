@@ -135,7 +135,7 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
     # k=5: judge and pack_hit in metrics.json; k=10: no judge, pack_hit from predictions (2 of 3 evaluated hit)
     _point(sweep_dir, "k=5", {"questions": 4, "metric_variant": "paper",
                               "average": {"paper": {"f1": 0.25, "bleu1": 0.125}, "judge": 0.5},
-                              "retrieval": {"pack_hit": 0.75}}, None, True)
+                              "retrieval": {"overall": {"pack_hit": 0.75, "mrr": 0.5}}}, None, True)
     _point(sweep_dir, "k=10", {"questions": 3, "metric_variant": "locomo",
                                "average": {"paper": {"f1": 0.9, "bleu1": 0.9}, "locomo": {"f1": 0.5, "bleu1": 0.375},
                                            "judge": None},
