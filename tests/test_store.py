@@ -326,3 +326,20 @@ def test_batched_search_equals_per_memory_search_on_random_memories(bi_encoder):
         order = [int(live[i]) for i in np.lexsort((live, -cosines)) if cosines[i] > 0][:8]
         assert dense_rows[q][: len(order)].tolist() == order
     assert math.isclose(float(dense_scores[0, 0]), float(store.episode_dense.vectors([int(dense_rows[0, 0])])[0] @ vectors[0].numpy()), rel_tol=1e-5)
+
+
+def test_appending_to_existing_memories_and_late_speakers(bi_encoder):
+    store = EpisodeStore(None, MemFitConfig(), bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    more = Memory("conv-a", [Session("s3", "9 July 2023", "2023-07-09T12:00:00", [
+        _turn("D3:1", "Jon", "Caroline and Melanie, meet me at the studio.", "9 July 2023", "2023-07-09T12:00:00"),
+    ])], speakers=["Caroline", "Melanie", "Jon"])
+    assert store.add_memories([more], progress=False).tolist() == [7]
+    assert store.speakers[0] == ["Caroline", "Melanie", "Jon"]
+    assert (store.memory_idx[7], store.position[7], store.speaker_id[7]) == (0, 5, 2)
+    assert store.speaker_mentions[7] == 0b011  # names Caroline (bit 0) and Melanie (bit 1)
+    # a speaker first seen later is looked for in the memory's earlier turns: both conv-b turns name Luna
+    store.append_turn("conv-b", _turn("D2:1", "Luna", "Meow.", JAN, "2024-01-04T00:00:00"))
+    assert store.speakers[1] == ["user", "assistant", "Luna"]
+    assert store.speaker_mentions[[5, 6, 8]].tolist() == [0b100, 0b100, 0]
+    assert store.mentions_speaker(np.array([5, 6, 8]), np.array([2, 2, 2])).tolist() == [True, True, True]
