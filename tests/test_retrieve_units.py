@@ -28,7 +28,9 @@ def test_fuse_union_minmax_and_ties() -> None:
     bm25_rows = _t([[3, 1], [7, -1], [2, 9]], torch.long)
     dense_scores = _t([[0.8, 0.4], [0.6, 0.0], [0.0, 0.0]])
     dense_rows = _t([[1, 5], [7, -1], [-1, -1]], torch.long)
-    hits = fuse(bm25_scores, bm25_rows, dense_scores, dense_rows, A)
+    unranked = fuse(bm25_scores, bm25_rows, dense_scores, dense_rows, A)
+    assert unranked.rows[0].tolist() == [1, 3, 5]  # row order until ranked
+    hits = unranked.ranked()
     # q0: union {1,3,5}; bm25 raw 2,4,0 -> 0.5,1,0; dense raw 0.8,0,0.4 -> 1,0,0.5
     assert hits.rows[0].tolist() == [1, 5, 3]
     assert hits.fused[0].tolist() == [A * 1.0 + (1 - A) * 0.5, A * 0.5 + (1 - A) * 0.0, A * 0.0 + (1 - A) * 1.0]
@@ -60,13 +62,13 @@ def test_boosts_add_up_and_resort() -> None:
     bits, years, months = constraint_tensors([cons], [["ann", "bob"]], [0])
     assert bits.tolist() == [0b10]
     out = add_boosts(hits, BoostConfig(), bits, years, months, np.array([0b01, 0, 0b10]),
-                     np.array([2023, 2022, 2023]), np.array([5, 5, 6]))
+                     np.array([2023, 2022, 2023]), np.array([5, 5, 6])).ranked()
     # row 0: month + year; row 1: month; row 2: speaker (bit 1) + year
     assert out.boost.tolist() == [[0.0 + 0.08 + 0.05, 0.0 + 0.08, 0.0 + 0.10 + 0.05]]
     assert out.score.tolist() == [[0.5 + (0.08 + 0.05), 0.4 + 0.08, 0.3 + (0.10 + 0.05)]]
     assert out.rows.tolist() == [[0, 1, 2]]  # 0.63 > 0.48 > 0.45
     flipped = add_boosts(_hits([[0, 1, 2]], [[0.5, 0.4, 0.38]]), BoostConfig(), bits, years, months,
-                         np.array([0b01, 0, 0b10]), np.array([2023, 2022, 2023]), np.array([5, 5, 6]))
+                         np.array([0b01, 0, 0b10]), np.array([2023, 2022, 2023]), np.array([5, 5, 6])).ranked()
     assert flipped.rows.tolist() == [[0, 2, 1]]  # 0.53 > 0.48 boosted past row 1
 
 

@@ -10,6 +10,7 @@ Questions are processed in chunks of `retrieve.question_batch_size` to bound pea
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,12 @@ class _ChunkColumns:
         return [dict(zip(_RANKED_FIELDS, item, strict=True)) for item in columns]
 
 
+def _tick(timings: dict[str, float], stage: str, since: float) -> float:
+    now = time.perf_counter()
+    timings[stage] = timings.get(stage, 0.0) + now - since
+    return now
+
+
 def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
     """Hits of a subset of questions (positions `index`) placed into an n_q-row batch of pads."""
     width = hits.rows.shape[1]
@@ -127,15 +134,19 @@ def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
 
 def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speaker_mask: np.ndarray,
            year: np.ndarray, month: np.ndarray) -> Hits:
-    if not cfg.retrieve.boosts_enabled:
-        return hits
-    return add_boosts(hits, cfg.retrieve.boosts, *cons, speaker_mask, year, month)
+    """Boosted (when enabled) and ranked: score desc, ties by lower row."""
+    if cfg.retrieve.boosts_enabled:
+        hits = add_boosts(hits, cfg.retrieve.boosts, *cons, speaker_mask, year, month)
+    return hits.ranked()
 
 
 def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], memory_ids: Sequence[str],
                    embed: Embed | None = None, question_embeddings: torch.Tensor | None = None,
-                   reranker: Any | None = None, progress: bool = False) -> list[RetrievalResult]:
-    """Retrieve for every question; see module doc. reranker: a CrossEncoderModule or None (= backend none)."""
+                   reranker: Any | None = None, progress: bool = False,
+                   timings: dict[str, float] | None = None) -> list[RetrievalResult]:
+    """Retrieve for every question; see module doc. reranker: a CrossEncoderModule or None (= backend none).
+
+    timings: when given, wall seconds per stage are added to it (keys `stage_*`)."""
     if len(questions) != len(memory_ids):
         raise ValueError(f"retrieve_batch: {len(questions)} questions but {len(memory_ids)} memory ids")
     if cfg.rerank.backend == "cross-encoder" and reranker is None:
@@ -148,15 +159,16 @@ def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], 
         stop = min(start + step, len(questions))
         q_emb = None if question_embeddings is None else question_embeddings[start:stop]
         out.extend(_retrieve_chunk(view, cfg, list(questions[start:stop]), list(memory_ids[start:stop]),
-                                   embed, q_emb, reranker, progress))
+                                   embed, q_emb, reranker, progress, timings if timings is not None else {}))
     return out
 
 
 def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], memory_ids: list[str],
                     embed: Embed | None, q_emb: torch.Tensor | None, reranker: Any | None,
-                    progress: bool) -> list[RetrievalResult]:
+                    progress: bool, timings: dict[str, float]) -> list[RetrievalResult]:
     from memfit_gpu.index.bm25 import tokenize
 
+    clock = time.perf_counter()
     rcfg = cfg.retrieve
     n_q = len(questions)
     mems = [view.memory_index(m) for m in memory_ids]
@@ -169,11 +181,13 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     constraints = [parse_constraints(q, view.speakers[m], min_chars) for q, m in zip(questions, mems, strict=False)]
     cons = constraint_tensors(constraints, view.speakers_lower, mems)
 
+    clock = _tick(timings, "stage_0_queries", clock)
     # 1-2: episode hybrid + boosts
     ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                        rcfg.dense_min_cosine)
     ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars), *view.ep_year_month)
 
+    clock = _tick(timings, "stage_1_2_episodes", clock)
     # 3: summary hybrid + boosts, top summary_top_k
     sm: Hits | None = None
     if rcfg.summaries and view.has_summaries:
@@ -182,6 +196,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars), *view.sm_year_month)
         sm = sm.head(rcfg.summary_top_k)
 
+    clock = _tick(timings, "stage_3_summaries", clock)
     # 4-5: pool and summary expansion
     pool = round_robin(ep, sm, rcfg.pool_size)
     expansion = Candidates.empty(n_q)
@@ -189,6 +204,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         expansion = summary_expansion(pool, sm, view.members_padded, rcfg.summary_expansion_top,
                                       rcfg.summary_expansion_weight)
 
+    clock = _tick(timings, "stage_4_5_pool", clock)
     # 6: PRF, a second batched hybrid pass
     prf_terms: list[list[str]] = [[] for _ in range(n_q)]
     prf = Candidates.empty(n_q)
@@ -212,6 +228,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
             hits = _expand(hits, torch.tensor(asking, dtype=torch.long), n_q)
             prf = prf_expansion(hits, pool, expansion, rcfg.prf.weight)
 
+    clock = _tick(timings, "stage_6_prf", clock)
     # 7: rerank candidates = pool[:rerank_pool] + every expansion
     cands = concat([pool.head(cfg.rerank.rerank_pool), expansion, prf])
     rerank_scores: torch.Tensor | None = None
@@ -238,6 +255,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     final = torch.where(ranked.valid, final.gather(1, order), 0.0)
     raw_rerank = rerank_scores.gather(1, order) if rerank_scores is not None else None
 
+    clock = _tick(timings, "stage_7_rerank", clock)
     # 8-9: pack and excerpts
     info = reranker_info(cfg.rerank, reranker)
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
@@ -250,4 +268,5 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         pack = build_pack(top, view, cfg.pack.context_window)
         text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, body_cache)
         results.append(RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i)))
+    _tick(timings, "stage_8_9_pack", clock)
     return results

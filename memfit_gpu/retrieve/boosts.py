@@ -45,7 +45,7 @@ def constraint_tensors(constraints: Sequence[QueryConstraints], speakers_lower: 
 def add_boosts(hits: Hits, cfg: BoostConfig, speaker_bits: torch.Tensor, years: torch.Tensor,
                months: torch.Tensor, row_speaker_mask: np.ndarray, row_year: np.ndarray,
                row_month: np.ndarray) -> Hits:
-    """Boosted copy of `hits`, re-sorted (score desc, row asc)."""
+    """Boosted copy of `hits`, in the same (row) order."""
     valid = hits.valid
     safe = hits.rows.clamp(min=0).numpy()
     spk = torch.from_numpy(row_speaker_mask[safe]) if row_speaker_mask.size else torch.zeros_like(hits.rows)
@@ -60,4 +60,4 @@ def add_boosts(hits: Hits, cfg: BoostConfig, speaker_bits: torch.Tensor, years: 
     boost = boost + year_hit.double() * cfg.year
     boost = torch.where(valid, boost, 0.0)
     score = torch.where(valid, hits.fused + boost, -torch.inf)
-    return Hits(hits.rows, hits.bm25, hits.dense, hits.fused, boost, score).sorted()
+    return Hits(hits.rows, hits.bm25, hits.dense, hits.fused, boost, score)

@@ -47,8 +47,13 @@ class Hits:
         return Hits(g(self.rows, -1), g(self.bm25, 0.0), g(self.dense, 0.0), g(self.fused, 0.0),
                     g(self.boost, 0.0), g(self.score, float("-inf")))
 
+    def ranked(self) -> Hits:
+        """By score descending, ties by row ascending, for hits already in row order (as `fuse` and
+        `add_boosts` return them): one stable sort suffices."""
+        return self.take(self.score.argsort(dim=1, descending=True, stable=True))
+
     def sorted(self) -> Hits:
-        """By score descending, ties by row ascending (pads last)."""
+        """By score descending, ties by row ascending (pads last), from any order."""
         key_rows = torch.where(self.valid, self.rows, _BIG)
         by_row = key_rows.argsort(dim=1, stable=True)
         by_score = self.score.gather(1, by_row).argsort(dim=1, descending=True, stable=True)
@@ -75,7 +80,8 @@ def minmax(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def fuse(bm25_scores: torch.Tensor, bm25_rows: torch.Tensor, dense_scores: torch.Tensor,
          dense_rows: torch.Tensor, alpha: float) -> Hits:
-    """Union of the two top-k lists per question, normalised and fused, sorted (score desc, row asc)."""
+    """Union of the two top-k lists per question, normalised and fused, in ROW order (pads last);
+    `.ranked()` gives score order (ties by lower row)."""
     n_q = bm25_rows.shape[0]
     rows = torch.cat([bm25_rows.long(), dense_rows.long()], 1)
     zeros_b = torch.zeros_like(dense_scores, dtype=torch.float64)
@@ -100,14 +106,13 @@ def fuse(bm25_scores: torch.Tensor, bm25_rows: torch.Tensor, dense_scores: torch
     fused = alpha * minmax(out_d, valid) + (1 - alpha) * minmax(out_b, valid)
     fused = torch.where(valid, fused, 0.0)
     score = torch.where(valid, fused, -torch.inf)
-    hits = Hits(out_rows, torch.where(valid, out_b, 0.0), torch.where(valid, out_d, 0.0), fused,
+    return Hits(out_rows, torch.where(valid, out_b, 0.0), torch.where(valid, out_d, 0.0), fused,
                 torch.zeros_like(fused), score)
-    return hits.sorted()
 
 
 def hybrid_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings: torch.Tensor,
                   memory_idx: Sequence[int], scan_top_k: int, alpha: float, min_cosine: float = 0.0) -> Hits:
-    """One BM25 search and one dense search for all queries, then `fuse`."""
+    """One BM25 search and one dense search for all queries, then `fuse` (row order)."""
     b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), scan_top_k)
     d_scores, d_rows = dense.search(embeddings, list(memory_idx), scan_top_k, min_score=min_cosine)
     return fuse(b_scores.cpu(), b_rows.cpu(), d_scores.cpu(), d_rows.cpu(), alpha)

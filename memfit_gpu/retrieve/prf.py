@@ -28,10 +28,17 @@ def choose_terms(token_lists: Sequence[Sequence[str]], idf: dict[str, float] | N
     return sorted(pool, key=lambda t: (-idf[t], t))[:terms]
 
 
+def _choose_by_key(token_lists: Sequence[Sequence[str]], key: dict[str, tuple[float, str]], terms: int) -> list[str]:
+    """`choose_terms` (idf order) with the sort keys (-idf, token) precomputed per memory."""
+    pool = set()
+    for tokens in token_lists:
+        pool.update(tokens)
+    return sorted(pool, key=key.__getitem__)[:terms]
+
+
 def choose_terms_batch(token_lists: Sequence[Sequence[Sequence[str]]], memory_idx: Sequence[int], bm25,
                        terms: int, term_order: str) -> list[list[str]]:
     """`choose_terms` for every question; one idf call for all distinct (memory, token) pairs."""
-    idf_by_memory: dict[int, dict[str, float]] = {}
     if term_order == "idf":
         wanted: dict[int, set[str]] = {}
         for lists, m in zip(token_lists, memory_idx, strict=False):
@@ -41,5 +48,8 @@ def choose_terms_batch(token_lists: Sequence[Sequence[Sequence[str]]], memory_id
         mems = sorted(wanted)
         token_rows = [sorted(wanted[m]) for m in mems]
         values = bm25.idf(token_rows, mems) if mems else []
-        idf_by_memory = {m: dict(zip(toks, vals, strict=False)) for m, toks, vals in zip(mems, token_rows, values, strict=False)}
-    return [choose_terms(lists, idf_by_memory.get(m), terms, term_order) for lists, m in zip(token_lists, memory_idx, strict=False)]
+        keys = {m: {t: (-v, t) for t, v in zip(toks, vals, strict=True)}
+                for m, toks, vals in zip(mems, token_rows, values, strict=True)}
+        return [_choose_by_key(lists, keys[m], terms) if lists else []
+                for lists, m in zip(token_lists, memory_idx, strict=True)]
+    return [choose_terms(lists, None, terms, term_order) for lists in token_lists]

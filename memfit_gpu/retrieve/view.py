@@ -179,17 +179,37 @@ class ReadView:
     @staticmethod
     def _mask_of(texts: Sequence[str], speakers: Sequence[str], memory: np.ndarray, names: list[list[str]],
                  min_chars: int) -> np.ndarray:
-        """Bit s set when speaker s of the row's memory is the row's speaker or a whole word of its text."""
+        """Bit s set when speaker s of the row's memory is the row's speaker or a whole word of its text.
+
+        Single-word names: one alternation scan per row finds every name (whole words cannot overlap);
+        a memory with a multi-word name searches each name on its own."""
         masks = np.zeros(len(texts), dtype=np.int64)
-        patterns = [[(bit, name, re.compile(r"\b" + re.escape(name) + r"\b")) for bit, name in enumerate(ns)
-                     if len(name) >= min_chars] for ns in names]
+        plans = []
+        for ns in names:
+            usable = [(bit, name) for bit, name in enumerate(ns) if len(name) >= min_chars]
+            bit_of = {name: bit for bit, name in usable}
+            if usable and all(re.fullmatch(r"\w+", name) for _, name in usable):
+                alternation = "|".join(re.escape(n) for n in sorted(bit_of, key=len, reverse=True))
+                plans.append((bit_of, re.compile(r"\b(?:" + alternation + r")\b"), None))
+            else:
+                plans.append((bit_of, None, [(bit, re.compile(r"\b" + re.escape(n) + r"\b")) for bit, n in usable]))
+        memory_list = memory.tolist()
         for row, text in enumerate(texts):
+            bit_of, combined, singles = plans[memory_list[row]]
+            if not bit_of:
+                continue
             low = text.lower()
-            spk = speakers[row].lower().strip() if speakers else None
             bits = 0
-            for bit, name, pattern in patterns[int(memory[row])]:
-                if name == spk or pattern.search(low):
-                    bits |= 1 << bit
+            spk = speakers[row].lower().strip() if speakers else None
+            if spk in bit_of:
+                bits |= 1 << bit_of[spk]
+            if combined is not None:
+                for found in set(combined.findall(low)):
+                    bits |= 1 << bit_of[found]
+            else:
+                for bit, pattern in singles:
+                    if pattern.search(low):
+                        bits |= 1 << bit
             masks[row] = bits
         return masks
 
@@ -286,12 +306,17 @@ class ReadView:
 
     def prf_tokens(self, rows: Sequence[int], min_chars: int) -> list[list[str]]:
         """Distinct tokens of at least `min_chars` characters of each row (cached per row)."""
+        from memfit_gpu.index.bm25 import tokenize
+
+        # the distinct indexed tokens of a row are those of tokenize(its text): the text BM25 indexed
         cache = self._prf_tokens
-        missing = [r for r in dict.fromkeys(rows) if (r, min_chars) not in cache]
-        if missing:
-            for r, toks in zip(missing, self.ep_bm25.doc_tokens(missing), strict=False):
-                cache[(r, min_chars)] = [t for t in toks if len(t) >= min_chars]
-        return [cache[(r, min_chars)] for r in rows]
+        out = []
+        for r in rows:
+            toks = cache.get((r, min_chars))
+            if toks is None:
+                toks = cache[(r, min_chars)] = [t for t in dict.fromkeys(tokenize(self.ep_text[r])) if len(t) >= min_chars]
+            out.append(toks)
+        return out
 
     def recorded(self, row: int) -> str:
         return format_date(self.ep_time[row].astype(object).date())
