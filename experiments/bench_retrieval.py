@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "memfit.yaml"))
     parser.add_argument("--limit-memories", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per path; the best is kept")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per path; the best is kept")
     # On a shared 2-core machine torch's intra-op threads stall on busy cores; one thread is steadier.
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads while timing")
     parser.add_argument("overrides", nargs="*", help="config overrides (rerank.backend is forced to none)")

@@ -153,3 +153,21 @@ def test_excerpt_text() -> None:
     )
     plain = format_excerpts(pack, view, " (as of {date})", resolve_dates=False)
     assert plain.endswith("Speaker Ann says: I left yesterday")
+
+
+def test_batched_packs_equal_single_packs() -> None:
+    from memfit_gpu.retrieve.pack import build_packs
+
+    tops = [[(0, 3), (1, 0), (0, 2)], [(0, 5), (0, 0), (0, 1)], [(1, 0)]]
+    kind = torch.full((3, 3), -1, dtype=torch.long)
+    row = torch.full((3, 3), -1, dtype=torch.long)
+    for i, top in enumerate(tops):
+        for j, (k, r) in enumerate(top):
+            kind[i, j], row[i, j] = k, r
+    for deleted in (None, [False, False, False, False, True, False]):
+        view = _tiny_view(deleted)
+        for window in (0, 1, 2):
+            batch = build_packs(kind, row, view, window)
+            assert [(p.episodes, p.selected, p.summaries) for p in batch] == [
+                (p.episodes, p.selected, p.summaries) for p in (build_pack(t, view, window) for t in tops)]
+    assert build_packs(kind, row, _tiny_view(), 1)[1].episodes == [0, 1, 2, 4, 5]  # 5 -> 4,5; 0 -> 0,1; 1 -> 0,1,2

@@ -22,7 +22,7 @@ from memfit_gpu.config import MemFitConfig
 from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
 from memfit_gpu.retrieve.dates import parse_constraints
 from memfit_gpu.retrieve.hybrid import Hits, hybrid_search
-from memfit_gpu.retrieve.pack import Pack, build_pack, format_excerpts
+from memfit_gpu.retrieve.pack import Pack, build_packs, format_excerpts
 from memfit_gpu.retrieve.pool import (
     EPISODE,
     SOURCE_NAMES,
@@ -260,12 +260,10 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     info = reranker_info(cfg.rerank, reranker)
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
     k = cfg.pack.k
-    top_kinds, top_rows = ranked.kind[:, :k].tolist(), ranked.row[:, :k].tolist()
+    packs = build_packs(ranked.kind[:, :k], ranked.row[:, :k], view, cfg.pack.context_window)
     body_cache = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(cfg.pack.resolve_dates, {})
     results = []
-    for i in range(n_q):
-        top = [(kind, row) for kind, row in zip(top_kinds[i], top_rows[i], strict=True) if kind >= 0]
-        pack = build_pack(top, view, cfg.pack.context_window)
+    for i, pack in enumerate(packs):
         text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, body_cache)
         results.append(RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i)))
     _tick(timings, "stage_8_9_pack", clock)

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from memfit_gpu.retrieve.dates import resolve_relative_dates
 
 _DATE_PREFIX = re.compile(r"^DATE: [^|]*\| ")
@@ -49,6 +51,37 @@ def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pa
 
 
 _TRIGGERS = ("yesterday", "ago", "last", "this", "next")
+
+
+def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: Any, context_window: int) -> list[Pack]:
+    """`build_pack` for a whole batch: top_kind/top_row [Q, k] (kind -1 = pad), one tensor pass for the
+    neighbours, the dedup and the time order."""
+    n_q = top_kind.shape[0]
+    episode = top_kind == 0
+    sel = torch.where(episode, top_row, -1)
+    if context_window > 0:
+        table = view.neighbour_table(context_window)  # [n_rows, 2w+1], -1 where none
+        around = table[sel.clamp(min=0)]  # [Q, k, 2w+1]
+        around = torch.where(episode[:, :, None], around, -1).reshape(n_q, -1)
+    else:
+        around = sel
+    rank = view.time_rank_tensor
+    big = torch.iinfo(torch.long).max
+    key = torch.where(around >= 0, rank[around.clamp(min=0)], big)
+    key, order = key.sort(dim=1)
+    rows = around.gather(1, order)
+    keep = key != big
+    keep[:, 1:] &= key[:, 1:] != key[:, :-1]  # time ranks are unique per row: equal key = same row
+    rows_list, keep_list = rows.tolist(), keep.tolist()
+    kinds, tops = top_kind.tolist(), top_row.tolist()
+    packs = []
+    for i in range(n_q):
+        packs.append(Pack(
+            episodes=[r for r, k in zip(rows_list[i], keep_list[i], strict=True) if k],
+            selected=[r for kind, r in zip(kinds[i], tops[i], strict=True) if kind == 0],
+            summaries=[r for kind, r in zip(kinds[i], tops[i], strict=True) if kind == 1],
+        ))
+    return packs
 
 
 def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:

@@ -253,6 +253,27 @@ class ReadView:
         return rank
 
     @cached_property
+    def time_rank_tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.time_rank)
+
+    def neighbour_table(self, window: int) -> torch.Tensor:
+        """[n_rows, 2*window+1] live rows of the same session at offsets -window..window in turn
+        order (-1 where the session has none; a deleted row has none at all)."""
+        key = ("table", window)
+        if key not in self._neighbour_cache:
+            order, place = self.session_order
+            order_t = torch.from_numpy(order)
+            place_t = torch.from_numpy(place)
+            session = torch.from_numpy(self.ep_session)
+            offsets = torch.arange(-window, window + 1)
+            at = place_t[:, None] + offsets[None, :]
+            inside = (place_t[:, None] >= 0) & (at >= 0) & (at < len(order))
+            rows = torch.where(inside, order_t[at.clamp(0, max(len(order) - 1, 0))], -1)
+            same = inside & (session[rows.clamp(min=0)] == session[:, None])
+            self._neighbour_cache[key] = torch.where(same, rows, -1)
+        return self._neighbour_cache[key]
+
+    @cached_property
     def time_rank_list(self) -> list[int]:
         return self.time_rank.tolist()
 
