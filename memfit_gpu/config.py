@@ -134,6 +134,7 @@ class ReaderConfig:
     temperature: float = 0.0  # deterministic answers
     max_new_tokens: int = 64  # answers are short (SPEC: shortest complete answer)
     batch_size: int = 16  # transformers: prompts per generate call
+    flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
     max_model_len: int = 8192  # vllm: context length
     dtype: str = "auto"  # model weights dtype
     images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)

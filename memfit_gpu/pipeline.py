@@ -1,0 +1,440 @@
+"""build -> retrieve -> read -> score, resumable.
+
+    memfit run --config configs/memfit.yaml --out runs/x [key=value ...]
+
+A run directory holds everything a run made (docs/design.md "Run directory"). Every stage leaves its
+result on disk before the next starts, and a rerun with the same directory picks up where it stopped:
+the store reopens (no re-encoding), summaries and answers come from the response cache (no repeat LLM
+call), predictions are appended per batch and never duplicated, and `DONE` marks a finished run, which
+a rerun only reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+
+log = logging.getLogger(__name__)
+
+
+class RunError(RuntimeError):
+    """A run directory that cannot be resumed as asked."""
+
+
+@dataclass
+class StageTimer:
+    """Wall time per stage, accumulated across resumed invocations (timings.json)."""
+
+    path: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> StageTimer:
+        seconds = json.loads(path.read_text()) if path.exists() else {}
+        return cls(path, {k: float(v) for k, v in seconds.items()})
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            _atomic_write(self.path, json.dumps(self.seconds, indent=2))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _check_config(cfg: MemFitConfig, out: Path) -> None:
+    """A resumed run must have the configuration it started with: anything else mixes two runs."""
+    resolved = out / "config.yaml"
+    text = to_yaml(cfg)
+    if not resolved.exists():
+        _atomic_write(resolved, text)
+        return
+    before = load_config(resolved)
+    if before != cfg:
+        flat_a, flat_b = _flatten(to_dict(before)), _flatten(to_dict(cfg))
+        diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
+        raise RunError(
+            f"{out} was started with a different configuration ({', '.join(diff[:8])}"
+            f"{' ...' if len(diff) > 8 else ''}); use a new --out directory for a different configuration"
+        )
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Lines of a JSONL file; a torn last line (killed mid-write) is cut off the file and dropped."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(data[:good_end].splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise RunError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+    if good_end < len(data):
+        log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
+        with open(path, "r+b") as handle:
+            handle.truncate(good_end)
+    return rows
+
+
+def _append_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _question_payload(q: Any) -> dict[str, Any]:
+    return {"question_id": q.question_id, "memory_id": q.memory_id, "category": q.category,
+            "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
+
+
+def summary_generate(reader: Any, cfg: MemFitConfig):
+    """The store's `generate(list_of_prompts) -> list_of_texts`, through the run's cached reader."""
+    from memfit_gpu.readers.base import Request
+
+    def generate(prompts: list[str]) -> list[str]:
+        requests = [Request([{"role": "user", "content": p}], role="summary",
+                            max_new_tokens=cfg.summary.max_new_tokens, temperature=cfg.summary.temperature,
+                            key=f"summary:{i}") for i, p in enumerate(prompts)]
+        return [r.text.strip() for r in reader.generate(requests)]
+
+    return generate
+
+
+def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) one configuration into `out_dir`; returns metrics.json's content."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "DONE").exists():
+        log.info("%s is finished (DONE exists): nothing to do", out)
+        return json.loads((out / "metrics.json").read_text())
+    _check_config(cfg, out)
+    timer = StageTimer.load(out / "timings.json")
+
+    from memfit_gpu.tracking import Tracker
+
+    tracker = Tracker.start(cfg, out)
+    try:
+        metrics = _run_stages(cfg, out, timer, progress)
+        tracker.log_timings(timer.seconds)
+        tracker.log_metrics(_flatten({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")}))
+        tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
+    finally:
+        tracker.finish()
+    (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    return metrics
+
+
+def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
+    from memfit_gpu.data import load_benchmark, select_from_config
+    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.readers.base import make_reader
+    from memfit_gpu.readers.ledger import Ledger
+    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
+    from memfit_gpu.store.episodes import EpisodeStore
+
+    with timer.stage("load"):
+        bench = load_benchmark(cfg.data.benchmark, cfg.data.path)
+        selected = select_from_config(bench, cfg.data)
+        questions = [q for m in selected.memories for q in m.questions]
+        if not questions:
+            raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
+        log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
+
+    # Load the cross-encoder before hours of work, so missing weights fail at once.
+    reranker = load_reranker(cfg.rerank, device=cfg.index.device)
+    ledger_path = out / "ledger.json"
+    ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
+    reader = None
+
+    def get_reader():
+        nonlocal reader
+        if reader is None:
+            reader = make_reader(cfg.reader, out, ledger=ledger, progress=progress)
+        return reader
+
+    try:
+        with timer.stage("build"):
+            encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+            store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, cfg, encoder)
+            new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
+            if new:
+                store.add_memories(new, progress=progress)
+        if cfg.summary.enabled:
+            with timer.stage("summaries"):
+                store.build_summaries(summary_generate(get_reader(), cfg), memory_ids=[m.memory_id for m in selected.memories],
+                                      progress=progress)
+                ledger.save(ledger_path)
+
+        with timer.stage("retrieve"):
+            packs = _retrieve(cfg, out, store, encoder, reranker, questions, progress)
+
+        with timer.stage("answer"):
+            _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
+
+        with timer.stage("score"):
+            metrics = _score(cfg, out, bench, questions, packs, store, reranker_info(cfg.rerank, reranker), ledger, timer)
+    finally:
+        if reader is not None:
+            reader.close()
+    return metrics
+
+
+def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: Any,
+              questions: list[Any], progress: bool) -> dict[str, dict[str, Any]]:
+    """packs.jsonl + diagnostics.json, written once and atomically: a resumed run reuses them (same
+    excerpts, same prompts, no second retrieval)."""
+    from memfit_gpu.retrieve.batched import retrieve_batch
+    from memfit_gpu.retrieve.diagnostics import compute_diagnostics
+    from memfit_gpu.retrieve.rerank import reranker_info
+    from memfit_gpu.retrieve.view import ReadView
+
+    path = out / "packs.jsonl"
+    wanted = [q.question_id for q in questions]
+    if path.exists() and (out / "diagnostics.json").exists():
+        rows = {r["question_id"]: r for r in read_jsonl(path)}
+        if all(qid in rows for qid in wanted):
+            return rows
+        log.info("%s lacks some questions: retrieving again", path)
+    view = ReadView.from_store(store)
+    stage_seconds: dict[str, float] = {}
+    results = retrieve_batch(
+        view, cfg, [q.question for q in questions], [q.memory_id for q in questions],
+        embed=lambda texts: encoder.encode(texts, batch_size=cfg.index.encode_batch_size),
+        reranker=reranker, progress=progress, timings=stage_seconds,
+    )
+    diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, reranker))
+    diagnostics["retrieve_stage_seconds"] = stage_seconds
+    rows = {}
+    lines = []
+    for q, result, record in zip(questions, results, records, strict=True):
+        row = {"question_id": q.question_id, "category": q.category, "evidence": q.evidence,
+               **result.to_json(view), "retrieval": record}
+        rows[q.question_id] = row
+        lines.append(json.dumps(row, ensure_ascii=False))
+    _atomic_write(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
+    _atomic_write(path, "\n".join(lines) + "\n")
+    return rows
+
+
+def _images_for(cfg: MemFitConfig, bench: Any, question: Any, pack_row: dict[str, Any],
+                turn_images: dict[tuple[str, str], list[str]]) -> tuple[list[str], bool]:
+    """Image files sent with one answer call (reader.images), the question's own first."""
+    if cfg.reader.images == "none":
+        return [], False
+    base = Path(bench.source)
+    base = base if base.is_dir() else base.parent
+    paths: list[str] = []
+    has_question_image = question.image is not None and bool(question.image.path)
+    if has_question_image:
+        paths.append(question.image.path)
+    if cfg.reader.images == "retrieved":
+        for episode in pack_row["pack"]["episodes"]:
+            paths.extend(turn_images.get((question.memory_id, episode["turn_id"]), []))
+    resolved = []
+    for rel in dict.fromkeys(paths):
+        if rel.startswith(("http://", "https://")):
+            resolved.append(rel)
+            continue
+        full = (base / rel).resolve()
+        if not full.is_file():
+            raise RunError(f"{bench.source}: question {question.question_id}: image {rel} not found at {full} "
+                           f"(reader.images={cfg.reader.images}; fetch the benchmark images or set reader.images=none)")
+        resolved.append(str(full))
+    return resolved, has_question_image
+
+
+def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], packs: dict[str, dict[str, Any]],
+            reader: Any, ledger: Any, ledger_path: Path, progress: bool) -> None:
+    """One answer call per question, appended to predictions.jsonl a chunk at a time."""
+    from memfit_gpu.evaluate.metrics import score_all
+    from memfit_gpu.readers.base import Request
+    from memfit_gpu.readers.clean import clean_answer
+    from memfit_gpu.readers.prompts import build_answer_messages, resolve_protocol
+
+    protocol = resolve_protocol(cfg.reader.protocol, bench.name)
+    memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
+    turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
+                   for m in bench.memories for t in m.turns() if t.images}
+    pred_path = out / "predictions.jsonl"
+    done = {r["question_id"] for r in read_jsonl(pred_path)}
+    todo = [q for q in questions if q.question_id not in done]
+    if done:
+        log.info("answer: %d questions already answered, %d to go", len(done), len(todo))
+    judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
+    try:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(questions), initial=len(done), desc="answer", unit="q", disable=not progress)
+        step = max(1, cfg.reader.flush_every)
+        for start in range(0, len(todo), step):
+            chunk = todo[start:start + step]
+            requests = []
+            for q in chunk:
+                images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
+                messages = build_answer_messages(
+                    q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
+                    question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
+                )
+                requests.append(Request(messages, role="answer", images=images, key=q.question_id))
+            responses = reader.generate(requests)
+            cleaned = [clean_answer(r.text) for r in responses]
+            scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
+                               cfg.eval.metrics)
+            verdicts = judge(chunk, [c.text for c in cleaned]) if judge is not None else [None] * len(chunk)
+            rows = []
+            for q, resp, clean, score, verdict in zip(chunk, responses, cleaned, scores, verdicts, strict=True):
+                rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
+                             "abstained": clean.abstained, "scores": score, "judge": verdict,
+                             "retrieval": packs[q.question_id].get("retrieval")})
+            _append_jsonl(pred_path, rows)
+            # Saved with the predictions it accounts for: a kill between the two repeats no call.
+            ledger.save(ledger_path)
+            bar.update(len(chunk))
+        bar.close()
+    finally:
+        if judge is not None:
+            judge.close()
+
+
+def _memgallery_dir(bench: Any) -> Path:
+    """The MemGallery folder that holds prompt/ (the loader's source is its dialog/ folder or a file in it)."""
+    source = Path(bench.source)
+    for candidate in (source, source.parent, source.parent.parent):
+        if (candidate / "prompt").is_dir():
+            return candidate
+    return source.parent if source.is_dir() else source.parent.parent
+
+
+class _Judge:
+    """LLM judge over a chunk of answers, through its own cached reader (role judge).
+
+    eval.judge.prompt auto = the benchmark's judge: MemGallery's graded prompt, LongMemEval's per-type
+    yes/no prompts (abstention for `_abs`), the paper's CORRECT/WRONG judge otherwise."""
+
+    def __init__(self, cfg: MemFitConfig, out: Path, ledger: Any, progress: bool, bench: Any):
+        from memfit_gpu.readers.base import make_reader, reader_config_for_judge
+
+        self.cfg = cfg
+        prompt = cfg.eval.judge.prompt
+        if prompt == "auto":
+            prompt = bench.name if bench.name in ("memgallery", "longmemeval") else "paper"
+        if prompt not in ("paper", "memgallery", "longmemeval"):
+            raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, paper, memgallery, longmemeval")
+        self.kind = prompt
+        self.memgallery_dir = _memgallery_dir(bench) if prompt == "memgallery" else None
+        self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
+                                  progress=progress)
+
+    def __call__(self, questions: list[Any], predictions: list[str]) -> list[dict[str, Any]]:
+        from memfit_gpu.evaluate.judge import empty_verdict, is_empty_prediction, parse_judge_reply
+        from memfit_gpu.readers.base import Request
+        from memfit_gpu.readers.prompts import build_judge_messages
+
+        verdicts: list[dict[str, Any] | None] = [None] * len(questions)
+        requests, where = [], []
+        for i, (q, pred) in enumerate(zip(questions, predictions, strict=True)):
+            if is_empty_prediction(pred):
+                verdicts[i] = empty_verdict()
+                continue
+            messages = build_judge_messages(q.question, q.answer, pred, q.category, self.kind,
+                                            memgallery_dir=self.memgallery_dir, abstention=q.abstention)
+            requests.append(Request(messages, role="judge", key=f"judge:{q.question_id}"))
+            where.append(i)
+        for i, resp in zip(where, self.reader.generate(requests) if requests else [], strict=True):
+            verdicts[i] = parse_judge_reply(resp.text, kind=self.kind, strict=False)
+        return verdicts  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], packs: dict[str, dict[str, Any]],
+           store: Any, reranker: dict[str, Any], ledger: Any, timer: StageTimer) -> dict[str, Any]:
+    from memfit_gpu.evaluate.tables import render_markdown, summarize
+
+    rows = read_jsonl(out / "predictions.jsonl")
+    by_id: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["question_id"] in by_id:
+            raise RunError(f"{out / 'predictions.jsonl'}: question {row['question_id']} appears twice")
+        by_id[row["question_id"]] = row
+    missing = [q.question_id for q in questions if q.question_id not in by_id]
+    if missing:
+        raise RunError(f"{out / 'predictions.jsonl'}: {len(missing)} questions have no prediction: {missing[:10]}")
+    ledger.check_one_answer_per_question([q.question_id for q in questions])
+    ordered = [by_id[q.question_id] for q in questions]
+    metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
+                        n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics["benchmark"] = bench.name
+    metrics["questions"] = len(questions)
+    metrics["metric_variant"] = cfg.eval.table_metric
+    metrics["retrieval"] = json.loads((out / "diagnostics.json").read_text())
+    metrics["reranker"] = reranker
+    metrics["timings"] = dict(timer.seconds)
+    metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
+    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2))
+    ledger.save(out / "ledger.json")
+    table = render_markdown(metrics, benchmark=bench.name)
+    _atomic_write(out / "results.md", table)
+    return metrics
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="build -> retrieve -> answer -> score one configuration (resumable)",
+        description=(
+            "Run MemFit end to end on a benchmark: store every turn (one encoder pass), build segment summaries, "
+            "retrieve for every question in one batched pass, make one reader call per question, and score. "
+            "Writes DIR/config.yaml, predictions.jsonl, metrics.json, ledger.json, results.md and DONE. "
+            "Killed at any point, the same command resumes: no lost or duplicated predictions, no repeated LLM calls."
+        ),
+    )
+    parser.add_argument("--config", required=True, help="YAML config (configs/memfit.yaml, configs/demo.yaml, ...)")
+    parser.add_argument("--out", required=True, help="run directory (created; reused to resume)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dot-list overrides, e.g. retrieve.scan_top_k=30 rerank.backend=none")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=_cli)
+
+
+def _cli(args: Any) -> int:
+    cfg = load_config(args.config, args.overrides)
+    try:
+        run(cfg, args.out, progress=not args.quiet)
+    except RunError as exc:
+        raise ConfigError(str(exc)) from None
+    print((Path(args.out) / "results.md").read_text())
+    return 0
