@@ -91,3 +91,32 @@ def test_switches_change_what_they_should(setup) -> None:
     _, _, plain, _ = _both(setup, ["retrieve.boosts_enabled=false"], reference=False)
     assert all(c["boost"] == 0.0 for r in plain for c in r.ranked)
     assert any(c["boost"] > 0 for r in paper for c in r.ranked)
+
+
+def test_cross_encoder_rerank_batched_equals_reference(setup, tmp_path) -> None:
+    """The rerank path with a real-bodied cross-encoder whose head is seeded random (no trained one
+    ships offline; its scores mean nothing): same packs both ways, z-scores per kind, weights recorded."""
+    from memfit_gpu.index.encoders import random_cross_encoder
+    from memfit_gpu.retrieve.rerank import load_reranker
+
+    store, questions, embed = setup
+    folder = random_cross_encoder(tmp_path / "ce", seed=5)
+    cfg = load_config("configs/memfit.yaml", [f"rerank.model={folder}", "rerank.rerank_pool=20"])
+    reranker = load_reranker(cfg.rerank, device="cpu")
+    picked = questions[:3] + questions[PER_MEMORY:PER_MEMORY + 3]
+    texts, mems = [q.question for q in picked], [q.memory_id for q in picked]
+    q_emb = embed(texts)
+    batched = retrieve_batch(ReadView.from_store(store), cfg, texts, mems, embed=embed, question_embeddings=q_emb,
+                             reranker=reranker)
+    view = ReadView.from_store(store)
+    loop = [retrieve_one(view, cfg, t, m, embed, q_emb[i], reranker=reranker) for i, (t, m) in enumerate(zip(texts, mems, strict=True))]
+    for a, b in zip(batched, loop, strict=True):
+        assert a.pack_key() == b.pack_key()
+        assert [(c["kind"], c["row"]) for c in a.ranked] == [(c["kind"], c["row"]) for c in b.ranked]
+        assert [c["rerank"] for c in a.ranked] == pytest.approx([c["rerank"] for c in b.ranked], abs=1e-5)
+        assert a.reranker["backend"] == "cross-encoder" and a.reranker["weights"]["path"] == str(folder)
+        for kind in ("episode", "summary"):
+            finals = torch.tensor([c["final"] for c in a.ranked if c["kind"] == kind], dtype=torch.float64)
+            if len(finals) >= 3:  # z-scored within the kind: mean 0, population std 1
+                assert abs(finals.mean().item()) < 1e-9 and abs(finals.std(unbiased=False).item() - 1) < 1e-9
+        assert [c["final"] for c in a.ranked] == sorted((c["final"] for c in a.ranked), reverse=True)
