@@ -17,6 +17,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, str] = {
     "data": "memfit_gpu.data.cli",
     "run": "memfit_gpu.pipeline",
+    "profile": "memfit_gpu.profile",
     "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
     "sweep": "memfit_gpu.sweep_cli",

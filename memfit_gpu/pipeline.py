@@ -191,6 +191,8 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
             new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
             if new:
                 store.add_memories(new, progress=progress)
+                build = {**store.last_timings, "episodes": int(store.size), "memories": len(store.memory_ids)}
+                _atomic_write(out / "build_timings.json", json.dumps(build, indent=2))
         if cfg.summary.enabled:
             with timer.stage("summaries"):
                 store.build_summaries(summary_generate(get_reader(), cfg), memory_ids=[m.memory_id for m in selected.memories],

@@ -145,3 +145,28 @@ def test_torn_jsonl_tail_is_cut_and_bad_lines_named(tmp_path: Path):
     path.write_text('{"a": 1}\nnot json\n')
     with pytest.raises(RunError, match="line 2"):
         read_jsonl(path)
+
+
+@pytest.mark.slow
+def test_profile_reports_every_stage_and_the_scaling_curve(smoke_run: Path, tmp_path: Path, shared_data: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    """memfit profile over a finished run (its clocks) plus a small real scaling sweep; PNG is a real image."""
+    import shutil
+
+    from memfit_gpu.profile import RETRIEVAL_STAGES, profile
+
+    shutil.copytree(smoke_run, tmp_path / "prof" / "run")
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    result = profile(load_config(SMOKE), tmp_path / "prof", sizes=(1000, 3000), n_queries=8, progress=False)
+    stages = result["stages"]
+    assert set(RETRIEVAL_STAGES) <= set(stages) and {"encode", "read"} <= set(stages)
+    assert stages["encode"]["items"] == 419 and stages["encode"]["seconds"] > 0  # conv-26 has 419 turns
+    assert stages["read"]["items"] == 6
+    assert sum(s["share"] for s in stages.values()) == pytest.approx(1.0)
+    assert [r["episodes"] for r in result["scaling"]] == [1000, 3000]
+    assert all(r["questions"] == 8 and r["search_s"] > 0 for r in result["scaling"])
+    assert result["gpu"]["available"] in (True, False)
+    saved = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert saved["stages"] == stages
+    png = (tmp_path / "prof" / "profile.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
