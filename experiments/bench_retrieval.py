@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "memfit.yaml"))
     parser.add_argument("--limit-memories", type=int, default=None)
+    parser.add_argument("--store", default=None,
+                        help="EpisodeStore directory: built there on the first run, reopened (no re-encoding) later")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per path; the best is kept")
     # On a shared 2-core machine torch's intra-op threads stall on busy cores; one thread is steadier.
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads while timing")
@@ -57,8 +59,12 @@ def main(argv: list[str] | None = None) -> dict:
     memory_ids = [q.memory_id for q in questions]
 
     encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
-    store = EpisodeStore(None, cfg, encoder)
-    store.add_memories(benchmark.memories, progress=True)
+    store = EpisodeStore(args.store, cfg, encoder)
+    missing = [m for m in benchmark.memories if m.memory_id not in store.memory_ids]
+    if len(missing) != len(benchmark.memories) and missing:
+        raise SystemExit(f"--store {args.store} holds some but not all of the benchmark's memories")
+    if missing:
+        store.add_memories(missing, progress=True)
 
     # One shared, untimed encoder pass per kind of query text.
     cache: dict[str, torch.Tensor] = {}
