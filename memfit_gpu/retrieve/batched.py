@@ -151,6 +151,8 @@ def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], 
         raise ValueError(f"retrieve_batch: {len(questions)} questions but {len(memory_ids)} memory ids")
     if cfg.rerank.backend == "cross-encoder" and reranker is None:
         raise ValueError("rerank.backend=cross-encoder needs the loaded cross-encoder (rerank.load_reranker)")
+    if cfg.rerank.backend == "none":
+        reranker = None  # backend none keeps the first-stage order whatever module was passed
     if question_embeddings is None and embed is None:
         raise ValueError("retrieve_batch needs embed (an encoder) or precomputed question_embeddings")
     step = max(1, cfg.retrieve.question_batch_size)

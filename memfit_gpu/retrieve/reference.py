@@ -69,6 +69,10 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
     from memfit_gpu.index.bm25 import tokenize
 
     rcfg = cfg.retrieve
+    if cfg.rerank.backend == "none":
+        reranker = None
+    elif reranker is None:
+        raise ValueError("rerank.backend=cross-encoder needs the loaded cross-encoder (rerank.load_reranker)")
     memory = view.memory_ids.index(memory_id)
     if question_embedding is None:
         question_embedding = embed([question])[0]
