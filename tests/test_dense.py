@@ -159,3 +159,8 @@ def test_shape_errors_name_the_argument():
         index.add(np.zeros((2, 3), np.float32), [0, 0])
     with pytest.raises(ValueError, match="memory_idx has 1 entries, expected 2"):
         index.add(np.zeros((2, 4), np.float32), [0])
+
+
+def test_bad_factory_is_named():
+    with pytest.raises(ValueError, match="cannot build factory 'NoSuchIndex'"):
+        DenseIndex(dim=4, factory="NoSuchIndex", gpu=False)

@@ -75,9 +75,14 @@ def test_episode_text_format():
 def test_columns_and_one_encoder_pass(bi_encoder):
     spy = EncodeSpy(bi_encoder)
     store = EpisodeStore(None, MemFitConfig(), spy)
+    bm25_adds, dense_adds = [], []
+    for index, calls in ((store.episode_bm25, bm25_adds), (store.episode_dense, dense_adds)):
+        real_add = index.add
+        index.add = lambda items, memory_idx, real_add=real_add, calls=calls: calls.append(len(items)) or real_add(items, memory_idx)
     rows = store.add_memories(_memories(), progress=False)
     assert rows.tolist() == list(range(7))
     assert spy.calls == [7]  # ONE encoder pass over every new text
+    assert bm25_adds == [7] and dense_adds == [7]  # one BM25 add and one dense add for both memories
     assert store.memory_ids == ["conv-a", "conv-b"]
     assert store.speakers == [["Caroline", "Melanie"], ["user", "assistant"]]
     assert store.memory_idx.tolist() == [0, 0, 0, 0, 0, 1, 1]

@@ -107,7 +107,10 @@ class DenseIndex:
         self._row_memory = _Growable(np.int64, -1)
         self._row_local = _Growable(np.int64, -1)
         self._deleted = _Growable(np.bool_, False)
-        probe = faiss.index_factory(self.dim, factory, faiss.METRIC_INNER_PRODUCT)
+        try:
+            probe = faiss.index_factory(self.dim, factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as exc:
+            raise ValueError(f"DenseIndex: FAISS cannot build factory {factory!r} (index.dense_factory): {exc}") from None
         self._needs_training = not probe.is_trained
         self._min_train = self._training_minimum(probe)
         log.debug(

@@ -454,59 +454,73 @@ class EpisodeStore:
         return str(self._log.path) if self._log is not None else "EpisodeStore"
 
     # ------------------------------------------------------------------ index application
-    def _index_records(self, records: list[dict[str, Any]], progress: bool = False) -> None:
+    @staticmethod
+    def _texts_to_encode(records: list[dict[str, Any]]) -> list[str]:
+        return [r["text"] for r in records if r.get("t") in ("episode", "summary")]
+
+    def _encode_records(self, records: list[dict[str, Any]], progress: bool = False) -> torch.Tensor:
+        started = time.perf_counter()
+        embeddings = self._encode(self._texts_to_encode(records), progress)
+        self.last_timings["encode_s"] = time.perf_counter() - started
+        return embeddings
+
+    def _index_records(
+        self, records: list[dict[str, Any]], embeddings: torch.Tensor | None = None, progress: bool = False
+    ) -> None:
         """Bring the four indexes up to date with records (already applied to the metadata).
 
-        Every new text (episodes and summaries) is encoded in ONE encoder pass; consecutive episode
-        records become one BM25 add and one dense add.
+        Every new text (episodes and summaries) is encoded in ONE encoder pass; the episodes of a batch
+        (all memories) become one BM25 add and one dense add (one FAISS add per memory inside).
         """
         from memfit_gpu.index.bm25 import tokenize_many
 
-        texts = [r["text"] for r in records if r.get("t") in ("episode", "summary")]
-        started = time.perf_counter()
-        embeddings = self._encode(texts, progress)
-        self.last_timings["encode_s"] = time.perf_counter() - started
+        if embeddings is None:
+            embeddings = self._encode_records(records, progress)
         self.last_timings.setdefault("bm25_s", 0.0)
         self.last_timings.setdefault("dense_s", 0.0)
         cursor = 0
-        i = 0
-        while i < len(records):
-            kind = records[i].get("t")
-            if kind in ("episode", "summary"):
-                j = i
-                while j < len(records) and records[j].get("t") == kind:
-                    j += 1
-                run = records[i:j]
-                vectors = embeddings[cursor : cursor + len(run)]
-                cursor += len(run)
-                memories = [int(r["memory"]) for r in run]
-                bm25, dense = (
-                    (self.episode_bm25, self.episode_dense) if kind == "episode" else (self.summary_bm25, self.summary_dense)
+        run: list[dict[str, Any]] = []  # consecutive episode (or summary) records, metadata records skipped
+
+        def flush() -> None:
+            nonlocal cursor, run
+            if not run:
+                return
+            kind = run[0]["t"]
+            vectors = embeddings[cursor : cursor + len(run)]
+            cursor += len(run)
+            memories = [int(r["memory"]) for r in run]
+            bm25, dense = (
+                (self.episode_bm25, self.episode_dense) if kind == "episode" else (self.summary_bm25, self.summary_dense)
+            )
+            expected = [int(r["row"]) for r in run]
+            t0 = time.perf_counter()
+            bm25_rows = bm25.add(tokenize_many([r["text"] for r in run]), memories)
+            t1 = time.perf_counter()
+            dense_rows = dense.add(vectors, memories)  # one FAISS add per memory inside
+            t2 = time.perf_counter()
+            self.last_timings["bm25_s"] += t1 - t0
+            self.last_timings["dense_s"] += t2 - t1
+            if list(map(int, bm25_rows)) != expected or dense_rows.tolist() != expected:
+                raise RuntimeError(
+                    f"{self._where()}: {kind} rows disagree: log {expected[:3]}..., "
+                    f"BM25 {list(map(int, bm25_rows[:3]))}..., dense {dense_rows[:3].tolist()}..."
                 )
-                expected = [int(r["row"]) for r in run]
-                t0 = time.perf_counter()
-                bm25_rows = bm25.add(tokenize_many([r["text"] for r in run]), memories)
-                t1 = time.perf_counter()
-                dense_rows = dense.add(vectors, memories)
-                t2 = time.perf_counter()
-                self.last_timings["bm25_s"] += t1 - t0
-                self.last_timings["dense_s"] += t2 - t1
-                if list(map(int, bm25_rows)) != expected or dense_rows.tolist() != expected:
-                    raise RuntimeError(
-                        f"{self._where()}: {kind} rows disagree: log {expected[:3]}..., BM25 {list(map(int, bm25_rows[:3]))}..., "
-                        f"dense {dense_rows[:3].tolist()}..."
-                    )
-                i = j
-            elif kind == "delete":
-                self.episode_bm25.delete([int(records[i]["row"])])
-                self.episode_dense.delete([int(records[i]["row"])])
-                i += 1
-            elif kind == "summary_delete":
-                self.summary_bm25.delete([int(records[i]["row"])])
-                self.summary_dense.delete([int(records[i]["row"])])
-                i += 1
-            else:
-                i += 1
+            run = []
+
+        for record in records:
+            kind = record.get("t")
+            if kind in ("episode", "summary"):
+                if run and run[0]["t"] != kind:
+                    flush()
+                run.append(record)
+            elif kind in ("delete", "summary_delete"):
+                flush()  # a deletion may name a row added earlier in this very batch
+                bm25, dense = (
+                    (self.episode_bm25, self.episode_dense) if kind == "delete" else (self.summary_bm25, self.summary_dense)
+                )
+                bm25.delete([int(record["row"])])
+                dense.delete([int(record["row"])])
+        flush()
 
     def _encode(self, texts: list[str], progress: bool = False) -> torch.Tensor:
         if not texts:
@@ -514,7 +528,10 @@ class EpisodeStore:
         return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
 
     def _commit(self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True) -> None:
-        """Log, then apply to the metadata and the indexes, then (persistent stores) snapshot."""
+        """Encode, then log, then apply to the metadata and the indexes, then (persistent stores) snapshot.
+
+        Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
+        embeddings = self._encode_records(records, progress)
         started = time.perf_counter()
         if self._log is not None:
             self._log.append(records)
@@ -522,7 +539,7 @@ class EpisodeStore:
         for record in records:
             self._apply(record)
         self.last_timings["metadata_s"] = time.perf_counter() - started - self.last_timings["log_s"]
-        self._index_records(records, progress)
+        self._index_records(records, embeddings)
         if snapshot:
             t0 = time.perf_counter()
             self.snapshot()
