@@ -293,8 +293,18 @@ def _average(run: Run, variant: str, metric: str = "f1") -> float | None:
     return _f1(run.metrics.get("average"), variant, metric)
 
 
+def _judged(run: Run) -> bool:
+    return (run.metrics.get("overall") or {}).get("judge") is not None
+
+
+NO_TEST = {"n": None, "mean_a": None, "mean_b": None, "diff": None, "p_value": None, "gained": None, "lost": None}
+
+
 def _paired(a: Run, b: Run, tests: PairedTests, variant: str) -> dict[str, Any]:
-    """B against A over their shared questions, judge verdicts; the overall (question-weighted) test."""
+    """B against A over their shared questions, judge verdicts; the overall (question-weighted) test.
+    Runs made without the judge (eval.judge.enabled false) have no verdicts: every judge cell stays empty."""
+    if not (_judged(a) and _judged(b)):
+        return dict(NO_TEST)
     try:
         result = compare_runs(a.path, b.path, metric="judge", variant=variant, n_permutations=tests.n_permutations,
                               seed=tests.seed, method=tests.method)
@@ -314,7 +324,7 @@ def _test_note(tests: PairedTests) -> str:
     how = ("exact enumeration" if tests.method == "exact"
            else f"{tests.n_permutations} random sign flips, seed {tests.seed}")
     return (f"p: two-sided paired sign-flip permutation test over per-question judge verdicts ({how}); "
-            "gained / lost: questions judged wrong -> right / right -> wrong.")
+            "gained / lost: questions judged wrong -> right / right -> wrong; - where a run was not judged.")
 
 
 # ------------------------------------------------------------------------------------------ tables
