@@ -17,8 +17,9 @@ Each point is a run directory `OUT/points/<id>/` (the id reads like its override
 produced by `memfit run --config BASE --out POINT_DIR key=value ...`. `memfit run` resumes and writes
 `DONE` last, so the sweep's whole fault story is: a point with `DONE` is skipped; any other point is
 (re)started and continues where it stopped. Preempted/timed-out SLURM tasks requeue themselves
-(submitit checkpointing); tasks that failed or were cancelled are resubmitted, as a new array of the
-unfinished points, once the current array has ended, up to `max_requeue` times. `OUT/sweep.json`
+(submitit checkpointing); a point whose task failed or was cancelled is resubmitted as soon as that
+task has ended, up to `max_requeue` times per sweep command. A run that exits with code 2 (memfit's
+configuration/data error) is not retried: the same command would fail again. `OUT/sweep.json`
 records the points, their overrides, every job id and state.
 """
 
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 SWEEP_KEYS = ("name", "config", "fixed", "grid", "points", "slurm", "command")
 # the program each point runs; {python} is the interpreter running the sweep (same venv on the node)
 DEFAULT_COMMAND = ["{python}", "-m", "memfit_gpu.cli", "run", "--config", "{config}", "--out", "{out}"]
+# memfit's exit code for a configuration or data error: a retry would fail the same way
+USAGE_ERROR_RC = 2
 # squeue states in which a task may still produce work (anything else, or gone from squeue, has ended)
 ACTIVE_STATES = frozenset(
     {
@@ -353,11 +356,15 @@ def _show(bar: Any, done: int, postfix: str) -> None:
 # ---------------------------------------------------------------------------------------- local
 
 
-def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: float) -> None:
-    """Run points as subprocesses, `jobs` at a time; each writes its log to OUT/logs/<id>.attempt<N>.log."""
+def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: float, retries: int) -> None:
+    """Run points as subprocesses, `jobs` at a time; each writes its log to OUT/logs/<id>.attempt<N>.log.
+
+    A point that stops without DONE goes back to the queue up to `retries` times (not after exit code 2).
+    """
     log_dir = state.out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     queue = list(todo)
+    starts: dict[str, int] = {}
     running: dict[str, tuple[subprocess.Popen, Any]] = {}
     bar = _progress(len(state.spec.points), state.spec.name)
     bar.update(state.refresh_done())
@@ -372,6 +379,7 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
                 point = queue.pop(0)
                 record = state.points[point.point_id]
                 record["attempts"] += 1
+                starts[point.point_id] = starts.get(point.point_id, 0) + 1
                 log_path = log_dir / f"{point.point_id}.attempt{record['attempts']}.log"
                 argv = point_command(state.spec, point, state.point_dir(point))
                 handle = open(log_path, "w")
@@ -394,10 +402,11 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
                 point = next(p for p in state.spec.points if p.point_id == point_id)
                 finished = rc == 0 and state.is_done(point)
                 record["jobs"][-1]["state"] = "COMPLETED" if rc == 0 else f"FAILED(rc={rc})"
-                record["state"] = "done" if finished else "failed"
-                if not finished:
-                    reason = f"exit code {rc}" if rc else "exit 0 without DONE"
-                    log.warning("point %s failed (%s); log: %s", point_id, reason, record["jobs"][-1]["log"])
+                record["state"] = "done" if finished else _after_failure(
+                    point_id, f"exit code {rc}" if rc else "exit 0 without DONE", rc, starts[point_id], retries,
+                    record["jobs"][-1]["log"])
+                if record["state"] == "retry":
+                    queue.append(point)
                 state.save()
             _show(bar, state.refresh_done(), f"running={len(running)} queued={len(queue)}")
     except BaseException:
@@ -407,7 +416,7 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
             proc.wait()
             handle.close()
         for point_id in running:
-            state.points[point_id]["state"] = "failed"
+            state.points[point_id]["state"] = "interrupted"
             state.points[point_id]["jobs"][-1]["state"] = "CANCELLED"
         state.save()
         raise
@@ -415,6 +424,19 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         bar.close()
+
+
+def _after_failure(point_id: str, reason: str, rc: int | None, starts: int, retries: int, log_path: str) -> str:
+    """The point's next state: "error" (exit code 2: fix the config or data), "retry", or "failed"."""
+    if rc == USAGE_ERROR_RC:
+        log.error("point %s: configuration or data error (exit code 2), not retried; log: %s", point_id, log_path)
+        return "error"
+    if starts <= retries:
+        log.warning("point %s stopped (%s); starting it again (%d of %d retries); log: %s", point_id, reason,
+                    starts, retries, log_path)
+        return "retry"
+    log.warning("point %s failed (%s) after %d start(s); log: %s", point_id, reason, starts, log_path)
+    return "failed"
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
@@ -432,7 +454,7 @@ class PointTask:
     point's run directory is where `memfit run` resumes from.
     """
 
-    def __call__(self, argv: list[str], point_dir: str) -> str:
+    def __call__(self, argv: list[str], point_dir: str, status_path: str | None = None) -> str:
         def ignore_usr2() -> None:
             # submitit's warning signal goes to the whole step; the run keeps working until the real
             # kill, and the requeued task resumes from whatever it wrote by then
@@ -440,16 +462,19 @@ class PointTask:
 
         print(f"memfit sweep task: {shlex.join(argv)}", flush=True)
         proc = subprocess.run(argv, preexec_fn=ignore_usr2)
+        if status_path is not None:
+            # the sweep reads the exit code here: SLURM's FAILED does not say whether a retry can help
+            _write_json(Path(status_path), {"rc": proc.returncode, "task": os.environ.get("SLURM_JOB_ID")})
         if proc.returncode != 0:
             raise RuntimeError(f"point {point_dir}: `{shlex.join(argv)}` exited with code {proc.returncode}")
         if not (Path(point_dir) / "DONE").exists():
             raise RuntimeError(f"point {point_dir}: the command exited 0 but wrote no DONE")
         return point_dir
 
-    def checkpoint(self, argv: list[str], point_dir: str):  # noqa: ANN201 (submitit's DelayedSubmission)
+    def checkpoint(self, argv: list[str], point_dir: str, status_path: str | None = None):  # noqa: ANN201
         import submitit
 
-        return submitit.helpers.DelayedSubmission(self, argv, point_dir)
+        return submitit.helpers.DelayedSubmission(self, argv, point_dir, status_path)
 
 
 def slurm_executor(state: SweepState, max_requeue: int):
@@ -485,18 +510,23 @@ def submit_slurm(state: SweepState, todo: list[SweepPoint], max_requeue: int) ->
     executor = slurm_executor(state, max_requeue)
     argvs = [point_command(state.spec, p, state.point_dir(p)) for p in todo]
     dirs = [str(state.point_dir(p)) for p in todo]
-    jobs = executor.map_array(PointTask(), argvs, dirs)
+    status_dir = state.out_dir / "status"
+    status_dir.mkdir(parents=True, exist_ok=True)
+    statuses = [str(status_dir / f"{p.point_id}.attempt{state.points[p.point_id]['attempts'] + 1}.json") for p in todo]
+    for path in statuses:
+        Path(path).unlink(missing_ok=True)
+    jobs = executor.map_array(PointTask(), argvs, dirs, statuses)
     task_ids = [str(job.job_id) for job in jobs]
     array_id = task_ids[0].split("_")[0] if task_ids else ""
     state.submissions.append(
         {"array_job_id": array_id, "points": [p.point_id for p in todo], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     )
-    for point, task_id, job in zip(todo, task_ids, jobs, strict=True):
+    for point, task_id, job, status in zip(todo, task_ids, jobs, statuses, strict=True):
         record = state.points[point.point_id]
         record["attempts"] += 1
         record["state"] = "running"
         record["jobs"].append({"job_id": task_id, "state": "PENDING", "attempt": record["attempts"],
-                               "log": str(job.paths.stdout)})
+                               "log": str(job.paths.stdout), "status": status})
     state.save()
     log.info("submitted array %s: %d point(s)", array_id, len(todo))
     return task_ids
@@ -522,8 +552,22 @@ def squeue_states(task_ids: Sequence[str]) -> dict[str, str]:
     return {t: states[t] for t in task_ids if t in states}
 
 
-def wait_slurm(state: SweepState, poll_s: float) -> None:
-    """Poll squeue until no task of this sweep is pending or running; DONE files are the truth."""
+def _task_rc(job: dict[str, Any]) -> int | None:
+    status = job.get("status")
+    if not status or not Path(status).exists():
+        return None  # killed before the command returned (cancel, node failure, time limit)
+    try:
+        return int(json.loads(Path(status).read_text())["rc"])
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def wait_slurm(state: SweepState, poll_s: float, retries: int, starts: dict[str, int]) -> None:
+    """Poll squeue until no task of this sweep is pending or running; DONE files are the truth.
+
+    A point whose task ended without DONE is resubmitted at once (one array per poll), while it has
+    retries left in this sweep command (`starts` counts this command's submissions per point).
+    """
     bar = _progress(len(state.spec.points), state.spec.name)
     try:
         while True:
@@ -540,10 +584,22 @@ def wait_slurm(state: SweepState, poll_s: float) -> None:
                     changed = True
                 if new_state in ACTIVE_STATES:
                     active += 1
-                else:
-                    point = next(p for p in state.spec.points if p.point_id == point_id)
-                    state.points[point_id]["state"] = "done" if state.is_done(point) else "failed"
-                    changed = True
+                    continue
+                point = next(p for p in state.spec.points if p.point_id == point_id)
+                record = state.points[point_id]
+                if state.is_done(point):
+                    record["state"] = "done"
+                elif record["state"] == "running":
+                    rc = _task_rc(job)
+                    record["state"] = _after_failure(point_id, f"task {job['job_id']} {new_state}", rc,
+                                                     starts.get(point_id, 1), retries, job["log"])
+                changed = True
+            retry = [p for p in state.spec.points if state.points[p.point_id]["state"] == "retry"]
+            if retry:
+                for point in retry:
+                    starts[point.point_id] = starts.get(point.point_id, 1) + 1
+                submit_slurm(state, retry, retries)
+                active += len(retry)
             done = state.refresh_done()
             if changed:
                 state.save()
@@ -596,7 +652,7 @@ def run_sweep(
     # "running" in an old sweep.json is stale unless SLURM still has the task (a local sweep's children
     # die with it): such points run again, and resume
     for record in state.points.values():
-        if record["state"] == "running":
+        if record["state"] in ("running", "retry"):
             record["state"] = "interrupted"
     if launcher == "slurm":
         attach_active(state)
@@ -605,22 +661,17 @@ def run_sweep(
     if skipped:
         log.info("sweep %s: %d point(s) already DONE, skipped: %s", spec.name, len(skipped), ", ".join(skipped))
 
-    for round_index in range(retries + 1):
-        running_ids = {pid for pid, rec in state.points.items() if rec["state"] == "running"}
-        todo = [p for p in spec.points if not state.is_done(p) and p.point_id not in running_ids]
-        if not todo and not running_ids:
-            break
-        if round_index > 0 and todo:
-            log.warning("sweep %s: resubmitting %d unfinished point(s) (round %d of %d): %s", spec.name,
-                        len(todo), round_index, retries, ", ".join(p.point_id for p in todo))
-        if launcher == "local":
-            run_local(state, todo, jobs, min(poll_s, 1.0))
-        else:
-            if todo:
-                submit_slurm(state, todo, retries)
-            if not wait:
-                break
-            wait_slurm(state, poll_s)
+    running_ids = {pid for pid, rec in state.points.items() if rec["state"] == "running"}
+    todo = [p for p in spec.points if not state.is_done(p) and p.point_id not in running_ids]
+    if launcher == "local":
+        if todo:
+            run_local(state, todo, jobs, min(poll_s, 1.0), retries)
+    else:
+        if todo:
+            submit_slurm(state, todo, retries)
+        if wait:
+            # attached tasks (from an earlier command) count as this command's first start
+            wait_slurm(state, poll_s, retries, {p.point_id: 1 for p in spec.points if not state.is_done(p)})
     state.refresh_done()
     state.save()
     data = json.loads(state.path.read_text())
