@@ -246,7 +246,7 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
 
         tracker = Tracker.start(cfg, out)
         tracker.log_metrics({f"profile/{k}/seconds": v["seconds"] for k, v in result["stages"].items()})
-        tracker.log_image("profile", out / "profile.png")
+        tracker.log_files("profile", [out / "profile.json"], images=[out / "profile.png"])
         tracker.finish()
     return result
 

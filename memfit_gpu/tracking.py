@@ -102,6 +102,9 @@ class Tracker:
     def log_predictions(self, rows: Sequence[Mapping[str, Any]], path: str | Path | None = None) -> None:
         pass
 
+    def log_files(self, name: str, paths: Sequence[str | Path], images: Sequence[str | Path] = ()) -> None:
+        pass
+
     def finish(self) -> None:
         pass
 
@@ -174,6 +177,17 @@ class WandbTracker(Tracker):
                                       metadata={"questions": len(rows), "run_dir": str(self.run_dir)})
             artifact.add_file(str(path), name=Path(path).name)
             self.run.log_artifact(artifact)
+
+    def log_files(self, name: str, paths: Sequence[str | Path], images: Sequence[str | Path] = ()) -> None:
+        """Files as one artifact of type `name` (e.g. profile.json), and images shown in the run (profile.png)."""
+        import wandb
+
+        for image in images:
+            self.run.log({f"{name}/{Path(image).stem}": wandb.Image(str(image))})
+        artifact = wandb.Artifact(f"{name}-{self.run_id}", type=name, metadata={"run_dir": str(self.run_dir)})
+        for path in [*paths, *images]:
+            artifact.add_file(str(path), name=Path(path).name)
+        self.run.log_artifact(artifact)
 
     def finish(self) -> None:
         if self.run is not None:

@@ -142,3 +142,32 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     records = [read_offline_run(f, wait_s=30) for f in folders]
     assert {r.run_id for r in records} == {run_id}
     assert any(r.summary.get("resumed") == 1 for r in records)
+
+
+def test_offline_run_records_profile_files_and_image(tmp_path: Path, wandb_env: Path) -> None:
+    """What `memfit profile` logs: profile.png shown as an image, profile.json + png as one artifact."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = tmp_path / "prof"
+    out.mkdir()
+    (out / "profile.json").write_text('{"stages": {}}\n')
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(out / "profile.png")
+    plt.close(fig)
+    cfg = load_config(None, ["tracking.wandb.enabled=true", "tracking.wandb.project=memfit-test"])
+    tracker = Tracker.start(cfg, out)
+    tracker.log_files("profile", [out / "profile.json"], images=[out / "profile.png"])
+    tracker.finish()
+    run_id = (out / RUN_ID_FILE).read_text().strip()
+    folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
+    run = read_offline_run(folders[0], wait_s=30)
+    image = next(row["profile/profile"] for row in run.history if "profile/profile" in row)
+    assert image["_type"] == "image-file" and image["format"] == "png"
+    artifact = next(a for a in run.artifacts if a["type"] == "profile")
+    assert sorted(artifact["files"]) == ["profile.json", "profile.png"]
+    md5 = base64.b64encode(hashlib.md5((out / "profile.json").read_bytes()).digest()).decode()
+    assert artifact["digests"]["profile.json"] == md5
