@@ -7,9 +7,10 @@ unknown key or a wrongly typed value is an error that names the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for configs)
 from omegaconf.errors import OmegaConfBaseException

@@ -186,8 +186,11 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     clock = _tick(timings, "stage_0_queries", clock)
     # 1-2: episode hybrid + boosts
     ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
-                       rcfg.dense_min_cosine)
+                       rcfg.dense_min_cosine, timings=timings)
+    boost_start = time.perf_counter()
     ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars), *view.ep_year_month)
+    if timings is not None:
+        timings["boost"] = timings.get("boost", 0.0) + time.perf_counter() - boost_start
 
     clock = _tick(timings, "stage_1_2_episodes", clock)
     # 3: summary hybrid + boosts, top summary_top_k
