@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -301,6 +302,17 @@ def test_efficiency_tables(tmp_path: Path):
     assert float(row["USD at gpt-4.1-mini prices"]) == pytest.approx(0.005008)
 
 
+def test_unjudged_runs_leave_judge_cells_empty(tmp_path: Path):
+    rows = _rows(FULL)
+    for row in rows:
+        row["judge"] = None  # eval.judge.enabled false
+    full = write_run(tmp_path / "full", _rows(FULL))
+    unjudged = write_run(tmp_path / "unjudged", rows)
+    table = pt.ablation(pt.expand_all([str(full), f"no_judge={unjudged}"]), EXACT, baseline="full")
+    assert [table.cell("no_judge", c) for c in ("Avg F1", "F1 diff", "Judge", "Judge diff", "p", "Gained")] == \
+        ["53.75", "+0.00", "-", "-", "-", "-"]
+
+
 def test_errors_name_the_directory(tmp_path: Path, sweep_dir: Path):
     unfinished = write_run(tmp_path / "unfinished", _rows(FULL))
     (unfinished / "DONE").unlink()
@@ -329,3 +341,90 @@ def test_cli_writes_markdown_and_csv(tmp_path: Path, sweep_dir: Path):
     bad = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out", str(out),
                           "--ablation", str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert bad.returncode == 2 and "nowhere: not a run directory" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------- real runs (slow)
+
+
+def _category_mean(rows: list[dict[str, Any]], value) -> float:
+    by_cat: dict[str, list[float]] = {}
+    for row in rows:
+        by_cat.setdefault(str(row["category"]), []).append(value(row))
+    return sum(sum(v) / len(v) for v in by_cat.values()) / len(by_cat)
+
+
+def _pct(value: float) -> str:
+    return f"{100.0 * value:.2f}"
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """Two real runs of configs/smoke.yaml through `memfit sweep`: pack.k 5 and 10 (the override), 3 questions,
+    one store shared by both (the same store, as the paper's comparisons), SmolLM2 reader, no judge."""
+    root = tmp_path_factory.mktemp("paper-tables")
+    sweep_file = root / "smoke_pair.yaml"
+    sweep_file.write_text(f"name: smoke_pair\nconfig: {REPO / 'configs' / 'smoke.yaml'}\n"
+                          f"fixed: {{data.limit_questions: 3, store.path: {root / 'store'}}}\n"
+                          "grid: {pack.k: [5, 10]}\n")
+    out = root / "smoke"
+    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(sweep_file), "--launcher", "local",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=1500, cwd=REPO, env=env,
+    )
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted((out / "logs").glob("*.log"))) if (out / "logs").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:] + logs
+    return out
+
+
+def _predictions(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_tables_from_two_real_smoke_runs(smoke_runs: Path, tmp_path: Path):
+    k5, k10 = smoke_runs / "points" / "k=5", smoke_runs / "points" / "k=10"
+    rows5, rows10 = _predictions(k5), _predictions(k10)
+    assert len(rows5) == len(rows10) == 3
+
+    runs = pt.expand(str(smoke_runs))
+    assert [r.label for r in runs] == ["k=5", "k=10"]
+    table1 = pt.locomo_main(runs)
+    for label, rows in (("k=5", rows5), ("k=10", rows10)):
+        assert table1.cell(label, "n") == "3"
+        assert table1.cell(label, "Reader") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        assert table1.cell(label, "Average F1") == _pct(_category_mean(rows, lambda r: r["scores"]["paper"]["f1"]))
+        assert table1.cell(label, "Average BLEU-1") == _pct(
+            _category_mean(rows, lambda r: r["scores"]["paper"]["bleu1"]))
+        assert table1.cell(label, "Average Judge") == "-"  # configs/smoke.yaml has no judge
+
+    # k=5 against k=10 as the sensitivity table pairs them: answer-prompt tokens from the ledgers
+    sens = pt.sensitivity(pt.expand_all([f"default={k10}", f"k5={k5}"]), pt.PairedTests(method="exact"))
+    ledger5, ledger10 = (json.loads((d / "ledger.json").read_text())["roles"]["answer"] for d in (k5, k10))
+    assert ledger5["calls"] == ledger10["calls"] == 3
+    tokens5, tokens10 = ledger5["input_tokens"] / 3, ledger10["input_tokens"] / 3
+    assert tokens5 < tokens10  # five packed episodes make shorter answer prompts than ten
+    assert sens.cell("k5", "Input tokens / question") == f"{tokens5:.0f}"
+    assert sens.cell("k5", "Tokens vs default") == f"x{tokens5 / tokens10:.2f}"
+    assert sens.cell("k5", "Avg F1") == _pct(_category_mean(rows5, lambda r: r["scores"]["paper"]["f1"]))
+    assert (sens.cell("k5", "Judge"), sens.cell("k5", "Judge diff"), sens.cell("k5", "p")) == ("-", "-", "-")
+
+    diagnostics = pt.retrieval_diagnostics(runs)
+    for label, rows in (("k=5", rows5), ("k=10", rows10)):
+        scored = [r["retrieval"] for r in rows if r.get("retrieval")]
+        assert diagnostics.cell(label, "n") == str(len(scored))
+        assert diagnostics.cell(label, "Pack hit") == _pct(sum(bool(r["pack_hit"]) for r in scored) / len(scored))
+        assert diagnostics.cell(label, "Hit@30") == _pct(sum(bool(r["hit@30"]) for r in scored) / len(scored))
+
+    time_table, cost_table = pt.efficiency(runs)
+    assert [time_table.cell("k=10", c) for c in ("Memories", "Questions")] == ["1", "3"]
+    # configs/smoke.yaml has no summaries and no judge: the only LLM calls are the 3 answers
+    assert [cost_table.cell("k=10", c) for c in ("Summary calls", "Answer calls", "Judge calls", "LLM calls")] == \
+        ["0", "3", "0", "3"]
+    assert cost_table.cell("k=10", "Answer input tokens / question") == f"{tokens10:.0f}"
+
+    out = tmp_path / "tables"
+    assert pt.main(["--out", str(out), "--locomo-main", str(smoke_runs), "--diagnostics", str(smoke_runs),
+                    "--efficiency", str(smoke_runs)]) == 0
+    assert {p.name for p in out.iterdir()} >= {"table1_locomo.md", "table1_locomo.csv", "tables.md"}
