@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 class DataConfig:
     benchmark: str = "locomo"  # locomo | longmemeval | memgallery: picks the loader
     path: Optional[str] = None  # file or folder; None = $MEMFIT_DATA_DIR or the fetch cache
+    split: Optional[str] = None  # LongMemEval: s | m | oracle when path is a folder holding several
     limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
     limit_questions: Optional[int] = None  # first N questions per memory: smoke runs and demos
     include_categories: Optional[list[str]] = None  # None = the benchmark's evaluated set
@@ -140,6 +141,8 @@ class ReaderConfig:
     dtype: str = "auto"  # model weights dtype
     images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)
     prompt: str = "answer.txt"  # file in memfit_gpu/prompts/
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
+    gpu_memory_utilization: float = 0.9  # vllm: share of each GPU an engine may claim (lower it to co-host a judge)
     protocol: str = "auto"  # auto = the benchmark's official protocol (MemGallery system prompt + per-category)
 
 

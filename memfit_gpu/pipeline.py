@@ -165,7 +165,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
     from memfit_gpu.store.episodes import EpisodeStore
 
     with timer.stage("load"):
-        bench = load_benchmark(cfg.data.benchmark, cfg.data.path)
+        bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
         selected = select_from_config(bench, cfg.data)
         questions = [q for m in selected.memories for q in m.questions]
         if not questions:

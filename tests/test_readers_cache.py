@@ -136,3 +136,15 @@ def test_judge_reader_config_takes_the_judge_model_and_keeps_transport_settings(
         "openai", "gpt-4o-mini", 128, 0.0, "none")
     assert judge.base_urls == ["http://a/v1"] and judge.max_retries == 9
     assert reader.model == "Qwen/Qwen2.5-VL-7B-Instruct"  # the reader's own config is untouched
+
+
+def test_chat_template_kwargs_are_part_of_the_cache_key():
+    from memfit_gpu.readers.base import Request
+    from memfit_gpu.readers.cache import request_key
+
+    request = Request([{"role": "user", "content": "When?"}], role="answer", max_new_tokens=8, temperature=0.0, key="q")
+    plain = request_key("vllm", "Qwen/Qwen3-8B", request)
+    assert request_key("vllm", "Qwen/Qwen3-8B", request, {}) == plain  # no option: the key made before it existed
+    no_think = request_key("vllm", "Qwen/Qwen3-8B", request, {"enable_thinking": False})
+    assert no_think != plain
+    assert request_key("vllm", "Qwen/Qwen3-8B", request, {"enable_thinking": True}) not in (plain, no_think)

@@ -78,3 +78,12 @@ def test_none_is_empty_not_abstained() -> None:
 def test_batch_keeps_order() -> None:
     raws = ['"a"', "NOT_FOUND", "ANSWER: c"]
     assert clean_answers(raws) == [CleanAnswer("a", False), CleanAnswer(NOT_FOUND, True), CleanAnswer("c", False)]
+
+
+def test_reasoning_blocks_are_not_the_answer():
+    from memfit_gpu.readers.clean import clean_answer
+
+    assert clean_answer("<think>The excerpt says May.\nSo 7 May.</think>\n\n7 May 2023").text == "7 May 2023"
+    assert clean_answer("<THINK>x</THINK>NOT_FOUND").abstained
+    # cut off by max_new_tokens inside the thinking: no answer at all, not the reasoning text
+    assert clean_answer("<think>Let me look at excerpt 3, which").text == ""

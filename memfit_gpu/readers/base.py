@@ -71,6 +71,7 @@ class Backend:
     model: str = ""  # the name recorded in cache keys and the ledger
     gpus: int = 0  # GPUs this backend keeps busy while generating (GPU-seconds = wall x gpus)
     chunk_size: int = 64  # requests per call between cache commits
+    template_kwargs: dict[str, Any] = {}  # reader.chat_template_kwargs, applied to every chat template
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         raise NotImplementedError
@@ -110,7 +111,7 @@ class Reader:
 
         requests = self._filled(requests)
         start = time.perf_counter()
-        keys = [request_key(self.backend.name, self.backend.model, r) for r in requests]
+        keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs) for r in requests]
         found = self.cache.get_many(keys) if self.cache is not None else {}
         # Identical requests in one batch are generated once: the second is a cache hit of the first.
         todo: dict[str, Request] = {}

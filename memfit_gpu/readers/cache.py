@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from memfit_gpu.readers.base import Request, Response
 
@@ -52,7 +53,7 @@ def image_fingerprint(image: str) -> str:
     return image
 
 
-def request_key(backend: str, model: str, request: Request) -> str:
+def request_key(backend: str, model: str, request: Request, template_kwargs: dict[str, Any] | None = None) -> str:
     payload = {
         "backend": backend,
         "model": model,
@@ -60,6 +61,8 @@ def request_key(backend: str, model: str, request: Request) -> str:
         "images": [image_fingerprint(i) for i in request.images],
         "params": {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature},
     }
+    if template_kwargs:  # absent when empty, so keys made before the option existed still hit
+        payload["chat_template_kwargs"] = dict(template_kwargs)
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -23,6 +23,9 @@ _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), (
            ("__", "__")]
 _NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
 _NOT_FOUND_LEAD = re.compile(r"^[^\w]*not_found(?![a-z0-9])", re.IGNORECASE)
+# A reasoning model's thinking (Qwen3 without enable_thinking=false, gpt-oss through some servers) is not the
+# answer; an unclosed block (cut by max_new_tokens) leaves no answer at all.
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
@@ -65,7 +68,7 @@ def _strip_quotes(text: str) -> str:
 
 
 def clean_answer(raw: str | None) -> CleanAnswer:
-    text = (raw or "").strip()
+    text = _THINK.sub("", raw or "").strip()
     for _ in range(4):  # each pass peels one layer; four covers fence > JSON > prefix > quotes
         before = text
         fenced = _FENCE.match(text)

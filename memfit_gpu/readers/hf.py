@@ -50,6 +50,7 @@ class TransformersBackend(Backend):
         from memfit_gpu import models
 
         self.model = cfg.model
+        self.template_kwargs = dict(cfg.chat_template_kwargs)
         self.resolved = models.resolve("reader", cfg.model)
         self.device = device or _pick_device()
         self.gpus = 1 if self.device.startswith("cuda") else 0
@@ -85,7 +86,8 @@ class TransformersBackend(Backend):
                 f"request {request.key!r} has images, but {self.model} is a text-only model; "
                 "use a vision-language model (its config has a vision_config)"
             )
-        ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True,
+                                                 **self.template_kwargs)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -140,7 +142,8 @@ class TransformersBackend(Backend):
             parts: list[dict[str, Any]] = [{"type": "image"} for _ in request.images] if i == last_user else []
             parts.append({"type": "text", "text": m["content"]})
             messages.append({"role": m["role"], "content": parts})
-        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.template_kwargs)
 
     def _load_images(self, request: Request) -> list[Any]:
         from PIL import Image

@@ -57,6 +57,7 @@ class OpenAIBackend(Backend):
         if not cfg.base_urls:
             raise ValueError("reader.backend=openai needs reader.base_urls (e.g. ['http://127.0.0.1:8000/v1'])")
         self.model = cfg.model
+        self.template_kwargs = dict(cfg.chat_template_kwargs)
         self.base_urls = [u.rstrip("/") for u in cfg.base_urls]
         self.concurrency = max(1, int(cfg.concurrency))
         self.timeout_s = float(cfg.timeout_s)
@@ -112,6 +113,8 @@ class OpenAIBackend(Backend):
             "max_tokens": int(request.max_new_tokens or 64),
             "temperature": float(request.temperature or 0.0),
         }
+        if self.template_kwargs:  # vLLM / SGLang servers read it; the OpenAI API does not need it
+            body["chat_template_kwargs"] = self.template_kwargs
         endpoint = f"{url}/chat/completions"
         last = "no attempt"
         start = time.perf_counter()

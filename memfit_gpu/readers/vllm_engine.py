@@ -152,6 +152,7 @@ class VLLMBackend(Backend):
         from memfit_gpu import models
 
         self.model = cfg.model
+        self.template_kwargs = dict(cfg.chat_template_kwargs)
         self.resolved = models.resolve("reader", cfg.model)
         self.batch_timeout_s = batch_timeout_s
         gpus = visible_gpus()
@@ -176,7 +177,9 @@ class VLLMBackend(Backend):
             "tensor_parallel_size": 1 if on_cpu else int(cfg.tensor_parallel_size),
             "enforce_eager": on_cpu,  # CUDA graphs pay off on GPUs; the CPU backend has none
             "max_images": max_images,
-            "gpu_memory_utilization": gpu_memory_utilization,
+            "gpu_memory_utilization": gpu_memory_utilization if gpu_memory_utilization is not None
+            else (None if on_cpu else float(cfg.gpu_memory_utilization)),
+            "chat_template_kwargs": self.template_kwargs,
         }
         if log_dir is None:
             log_dir = Path(tempfile.mkdtemp(prefix="memfit-vllm-"))

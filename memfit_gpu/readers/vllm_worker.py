@@ -38,7 +38,7 @@ def _engine(settings: dict[str, Any]) -> Any:
     return LLM(**kwargs)
 
 
-def _answer(llm: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _answer(llm: Any, batch: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
     from memfit_gpu.readers.base import with_image_parts
@@ -48,7 +48,8 @@ def _answer(llm: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         SamplingParams(max_tokens=int(r["max_new_tokens"]), temperature=float(r["temperature"]), seed=0)
         for r in batch
     ]
-    outputs = llm.chat(conversations, sampling_params=params, use_tqdm=False)
+    outputs = llm.chat(conversations, sampling_params=params, use_tqdm=False,
+                       chat_template_kwargs=template_kwargs or None)
     replies = []
     for out in outputs:
         completion = out.outputs[0]
@@ -87,7 +88,7 @@ def main() -> None:
         batch = json.loads(line)["requests"]
         start = time.perf_counter()
         try:
-            replies = _answer(llm, batch)
+            replies = _answer(llm, batch, settings.get("chat_template_kwargs"))
         except Exception as exc:  # noqa: BLE001 - the parent decides; the engine stays up for the next batch
             traceback.print_exc()
             send({"error": f"{type(exc).__name__}: {exc}"})

@@ -79,7 +79,7 @@ def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
     started = time.perf_counter()
     # The reranker first: a missing cross-encoder fails before any encoding work.
     reranker = load_reranker(cfg.rerank, device=cfg.index.device)
-    benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path), cfg.data)
+    benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
     questions = [q for q in benchmark.questions() if q.evaluated]
     timings["load_s"] = time.perf_counter() - started
 
