@@ -40,6 +40,14 @@ def _pick_dtype(dtype: str, device: str) -> Any:
         raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
 
 
+def _param_groups(requests: Sequence[Request]) -> dict[tuple[int, float], list[int]]:
+    """Request positions grouped by (max_new_tokens, temperature): one generate call shares both."""
+    groups: dict[tuple[int, float], list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
+    return groups
+
+
 class TransformersBackend(Backend):
     name = "transformers"
 
@@ -97,13 +105,10 @@ class TransformersBackend(Backend):
             return self._generate_vision(requests)
         torch = self._torch
         prompts = [self._prompt_ids(r) for r in requests]
-        # Batches share generation parameters; within a group, sort by length so padding is small.
-        groups: dict[tuple[int, float], list[int]] = {}
-        for i, r in enumerate(requests):
-            groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
-        for (max_new, temperature), members in groups.items():
+        # within a group, sort by length so padding is small
+        for (max_new, temperature), members in _param_groups(requests).items():
             members = sorted(members, key=lambda i: len(prompts[i]))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
@@ -162,12 +167,9 @@ class TransformersBackend(Backend):
     def _generate_vision(self, requests: Sequence[Request]) -> list[Response]:
         torch = self._torch
         texts = [self._vision_text(r) for r in requests]
-        groups: dict[tuple[int, float], list[int]] = {}
-        for i, r in enumerate(requests):
-            groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
-        for (max_new, temperature), members in groups.items():
+        for (max_new, temperature), members in _param_groups(requests).items():
             members = sorted(members, key=lambda i: (len(requests[i].images), len(texts[i])))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
