@@ -170,3 +170,29 @@ def test_profile_reports_every_stage_and_the_scaling_curve(smoke_run: Path, tmp_
     assert saved["stages"] == stages
     png = (tmp_path / "prof" / "profile.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+@pytest.mark.slow
+def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch):
+    """eval.judge.enabled: one judge call per non-empty answer (role judge in the ledger), verdicts in
+    predictions.jsonl and metrics.json. SmolLM2 cannot follow the judge format: an unreadable reply is WRONG."""
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    cfg = load_config(SMOKE, ["data.limit_questions=2", "eval.judge.enabled=true", "eval.judge.max_new_tokens=24"])
+    out = tmp_path / "judged"
+    metrics = run(cfg, out, progress=False)
+    rows = read_jsonl(out / "predictions.jsonl")
+    assert len(rows) == 2
+    for row in rows:
+        assert isinstance(row["judge"]["verdict"], bool) and row["judge"]["reason"]
+    judge = json.loads((out / "ledger.json").read_text())["roles"]["judge"]
+    non_empty = sum(1 for r in rows if r["prediction"].strip())
+    assert judge["calls"] + judge["cached"] == non_empty
+    expected = sum(r["judge"]["verdict"] for r in rows) / 2
+    assert metrics["overall"]["judge"] == pytest.approx(expected)
+    # the same answers judged again come from the cache
+    for name in ("DONE", "predictions.jsonl", "metrics.json", "ledger.json", "results.md"):
+        (out / name).unlink()
+    run(cfg, out, progress=False)
+    again = json.loads((out / "ledger.json").read_text())["roles"]
+    assert (again["judge"]["calls"], again["answer"]["calls"]) == (0, 0)
+    assert [r["judge"] for r in read_jsonl(out / "predictions.jsonl")] == [r["judge"] for r in rows]
