@@ -48,6 +48,26 @@ def _param_groups(requests: Sequence[Request]) -> dict[tuple[int, float], list[i
     return groups
 
 
+def _generate_kwargs(max_new: int, temperature: float, pad_token_id: int) -> dict[str, Any]:
+    """`generate` arguments: greedy at temperature 0 (sampling knobs cleared so no config default applies)."""
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": pad_token_id}
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    return kwargs
+
+
+def _until_eos(row: list[int], eos_ids: set[int] | Sequence[int]) -> tuple[list[int], int]:
+    """Generated ids up to the first stop token, and the output token count (the stop token counts too)."""
+    kept: list[int] = []
+    for tok in row:
+        if tok in eos_ids:
+            break
+        kept.append(tok)
+    return kept, len(kept) + (1 if len(kept) < len(row) else 0)
+
+
 class TransformersBackend(Backend):
     name = "transformers"
 
@@ -116,11 +136,7 @@ class TransformersBackend(Backend):
                 pad = self.tokenizer.pad_token_id
                 input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch])
                 attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch])
-                kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": pad}
-                if temperature > 0:
-                    kwargs.update(do_sample=True, temperature=temperature)
-                else:
-                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                kwargs = _generate_kwargs(max_new, temperature, pad)
                 start = time.perf_counter()
                 with torch.inference_mode():
                     generated = self.net.generate(input_ids=input_ids.to(self.device),
@@ -128,13 +144,8 @@ class TransformersBackend(Backend):
                 share = (time.perf_counter() - start) / len(batch)
                 new_tokens = generated[:, width:].tolist()
                 for row, i in zip(new_tokens, batch, strict=True):
-                    kept = []
-                    for tok in row:
-                        if tok in eos_ids:
-                            break
-                        kept.append(tok)
+                    kept, n_out = _until_eos(row, eos_ids)
                     text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
-                    n_out = len(kept) + (1 if len(kept) < len(row) else 0)  # the stop token was generated too
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 
@@ -176,11 +187,7 @@ class TransformersBackend(Backend):
                 images = [img for i in batch for img in self._load_images(requests[i])]
                 inputs = self.processor(text=[texts[i] for i in batch], images=images or None, padding=True,
                                         return_tensors="pt").to(self.device)
-                kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self.tokenizer.pad_token_id}
-                if temperature > 0:
-                    kwargs.update(do_sample=True, temperature=temperature)
-                else:
-                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                kwargs = _generate_kwargs(max_new, temperature, self.tokenizer.pad_token_id)
                 start = time.perf_counter()
                 with torch.inference_mode():
                     generated = self.net.generate(**inputs, **kwargs)
@@ -188,13 +195,8 @@ class TransformersBackend(Backend):
                 width = inputs["input_ids"].shape[1]
                 n_prompt = inputs["attention_mask"].sum(dim=1).tolist()
                 for row, i, n_in in zip(generated[:, width:].tolist(), batch, n_prompt, strict=True):
-                    kept = []
-                    for tok in row:
-                        if tok in eos_ids:
-                            break
-                        kept.append(tok)
+                    kept, n_out = _until_eos(row, eos_ids)
                     text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
-                    n_out = len(kept) + (1 if len(kept) < len(row) else 0)
                     out[i] = Response(text, int(n_in), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 
