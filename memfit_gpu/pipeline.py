@@ -148,7 +148,7 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
     try:
         metrics = _run_stages(cfg, out, timer, progress)
         tracker.log_timings(timer.seconds)
-        tracker.log_metrics(_flatten({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")}))
+        tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
     finally:
         tracker.finish()
@@ -206,7 +206,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
             _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
 
         with timer.stage("score"):
-            metrics = _score(cfg, out, bench, questions, packs, store, reranker_info(cfg.rerank, reranker), ledger, timer)
+            metrics = _score(cfg, out, bench, questions, reranker_info(cfg.rerank, reranker), ledger, timer)
     finally:
         if reader is not None:
             reader.close()
@@ -382,8 +382,8 @@ class _Judge:
         self.reader.close()
 
 
-def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], packs: dict[str, dict[str, Any]],
-           store: Any, reranker: dict[str, Any], ledger: Any, timer: StageTimer) -> dict[str, Any]:
+def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reranker: dict[str, Any], ledger: Any,
+           timer: StageTimer) -> dict[str, Any]:
     from memfit_gpu.evaluate.tables import render_markdown, summarize
 
     rows = read_jsonl(out / "predictions.jsonl")
