@@ -6,7 +6,9 @@ batched pass over the questions, then one over the PRF queries (collected by a f
 whose embed hook records them). Both timed paths then read query embeddings from that cache, so the
 ratio times everything else: BM25 and dense searches, fusion, boosts, pool, PRF term choice and the
 PRF searches, ordering, packs and excerpt text. Each timed repeat starts from a fresh ReadView (no
-per-row caches carried over); the two paths are interleaved and each keeps its best time.
+per-row caches carried over); the two paths are interleaved and each keeps its best time. Objects
+made during setup are frozen out of the garbage collector and each timed run starts after a
+collection, so neither path pays for a full collection of the libraries' objects.
 
     .venv/bin/python experiments/bench_retrieval.py --data ../shared/data/locomo/locomo10.json
 
@@ -16,6 +18,7 @@ Last line: JSON with questions, batched_qps, loop_qps, ratio, identical_packs, e
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -90,18 +93,26 @@ def main(argv: list[str] | None = None) -> dict:
         return torch.stack([cache[t] for t in batch])
 
     torch.set_num_threads(args.threads)
+    # The process holds ~500k GC-tracked objects from torch/transformers; one full collection of them
+    # takes ~0.3 s and lands in whichever timed run it happens to. Freeze what setup made (as a
+    # long-running server would) and collect before each timed run, for both paths alike.
+    gc.collect()
+    gc.freeze()
     best = {"batched": float("inf"), "loop": float("inf")}
     batched = loop = None
     for _ in range(args.repeats):
         view = ReadView.from_store(store)
+        gc.collect()
         start = time.perf_counter()
         batched = retrieve_batch(view, cfg, texts, memory_ids, embed=lookup, question_embeddings=question_embeddings)
         best["batched"] = min(best["batched"], time.perf_counter() - start)
         ref_view = ReadView.from_store(store)
+        gc.collect()
         start = time.perf_counter()
         loop = [retrieve_one(ref_view, cfg, t, m, lookup, question_embeddings[i])
                 for i, (t, m) in enumerate(zip(texts, memory_ids, strict=True))]
         best["loop"] = min(best["loop"], time.perf_counter() - start)
+    gc.unfreeze()
     assert batched is not None and loop is not None
     same_packs = sum(a.pack_key() == b.pack_key() for a, b in zip(batched, loop, strict=True))
     same_excerpts = sum(a.excerpts == b.excerpts for a, b in zip(batched, loop, strict=True))

@@ -316,3 +316,62 @@ def test_to_device_keeps_results():
     after = index.search([["a", "c"]], [0], k=3)
     assert torch.equal(before[1], after[1]) and torch.equal(before[0], after[0])
     assert after[0].device == torch.device("cpu")
+
+
+# ---------------------------------------------------------------- PRF terms from the postings
+def _plain_feedback_terms(index, rows, mem, min_chars, terms, order):
+    """The reference path's rule: distinct doc tokens, idf desc then token (or alphabetical)."""
+    pool = {t for doc in index.doc_tokens(rows) for t in doc if len(t) >= min_chars}
+    if order == "alphabetical":
+        return sorted(pool)[:terms]
+    ordered = sorted(pool)
+    idf = dict(zip(ordered, index.idf([ordered], [mem])[0], strict=True)) if ordered else {}
+    return sorted(pool, key=lambda t: (-idf[t], t))[:terms]
+
+
+@pytest.mark.parametrize("order", ["idf", "alphabetical"])
+def test_feedback_terms_equal_the_plain_rule(order, scoring_path):
+    rng = random.Random(3)
+    words = ["alpha", "be", "cedar", "delta", "echo", "fig", "grape", "hazelnut", "ice", "juniper", "kiwi"]
+    docs = [[rng.choice(words) for _ in range(rng.randint(0, 9))] for _ in range(160)]
+    mems = [rng.randrange(5) for _ in docs]
+    index = build(BM25Index, docs, mems)
+    index.delete(rng.sample(range(len(docs)), 20))  # df and N change; deleted rows are not asked for
+    live = [r for r in range(len(docs)) if not index._deleted.view[r]]
+    by_memory = {m: [r for r in live if mems[r] == m] for m in range(5)}
+    asks = []
+    for _ in range(60):
+        m = rng.randrange(5)
+        asks.append((m, rng.sample(by_memory[m], min(len(by_memory[m]), rng.randint(0, 3)))))
+    width = max(len(r) for _, r in asks)
+    rows = torch.tensor([r + [-1] * (width - len(r)) for _, r in asks])
+    for min_chars, terms in ((1, 12), (4, 3), (5, 1)):
+        query, term = index.feedback_terms(rows, min_chars, terms, order)
+        got = [[] for _ in asks]
+        for q, token in zip(query.tolist(), index.term_tokens(term), strict=True):
+            got[q].append(token)
+        want = [_plain_feedback_terms(index, r, m, min_chars, terms, order) for m, r in asks]
+        assert got == want
+        assert terms == 1 or any(len(g) > 1 for g in got)  # real orderings were compared
+        # the pairs are the encoded PRF queries: searching them equals searching the tokens
+        qm = [m for m, _ in asks]
+        by_pairs = index.search_encoded(query, term, qm, k=6)
+        by_tokens = index.search(want, qm, k=6)
+        assert torch.equal(by_pairs[0], by_tokens[0]) and torch.equal(by_pairs[1], by_tokens[1])
+
+
+def test_feedback_terms_and_search_encoded_errors():
+    index = build(BM25Index, [["apple", "pear"], ["plum"]], [0, 1])
+    with pytest.raises(ValueError, match="term_order"):
+        index.feedback_terms(torch.tensor([[0]]), 1, 3, "random")
+    with pytest.raises(IndexError, match="row 5"):
+        index.feedback_terms(torch.tensor([[5]]), 1, 3, "idf")
+    empty_q, empty_t = index.feedback_terms(torch.tensor([[-1]]), 1, 3, "idf")
+    assert empty_q.numel() == empty_t.numel() == 0
+    plum = index._vocab[1]["plum"]
+    with pytest.raises(ValueError, match="another memory"):
+        index.search_encoded(torch.tensor([0]), torch.tensor([plum]), [0], k=2)
+    with pytest.raises(ValueError, match="ascending"):
+        index.search_encoded(torch.tensor([1, 0]), torch.tensor([plum, plum]), [1, 1], k=2)
+    scores, rows = index.search_encoded(torch.tensor([1]), torch.tensor([plum]), [0, 1], k=2)
+    assert rows.tolist() == [[-1, -1], [1, -1]]  # a query without pairs scores nothing

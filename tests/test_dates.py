@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import date, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memfit_gpu.retrieve.dates import (
     format_date,
@@ -121,3 +123,41 @@ def test_parse_constraints() -> None:
 def test_text_mentions() -> None:
     assert text_mentions("Speaker Caroline says: hi", "caroline")
     assert not text_mentions("Carolines", "caroline")
+
+
+# ---------------------------------------------------------------- fast paths change nothing matched
+_PIECES = ["yesterday", "Yesterday", "2", "٣", "a", "an", "one", "Twelve", "day", "days", "weeks", "month",
+           "years", "ago", "AGO", "last", "Last", "this", "next", "week", "monday", "Friday", "may", "May",
+           "sept", "in", "of", "8th", "2023", "the", "x", "ſ", "K", ",", ".", " ", "  ", "\n", "-"]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(_PIECES), max_size=14).map(" ".join))
+def test_lookahead_regexes_match_what_the_plain_ones_match(text: str) -> None:
+    import re
+
+    from memfit_gpu.retrieve import dates
+    from memfit_gpu.retrieve.pack import may_hold_relative_date
+
+    anchor = date(2023, 5, 8)
+    plain_relative = re.compile(dates._RELATIVE_RE.pattern.replace("(?=[yaotfsenl\\d])", "", 1), re.IGNORECASE)
+    assert plain_relative.pattern != dates._RELATIVE_RE.pattern
+    expected = plain_relative.sub(lambda m: f"{m.group(0)} ({dates.resolve_phrase(m, anchor)})", text)
+    assert resolve_relative_dates(text, anchor) == expected
+    if plain_relative.search(text):
+        assert may_hold_relative_date(text.lower())  # the prefilter never hides a phrase
+    plain_month = re.compile(dates._MONTH_WORD_RE.pattern.replace("(?=[jfmasond])", "", 1))
+    low = text.lower()
+    assert [m.span() for m in dates._MONTH_WORD_RE.finditer(low)] == [m.span() for m in plain_month.finditer(low)]
+    assert question_years(text) == {int(m) for m in re.findall(r"\b20\d\d\b", low)}
+
+
+def test_prefilter_sends_non_ascii_text_to_the_regex() -> None:
+    from memfit_gpu.retrieve.pack import excerpt_body, may_hold_relative_date
+
+    # re.IGNORECASE folds the long s onto "s", lower() does not: the substring test must not decide
+    assert resolve_relative_dates("laſt week", date(2023, 5, 8)) == "laſt week (the week before 8 May 2023)"
+    assert may_hold_relative_date("laſt week")
+    assert not may_hold_relative_date("we met at the station")
+    body = excerpt_body("DATE: 8 May, 2023 | Speaker Ann says: laſt week", date(2023, 5, 8), True)
+    assert body == "Speaker Ann says: laſt week (the week before 8 May 2023)"

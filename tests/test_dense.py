@@ -164,3 +164,12 @@ def test_shape_errors_name_the_argument():
 def test_bad_factory_is_named():
     with pytest.raises(ValueError, match="cannot build factory 'NoSuchIndex'"):
         DenseIndex(dim=4, factory="NoSuchIndex", gpu=False)
+
+
+def test_faiss_order_is_kept_only_when_it_is_already_final():
+    in_order = DenseIndex._in_final_order
+    live = np.array([[True, True, False]])
+    assert in_order(np.array([[0.9, 0.5, 0.1]], dtype=np.float32), live)
+    assert not in_order(np.array([[0.9, 0.9, 0.1]], dtype=np.float32), live)  # a tie: rows must be ordered
+    assert not in_order(np.array([[0.9, 0.5, 0.1]], dtype=np.float32), np.array([[True, False, True]]))  # tombstone
+    assert in_order(np.array([[0.9, 0.9]], dtype=np.float32), np.array([[True, False]]))  # tie with a dead entry

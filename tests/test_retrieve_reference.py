@@ -120,3 +120,25 @@ def test_cross_encoder_rerank_batched_equals_reference(setup, tmp_path) -> None:
             if len(finals) >= 3:  # z-scored within the kind: mean 0, population std 1
                 assert abs(finals.mean().item()) < 1e-9 and abs(finals.std(unbiased=False).item() - 1) < 1e-9
         assert [c["final"] for c in a.ranked] == sorted((c["final"] for c in a.ranked), reverse=True)
+
+
+def test_batched_equals_reference_on_the_reference_bm25_backend(setup) -> None:
+    """PRF terms then come from ReferenceBM25's doc_tokens and idf instead of BM25Index's postings."""
+    import dataclasses
+
+    from memfit_gpu.index.bm25 import ReferenceBM25, tokenize_many
+
+    store, questions, embed = setup
+    base = ReadView.from_store(store)
+    plain = ReferenceBM25()
+    plain.add(tokenize_many(base.ep_text), base.ep_memory.tolist())
+    cfg = load_config("configs/memfit.yaml", ["rerank.backend=none"])
+    texts, mems = [q.question for q in questions], [q.memory_id for q in questions]
+    q_emb = embed(texts)
+    batched = retrieve_batch(dataclasses.replace(base, ep_bm25=plain), cfg, texts, mems, embed=embed,
+                             question_embeddings=q_emb)
+    view = dataclasses.replace(ReadView.from_store(store), ep_bm25=plain)
+    loop = [retrieve_one(view, cfg, t, m, embed, q_emb[i]) for i, (t, m) in enumerate(zip(texts, mems, strict=True))]
+    assert sum(bool(a.prf_terms) for a in batched) > len(batched) // 2
+    for a, b in zip(batched, loop, strict=True):
+        assert a.prf_terms == b.prf_terms and a.pack_key() == b.pack_key() and a.excerpts == b.excerpts

@@ -171,3 +171,46 @@ def test_batched_packs_equal_single_packs() -> None:
             assert [(p.episodes, p.selected, p.summaries) for p in batch] == [
                 (p.episodes, p.selected, p.summaries) for p in (build_pack(t, view, window) for t in tops)]
     assert build_packs(kind, row, _tiny_view(), 1)[1].episodes == [0, 1, 2, 4, 5]  # 5 -> 4,5; 0 -> 0,1; 1 -> 0,1,2
+
+
+def test_batched_excerpts_equal_single_excerpts() -> None:
+    from memfit_gpu.retrieve.pack import Pack, format_excerpts_batch
+
+    view = _tiny_view()
+    packs = [Pack(episodes=[2, 3], selected=[2], summaries=[0]), Pack(), Pack(summaries=[0]),
+             Pack(episodes=[0, 1, 2, 3, 4, 5], selected=[1])]
+    for resolve in (True, False):
+        tails: dict[int, str] = {}
+        got = format_excerpts_batch(packs, view, " (as of {date})", resolve, tails)
+        assert got == [format_excerpts(p, view, " (as of {date})", resolve) for p in packs]
+        assert sorted(tails) == [0, 1, 2, 3, 4, 5]  # each row's line tail built once, kept
+    assert got[1] == "" and got[2].startswith("REMEMBERED FACTS:") and "\n\n" not in got[2]
+
+
+@pytest.mark.parametrize("text", ["DATE: 8 May, 2023 | Speaker Ann says: hi", "DATE: x|y | z", "DATE: a |b",
+                                  "DATE: | ok", "no prefix | here", "DATE: line\nbreak | Speaker B says: x", ""])
+def test_date_prefix_strip_equals_its_regex(text: str) -> None:
+    import re
+
+    from memfit_gpu.retrieve.pack import strip_date_prefix
+
+    assert strip_date_prefix(text) == re.sub(r"^DATE: [^|]*\| ", "", text, count=1)
+
+
+def test_speaker_masks_follow_the_whole_word_rule() -> None:
+    from memfit_gpu.retrieve.dates import text_mentions
+
+    texts = ["DATE: 1 May | Speaker Ann says: Bob, look", "DATE: 1 May | Speaker Bob says: bobcat and annex",
+             "DATE: 1 May | Speaker Mary Jane says: hi Ann", "DATE: 1 May | Speaker Al says: Al and Mary Jane",
+             "DATE: 1 May | Speaker Ann says: nothing"]
+    speakers = ["Ann", "Bob", "Mary Jane", "Al", " ann "]
+    memory = np.array([0, 0, 1, 1, 0])
+    names = [["ann", "bob"], ["mary jane", "al", "ann"]]
+    masks = ReadView._mask_of(texts, speakers, memory, names, 3)
+    for row, text in enumerate(texts):
+        want = 0
+        for bit, name in enumerate(names[memory[row]]):
+            if len(name) >= 3 and (speakers[row].lower().strip() == name or text_mentions(text, name)):
+                want |= 1 << bit
+        assert masks[row] == want
+    assert masks.tolist() == [0b11, 0b10, 0b101, 0b001, 0b01]  # "Al" is too short to count

@@ -289,6 +289,70 @@ class BM25Index:
             out.append([self._term_token[t] for t in terms[starts[r] : end].tolist()])
         return out
 
+    def _term_orders(self) -> dict[str, torch.Tensor]:
+        """Every term id in PRF order (SPEC read path 6), cached with the scoring layout.
+
+        "alphabetical": by token text. "idf": idf descending, ties by token text; inside one memory
+        idf falls strictly as df rises, so the order is (live df ascending, token) and needs no float."""
+        cache = self._prepare()
+        orders = cache.get("term_orders")
+        if orders is None:
+            dev = self.device
+            tokens = self._term_token
+            alphabetical = torch.tensor(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=torch.long,
+                                        device=dev)
+            by_idf = alphabetical[torch.argsort(self._df.view[alphabetical], stable=True)]
+            orders = {"alphabetical": alphabetical, "idf": by_idf,
+                      "length": torch.tensor([len(t) for t in tokens], dtype=torch.long, device=dev)}
+            for name in ("alphabetical", "idf"):
+                rank = torch.empty_like(orders[name])
+                rank[orders[name]] = torch.arange(rank.numel(), device=dev)
+                orders["rank_" + name] = rank
+            cache["term_orders"] = orders
+        return orders
+
+    def feedback_terms(self, rows: torch.Tensor, min_chars: int, terms: int,
+                       term_order: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """PRF terms of a batch from its feedback rows [Q, D] (-1 pads), as the indexed postings hold them.
+
+        Per query: the distinct terms of its rows with at least `min_chars` characters, in `term_order`
+        (see `_term_orders`), the first `terms` of them. Returns (query index, term id) pairs, query by
+        query, each query's terms in that order: the PRF queries already encoded for `search_encoded`.
+        The rows must belong to their query's memory (a term id is a (memory, token) pair)."""
+        if term_order not in ("idf", "alphabetical"):
+            raise ValueError(f"retrieve.prf.term_order={term_order!r} is not one of idf, alphabetical")
+        dev = self.device
+        rows = torch.as_tensor(rows, dtype=torch.long).to(dev)
+        owner, slot = torch.nonzero(rows >= 0, as_tuple=True)
+        picked = rows[owner, slot]
+        if picked.numel() == 0 or terms <= 0:
+            empty = torch.zeros(0, dtype=torch.long, device=dev)
+            return empty, empty
+        if int(picked.max()) >= self.num_rows:
+            raise IndexError(f"BM25 feedback_terms: row {int(picked.max())} does not exist (rows 0..{self.num_rows - 1})")
+        starts = self._row_post_start.view[picked]
+        lengths = self._post_end()[picked] - starts
+        total = int(lengths.sum())
+        first = torch.cumsum(lengths, 0) - lengths
+        entry = torch.repeat_interleave(torch.arange(picked.numel(), device=dev), lengths, output_size=total)
+        term = self._post_term.view[starts[entry] + torch.arange(total, device=dev) - first[entry]]
+        query = owner[entry]
+        orders = self._term_orders()
+        keep = orders["length"][term] >= min_chars
+        n_terms = len(self._term_token)
+        # one sorted unique over (query, rank) dedups each query's terms and puts them in order
+        key = torch.unique(query[keep] * n_terms + orders["rank_" + term_order][term[keep]])
+        query, rank = key // n_terms, key % n_terms
+        counts = torch.bincount(query, minlength=rows.shape[0])
+        place = torch.arange(key.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[query]
+        take = place < terms
+        return query[take], orders[term_order][rank[take]]
+
+    def term_tokens(self, term_ids: torch.Tensor) -> list[str]:
+        """The token text of each term id."""
+        tokens = self._term_token
+        return [tokens[t] for t in term_ids.tolist()]
+
     # ------------------------------------------------------------------ search
     def _prepare(self) -> dict[str, torch.Tensor]:
         """Per-posting lucene weights as a term x position CSR matrix, cached until the next change."""
@@ -451,7 +515,35 @@ class BM25Index:
         """
         k = _check_k(k)
         mems = _check_batch(queries, memory_idx, "queries")
-        n_queries = len(queries)
+        if not mems:
+            return self._search_pairs(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), mems, k)
+        pair_query, pair_term = self._encode_queries(queries, mems)
+        return self._search_pairs(pair_query, pair_term, mems, k)
+
+    def search_encoded(
+        self, pair_query: torch.Tensor, pair_term: torch.Tensor, memory_idx: Sequence[int] | torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`search` for queries given as (query index, term id) pairs, query indexes ascending (as
+        `feedback_terms` returns them); a query with no pair scores nothing. Same results as `search`
+        on the term tokens in the same order."""
+        k = _check_k(k)
+        mems = _as_int_list(memory_idx, "memory_idx")
+        pair_query = torch.as_tensor(pair_query, dtype=torch.long).to(self.device)
+        pair_term = torch.as_tensor(pair_term, dtype=torch.long).to(self.device)
+        if pair_query.numel():
+            if bool((pair_query[1:] < pair_query[:-1]).any()) or int(pair_query[-1]) >= len(mems):
+                raise ValueError("BM25 search_encoded: query indexes must be ascending and below the number of queries")
+            if int(pair_term.max()) >= len(self._term_token):
+                raise ValueError(f"BM25 search_encoded: term id {int(pair_term.max())} does not exist")
+            mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
+            if bool((self._term_memory.view[pair_term] != mem_t[pair_query]).any()):
+                raise ValueError("BM25 search_encoded: a term id belongs to another memory than its query")
+        return self._search_pairs(pair_query, pair_term, mems, k)
+
+    def _search_pairs(
+        self, pair_query: torch.Tensor, pair_term: torch.Tensor, mems: list[int], k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_queries = len(mems)
         dev = self.device
         top_scores = torch.zeros((n_queries, k), dtype=torch.float32, device=dev)
         top_rows = torch.full((n_queries, k), -1, dtype=torch.long, device=dev)
@@ -462,7 +554,6 @@ class BM25Index:
         width = int(q_docs.max())
         if width == 0:
             return top_scores, top_rows
-        pair_query, pair_term = self._encode_queries(queries, mems)
         kk = min(k, width)
         chunk = max(1, _CHUNK_ELEMENTS // width)
         bounds = torch.searchsorted(pair_query, torch.arange(0, n_queries + chunk, chunk, device=dev)).tolist()

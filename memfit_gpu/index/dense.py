@@ -302,13 +302,27 @@ class DenseIndex:
                 if fetch >= most or not self._cut_may_split_ties(scores, labels, live, k, min_score):
                     break
                 fetch = min(most, 2 * fetch)
-            order = np.lexsort((np.where(live, rows, np.iinfo(np.int64).max), np.where(live, -scores, np.inf)), axis=-1)
-            order = order[:, :k]
-            taken_live = np.take_along_axis(live, order, axis=1)
-            width = order.shape[1]
-            rows_out[query_ids, :width] = np.where(taken_live, np.take_along_axis(rows, order, axis=1), -1)
-            scores_out[query_ids, :width] = np.where(taken_live, np.take_along_axis(scores, order, axis=1), 0.0)
+            if self._in_final_order(scores, live):
+                rows, scores, live = rows[:, :k], scores[:, :k], live[:, :k]
+            else:
+                order = np.lexsort((np.where(live, rows, np.iinfo(np.int64).max), np.where(live, -scores, np.inf)),
+                                   axis=-1)[:, :k]
+                live = np.take_along_axis(live, order, axis=1)
+                rows = np.take_along_axis(rows, order, axis=1)
+                scores = np.take_along_axis(scores, order, axis=1)
+            width = rows.shape[1]
+            rows_out[query_ids, :width] = np.where(live, rows, -1)
+            scores_out[query_ids, :width] = np.where(live, scores, 0.0)
         return torch.from_numpy(scores_out), torch.from_numpy(rows_out)
+
+    @staticmethod
+    def _in_final_order(scores: np.ndarray, live: np.ndarray) -> bool:
+        """Whether FAISS's own order already is (score desc, row asc) with the live entries first:
+        live entries form a prefix of each list, scores strictly fall along it (no tie to order)."""
+        if scores.shape[1] < 2:
+            return True
+        prefix = not np.any(live[:, 1:] & ~live[:, :-1])
+        return prefix and not np.any(live[:, 1:] & (scores[:, 1:] >= scores[:, :-1]))
 
     def _on_gpu(self, part: _MemoryPart) -> bool:
         return self.use_gpu and "Gpu" in type(part.index).__name__
@@ -413,3 +427,4 @@ class DenseIndex:
         index._row_local.extend(local)
         index._deleted.extend(deleted.astype(np.bool_))
         return index
+

@@ -22,18 +22,18 @@ from memfit_gpu.config import MemFitConfig
 from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
 from memfit_gpu.retrieve.dates import parse_constraints
 from memfit_gpu.retrieve.hybrid import Hits, hybrid_search
-from memfit_gpu.retrieve.pack import Pack, build_packs, format_excerpts
+from memfit_gpu.retrieve.pack import Pack, build_packs, format_excerpts_batch
 from memfit_gpu.retrieve.pool import (
     EPISODE,
     SOURCE_NAMES,
     SUMMARY,
     Candidates,
-    concat,
+    concat_raw,
     prf_expansion,
     round_robin,
     summary_expansion,
 )
-from memfit_gpu.retrieve.prf import choose_terms_batch
+from memfit_gpu.retrieve.prf import feedback_terms_batch
 from memfit_gpu.retrieve.rerank import cross_encoder_scores, final_order, reranker_info, zscore
 from memfit_gpu.retrieve.view import ReadView
 
@@ -121,6 +121,8 @@ def _tick(timings: dict[str, float], stage: str, since: float) -> float:
 
 def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
     """Hits of a subset of questions (positions `index`) placed into an n_q-row batch of pads."""
+    if index.numel() == n_q:  # every question (index is ascending and distinct)
+        return hits
     width = hits.rows.shape[1]
 
     def full(t: torch.Tensor, fill: float | int) -> torch.Tensor:
@@ -214,30 +216,35 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     prf_terms: list[list[str]] = [[] for _ in range(n_q)]
     prf = Candidates.empty(n_q)
     if rcfg.prf.enabled:
-        top_rows = ep.head(rcfg.prf.docs).rows.tolist()
-        docs = [[r for r in rows if r >= 0] for rows in top_rows]
-        flat = [r for rows in docs for r in rows]
-        flat_tokens = view.prf_tokens(flat, rcfg.prf.min_token_chars)
-        lists, offset = [], 0
-        for rows in docs:
-            lists.append(flat_tokens[offset: offset + len(rows)])
-            offset += len(rows)
-        prf_terms = choose_terms_batch(lists, mems, view.ep_bm25, rcfg.prf.terms, rcfg.prf.term_order)
+        prf_terms, pairs = feedback_terms_batch(view.ep_bm25, ep.head(rcfg.prf.docs).rows, mems,
+                                                rcfg.prf.min_token_chars, rcfg.prf.terms, rcfg.prf.term_order)
         asking = [i for i, terms in enumerate(prf_terms) if terms]
         if asking:
             if embed is None:
                 raise ValueError("PRF needs embed to encode its queries (retrieve.prf.enabled=true)")
+            asking_t = torch.tensor(asking, dtype=torch.long)
+            encoded = None
+            if pairs is not None:  # renumber the pairs' questions to their place among those asking
+                place = torch.full((n_q,), -1, dtype=torch.long)
+                place[asking_t] = torch.arange(len(asking))
+                encoded = (place[pairs[0].cpu()], pairs[1])
+            part = _tick(timings, "prf_terms", clock)
             prf_emb = torch.as_tensor(embed([" ".join(prf_terms[i]) for i in asking]), dtype=torch.float32).cpu()
+            part = _tick(timings, "prf_embed", part)
             hits = hybrid_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
-                                 [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine)
-            hits = _expand(hits, torch.tensor(asking, dtype=torch.long), n_q)
+                                 [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine,
+                                 timings=timings, encoded=encoded, timing_prefix="prf_")
+            part = time.perf_counter()
+            hits = _expand(hits, asking_t, n_q)
             prf = prf_expansion(hits, pool, expansion, rcfg.prf.weight)
+            _tick(timings, "prf_expansion", part)
 
     clock = _tick(timings, "stage_6_prf", clock)
     # 7: rerank candidates = pool[:rerank_pool] + every expansion
-    cands = concat([pool.head(cfg.rerank.rerank_pool), expansion, prf])
+    cands = concat_raw([pool.head(cfg.rerank.rerank_pool), expansion, prf])
     rerank_scores: torch.Tensor | None = None
     if reranker is not None:
+        cands = cands.compact()  # each question's passages first, in candidate order
         kinds, rows = cands.kind.tolist(), cands.row.tolist()
         passages = []
         for kind_row, row_row in zip(kinds, rows, strict=False):
@@ -255,7 +262,8 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         final = zscore(rerank_scores, cands.kind, cfg.rerank.zscore_min)
     else:
         final = cands.score
-    order = final_order(final, cands.valid)
+    # pads (anywhere when not compacted) sort last; equal scores keep candidate order
+    order = final_order(final, cands.valid)[:, : int(cands.valid.sum(1).max()) if n_q else 0]
     ranked = cands.take(order)
     final = torch.where(ranked.valid, final.gather(1, order), 0.0)
     raw_rerank = rerank_scores.gather(1, order) if rerank_scores is not None else None
@@ -266,10 +274,9 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
     k = cfg.pack.k
     packs = build_packs(ranked.kind[:, :k], ranked.row[:, :k], view, cfg.pack.context_window)
-    body_cache = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(cfg.pack.resolve_dates, {})
-    results = []
-    for i, pack in enumerate(packs):
-        text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, body_cache)
-        results.append(RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i)))
+    tails = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(cfg.pack.resolve_dates, {})
+    texts = format_excerpts_batch(packs, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, tails)
+    results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i))
+               for i, (pack, text) in enumerate(zip(packs, texts, strict=True))]
     _tick(timings, "stage_8_9_pack", clock)
     return results

@@ -22,24 +22,22 @@ from memfit_gpu.retrieve.hybrid import Hits
 def constraint_tensors(constraints: Sequence[QueryConstraints], speakers_lower: Sequence[list[str]],
                        memory_idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(speaker bit mask [Q], years [Q, Y] -1 padded, months [Q, M] -1 padded)."""
-    n_q = len(constraints)
-    bits = torch.zeros(n_q, dtype=torch.long)
     width_y = max((len(c.years) for c in constraints), default=0) or 1
     width_m = max((len(c.months) for c in constraints), default=0) or 1
-    years = torch.full((n_q, width_y), -1, dtype=torch.long)
-    months = torch.full((n_q, width_m), -1, dtype=torch.long)
-    for i, (c, m) in enumerate(zip(constraints, memory_idx, strict=False)):
+    bits, years, months = [], [], []
+    for c, m in zip(constraints, memory_idx, strict=False):
         names = speakers_lower[m]
         b = 0
         for name in c.speakers:
             if name in names:
                 b |= 1 << names.index(name)
-        bits[i] = b
-        if c.years:
-            years[i, : len(c.years)] = torch.tensor(sorted(c.years))
-        if c.months:
-            months[i, : len(c.months)] = torch.tensor(sorted(c.months))
-    return bits, years, months
+        bits.append(b)
+        years.append(sorted(c.years) + [-1] * (width_y - len(c.years)))
+        months.append(sorted(c.months) + [-1] * (width_m - len(c.months)))
+    n_q = len(bits)
+    return (torch.tensor(bits, dtype=torch.long),
+            torch.tensor(years, dtype=torch.long).reshape(n_q, width_y),
+            torch.tensor(months, dtype=torch.long).reshape(n_q, width_m))
 
 
 def add_boosts(hits: Hits, cfg: BoostConfig, speaker_bits: torch.Tensor, years: torch.Tensor,

@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from functools import lru_cache
 
 MONTH_NAMES = (
     "january", "february", "march", "april", "may", "june",
@@ -44,7 +45,8 @@ for _i, _name in enumerate(MONTH_NAMES, start=1):
     _MONTH_BY_WORD[_name[:3]] = _i
 _MONTH_BY_WORD["sept"] = 9
 
-_MONTH_WORD_RE = re.compile(r"\b(" + "|".join(sorted(_MONTH_BY_WORD, key=len, reverse=True)) + r")\b")
+# the lookahead (every month word's first letter) changes nothing matched; it skips positions fast
+_MONTH_WORD_RE = re.compile(r"(?=[jfmasond])\b(" + "|".join(sorted(_MONTH_BY_WORD, key=len, reverse=True)) + r")\b")
 _YEAR_RE = re.compile(r"\b20\d\d\b")
 # "may" counts as a month only in these contexts (see module docstring).
 _MAY_BEFORE_RE = re.compile(r"(?:\b(?:in|of)|\b\d{1,2}(?:st|nd|rd|th)?)\s+$")
@@ -61,11 +63,20 @@ class QueryConstraints:
 
 
 def question_years(question: str) -> set[int]:
-    return {int(m.group(0)) for m in _YEAR_RE.finditer(question.lower())}
+    return _years(question.lower())
+
+
+def _years(text: str) -> set[int]:
+    if "20" not in text:  # every year matched starts with it
+        return set()
+    return {int(m.group(0)) for m in _YEAR_RE.finditer(text)}
 
 
 def question_months(question: str) -> set[int]:
-    text = question.lower()
+    return _months(question.lower())
+
+
+def _months(text: str) -> set[int]:
     months: set[int] = set()
     for match in _MONTH_WORD_RE.finditer(text):
         word = match.group(1)
@@ -79,22 +90,30 @@ def question_months(question: str) -> set[int]:
 
 def question_speakers(question: str, speakers: Iterable[str], min_chars: int = 3) -> set[str]:
     """Known speaker names (lowercased) that occur as whole words in the lowercased question."""
-    text = question.lower()
+    return _speakers(question.lower(), speakers, min_chars)
+
+
+def _speakers(text: str, speakers: Iterable[str], min_chars: int) -> set[str]:
     found: set[str] = set()
     for name in speakers:
         low = name.lower().strip()
-        if len(low) < min_chars:
-            continue
-        if re.search(r"\b" + re.escape(low) + r"\b", text):
+        # the substring test is implied by the whole-word match and spares most regex calls
+        if len(low) >= min_chars and low in text and _whole_word(low).search(text):
             found.add(low)
     return found
 
 
+@lru_cache(maxsize=4096)
+def _whole_word(word: str) -> re.Pattern[str]:
+    return re.compile(r"\b" + re.escape(word) + r"\b")
+
+
 def parse_constraints(question: str, speakers: Iterable[str], min_speaker_chars: int = 3) -> QueryConstraints:
+    text = question.lower()
     return QueryConstraints(
-        speakers=frozenset(question_speakers(question, speakers, min_speaker_chars)),
-        years=frozenset(question_years(question)),
-        months=frozenset(question_months(question)),
+        speakers=frozenset(_speakers(text, speakers, min_speaker_chars)),
+        years=frozenset(_years(text)),
+        months=frozenset(_months(text)),
     )
 
 
@@ -113,8 +132,10 @@ _NUMBER_WORDS = {
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _NUM = r"(\d+|" + "|".join(_NUMBER_WORDS) + r")"
 
+# The lookahead names every phrase's possible first character (y, a digit, a number word's, last/
+# this/next): a no-op for what matches, it lets the engine skip most positions cheaply.
 _RELATIVE_RE = re.compile(
-    r"\b(?:"
+    r"(?=[yaotfsenl\d])\b(?:"
     r"(?P<yesterday>yesterday)"
     r"|(?P<n>" + _NUM[1:-1] + r")\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<lastweek>last\s+week)"

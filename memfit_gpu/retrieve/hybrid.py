@@ -39,6 +39,9 @@ class Hits:
 
     def take(self, cols: torch.Tensor) -> Hits:
         """Gather columns [Q, K] (pads: -1 index gives a pad)."""
+        if cols.numel() == 0 or int(cols.min()) >= 0:  # a permutation or cut: nothing to pad
+            return Hits(*(t.gather(1, cols) for t in (self.rows, self.bm25, self.dense, self.fused, self.boost,
+                                                      self.score)))
         safe = cols.clamp(min=0)
         pad = cols < 0
 
@@ -70,6 +73,8 @@ class Hits:
 
 def minmax(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Min-max over each row's valid entries; max == min gives 1 where value > 0, else 0."""
+    if values.shape[1] == 0:
+        return values
     lo = torch.where(valid, values, torch.inf).amin(1, keepdim=True)
     hi = torch.where(valid, values, -torch.inf).amax(1, keepdim=True)
     span = hi - lo
@@ -113,12 +118,18 @@ def fuse(bm25_scores: torch.Tensor, bm25_rows: torch.Tensor, dense_scores: torch
 
 def hybrid_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings: torch.Tensor,
                   memory_idx: Sequence[int], scan_top_k: int, alpha: float, min_cosine: float = 0.0,
-                  timings: dict[str, float] | None = None) -> Hits:
+                  timings: dict[str, float] | None = None,
+                  encoded: tuple[torch.Tensor, torch.Tensor] | None = None, timing_prefix: str = "") -> Hits:
     """One BM25 search and one dense search for all queries, then `fuse` (row order).
 
-    timings: when given, wall seconds of the three parts are added under `bm25`, `dense`, `fuse`."""
+    encoded: the BM25 queries as (query index, term id) pairs (`BM25Index.feedback_terms`), used
+    instead of re-encoding `tokens`. timings: when given, wall seconds of the three parts are added
+    under `bm25`, `dense`, `fuse` (each after `timing_prefix`)."""
     start = time.perf_counter()
-    b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), scan_top_k)
+    if encoded is not None:
+        b_scores, b_rows = bm25.search_encoded(encoded[0], encoded[1], list(memory_idx), scan_top_k)
+    else:
+        b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), scan_top_k)
     after_bm25 = time.perf_counter()
     d_scores, d_rows = dense.search(embeddings, list(memory_idx), scan_top_k, min_score=min_cosine)
     after_dense = time.perf_counter()
@@ -126,5 +137,6 @@ def hybrid_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings
     if timings is not None:
         for key, seconds in (("bm25", after_bm25 - start), ("dense", after_dense - after_bm25),
                              ("fuse", time.perf_counter() - after_dense)):
+            key = timing_prefix + key
             timings[key] = timings.get(key, 0.0) + seconds
     return hits

@@ -17,7 +17,6 @@ resolved against the episode's own session date (dates.resolve_relative_dates).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +24,6 @@ import torch
 
 from memfit_gpu.retrieve.dates import resolve_relative_dates
 
-_DATE_PREFIX = re.compile(r"^DATE: [^|]*\| ")
 FACTS_HEADER = "REMEMBERED FACTS:"
 
 
@@ -50,9 +48,6 @@ def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pa
     return Pack(episodes=sorted(rows, key=rank.__getitem__), selected=selected, summaries=summaries)
 
 
-_TRIGGERS = ("yesterday", "ago", "last", "this", "next")
-
-
 def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: Any, context_window: int) -> list[Pack]:
     """`build_pack` for a whole batch: top_kind/top_row [Q, k] (kind -1 = pad), one tensor pass for the
     neighbours, the dedup and the time order."""
@@ -72,48 +67,89 @@ def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: Any, contex
     rows = around.gather(1, order)
     keep = key != big
     keep[:, 1:] &= key[:, 1:] != key[:, :-1]  # time ranks are unique per row: equal key = same row
-    rows_list, keep_list = rows.tolist(), keep.tolist()
-    kinds, tops = top_kind.tolist(), top_row.tolist()
-    packs = []
-    for i in range(n_q):
-        packs.append(Pack(
-            episodes=[r for r, k in zip(rows_list[i], keep_list[i], strict=True) if k],
-            selected=[r for kind, r in zip(kinds[i], tops[i], strict=True) if kind == 0],
-            summaries=[r for kind, r in zip(kinds[i], tops[i], strict=True) if kind == 1],
-        ))
-    return packs
+    # boolean indexing walks row-major, so each question's kept rows stay together and in order
+    episodes = _split(rows[keep].tolist(), keep.sum(1).tolist())
+    is_summary = top_kind == 1
+    selected = _split(top_row[episode].tolist(), episode.sum(1).tolist())
+    summaries = _split(top_row[is_summary].tolist(), is_summary.sum(1).tolist())
+    return [Pack(episodes=e, selected=s, summaries=m) for e, s, m in zip(episodes, selected, summaries, strict=True)]
+
+
+def _split(flat: list[int], counts: list[int]) -> list[list[int]]:
+    """flat cut into consecutive pieces of the given lengths."""
+    out, start = [], 0
+    for n in counts:
+        out.append(flat[start:start + n])
+        start += n
+    return out
+
+
+def strip_date_prefix(text: str) -> str:
+    """The text without a leading "DATE: {anything but |}| " (the header carries the date)."""
+    if text.startswith("DATE: "):
+        bar = text.find("|", 6)
+        if bar >= 0 and text.startswith(" ", bar + 1):
+            return text[bar + 2:]
+    return text
+
+
+def may_hold_relative_date(low: str) -> bool:
+    """False only when lowercased text cannot hold a relative-date phrase (dates._RELATIVE_RE): each
+    phrase has "yesterday", "ago", or last/this/next before week, a weekday (all end in "day"), month
+    or year. Lets most episodes skip the regex. Non-ASCII text always goes to the regex: its
+    case-insensitive matching folds a few letters (the long s) that lower() keeps."""
+    if "yesterday" in low or "ago" in low or not low.isascii():
+        return True
+    return ("last" in low or "this" in low or "next" in low) and (
+        "week" in low or "day" in low or "month" in low or "year" in low)
 
 
 def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:
-    body = _DATE_PREFIX.sub("", text, count=1)
-    if not resolve_dates:
+    """anchor: the session date (date, datetime or numpy datetime64; None or NaT leaves dates as written)."""
+    body = strip_date_prefix(text)
+    if not resolve_dates or not may_hold_relative_date(body.lower()):
         return body
-    low = body.lower()
-    # every relative-date phrase contains one of these words: skip the regex pass when none occurs
-    if not any(word in low for word in _TRIGGERS):
+    if hasattr(anchor, "astype"):
+        anchor = anchor.astype(object)  # numpy datetime64 -> datetime (None when NaT)
+    if anchor is None:
         return body
     return resolve_relative_dates(body, anchor)
 
 
-def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool,
-                    body_cache: dict[int, str] | None = None) -> str:
-    """The reader's evidence block for one pack. body_cache: per-row line tails (batched path)."""
+def excerpt_tail(view: Any, row: int, resolve_dates: bool) -> str:
+    """The part of an excerpt line that depends on the row alone: "(recorded {date}): {body}"."""
+    return f"(recorded {view.recorded(row)}): {excerpt_body(view.ep_text[row], view.ep_time[row], resolve_dates)}"
+
+
+def _facts_block(pack: Pack, view: Any, summary_suffix: str) -> str:
+    return "\n".join([FACTS_HEADER] + ["- " + view.sm_text[srow] + summary_suffix.format(date=view.summary_date(srow))
+                                       for srow in pack.summaries])
+
+
+def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool) -> str:
+    """The reader's evidence block for one pack."""
     parts: list[str] = []
     if pack.summaries:
-        facts = [FACTS_HEADER]
-        for srow in pack.summaries:
-            facts.append("- " + view.sm_text[srow] + summary_suffix.format(date=view.summary_date(srow)))
-        parts.append("\n".join(facts))
-    lines = []
-    for i, row in enumerate(pack.episodes, start=1):
-        # tail = "(recorded {date}): {body}", the part of the line that depends on the row alone
-        tail = body_cache.get(row) if body_cache is not None else None
-        if tail is None:
-            body = excerpt_body(view.ep_text[row], view.ep_time[row].astype(object), resolve_dates)
-            tail = f"(recorded {view.recorded(row)}): {body}"
-            if body_cache is not None:
-                body_cache[row] = tail
-        lines.append(f"EXCERPT {i} {tail}")
+        parts.append(_facts_block(pack, view, summary_suffix))
+    lines = [f"EXCERPT {i} {excerpt_tail(view, row, resolve_dates)}" for i, row in enumerate(pack.episodes, start=1)]
     if lines:
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def format_excerpts_batch(packs: list[Pack], view: Any, summary_suffix: str, resolve_dates: bool,
+                          tails: dict[int, str]) -> list[str]:
+    """`format_excerpts` for every pack; each distinct row's tail is built once (`tails` keeps them)."""
+    for row in {row for pack in packs for row in pack.episodes}.difference(tails):
+        tails[row] = excerpt_tail(view, row, resolve_dates)
+    longest = max((len(pack.episodes) for pack in packs), default=0)
+    heads = [f"EXCERPT {i} " for i in range(1, longest + 1)]
+    out = []
+    for pack in packs:
+        lines = "\n".join(map(str.__add__, heads, map(tails.__getitem__, pack.episodes)))
+        if pack.summaries:
+            facts = _facts_block(pack, view, summary_suffix)
+            out.append(facts + "\n\n" + lines if lines else facts)
+        else:
+            out.append(lines)
+    return out

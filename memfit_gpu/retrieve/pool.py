@@ -40,6 +40,8 @@ class Candidates:
         return self.kind >= 0
 
     def take(self, cols: torch.Tensor) -> Candidates:
+        if cols.numel() == 0 or int(cols.min()) >= 0:  # a permutation or cut: nothing to pad
+            return Candidates(**{f.name: getattr(self, f.name).gather(1, cols) for f in fields(self)})
         safe, pad = cols.clamp(min=0), cols < 0
         out = {}
         for f in fields(self):
@@ -79,8 +81,7 @@ class Candidates:
 
 
 def concat(parts: list[Candidates]) -> Candidates:
-    out = {f.name: torch.cat([getattr(p, f.name) for p in parts], 1) for f in fields(Candidates)}
-    return Candidates(**out).compact()
+    return concat_raw(parts).compact()
 
 
 def in_set(values: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
@@ -110,6 +111,7 @@ def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candi
 
 
 def concat_raw(parts: list[Candidates]) -> Candidates:
+    """Side by side, pads where the parts had them (`concat` moves them to the end)."""
     return Candidates(**{f.name: torch.cat([getattr(p, f.name) for p in parts], 1) for f in fields(Candidates)})
 
 
@@ -142,15 +144,14 @@ def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.T
         kind=torch.where(keep, EPISODE, -1), row=torch.where(keep, rows, -1),
         score=torch.where(keep, score, -torch.inf), bm25=zero, dense=zero, fused=zero, boost=zero,
         source=torch.where(keep, SOURCE_SUMMARY_EXPANSION, -1), origin=torch.where(keep, origin, -1),
-    ).compact()
-    return order_by_score(cand)
+    )
+    return order_by_score(cand)  # members are in row order here
 
 
 def order_by_score(cand: Candidates) -> Candidates:
-    """Score desc, row asc (pads last: their score is -inf)."""
-    by_row = torch.where(cand.valid, cand.row, _BIG).argsort(dim=1, stable=True)
-    by_score = cand.score.gather(1, by_row).argsort(dim=1, descending=True, stable=True)
-    order = by_row.gather(1, by_score)
+    """Score desc, row asc, for candidates whose real entries are in row order (pads: score -inf,
+    anywhere): one stable sort by score keeps row order among equal scores; pads end up last, cut."""
+    order = cand.score.argsort(dim=1, descending=True, stable=True)
     width = int(cand.valid.sum(1).max()) if cand.kind.numel() else 0
     return cand.take(order[:, :width])
 
@@ -162,7 +163,5 @@ def prf_expansion(prf_hits: Hits, pool: Candidates, expansion: Candidates, weigh
     rows = torch.where(keep, prf_hits.rows, -1)
     hits = Hits(rows, prf_hits.bm25, prf_hits.dense, prf_hits.fused, prf_hits.boost,
                 torch.where(keep, prf_hits.score, -torch.inf))
-    cand = Candidates.from_hits(hits, EPISODE, SOURCE_PRF, score=weight * prf_hits.fused)
-    cand = Candidates(**{f.name: getattr(cand, f.name) for f in fields(Candidates)})
-    cand.score = torch.where(keep, cand.score, -torch.inf)
-    return order_by_score(cand.compact())
+    cand = Candidates.from_hits(hits, EPISODE, SOURCE_PRF, score=torch.where(keep, weight * prf_hits.fused, -torch.inf))
+    return order_by_score(cand)  # pads (score -inf) sort last and are cut

@@ -11,6 +11,9 @@ for the dense encoder.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import torch
 
 
 def choose_terms(token_lists: Sequence[Sequence[str]], idf: dict[str, float] | None, terms: int,
@@ -53,3 +56,26 @@ def choose_terms_batch(token_lists: Sequence[Sequence[Sequence[str]]], memory_id
         return [_choose_by_key(lists, keys[m], terms) if lists else []
                 for lists, m in zip(token_lists, memory_idx, strict=True)]
     return [choose_terms(lists, None, terms, term_order) for lists in token_lists]
+
+
+def feedback_terms_batch(bm25: Any, doc_rows: torch.Tensor, memory_idx: Sequence[int], min_chars: int, terms: int,
+                         term_order: str) -> tuple[list[list[str]], tuple[torch.Tensor, torch.Tensor] | None]:
+    """PRF terms of every question from its feedback rows doc_rows [Q, D] (-1 pads).
+
+    Returns the terms per question and, from a `BM25Index`, the same queries as (question, term id)
+    pairs for `search_encoded`: the index picks them from its postings in one tensor pass. Any other
+    index (`ReferenceBM25`) goes through its `doc_tokens` and `idf` (pairs None)."""
+    n_q = doc_rows.shape[0]
+    if hasattr(bm25, "feedback_terms"):
+        query, term = bm25.feedback_terms(doc_rows, min_chars, terms, term_order)
+        chosen: list[list[str]] = [[] for _ in range(n_q)]
+        for q, token in zip(query.tolist(), bm25.term_tokens(term), strict=True):
+            chosen[q].append(token)
+        return chosen, (query, term)
+    docs = [[r for r in rows if r >= 0] for rows in doc_rows.tolist()]
+    flat = bm25.doc_tokens([r for rows in docs for r in rows])
+    lists, offset = [], 0
+    for rows in docs:
+        lists.append([[t for t in toks if len(t) >= min_chars] for toks in flat[offset: offset + len(rows)]])
+        offset += len(rows)
+    return choose_terms_batch(lists, memory_idx, bm25, terms, term_order), None

@@ -3,7 +3,7 @@
 `ReadView.from_store(store)` reads an `EpisodeStore` (memfit_gpu/store); `ReadView.from_memories`
 builds the same thing straight from loaded memories with the real BM25 and FAISS indexes (no
 summaries), so retrieval can run and be tested without a persistent store. Everything derived
-(speaker bit masks, time order, session neighbours, PRF token lists) is computed once per view and
+(speaker bit masks, time order, session neighbours) is computed once per view and
 cached here, never per question.
 """
 
@@ -181,37 +181,26 @@ class ReadView:
                  min_chars: int) -> np.ndarray:
         """Bit s set when speaker s of the row's memory is the row's speaker or a whole word of its text.
 
-        Single-word names: one alternation scan per row finds every name (whole words cannot overlap);
-        a memory with a multi-word name searches each name on its own."""
-        masks = np.zeros(len(texts), dtype=np.int64)
+        A plain substring test guards each whole-word regex (a match implies the substring), and a
+        bit the speaker field already set is not searched for: most rows then run no regex at all."""
         plans = []
         for ns in names:
-            usable = [(bit, name) for bit, name in enumerate(ns) if len(name) >= min_chars]
-            bit_of = {name: bit for bit, name in usable}
-            if usable and all(re.fullmatch(r"\w+", name) for _, name in usable):
-                alternation = "|".join(re.escape(n) for n in sorted(bit_of, key=len, reverse=True))
-                plans.append((bit_of, re.compile(r"\b(?:" + alternation + r")\b"), None))
-            else:
-                plans.append((bit_of, None, [(bit, re.compile(r"\b" + re.escape(n) + r"\b")) for bit, n in usable]))
-        memory_list = memory.tolist()
-        for row, text in enumerate(texts):
-            bit_of, combined, singles = plans[memory_list[row]]
-            if not bit_of:
+            usable = [(bit, name, re.compile(r"\b" + re.escape(name) + r"\b"))
+                      for bit, name in enumerate(ns) if len(name) >= min_chars]
+            plans.append((usable, {name: bit for bit, name, _ in usable}))
+        masks = [0] * len(texts)
+        for row, (text, m) in enumerate(zip(texts, memory.tolist(), strict=True)):
+            usable, bit_of = plans[m]
+            if not usable:
                 continue
+            own = bit_of.get(speakers[row].lower().strip()) if speakers else None
+            bits = 0 if own is None else 1 << own
             low = text.lower()
-            bits = 0
-            spk = speakers[row].lower().strip() if speakers else None
-            if spk in bit_of:
-                bits |= 1 << bit_of[spk]
-            if combined is not None:
-                for found in set(combined.findall(low)):
-                    bits |= 1 << bit_of[found]
-            else:
-                for bit, pattern in singles:
-                    if pattern.search(low):
-                        bits |= 1 << bit
+            for bit, name, pattern in usable:
+                if not (bits >> bit) & 1 and name in low and pattern.search(low):
+                    bits |= 1 << bit
             masks[row] = bits
-        return masks
+        return np.asarray(masks, dtype=np.int64)
 
     def episode_speaker_mask(self, min_chars: int) -> np.ndarray:
         key = ("ep", min_chars)
@@ -321,26 +310,22 @@ class ReadView:
                 out[i, : len(members)] = torch.tensor(members, dtype=torch.long)
         return out
 
-    @cached_property
-    def _prf_tokens(self) -> dict[tuple[int, int], list[str]]:
-        return {}
-
-    def prf_tokens(self, rows: Sequence[int], min_chars: int) -> list[list[str]]:
-        """Distinct tokens of at least `min_chars` characters of each row (cached per row)."""
-        from memfit_gpu.index.bm25 import tokenize
-
-        # the distinct indexed tokens of a row are those of tokenize(its text): the text BM25 indexed
-        cache = self._prf_tokens
-        out = []
-        for r in rows:
-            toks = cache.get((r, min_chars))
-            if toks is None:
-                toks = cache[(r, min_chars)] = [t for t in dict.fromkeys(tokenize(self.ep_text[r])) if len(t) >= min_chars]
-            out.append(toks)
-        return out
-
     def recorded(self, row: int) -> str:
-        return format_date(self.ep_time[row].astype(object).date())
+        """The episode's date as excerpts print it ("unknown date" when it has no timestamp)."""
+        day = self._ep_day[row]
+        text = self._day_text.get(day)
+        if text is None:
+            when = self.ep_time[row].astype(object)
+            text = self._day_text[day] = "unknown date" if when is None else format_date(when.date())
+        return text
+
+    @cached_property
+    def _ep_day(self) -> list[int]:
+        return self.ep_time.astype("datetime64[D]").astype(np.int64).tolist()
+
+    @cached_property
+    def _day_text(self) -> dict[int, str]:
+        return {}
 
     def summary_date(self, srow: int) -> str:
         return format_date(self.sm_recorded[srow].astype(object).date())
