@@ -24,7 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from memfit_gpu.index.encoders import BiEncoder  # noqa: E402
+from memfit_gpu.index.encoders import BiEncoder, _onednn_gemm  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
         "batch_size": args.batch_size,
         "ours_s": round(ours_wall, 2),
         "st_s": round(st_wall, 2),

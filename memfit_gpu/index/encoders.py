@@ -24,6 +24,7 @@ raw logit; a one-label model that declares nothing gets sentence-transformers' d
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import queue
@@ -316,6 +317,48 @@ def _fused_qkv(attention: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return cached[0], cached[1]
 
 
+@functools.lru_cache(maxsize=1)
+def _onednn_gemm() -> bool:
+    """Whether this torch build runs fp32 linear layers through oneDNN with prepacked weights.
+
+    torch's own fp32 CPU GEMM is MKL's, which runs 1.1-1.8x slower than oneDNN on the AMD EPYC CPUs
+    measured here (docs/benchmarks.md); oneDNN is the kernel library torch.compile uses for the same
+    layers. Probed once on a tiny layer, with the result checked against `F.linear`."""
+    try:
+        weight, bias, x = torch.randn(8, 16), torch.randn(8), torch.randn(4, 16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return bool(torch.allclose(got, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class _PackedWeights(dict):
+    """oneDNN-packed weights cached on a module. A copied or pickled module starts without them:
+    packed (mkldnn) tensors can be neither, and they are rebuilt on first use."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedWeights:
+        return _PackedWeights()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_PackedWeights, ())
+
+
+def _linear(owner: torch.nn.Module, name: str, x: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`; fp32 on the CPU through oneDNN with `weight` packed once and cached
+    on `owner` under `name` (rebuilt when the weight's storage or version changes)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or not _onednn_gemm():
+        return torch.nn.functional.linear(x, weight, bias)
+    key = (weight.data_ptr(), tuple(weight.shape), _version(weight), bias.data_ptr(), _version(bias))
+    cache = owner.__dict__.setdefault("_memfit_gemm", _PackedWeights())  # a plain attribute, not a submodule
+    hit = cache.get(name)
+    if hit is None or hit[0] != key:
+        hit = cache[name] = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None),
+                             bias.detach().contiguous())
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), hit[1], hit[2], "none", [], "")
+
+
 def _bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT encoder over real tokens only; returns (hidden [T, d] or CLS [b, d], flat token index).
@@ -343,18 +386,18 @@ def _bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only
         weight, bias = _fused_qkv(attention)
         last = cls_only and i == len(layers) - 1
         if last:
-            kv = torch.nn.functional.linear(x, weight[d:], bias[d:])
+            kv = _linear(attention, "kv", x, weight[d:], bias[d:])
             padded = x.new_zeros((b * width, 2 * d))
             padded[flat] = kv
             k, v = padded.view(b, width, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
             # Right padding: each row's [CLS] is its first real token.
             lengths = mask.sum(1)
             residual = x[lengths.cumsum(0) - lengths]
-            q = torch.nn.functional.linear(residual, weight[:d], bias[:d]).view(b, heads, 1, head_dim)
+            q = _linear(attention, "q", residual, weight[:d], bias[:d]).view(b, heads, 1, head_dim)
             context = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
             context = context.reshape(b, d)
         else:
-            qkv = torch.nn.functional.linear(x, weight, bias)
+            qkv = _linear(attention, "qkv", x, weight, bias)
             padded = x.new_zeros((b * width, 3 * d))
             padded[flat] = qkv
             q, k, v = padded.view(b, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
@@ -362,9 +405,11 @@ def _bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only
             context = context.transpose(1, 2).reshape(b * width, d)[flat]
             residual = x
         out = layer.attention.output
-        hidden = out.LayerNorm(out.dense(context) + residual)
-        ffn = layer.output.dense(layer.intermediate.intermediate_act_fn(layer.intermediate.dense(hidden)))
-        x = layer.output.LayerNorm(ffn + hidden)
+        hidden = out.LayerNorm(_linear(out, "dense", context, out.dense.weight, out.dense.bias) + residual)
+        inner = layer.intermediate
+        up = inner.intermediate_act_fn(_linear(inner, "dense", hidden, inner.dense.weight, inner.dense.bias))
+        down = layer.output
+        x = down.LayerNorm(_linear(down, "dense", up, down.dense.weight, down.dense.bias) + hidden)
     return x, flat
 
 
