@@ -68,10 +68,9 @@ def feedback_terms_batch(bm25: Any, doc_rows: torch.Tensor, memory_idx: Sequence
     n_q = doc_rows.shape[0]
     if hasattr(bm25, "feedback_terms"):
         query, term = bm25.feedback_terms(doc_rows, min_chars, terms, term_order)
-        chosen: list[list[str]] = [[] for _ in range(n_q)]
-        for q, token in zip(query.tolist(), bm25.term_tokens(term), strict=True):
-            chosen[q].append(token)
-        return chosen, (query, term)
+        tokens = bm25.term_tokens(term)  # query by query: cut the flat list by per-query counts
+        ends = torch.bincount(query.cpu(), minlength=n_q).cumsum(0).tolist()
+        return [tokens[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)], (query, term)
     docs = [[r for r in rows if r >= 0] for rows in doc_rows.tolist()]
     flat = bm25.doc_tokens([r for rows in docs for r in rows])
     lists, offset = [], 0
