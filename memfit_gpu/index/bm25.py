@@ -445,13 +445,21 @@ class BM25Index:
     def _score_block(
         self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
     ) -> torch.Tensor:
-        out = torch.zeros((n_queries, width), dtype=torch.float32, device=self.device)
         slot = cache["dense_slot"][pair_term]
         dense = slot >= 0
         if bool(dense.any()):
-            rows = cache["dense_weight"].index_select(0, slot[dense])[:, :width]
-            out.index_add_(0, pair_query[dense], rows)
+            # (query, dense term) counts times the dense rows: one sparse x dense product, no [pairs, width]
+            # copy of the rows; a repeated query token counts twice (its count is 2)
+            weights = cache["dense_weight"]
+            counts = torch.sparse_coo_tensor(
+                torch.stack([pair_query[dense], slot[dense]]),
+                torch.ones(int(dense.sum()), dtype=torch.float32, device=self.device),
+                (n_queries, weights.shape[0]), check_invariants=False,
+            )
+            out = torch.sparse.mm(counts, weights[:, :width] if width < weights.shape[1] else weights)
             pair_query, pair_term = pair_query[~dense], pair_term[~dense]
+        else:
+            out = torch.zeros((n_queries, width), dtype=torch.float32, device=self.device)
         segmented_scatter_add(
             out,
             pair_query,

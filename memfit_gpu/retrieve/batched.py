@@ -102,10 +102,13 @@ class _ChunkColumns:
         n = int(c.valid[i].sum())
         kinds, rows = c.kind[i, :n].tolist(), c.row[i, :n].tolist()
         rerank = self.rerank[i, :n].tolist() if self.rerank is not None else [None] * n
+        ref = c.ref[i, :n]
+        found = c.stages[ref.clamp(min=0)] if c.stages.shape[0] else torch.zeros((n, 4), dtype=torch.float64)
+        bm25, dense, fused, boost = torch.where((ref >= 0)[:, None], found, 0.0).T.tolist()
         columns = zip(
             ["episode" if k == EPISODE else "summary" for k in kinds], rows,
             [self.turn_ids[r] if k == EPISODE else None for k, r in zip(kinds, rows, strict=True)],
-            c.bm25[i, :n].tolist(), c.dense[i, :n].tolist(), c.fused[i, :n].tolist(), c.boost[i, :n].tolist(),
+            bm25, dense, fused, boost,
             c.score[i, :n].tolist(), [SOURCE_NAMES[s] for s in c.source[i, :n].tolist()],
             [o if o >= 0 else None for o in c.origin[i, :n].tolist()], rerank, self.final[i, :n].tolist(),
             strict=True,

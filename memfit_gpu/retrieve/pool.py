@@ -10,7 +10,7 @@ with weight x their PRF fused score, uncapped. Expansions are ordered by score d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -21,19 +21,26 @@ SOURCE_POOL, SOURCE_SUMMARY_EXPANSION, SOURCE_PRF = 0, 1, 2
 SOURCE_NAMES = {SOURCE_POOL: "pool", SOURCE_SUMMARY_EXPANSION: "summary_expansion", SOURCE_PRF: "prf"}
 
 
+_COLUMNS = ("kind", "row", "score", "source", "origin", "ref")
+_PAD = {"kind": -1, "row": -1, "score": float("-inf"), "source": -1, "origin": -1, "ref": -1}
+STAGE_NAMES = ("bm25", "dense", "fused", "boost")
+
+
 @dataclass
 class Candidates:
-    """Padded per-question candidate list [Q, N]; pads have kind -1, row -1, score -inf."""
+    """Padded per-question candidate list [Q, N]; pads have kind -1, row -1, score -inf.
+
+    The raw stage scores of the search that found a candidate (bm25, dense, fused, boost) are only
+    read for output, so they stay where that search left them, in `stages`, and each candidate keeps
+    a reference to its row there: reordering moves six columns, not ten."""
 
     kind: torch.Tensor  # long: 0 episode, 1 summary
     row: torch.Tensor  # long: episode row or summary row
     score: torch.Tensor  # float64 first-stage score (fused + boost, or expansion score)
-    bm25: torch.Tensor  # float64 raw stage scores of the search that found it (0 for summary members)
-    dense: torch.Tensor
-    fused: torch.Tensor
-    boost: torch.Tensor
     source: torch.Tensor  # long: SOURCE_*
     origin: torch.Tensor  # long: summary row an expansion came from, else -1
+    ref: torch.Tensor  # long: row of `stages` with this candidate's stage scores, -1 = all zero
+    stages: torch.Tensor  # [S, 4] float64 (STAGE_NAMES), shared by every question
 
     @property
     def valid(self) -> torch.Tensor:
@@ -41,40 +48,43 @@ class Candidates:
 
     def take(self, cols: torch.Tensor) -> Candidates:
         if cols.numel() == 0 or int(cols.min()) >= 0:  # a permutation or cut: nothing to pad
-            return Candidates(**{f.name: getattr(self, f.name).gather(1, cols) for f in fields(self)})
+            return Candidates(**{n: getattr(self, n).gather(1, cols) for n in _COLUMNS}, stages=self.stages)
         safe, pad = cols.clamp(min=0), cols < 0
         out = {}
-        for f in fields(self):
-            t = getattr(self, f.name)
-            fill = float("-inf") if f.name == "score" else (0.0 if t.is_floating_point() else -1)
-            out[f.name] = torch.where(pad, torch.as_tensor(fill, dtype=t.dtype), t.gather(1, safe))
-        return Candidates(**out)
+        for name in _COLUMNS:
+            t = getattr(self, name)
+            out[name] = torch.where(pad, torch.as_tensor(_PAD[name], dtype=t.dtype), t.gather(1, safe))
+        return Candidates(**out, stages=self.stages)
 
     @classmethod
     def empty(cls, n_q: int) -> Candidates:
-        z = torch.zeros((n_q, 0), dtype=torch.float64)
         e = torch.zeros((n_q, 0), dtype=torch.long)
-        return cls(e, e, z, z, z, z, z, e, e)
+        return cls(e, e, torch.zeros((n_q, 0), dtype=torch.float64), e, e, e,
+                   torch.zeros((0, 4), dtype=torch.float64))
 
     @classmethod
     def from_hits(cls, hits: Hits, kind: int, source: int, score: torch.Tensor | None = None,
                   origin: torch.Tensor | None = None) -> Candidates:
         valid = hits.valid
+        n_q, width = hits.rows.shape
+        stages = torch.stack([hits.bm25, hits.dense, hits.fused, hits.boost], -1).reshape(n_q * width, 4)
         return cls(
             kind=torch.where(valid, kind, -1), row=hits.rows,
             score=torch.where(valid, hits.score if score is None else score, -torch.inf),
-            bm25=hits.bm25, dense=hits.dense, fused=hits.fused, boost=hits.boost,
             source=torch.where(valid, source, -1),
             origin=torch.full_like(hits.rows, -1) if origin is None else origin,
+            ref=torch.where(valid, torch.arange(n_q * width).view(n_q, width), -1), stages=stages,
         )
 
     def compact(self, limit: int | None = None) -> Candidates:
         """Pads moved to the end, order of real entries kept, width cut to the longest list (and limit)."""
-        order = (~self.valid).long().argsort(dim=1, stable=True)
-        width = int(self.valid.sum(1).max()) if self.kind.numel() else 0
+        valid = self.valid
+        width = int(valid.sum(1).max()) if self.kind.numel() else 0
         if limit is not None:
             width = min(width, limit)
-        return self.take(order[:, :width])
+        if self.kind.shape[1] > 1 and bool((valid[:, 1:] & ~valid[:, :-1]).any()):  # a pad before an entry
+            return self.take((~valid).long().argsort(dim=1, stable=True)[:, :width])
+        return self.head(width)
 
     def head(self, k: int) -> Candidates:
         return self.take(torch.arange(min(k, self.kind.shape[1])).expand(self.kind.shape[0], -1))
@@ -112,7 +122,12 @@ def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candi
 
 def concat_raw(parts: list[Candidates]) -> Candidates:
     """Side by side, pads where the parts had them (`concat` moves them to the end)."""
-    return Candidates(**{f.name: torch.cat([getattr(p, f.name) for p in parts], 1) for f in fields(Candidates)})
+    columns = {n: torch.cat([getattr(p, n) for p in parts], 1) for n in _COLUMNS if n != "ref"}
+    refs, offset = [], 0
+    for part in parts:
+        refs.append(torch.where(part.ref >= 0, part.ref + offset, -1) if offset else part.ref)
+        offset += part.stages.shape[0]
+    return Candidates(**columns, ref=torch.cat(refs, 1), stages=torch.cat([p.stages for p in parts], 0))
 
 
 def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.Tensor, top: int,
@@ -139,12 +154,12 @@ def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.T
     first = torch.ones_like(rows, dtype=torch.bool)
     first[:, 1:] = rows[:, 1:] != rows[:, :-1]
     keep = first & (rows >= 0)
-    zero = torch.zeros_like(score)
     cand = Candidates(
         kind=torch.where(keep, EPISODE, -1), row=torch.where(keep, rows, -1),
-        score=torch.where(keep, score, -torch.inf), bm25=zero, dense=zero, fused=zero, boost=zero,
+        score=torch.where(keep, score, -torch.inf),
         source=torch.where(keep, SOURCE_SUMMARY_EXPANSION, -1), origin=torch.where(keep, origin, -1),
-    )
+        ref=torch.full_like(rows, -1), stages=torch.zeros((0, 4), dtype=torch.float64),
+    )  # members have no stage scores of their own
     return order_by_score(cand)  # members are in row order here
 
 
