@@ -238,3 +238,12 @@ def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
     twin = copy.deepcopy(layer)  # packed tensors cannot be copied: the copy starts without them
     assert not twin.__dict__.get("_memfit_gemm")
     torch.testing.assert_close(_linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
+
+
+def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
+    from memfit_gpu.index.encoders import _linear
+
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    _linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None

@@ -325,7 +325,9 @@ def _onednn_gemm() -> bool:
     measured here (docs/benchmarks.md); oneDNN is the kernel library torch.compile uses for the same
     layers. Probed once on a tiny layer, with the result checked against `F.linear`."""
     try:
-        weight, bias, x = torch.randn(8, 16), torch.randn(8), torch.randn(4, 16)
+        probe = torch.Generator().manual_seed(0)  # a private generator: the global RNG stays untouched
+        weight, bias = torch.randn(8, 16, generator=probe), torch.randn(8, generator=probe)
+        x = torch.randn(4, 16, generator=probe)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return bool(torch.allclose(got, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5))
@@ -346,10 +348,11 @@ class _PackedWeights(dict):
 
 def _linear(owner: torch.nn.Module, name: str, x: torch.Tensor, weight: torch.Tensor,
             bias: torch.Tensor) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`; fp32 on the CPU through oneDNN with `weight` packed once and cached
-    on `owner` under `name` (rebuilt when the weight's storage or version changes)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or not _onednn_gemm():
-        return torch.nn.functional.linear(x, weight, bias)
+    """`F.linear(x, weight, bias)`; fp32 on the CPU without gradients through oneDNN with `weight` packed
+    once and cached on `owner` under `name` (rebuilt when the weight's storage or version changes)."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not _onednn_gemm()):
+        return torch.nn.functional.linear(x, weight, bias)  # the packed kernel has no backward
     key = (weight.data_ptr(), tuple(weight.shape), _version(weight), bias.data_ptr(), _version(bias))
     cache = owner.__dict__.setdefault("_memfit_gemm", _PackedWeights())  # a plain attribute, not a submodule
     hit = cache.get(name)
