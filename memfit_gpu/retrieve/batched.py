@@ -96,6 +96,7 @@ class _ChunkColumns:
 
     def __init__(self, cands: Candidates, final: torch.Tensor, rerank: torch.Tensor | None, turn_ids: Any):
         self.cands, self.final, self.rerank, self.turn_ids = cands, final, rerank, turn_ids
+        self.table: torch.Tensor | None = None
 
     def question(self, i: int) -> list[dict[str, Any]]:
         c = self.cands
@@ -103,7 +104,9 @@ class _ChunkColumns:
         kinds, rows = c.kind[i, :n].tolist(), c.row[i, :n].tolist()
         rerank = self.rerank[i, :n].tolist() if self.rerank is not None else [None] * n
         ref = c.ref[i, :n]
-        found = c.stages[ref.clamp(min=0)] if c.stages.shape[0] else torch.zeros((n, 4), dtype=torch.float64)
+        if self.table is None:
+            self.table = c.stage_table()  # once per batch, on the first question asked for
+        found = self.table[ref.clamp(min=0)] if self.table.shape[0] else torch.zeros((n, 4), dtype=torch.float64)
         bm25, dense, fused, boost = torch.where((ref >= 0)[:, None], found, 0.0).T.tolist()
         columns = zip(
             ["episode" if k == EPISODE else "summary" for k in kinds], rows,

@@ -31,16 +31,23 @@ class Candidates:
     """Padded per-question candidate list [Q, N]; pads have kind -1, row -1, score -inf.
 
     The raw stage scores of the search that found a candidate (bm25, dense, fused, boost) are only
-    read for output, so they stay where that search left them, in `stages`, and each candidate keeps
-    a reference to its row there: reordering moves six columns, not ten."""
+    read for output, so they stay where that search left them (`stages`: each search's four [Q, C]
+    tensors, never copied) and each candidate keeps a flat reference into them: reordering moves six
+    columns, not ten. `stage_table` builds the [S, 4] table when output needs it."""
 
     kind: torch.Tensor  # long: 0 episode, 1 summary
     row: torch.Tensor  # long: episode row or summary row
     score: torch.Tensor  # float64 first-stage score (fused + boost, or expansion score)
     source: torch.Tensor  # long: SOURCE_*
     origin: torch.Tensor  # long: summary row an expansion came from, else -1
-    ref: torch.Tensor  # long: row of `stages` with this candidate's stage scores, -1 = all zero
-    stages: torch.Tensor  # [S, 4] float64 (STAGE_NAMES), shared by every question
+    ref: torch.Tensor  # long: row of stage_table() with this candidate's stage scores, -1 = all zero
+    stages: tuple[tuple[torch.Tensor, ...], ...]  # per search: (bm25, dense, fused, boost) [Q, C] float64
+
+    def stage_table(self) -> torch.Tensor:
+        """[S, 4] float64 (STAGE_NAMES order): the rows `ref` points at."""
+        if not self.stages:
+            return torch.zeros((0, 4), dtype=torch.float64)
+        return torch.cat([torch.stack(part, -1).reshape(-1, 4) for part in self.stages])
 
     @property
     def valid(self) -> torch.Tensor:
@@ -59,21 +66,20 @@ class Candidates:
     @classmethod
     def empty(cls, n_q: int) -> Candidates:
         e = torch.zeros((n_q, 0), dtype=torch.long)
-        return cls(e, e, torch.zeros((n_q, 0), dtype=torch.float64), e, e, e,
-                   torch.zeros((0, 4), dtype=torch.float64))
+        return cls(e, e, torch.zeros((n_q, 0), dtype=torch.float64), e, e, e, ())
 
     @classmethod
     def from_hits(cls, hits: Hits, kind: int, source: int, score: torch.Tensor | None = None,
                   origin: torch.Tensor | None = None) -> Candidates:
         valid = hits.valid
         n_q, width = hits.rows.shape
-        stages = torch.stack([hits.bm25, hits.dense, hits.fused, hits.boost], -1).reshape(n_q * width, 4)
         return cls(
             kind=torch.where(valid, kind, -1), row=hits.rows,
             score=torch.where(valid, hits.score if score is None else score, -torch.inf),
             source=torch.where(valid, source, -1),
             origin=torch.full_like(hits.rows, -1) if origin is None else origin,
-            ref=torch.where(valid, torch.arange(n_q * width).view(n_q, width), -1), stages=stages,
+            ref=torch.where(valid, torch.arange(n_q * width).view(n_q, width), -1),
+            stages=((hits.bm25, hits.dense, hits.fused, hits.boost),),
         )
 
     def compact(self, limit: int | None = None) -> Candidates:
@@ -126,8 +132,8 @@ def concat_raw(parts: list[Candidates]) -> Candidates:
     refs, offset = [], 0
     for part in parts:
         refs.append(torch.where(part.ref >= 0, part.ref + offset, -1) if offset else part.ref)
-        offset += part.stages.shape[0]
-    return Candidates(**columns, ref=torch.cat(refs, 1), stages=torch.cat([p.stages for p in parts], 0))
+        offset += sum(tensors[0].numel() for tensors in part.stages)
+    return Candidates(**columns, ref=torch.cat(refs, 1), stages=tuple(t for p in parts for t in p.stages))
 
 
 def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.Tensor, top: int,
@@ -158,7 +164,7 @@ def summary_expansion(pool: Candidates, summaries: Hits, members_padded: torch.T
         kind=torch.where(keep, EPISODE, -1), row=torch.where(keep, rows, -1),
         score=torch.where(keep, score, -torch.inf),
         source=torch.where(keep, SOURCE_SUMMARY_EXPANSION, -1), origin=torch.where(keep, origin, -1),
-        ref=torch.full_like(rows, -1), stages=torch.zeros((0, 4), dtype=torch.float64),
+        ref=torch.full_like(rows, -1), stages=(),
     )  # members have no stage scores of their own
     return order_by_score(cand)  # members are in row order here
 
