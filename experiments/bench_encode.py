@@ -14,15 +14,14 @@ import json
 import logging
 import os
 import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.index.encoders import BiEncoder, _onednn_gemm  # noqa: E402
 
@@ -67,20 +66,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ours.encode(texts[:64], batch_size=args.batch_size)
     reference.encode(texts[:64], batch_size=args.batch_size)
 
-    timings: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
-    ours_vectors = st_vectors = None
-    for _ in range(args.repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        ours_vectors = ours.encode(texts, batch_size=args.batch_size)
-        timings["ours"].append((time.perf_counter() - wall, time.process_time() - cpu))
-        wall, cpu = time.perf_counter(), time.process_time()
-        st_vectors = reference.encode(texts, batch_size=args.batch_size, normalize_embeddings=True,
-                                      convert_to_tensor=True)
-        timings["st"].append((time.perf_counter() - wall, time.process_time() - cpu))
+    ours_vectors, st_vectors, seconds = alternate(
+        args.repeats, lambda: ours.encode(texts, batch_size=args.batch_size),
+        lambda: reference.encode(texts, batch_size=args.batch_size, normalize_embeddings=True, convert_to_tensor=True))
 
     n = len(texts)
-    ours_wall = statistics.median(t[0] for t in timings["ours"])
-    st_wall = statistics.median(t[0] for t in timings["st"])
     result = {
         "texts": n,
         "device": str(ours.device),
@@ -88,16 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "fast_path": ours.fast_path,
         "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
         "batch_size": args.batch_size,
-        "ours_s": round(ours_wall, 2),
-        "st_s": round(st_wall, 2),
-        "ours_cpu_tps": round(n / statistics.median(t[1] for t in timings["ours"]), 1),
-        "st_cpu_tps": round(n / statistics.median(t[1] for t in timings["st"]), 1),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "cpu_ratio": round(statistics.median(t[1] for t in timings["st"])
-                           / statistics.median(t[1] for t in timings["ours"]), 3),
-        "ours_tps": round(n / ours_wall, 1),
-        "st_tps": round(n / st_wall, 1),
-        "ratio": round(st_wall / ours_wall, 3),
+        **rate_fields(n, seconds, "tps"),
         "max_abs_diff": float((ours_vectors - st_vectors.float().cpu()).abs().max()),
     }
     print(json.dumps(result))

@@ -20,16 +20,15 @@ import json
 import logging
 import os
 import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.index.encoders import CrossEncoderModule, _onednn_gemm, random_cross_encoder  # noqa: E402
 
@@ -90,22 +89,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         ours.score(warm, batch_size=args.batch_size)
         reference.predict(warm, batch_size=args.st_batch_size, show_progress_bar=False)
 
-        timings: dict[str, list[tuple[float, float]]] = {"ours": [], "st": []}
-        ours_scores = st_scores = None
-        for _ in range(args.repeats):
-            wall, cpu = time.perf_counter(), time.process_time()
-            ours_scores = ours.score(pairs, batch_size=args.batch_size)
-            timings["ours"].append((time.perf_counter() - wall, time.process_time() - cpu))
-            wall, cpu = time.perf_counter(), time.process_time()
-            st_scores = reference.predict(pairs, batch_size=args.st_batch_size, show_progress_bar=False,
-                                          convert_to_tensor=True)
-            timings["st"].append((time.perf_counter() - wall, time.process_time() - cpu))
+        ours_scores, st_scores, seconds = alternate(
+            args.repeats, lambda: ours.score(pairs, batch_size=args.batch_size),
+            lambda: reference.predict(pairs, batch_size=args.st_batch_size, show_progress_bar=False,
+                                      convert_to_tensor=True))
 
     n = len(pairs)
-    ours_wall = statistics.median(t[0] for t in timings["ours"])
-    st_wall = statistics.median(t[0] for t in timings["st"])
-    ours_cpu = statistics.median(t[1] for t in timings["ours"])
-    st_cpu = statistics.median(t[1] for t in timings["st"])
     lengths = [len(ids) for ids in ours._tokenize([p[0] for p in pairs], [p[1] for p in pairs])["input_ids"]]
     result = {
         "pairs": n,
@@ -117,15 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
         "batch_size": args.batch_size,
         "st_batch_size": args.st_batch_size,
-        "ours_s": round(ours_wall, 2),
-        "st_s": round(st_wall, 2),
-        "ours_cpu_pps": round(n / ours_cpu, 1),
-        "st_cpu_pps": round(n / st_cpu, 1),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "cpu_ratio": round(st_cpu / ours_cpu, 3),
-        "ours_pps": round(n / ours_wall, 1),
-        "st_pps": round(n / st_wall, 1),
-        "ratio": round(st_wall / ours_wall, 3),
+        **rate_fields(n, seconds, "pps"),
         "max_abs_diff": float((ours_scores - st_scores.float().cpu()).abs().max()),
     }
     print(json.dumps(result))
