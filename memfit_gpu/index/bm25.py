@@ -212,20 +212,23 @@ class BM25Index:
         row_t = row_t[~self._deleted.view[row_t]]
         if row_t.numel() == 0:
             return
-        starts = self._row_post_start.view[row_t]
-        ends = self._post_end()[row_t]
-        lengths = ends - starts
-        total = int(lengths.sum())
-        first = torch.cumsum(lengths, 0) - lengths
-        entry_row = torch.repeat_interleave(torch.arange(row_t.numel(), device=dev), lengths, output_size=total)
-        post_idx = starts[entry_row] + torch.arange(total, device=dev) - first[entry_row]
-        terms = self._post_term.view[post_idx]
+        terms = self._post_term.view[self._postings_of(row_t)[1]]
         self._df.view.index_add_(0, terms, torch.full_like(terms, -1))
         mem_t = self._row_memory.view[row_t]
         self._mem_docs.view.index_add_(0, mem_t, torch.full_like(mem_t, -1))
         self._mem_tokens.view.index_add_(0, mem_t, -self._row_len.view[row_t])
         self._deleted.view[row_t] = True
         self._cache = None
+
+    def _postings_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(position in `rows`, posting index) of every posting of the given rows, row by row."""
+        dev = self.device
+        starts = self._row_post_start.view[rows]
+        lengths = self._post_end()[rows] - starts
+        total = int(lengths.sum())
+        first = torch.cumsum(lengths, 0) - lengths
+        entry = torch.repeat_interleave(torch.arange(rows.numel(), device=dev), lengths, output_size=total)
+        return entry, starts[entry] + torch.arange(total, device=dev) - first[entry]
 
     def _post_end(self) -> torch.Tensor:
         starts = self._row_post_start.view
@@ -330,12 +333,8 @@ class BM25Index:
             return empty, empty
         if int(picked.max()) >= self.num_rows:
             raise IndexError(f"BM25 feedback_terms: row {int(picked.max())} does not exist (rows 0..{self.num_rows - 1})")
-        starts = self._row_post_start.view[picked]
-        lengths = self._post_end()[picked] - starts
-        total = int(lengths.sum())
-        first = torch.cumsum(lengths, 0) - lengths
-        entry = torch.repeat_interleave(torch.arange(picked.numel(), device=dev), lengths, output_size=total)
-        term = self._post_term.view[starts[entry] + torch.arange(total, device=dev) - first[entry]]
+        entry, postings = self._postings_of(picked)
+        term = self._post_term.view[postings]
         query = owner[entry]
         orders = self._term_orders()
         keep = orders["length"][term] >= min_chars

@@ -427,4 +427,3 @@ class DenseIndex:
         index._row_local.extend(local)
         index._deleted.extend(deleted.astype(np.bool_))
         return index
-

@@ -28,7 +28,7 @@ from memfit_gpu.retrieve.pool import (
     SOURCE_NAMES,
     SUMMARY,
     Candidates,
-    concat_raw,
+    concat,
     prf_expansion,
     round_robin,
     summary_expansion,
@@ -247,7 +247,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
 
     clock = _tick(timings, "stage_6_prf", clock)
     # 7: rerank candidates = pool[:rerank_pool] + every expansion
-    cands = concat_raw([pool.head(cfg.rerank.rerank_pool), expansion, prf])
+    cands = concat([pool.head(cfg.rerank.rerank_pool), expansion, prf])
     rerank_scores: torch.Tensor | None = None
     if reranker is not None:
         cands = cands.compact()  # each question's passages first, in candidate order

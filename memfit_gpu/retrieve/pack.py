@@ -68,14 +68,14 @@ def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: Any, contex
     keep = key != big
     keep[:, 1:] &= key[:, 1:] != key[:, :-1]  # time ranks are unique per row: equal key = same row
     # boolean indexing walks row-major, so each question's kept rows stay together and in order
-    episodes = _split(rows[keep].tolist(), keep.sum(1).tolist())
+    episodes = split_by_counts(rows[keep].tolist(), keep.sum(1).tolist())
     is_summary = top_kind == 1
-    selected = _split(top_row[episode].tolist(), episode.sum(1).tolist())
-    summaries = _split(top_row[is_summary].tolist(), is_summary.sum(1).tolist())
+    selected = split_by_counts(top_row[episode].tolist(), episode.sum(1).tolist())
+    summaries = split_by_counts(top_row[is_summary].tolist(), is_summary.sum(1).tolist())
     return [Pack(episodes=e, selected=s, summaries=m) for e, s, m in zip(episodes, selected, summaries, strict=True)]
 
 
-def _split(flat: list[int], counts: list[int]) -> list[list[int]]:
+def split_by_counts(flat: list[Any], counts: list[int]) -> list[list[Any]]:
     """flat cut into consecutive pieces of the given lengths."""
     out, start = [], 0
     for n in counts:

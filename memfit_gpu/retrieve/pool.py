@@ -96,10 +96,6 @@ class Candidates:
         return self.take(torch.arange(min(k, self.kind.shape[1])).expand(self.kind.shape[0], -1))
 
 
-def concat(parts: list[Candidates]) -> Candidates:
-    return concat_raw(parts).compact()
-
-
 def in_set(values: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     """values [Q, A] (-1 = pad) found among members [Q, B] (-1 = pad), per question."""
     if members.shape[1] == 0 or values.shape[1] == 0:
@@ -121,13 +117,13 @@ def round_robin(episodes: Hits, summaries: Hits | None, pool_size: int) -> Candi
     key_e = torch.where(i < n_s, 2 * i, n_s + i)
     key_s = torch.where(j < n_e, 2 * j + 1, n_e + j)
     key = torch.cat([torch.where(episodes.valid, key_e, _BIG), torch.where(summaries.valid, key_s, _BIG)], 1)
-    both = concat_raw([ep, sm])
+    both = concat([ep, sm])
     order = key.argsort(dim=1, stable=True)[:, :pool_size]  # pads carry key _BIG: they sort last
     return both.take(order).compact()
 
 
-def concat_raw(parts: list[Candidates]) -> Candidates:
-    """Side by side, pads where the parts had them (`concat` moves them to the end)."""
+def concat(parts: list[Candidates]) -> Candidates:
+    """Side by side, pads where the parts had them (`.compact()` moves them to the end)."""
     columns = {n: torch.cat([getattr(p, n) for p in parts], 1) for n in _COLUMNS if n != "ref"}
     refs, offset = [], 0
     for part in parts:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from memfit_gpu.retrieve.pack import split_by_counts
+
 
 def choose_terms(token_lists: Sequence[Sequence[str]], idf: dict[str, float] | None, terms: int,
                  term_order: str) -> list[str]:
@@ -68,13 +70,9 @@ def feedback_terms_batch(bm25: Any, doc_rows: torch.Tensor, memory_idx: Sequence
     n_q = doc_rows.shape[0]
     if hasattr(bm25, "feedback_terms"):
         query, term = bm25.feedback_terms(doc_rows, min_chars, terms, term_order)
-        tokens = bm25.term_tokens(term)  # query by query: cut the flat list by per-query counts
-        ends = torch.bincount(query.cpu(), minlength=n_q).cumsum(0).tolist()
-        return [tokens[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)], (query, term)
+        counts = torch.bincount(query.cpu(), minlength=n_q).tolist()  # the pairs come query by query
+        return split_by_counts(bm25.term_tokens(term), counts), (query, term)
     docs = [[r for r in rows if r >= 0] for rows in doc_rows.tolist()]
-    flat = bm25.doc_tokens([r for rows in docs for r in rows])
-    lists, offset = [], 0
-    for rows in docs:
-        lists.append([[t for t in toks if len(t) >= min_chars] for toks in flat[offset: offset + len(rows)]])
-        offset += len(rows)
+    flat = [[t for t in toks if len(t) >= min_chars] for toks in bm25.doc_tokens([r for rows in docs for r in rows])]
+    lists = split_by_counts(flat, [len(rows) for rows in docs])
     return choose_terms_batch(lists, memory_idx, bm25, terms, term_order), None
