@@ -63,6 +63,20 @@ def _boost_value(cfg: MemFitConfig, speaker_hit: bool, month_hit: bool, year_hit
     return value
 
 
+def _add_boosts(hits: list[dict[str, Any]], cfg: MemFitConfig, wanted: Any, times: np.ndarray,
+                names_speaker: Callable[[int, str], bool]) -> None:
+    """Boost each hit (speaker, month, year), re-score it and re-rank: score desc, ties by lower row.
+    names_speaker(row, name): whether that episode or summary matches the named speaker."""
+    min_chars = cfg.retrieve.boosts.min_speaker_chars
+    for hit in hits:
+        row = hit["row"]
+        when = times[row].astype(object)
+        speaker_hit = any(len(name) >= min_chars and names_speaker(row, name) for name in wanted.speakers)
+        hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
+        hit["score"] = hit["fused"] + hit["boost"]
+    hits.sort(key=lambda h: (-h["score"], h["row"]))
+
+
 def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
                  embed: Callable[[list[str]], torch.Tensor], question_embedding: torch.Tensor | None = None,
                  reranker: Any | None = None) -> RetrievalResult:
@@ -85,16 +99,8 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
     episodes = hybrid_one(view.ep_bm25, view.ep_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                           rcfg.alpha, rcfg.dense_min_cosine)
     if rcfg.boosts_enabled:
-        for hit in episodes:
-            row = hit["row"]
-            when = view.ep_time[row].astype(object)
-            speaker_hit = any(
-                len(name) >= min_chars and (view.ep_speaker[row].lower().strip() == name or text_mentions(view.ep_text[row], name))
-                for name in wanted.speakers
-            )
-            hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
-            hit["score"] = hit["fused"] + hit["boost"]
-        episodes.sort(key=lambda h: (-h["score"], h["row"]))
+        _add_boosts(episodes, cfg, wanted, view.ep_time, lambda row, name: (
+            view.ep_speaker[row].lower().strip() == name or text_mentions(view.ep_text[row], name)))
 
     # 3: summaries
     summaries: list[dict[str, Any]] = []
@@ -103,14 +109,7 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
         summaries = hybrid_one(view.sm_bm25, view.sm_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                                rcfg.alpha, rcfg.dense_min_cosine)
         if rcfg.boosts_enabled:
-            for hit in summaries:
-                row = hit["row"]
-                when = view.sm_time[row].astype(object)
-                speaker_hit = any(len(name) >= min_chars and text_mentions(view.sm_text[row], name)
-                                  for name in wanted.speakers)
-                hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
-                hit["score"] = hit["fused"] + hit["boost"]
-            summaries.sort(key=lambda h: (-h["score"], h["row"]))
+            _add_boosts(summaries, cfg, wanted, view.sm_time, lambda row, name: text_mentions(view.sm_text[row], name))
         summaries = summaries[: rcfg.summary_top_k]
 
     # 4: pool, round robin, episode first
