@@ -58,6 +58,10 @@ ACTIVE_STATES = frozenset(
         "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT",
     }
 )
+# A task that ends without DONE is only resubmitted once it has looked ended this long: a task
+# requeued on its timeout/preemption signal shows FAILED for a moment before it is PENDING again, and
+# resubmitting it then would run the point twice at once.
+ENDED_SETTLE_S = 10.0
 
 
 class SweepError(ValueError):
@@ -569,6 +573,7 @@ def wait_slurm(state: SweepState, poll_s: float, retries: int, starts: dict[str,
     retries left in this sweep command (`starts` counts this command's submissions per point).
     """
     bar = _progress(len(state.spec.points), state.spec.name)
+    ended_since: dict[str, float] = {}  # job id -> when it was first seen ended without DONE
     try:
         while True:
             # a point may write DONE while its task is still finishing: follow the task until it ends
@@ -583,6 +588,7 @@ def wait_slurm(state: SweepState, poll_s: float, retries: int, starts: dict[str,
                     job["state"] = new_state
                     changed = True
                 if new_state in ACTIVE_STATES:
+                    ended_since.pop(job["job_id"], None)
                     active += 1
                     continue
                 point = next(p for p in state.spec.points if p.point_id == point_id)
@@ -590,6 +596,10 @@ def wait_slurm(state: SweepState, poll_s: float, retries: int, starts: dict[str,
                 if state.is_done(point):
                     record["state"] = "done"
                 elif record["state"] == "running":
+                    first_seen = ended_since.setdefault(job["job_id"], time.monotonic())
+                    if time.monotonic() - first_seen < ENDED_SETTLE_S:
+                        active += 1  # not settled yet: it may be on its way back to PENDING
+                        continue
                     rc = _task_rc(job)
                     record["state"] = _after_failure(point_id, f"task {job['job_id']} {new_state}", rc,
                                                      starts.get(point_id, 1), retries, job["log"])

@@ -170,3 +170,35 @@ def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> Non
     with pytest.raises(SweepError, match="no sweep.json"):
         aggregate(tmp_path)
     assert memfit_main(["aggregate", str(tmp_path)]) == 2
+
+
+def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM shows a task requeued on its preemption signal as FAILED for a moment: the sweep waits for
+    the state to settle instead of starting the point a second time beside the requeued task."""
+    from memfit_gpu import sweep as sweep_module
+
+    spec = load_sweep(write_sweep(tmp_path, "name: settle\nconfig: BASE\npoints:\n  - {pack.k: 5}\n"))
+    (tmp_path / "out").mkdir()
+    state = sweep_module.SweepState(spec, tmp_path / "out", "slurm")
+    point = spec.points[0]
+    record = state.points[point.point_id]
+    record["state"], record["attempts"] = "running", 1
+    record["jobs"] = [{"job_id": "7_0", "state": "RUNNING", "attempt": 1, "log": "log", "status": None}]
+    script = iter(["FAILED", "REQUEUED", "PENDING", "RUNNING", "COMPLETED"])
+
+    def squeue(task_ids: list[str]) -> dict[str, str]:
+        now = next(script)
+        if now == "COMPLETED":
+            state.point_dir(point).mkdir(parents=True, exist_ok=True)
+            (state.point_dir(point) / "DONE").write_text("")
+        return {"7_0": now}
+
+    def resubmit(*args: object) -> None:
+        raise AssertionError("the point was submitted a second time")
+
+    monkeypatch.setattr(sweep_module, "squeue_states", squeue)
+    monkeypatch.setattr(sweep_module, "submit_slurm", resubmit)
+    sweep_module.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1})
+    assert record["state"] == "done" and [j["job_id"] for j in record["jobs"]] == ["7_0"]
+    assert record["jobs"][0]["state"] == "COMPLETED"
