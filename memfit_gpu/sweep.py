@@ -551,7 +551,9 @@ def squeue_states(task_ids: Sequence[str]) -> dict[str, str]:
             raise SweepError(f"squeue failed for job {array_id}: {proc.stderr.strip()}")
         for line in proc.stdout.splitlines():
             parts = line.split()
-            if len(parts) == 2:
+            # a requeued array task can be listed twice (its ended record and its pending one): the
+            # task is alive while any of its records is
+            if len(parts) == 2 and states.get(parts[0]) not in ACTIVE_STATES:
                 states[parts[0]] = parts[1]
     return {t: states[t] for t in task_ids if t in states}
 

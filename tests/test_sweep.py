@@ -202,3 +202,14 @@ def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp
     sweep_module.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1})
     assert record["state"] == "done" and [j["job_id"] for j in record["jobs"]] == ["7_0"]
     assert record["jobs"][0]["state"] == "COMPLETED"
+
+
+def test_squeue_states_prefer_a_live_record_of_a_task_listed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from memfit_gpu import sweep as sweep_module
+
+    listing = "5_0 PENDING\n5_1 FAILED\n5_1 PENDING\n5_2 RUNNING\n5_2 FAILED\n"
+    monkeypatch.setattr(sweep_module.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert sweep_module.squeue_states(["5_0", "5_1", "5_2", "5_3"]) == {"5_0": "PENDING", "5_1": "PENDING",
+                                                                         "5_2": "RUNNING"}
