@@ -8,6 +8,7 @@ unknown key or a wrongly typed value is an error that names the key.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import MISSING as MISSING_FACTORY
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -85,6 +86,7 @@ class BoostConfig:
     month: float = 0.08
     year: float = 0.05
     min_speaker_chars: int = 3  # names longer than 2 characters, whole word
+    speaker_match: str = "speaker"  # speaker = the speaker's own turns (paper, released code) | mention = any turn naming them
 
 
 @dataclass
@@ -204,6 +206,7 @@ class ConfigError(ValueError):
 _CHOICES = {
     "index.bm25_backend": ("torch", "reference"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
+    "retrieve.boosts.speaker_match": ("speaker", "mention"),
     "rerank.backend": ("cross-encoder", "none"),
     "reader.backend": ("transformers", "vllm", "openai"),
     "reader.images": ("none", "question", "retrieved"),
@@ -243,6 +246,32 @@ def _load_yaml_tree(path: Path) -> Any:
     return _base_of(data, path)
 
 
+def _leaf_keys(cls: Any = MemFitConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree, e.g. retrieve.boosts.speaker_match."""
+    keys = []
+    for name, f in cls.__dataclass_fields__.items():
+        nested = f.default_factory if f.default_factory is not MISSING_FACTORY else None
+        value = nested() if nested is not None else None
+        if value is not None and hasattr(value, "__dataclass_fields__"):
+            keys.extend(_leaf_keys(type(value), f"{prefix}{name}."))
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _did_you_mean(overrides: Sequence[str]) -> str:
+    """`; did you mean retrieve.boosts.speaker_match?` for an override key that is the tail of a real one."""
+    known = _leaf_keys()
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key in known:
+            continue
+        matches = [k for k in known if k.endswith("." + key)]
+        if matches:
+            return f"; did you mean {' or '.join(matches)}?"
+    return ""
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> MemFitConfig:
     """Defaults <- YAML file (with optional `defaults:` base) <- dot-list overrides, validated."""
     schema = OmegaConf.structured(MemFitConfig)
@@ -264,7 +293,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{reason}") from None
+        hint = _did_you_mean(overrides)
+        raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{reason}{hint}") from None
     assert isinstance(cfg, MemFitConfig)
     _check_choices(cfg, source)
     return cfg

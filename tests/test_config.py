@@ -35,6 +35,8 @@ def test_dotlist_overrides_are_typed():
         ("retrieve.prf.term_order=random", "retrieve.prf.term_order"),
         ("rerank.backend=bi-encoder", "rerank.backend"),
         ("pack.k", "key=value"),
+        ("retrieve.boosts.speaker_match=name", "retrieve.boosts.speaker_match"),
+        ("boosts.speaker_match=mention", "did you mean retrieve.boosts.speaker_match?"),
     ],
 )
 def test_bad_override_names_the_key(override, needle):

@@ -50,6 +50,7 @@ def _both(setup, overrides: list[str], reference: bool = True):
 CONFIGS = [
     [],
     ["retrieve.prf.term_order=alphabetical", "pack.context_window=2"],
+    ["retrieve.boosts.speaker_match=mention"],
     ["retrieve.summaries=false"],
     ["retrieve.scan_top_k=30", "rerank.rerank_pool=20", "pack.k=5", "retrieve.boosts_enabled=false"],
     ["retrieve.summary_expansion_top=10", "retrieve.prf.docs=4", "retrieve.alpha=0.5", "pack.context_window=0"],

@@ -197,7 +197,8 @@ def test_date_prefix_strip_equals_its_regex(text: str) -> None:
     assert strip_date_prefix(text) == re.sub(r"^DATE: [^|]*\| ", "", text, count=1)
 
 
-def test_speaker_masks_follow_the_whole_word_rule() -> None:
+@pytest.mark.parametrize("match", ["speaker", "mention"])
+def test_speaker_masks_follow_the_whole_word_rule(match: str) -> None:
     from memfit_gpu.retrieve.dates import text_mentions
 
     texts = ["DATE: 1 May | Speaker Ann says: Bob, look", "DATE: 1 May | Speaker Bob says: bobcat and annex",
@@ -206,11 +207,42 @@ def test_speaker_masks_follow_the_whole_word_rule() -> None:
     speakers = ["Ann", "Bob", "Mary Jane", "Al", " ann "]
     memory = np.array([0, 0, 1, 1, 0])
     names = [["ann", "bob"], ["mary jane", "al", "ann"]]
-    masks = ReadView._mask_of(texts, speakers, memory, names, 3)
+    masks = ReadView._mask_of(texts, speakers, memory, names, 3, match)
     for row, text in enumerate(texts):
         want = 0
         for bit, name in enumerate(names[memory[row]]):
-            if len(name) >= 3 and (speakers[row].lower().strip() == name or text_mentions(text, name)):
+            own = speakers[row].lower().strip() == name
+            if len(name) >= 3 and (own or (match == "mention" and text_mentions(text, name))):
                 want |= 1 << bit
         assert masks[row] == want
-    assert masks.tolist() == [0b11, 0b10, 0b101, 0b001, 0b01]  # "Al" is too short to count
+    if match == "mention":
+        assert masks.tolist() == [0b11, 0b10, 0b101, 0b001, 0b01]  # "Al" is too short to count
+    else:
+        assert masks.tolist() == [0b01, 0b10, 0b001, 0b000, 0b01]  # own turns only
+
+
+def test_one_whole_word_rule_for_names() -> None:
+    from memfit_gpu.names import mentioned, mentions
+    from memfit_gpu.retrieve.dates import question_speakers, text_mentions
+
+    assert mentions("ask j. about it", "j.") and not mentions("ask j.r. about it", "j.")
+    assert mentions("o'neil said", "o'neil") and not mentions("o'neils", "o'neil")
+    assert not mentions("carolines", "caroline") and mentions("caroline's", "caroline")
+    assert mentioned("did mel and jo come?", ["Mel", "Jo", " MEL "], 3) == {"mel"}
+    # the question rule and the text rule are the same rule
+    for text, name in [("Hi J. there", "J."), ("Carolines", "Caroline"), ("-Ann-", "Ann"), ("annex", "ann")]:
+        assert text_mentions(text, name) == (name.lower() in question_speakers(text, [name], 1))
+
+
+def test_summary_speaker_mask_is_the_members_speakers() -> None:
+    view = ReadView(
+        memory_ids=["m"], speakers=[["Ann", "Bob"]],
+        ep_memory=np.zeros(3, dtype=np.int64), ep_session=np.zeros(3, dtype=np.int64),
+        ep_position=np.arange(3), ep_time=np.array(["2023-05-01"] * 3, dtype="datetime64[s]"),
+        ep_speaker=["Ann", "Ann", "Bob"], ep_text=["a", "b", "c"], ep_turn_id=["1", "2", "3"],
+        ep_deleted=np.zeros(3, dtype=bool), ep_bm25=None, ep_dense=None,
+        sm_memory=np.zeros(2, dtype=np.int64), sm_text=["Ann and Bob talk", "Ann alone"],
+        sm_members=[[0, 1], [1, 2]], sm_time=np.array(["2023-05-01"] * 2, dtype="datetime64[s]"),
+    )
+    assert view.summary_speaker_mask(3, "speaker").tolist() == [0b01, 0b11]
+    assert view.summary_speaker_mask(3, "mention").tolist() == [0b11, 0b01]

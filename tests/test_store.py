@@ -98,10 +98,6 @@ def test_columns_and_one_encoder_pass(bi_encoder):
     assert store.image_ids.tolist() == [(), (), (), (), (), ("img_7",), ()]
     assert store.text[2] == "DATE: 1:56 pm on 8 May, 2023 | Speaker Caroline says: [Image: a photo of a rainbow flag] It was powerful."
     assert store.body(2) == "[Image: a photo of a rainbow flag] It was powerful."
-    # bit 0 = Caroline, bit 1 = Melanie: row 1 names Caroline, row 4 names Melanie; nobody names 'user'
-    assert store.speaker_mentions.tolist() == [0, 1, 0, 0, 2, 0, 0]
-    # speaker boost predicate: speaker field or text
-    assert store.mentions_speaker(np.arange(5), np.zeros(5, int)).tolist() == [True, True, True, False, True]
     assert not store.deleted.any()
     assert store.episode_dense.size == store.episode_bm25.num_rows == 7
     # stored vectors are exactly what the encoder gives for the episode texts
@@ -143,7 +139,7 @@ def test_reopen_gives_identical_indexes_and_replays_the_log_tail(tmp_path, bi_en
     after = _search_all(reopened, bi_encoder, QUERIES, memories)
     for x, y in zip(before, after, strict=True):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
-    assert reopened.text.tolist() == store.text.tolist() and reopened.speaker_mentions.tolist() == store.speaker_mentions.tolist()
+    assert reopened.text.tolist() == store.text.tolist() and reopened.speaker_id.tolist() == store.speaker_id.tolist()
 
     # a live turn: logged, not snapshotted; the process "dies" (no close) and the next open replays it
     row = reopened.append_turn("conv-b", _turn("D2:1", "user", "Luna is fine, she sleeps on the lamp now.", JAN, "2024-01-03T00:00:00"))
@@ -342,9 +338,7 @@ def test_appending_to_existing_memories_and_late_speakers(bi_encoder):
     assert store.add_memories([more], progress=False).tolist() == [7]
     assert store.speakers[0] == ["Caroline", "Melanie", "Jon"]
     assert (store.memory_idx[7], store.position[7], store.speaker_id[7]) == (0, 5, 2)
-    assert store.speaker_mentions[7] == 0b011  # names Caroline (bit 0) and Melanie (bit 1)
-    # a speaker first seen later is looked for in the memory's earlier turns: both conv-b turns name Luna
+    # a speaker first seen in a live turn gets the next id of its memory
     store.append_turn("conv-b", _turn("D2:1", "Luna", "Meow.", JAN, "2024-01-04T00:00:00"))
     assert store.speakers[1] == ["user", "assistant", "Luna"]
-    assert store.speaker_mentions[[5, 6, 8]].tolist() == [0b100, 0b100, 0]
-    assert store.mentions_speaker(np.array([5, 6, 8]), np.array([2, 2, 2])).tolist() == [True, True, True]
+    assert store.speaker_id[[5, 6, 8]].tolist() == [0, 1, 2]

@@ -97,7 +97,7 @@ def test_locomo_reopen_is_identical_without_re_encoding(locomo, locomo_store, bi
     reopened = EpisodeStore(path, MemFitConfig(), spy)
     assert spy.calls == []  # everything comes from the snapshot
     assert reopened.size == store.size and reopened.text.tolist() == store.text.tolist()
-    for column in ("memory_idx", "session_idx", "position", "speaker_id", "timestamp", "speaker_mentions", "deleted"):
+    for column in ("memory_idx", "session_idx", "position", "speaker_id", "timestamp", "deleted"):
         assert np.array_equal(getattr(reopened, column), getattr(store, column)), column
     texts, memories = _questions(locomo)
     texts, memories = texts[::5], memories[::5]

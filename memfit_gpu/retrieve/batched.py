@@ -196,7 +196,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                        rcfg.dense_min_cosine, timings=timings)
     boost_start = time.perf_counter()
-    ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars), *view.ep_year_month)
+    ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month)
     if timings is not None:
         timings["boost"] = timings.get("boost", 0.0) + time.perf_counter() - boost_start
 
@@ -206,7 +206,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     if rcfg.summaries and view.has_summaries:
         sm = hybrid_search(view.sm_bm25, view.sm_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                            rcfg.dense_min_cosine)
-        sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars), *view.sm_year_month)
+        sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.sm_year_month)
         sm = sm.head(rcfg.summary_top_k)
 
     clock = _tick(timings, "stage_3_summaries", clock)

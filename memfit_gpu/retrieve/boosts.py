@@ -1,9 +1,11 @@
 """Metadata boosts after fusion (SPEC read path 2), vectorised over [Q, C] candidates.
 
 Per question the constraints come from `dates.parse_constraints` (speaker names, years, months).
-An episode gets +speaker when it matches any named speaker (its speaker field, or the name as a whole
-word in its text), +month when its timestamp's month is named, +year when its year is named; the
-three add up. Summaries match speakers by text and year/month by their event time. The boost sum is
+An episode gets +speaker when it matches any named speaker (`boosts.speaker_match`: `speaker` = it is
+that speaker's turn, the default; `mention` = also when its text names them as a whole word), +month
+when its timestamp's month is named, +year when its year is named; the three add up. A summary
+matches the speakers of its member turns (under `mention`: the names its text mentions) and
+year/month by its event time. The boost sum is
 formed as ((0 + speaker) + month) + year in float64, the order the reference path uses.
 """
 

@@ -33,7 +33,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from functools import lru_cache
+
+from memfit_gpu.names import mentioned, mentions, normalise
 
 MONTH_NAMES = (
     "january", "february", "march", "april", "may", "june",
@@ -89,29 +90,14 @@ def _months(text: str) -> set[int]:
 
 
 def question_speakers(question: str, speakers: Iterable[str], min_chars: int = 3) -> set[str]:
-    """Known speaker names (lowercased) that occur as whole words in the lowercased question."""
-    return _speakers(question.lower(), speakers, min_chars)
-
-
-def _speakers(text: str, speakers: Iterable[str], min_chars: int) -> set[str]:
-    found: set[str] = set()
-    for name in speakers:
-        low = name.lower().strip()
-        # the substring test is implied by the whole-word match and spares most regex calls
-        if len(low) >= min_chars and low in text and _whole_word(low).search(text):
-            found.add(low)
-    return found
-
-
-@lru_cache(maxsize=4096)
-def _whole_word(word: str) -> re.Pattern[str]:
-    return re.compile(r"\b" + re.escape(word) + r"\b")
+    """Lowercased known speaker names the question mentions as whole words (SPEC: > 2 characters)."""
+    return mentioned(question.lower(), speakers, min_chars)
 
 
 def parse_constraints(question: str, speakers: Iterable[str], min_speaker_chars: int = 3) -> QueryConstraints:
     text = question.lower()
     return QueryConstraints(
-        speakers=frozenset(_speakers(text, speakers, min_speaker_chars)),
+        speakers=frozenset(mentioned(text, speakers, min_speaker_chars)),
         years=frozenset(_years(text)),
         months=frozenset(_months(text)),
     )
@@ -119,7 +105,7 @@ def parse_constraints(question: str, speakers: Iterable[str], min_speaker_chars:
 
 def text_mentions(text: str, name: str) -> bool:
     """Whole-word, case-insensitive occurrence of a (speaker) name in an episode's text."""
-    return re.search(r"\b" + re.escape(name.lower()) + r"\b", text.lower()) is not None
+    return mentions(text.lower(), normalise(name))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.names import normalise
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
 from memfit_gpu.retrieve.pack import Pack, format_excerpts
@@ -98,9 +99,18 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
     # 1-2: episodes
     episodes = hybrid_one(view.ep_bm25, view.ep_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                           rcfg.alpha, rcfg.dense_min_cosine)
+    by_mention = rcfg.boosts.speaker_match == "mention"
+
+    def episode_names(row: int, name: str) -> bool:
+        return normalise(view.ep_speaker[row]) == name or (by_mention and text_mentions(view.ep_text[row], name))
+
+    def summary_names(row: int, name: str) -> bool:
+        if by_mention:
+            return text_mentions(view.sm_text[row], name)
+        return any(normalise(view.ep_speaker[m]) == name for m in view.sm_members[row])
+
     if rcfg.boosts_enabled:
-        _add_boosts(episodes, cfg, wanted, view.ep_time, lambda row, name: (
-            view.ep_speaker[row].lower().strip() == name or text_mentions(view.ep_text[row], name)))
+        _add_boosts(episodes, cfg, wanted, view.ep_time, episode_names)
 
     # 3: summaries
     summaries: list[dict[str, Any]] = []
@@ -109,7 +119,7 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
         summaries = hybrid_one(view.sm_bm25, view.sm_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                                rcfg.alpha, rcfg.dense_min_cosine)
         if rcfg.boosts_enabled:
-            _add_boosts(summaries, cfg, wanted, view.sm_time, lambda row, name: text_mentions(view.sm_text[row], name))
+            _add_boosts(summaries, cfg, wanted, view.sm_time, summary_names)
         summaries = summaries[: rcfg.summary_top_k]
 
     # 4: pool, round robin, episode first

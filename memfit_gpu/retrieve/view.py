@@ -9,7 +9,6 @@ cached here, never per question.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
 from memfit_gpu.retrieve.dates import format_date
 
 if TYPE_CHECKING:
     from memfit_gpu.data.schema import Memory, Turn
 
-MAX_SPEAKERS = 62  # speaker sets are int64 bit masks per memory
 
 
 def _episode_text(turn: Turn) -> str:
@@ -170,7 +169,7 @@ class ReadView:
         """Per memory: lowercased speaker names, in bit order of the speaker masks."""
         out = []
         for m, names in enumerate(self.speakers):
-            low = list(dict.fromkeys(n.lower().strip() for n in names))
+            low = list(dict.fromkeys(normalise(n) for n in names))
             if len(low) > MAX_SPEAKERS:
                 raise ValueError(f"memory {self.memory_ids[m]!r}: {len(low)} speakers, at most {MAX_SPEAKERS} supported")
             out.append(low)
@@ -178,45 +177,52 @@ class ReadView:
 
     @staticmethod
     def _mask_of(texts: Sequence[str], speakers: Sequence[str], memory: np.ndarray, names: list[list[str]],
-                 min_chars: int) -> np.ndarray:
-        """Bit s set when speaker s of the row's memory is the row's speaker or a whole word of its text.
+                 min_chars: int, match: str) -> np.ndarray:
+        """Per row, bit s set when speaker s of the row's memory matches the row (SPEC read path 2).
 
-        A plain substring test guards each whole-word regex (a match implies the substring), and a
-        bit the speaker field already set is not searched for: most rows then run no regex at all."""
-        plans = []
-        for ns in names:
-            usable = [(bit, name, re.compile(r"\b" + re.escape(name) + r"\b"))
-                      for bit, name in enumerate(ns) if len(name) >= min_chars]
-            plans.append((usable, {name: bit for bit, name, _ in usable}))
+        match "speaker": the row is that speaker's own turn (its speaker field); "mention": also when
+        its text names the speaker as a whole word (`memfit_gpu.names`). A bit the speaker field
+        already set is not searched for."""
+        bit_maps = [{name: bit for bit, name in enumerate(ns) if len(name) >= min_chars} for ns in names]
         masks = [0] * len(texts)
-        for row, (text, m) in enumerate(zip(texts, memory.tolist(), strict=True)):
-            usable, bit_of = plans[m]
-            if not usable:
+        for row, m in enumerate(memory.tolist()):
+            bit_of = bit_maps[m]
+            if not bit_of:
                 continue
-            own = bit_of.get(speakers[row].lower().strip()) if speakers else None
+            own = bit_of.get(normalise(speakers[row])) if speakers else None
             bits = 0 if own is None else 1 << own
-            low = text.lower()
-            for bit, name, pattern in usable:
-                if not (bits >> bit) & 1 and name in low and pattern.search(low):
-                    bits |= 1 << bit
+            if match == "mention":
+                low = texts[row].lower()
+                for name, bit in bit_of.items():
+                    if not (bits >> bit) & 1 and mentions(low, name):
+                        bits |= 1 << bit
             masks[row] = bits
         return np.asarray(masks, dtype=np.int64)
 
-    def episode_speaker_mask(self, min_chars: int) -> np.ndarray:
-        key = ("ep", min_chars)
+    def episode_speaker_mask(self, min_chars: int, match: str) -> np.ndarray:
+        key = ("ep", min_chars, match)
         if key not in self._speaker_masks:
             self._speaker_masks[key] = self._mask_of(self.ep_text, self.ep_speaker, self.ep_memory,
-                                                     self.speakers_lower, min_chars)
+                                                     self.speakers_lower, min_chars, match)
         return self._speaker_masks[key]
 
-    def summary_speaker_mask(self, min_chars: int) -> np.ndarray:
-        key = ("sm", min_chars)
+    def summary_speaker_mask(self, min_chars: int, match: str) -> np.ndarray:
+        """match "speaker": the speakers with a turn among the summary's members (a summary's
+        metadata is its provenance); "mention": the names its text mentions (a summary has no turn
+        of its own)."""
+        key = ("sm", min_chars, match)
         if key not in self._speaker_masks:
-            self._speaker_masks[key] = self._mask_of(self.sm_text, [], self.sm_memory, self.speakers_lower, min_chars)
+            if match == "mention":
+                mask = self._mask_of(self.sm_text, [], self.sm_memory, self.speakers_lower, min_chars, match)
+            else:
+                own = self.episode_speaker_mask(min_chars, "speaker")
+                mask = np.asarray([np.bitwise_or.reduce(own[members]) if members else 0
+                                   for members in self.sm_members], dtype=np.int64)
+            self._speaker_masks[key] = mask
         return self._speaker_masks[key]
 
     @cached_property
-    def _speaker_masks(self) -> dict[tuple[str, int], np.ndarray]:
+    def _speaker_masks(self) -> dict[tuple[str, int, str], np.ndarray]:
         return {}
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 Rows are global sequence numbers in append order across memories (design.md "Identifiers"); a
 deleted row keeps its number. The read path gets numpy columns indexed by row, the memories'
-speakers, per-episode speaker mentions, and the four indexes (episode and summary, BM25 and dense).
+speakers, and the four indexes (episode and summary, BM25 and dense).
 
 Persistence (a path is set): `log.jsonl` is an append-only record log (store/log.py) of memories,
 speakers, episodes, deletions and summaries; `snapshots/<records>/` holds index state written after
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +35,7 @@ import torch
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory, Turn
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _KEEP_SNAPSHOTS = 2
-_MAX_SPEAKERS = 63  # speaker mentions are a per-row int64 bit mask
 
 
 def episode_body(turn: Turn) -> str:
@@ -73,10 +72,6 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64(value, "s")
     except ValueError:
         return np.datetime64("NaT", "s")
-
-
-def _name_pattern(name: str) -> re.Pattern[str]:
-    return re.compile(r"(?<!\w)" + re.escape(name.lower()) + r"(?!\w)")
 
 
 class _Column:
@@ -167,7 +162,6 @@ class EpisodeStore:
         self._memory_index: dict[str, int] = {}
         self.memory_speakers: list[list[str]] = []
         self._speaker_index: list[dict[str, int]] = []
-        self._speaker_patterns: list[list[re.Pattern[str]]] = []
         self.session_ids: list[str] = []  # global session index -> the benchmark's session id
         self.session_memory: list[int] = []  # global session index -> memory_idx
         self._session_index: list[dict[str, int]] = []
@@ -181,7 +175,6 @@ class EpisodeStore:
         self._speaker_id = _Column(np.int16)
         self._timestamp = _Column("datetime64[s]", np.datetime64("NaT", "s"))
         self._deleted = _Column(np.bool_, False)
-        self._mentions = _Column(np.int64)
         self._text: list[str] = []
         self._prefix_len: list[int] = []
         self._turn_id: list[str] = []
@@ -275,19 +268,6 @@ class EpisodeStore:
     def deleted(self) -> np.ndarray:
         return self._deleted.view
 
-    @property
-    def speaker_mentions(self) -> np.ndarray:
-        """int64 bit mask per row: bit j set when speaker j of the row's memory is named in its text
-        (whole word, lowercase; the DATE/Speaker prefix is not searched)."""
-        return self._mentions.view
-
-    def mentions_speaker(self, rows: np.ndarray, speaker: np.ndarray) -> np.ndarray:
-        """Whether each row's speaker field is, or its text names, the given speaker id (same shapes)."""
-        rows = np.asarray(rows)
-        speaker = np.asarray(speaker, dtype=np.int64)
-        named = (self.speaker_mentions[rows] >> speaker) & 1
-        return (self.speaker_id[rows] == speaker) | (named == 1)
-
     def _objects(self, name: str, source: list[Any]) -> np.ndarray:
         cached = self._object_cache.get(name)
         if cached is None or len(cached) != len(source):
@@ -347,7 +327,6 @@ class EpisodeStore:
         self._memory_index[record["id"]] = memory
         self.memory_speakers.append([])
         self._speaker_index.append({})
-        self._speaker_patterns.append([])
         self._session_index.append({})
         self._memory_rows.append([])
         self._turn_rows.append({})
@@ -359,19 +338,10 @@ class EpisodeStore:
         if name in self._speaker_index[memory]:
             return
         speaker = len(self.memory_speakers[memory])
-        if speaker >= _MAX_SPEAKERS:
-            raise ValueError(f"EpisodeStore: memory {self.memory_ids[memory]!r} has more than {_MAX_SPEAKERS} speakers")
+        if speaker >= MAX_SPEAKERS:
+            raise ValueError(f"EpisodeStore: memory {self.memory_ids[memory]!r} has more than {MAX_SPEAKERS} speakers")
         self.memory_speakers[memory].append(name)
         self._speaker_index[memory][name] = speaker
-        pattern = _name_pattern(name)
-        self._speaker_patterns[memory].append(pattern)
-        # A speaker first seen late may be named in earlier turns: set its bit on those (metadata only).
-        rows = self._memory_rows[memory]
-        if rows:
-            mentions = self._mentions.view
-            for row in rows:
-                if pattern.search(self.body(row).lower()):
-                    mentions[row] |= np.int64(1) << speaker
 
     def _apply_episode(self, record: dict[str, Any]) -> None:
         row, memory = int(record["row"]), int(record["memory"])
@@ -388,18 +358,12 @@ class EpisodeStore:
         prefix = episode_prefix(record["date"], record["speaker"])
         if not text.startswith(prefix):
             raise ValueError(f"{self._where()}: episode row {row} text does not start with {prefix!r}")
-        body = text[len(prefix) :].lower()
-        mask = 0
-        for speaker, pattern in enumerate(self._speaker_patterns[memory]):
-            if pattern.search(body):
-                mask |= 1 << speaker
         self._memory_idx.extend([memory])
         self._session_idx.extend([session])
         self._position.extend([len(self._memory_rows[memory])])
         self._speaker_id.extend([self._speaker_index[memory][record["speaker"]]])
         self._timestamp.extend([_timestamp(record.get("ts"))])
         self._deleted.extend([False])
-        self._mentions.extend([mask])
         self._text.append(text)
         self._prefix_len.append(len(prefix))
         self._turn_id.append(record["turn"])
