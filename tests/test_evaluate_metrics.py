@@ -83,8 +83,8 @@ def test_paper_empty_cases():
     assert close(score("", "Paris", "4", "paper"), 0.0, 0.0)
     assert close(score(None, "Paris", "4", "paper"), 0.0, 0.0)
     assert close(score("Paris", "", "4", "paper"), 0.0, 0.0)
-    assert close(score("", "", "4", "paper"), 1.0, 1.0)
-    assert close(score("the ...", "a", "4", "paper"), 1.0, 1.0)  # both normalise to nothing
+    assert close(score("", "", "4", "paper"), 1.0, 0.0)  # F1 exact; BLEU-1 is 0 with an empty side (SPEC)
+    assert close(score("the ...", "a", "4", "paper"), 1.0, 0.0)  # both normalise to nothing
 
 
 def test_paper_ignores_category():
@@ -151,7 +151,7 @@ def test_memgallery_ids_and_decimals():
     # pred [img_001], gold [d1, img_001]: P = 1, R = 1/2, F1 = 2/3; BLEU-1 = e^-1
     assert close(score("IMG_001", "D1:IMG_001", "VS", "memgallery"), 2 / 3, E1)
     # the paper variant glues the id into "d1img001" and "img001": no overlap
-    assert close(score("IMG_001", "D1:IMG_001", "VS", "paper"), 0.0, 0.0)
+    assert close(score("IMG_001", "D1:IMG_001", "VS", "paper"), 0.0, 0.1)  # no overlap: smoothed 0.1 / 1
     # different image: [d1, img_002] vs [d1, img_001]: overlap 1, P = R = 1/2, F1 = 1/2; BLEU-1 = 1/2
     assert close(score("D1:IMG_002", "D1:IMG_001", "VS", "memgallery"), 0.5, 0.5)
     # decimals: pred [3.14], gold [3.14, meter(s)]: F1 = 2/3, BLEU-1 = e^-1
@@ -197,6 +197,23 @@ def test_memgallery_bleu1_equals_nltk_sentence_bleu(shared_data):
 
 
 # ----------------------------------------------------------------------------- helpers and batching
+
+
+def test_paper_bleu1_uses_the_released_smoothing():
+    # "work" vs "7 May 2023": no overlap, precision 0.1 / 1, BP = exp(1 - 3/1)
+    assert score("work", "7 May 2023", "2", "paper")["bleu1"] == pytest.approx(0.1 * math.exp(-2.0), abs=1e-12)
+    assert round(score("work", "7 May 2023", "2", "paper")["bleu1"], 6) == 0.013534
+    # two tokens, no overlap, longer than gold: 0.1 / 2, BP = 1
+    assert score("red car", "blue", "4", "paper")["bleu1"] == pytest.approx(0.05, abs=1e-12)
+    # equal lengths: BP = 1, precision 1/2 (one of two matches), 0.1/2 when none match
+    assert score("red car", "red bus", "4", "paper")["bleu1"] == pytest.approx(0.5, abs=1e-12)
+    assert score("red car", "blue bus", "4", "paper")["bleu1"] == pytest.approx(0.05, abs=1e-12)
+    # an empty side gives 0, smoothing or not
+    assert score("", "7 May 2023", "2", "paper")["bleu1"] == 0.0
+    assert score("work", "", "2", "paper")["bleu1"] == 0.0
+    # the other variants keep nltk's rule: no overlap gives 0
+    assert score("work", "7 May 2023", "2", "memgallery")["bleu1"] == 0.0
+    assert score("work", "7 May 2023", "2", "locomo")["bleu1"] == 0.0
 
 
 def test_overlap_f1_and_bleu1_primitives():

@@ -4,9 +4,11 @@ Every variant maps (prediction, gold, category) to {"f1", "bleu1"} in [0, 1]:
 
 - ``paper``: the MemFit paper's scorer. Lowercase, delete ASCII punctuation, drop the articles
   a/an/the, split on whitespace. F1 from token-count overlap. BLEU-1 = clipped unigram precision x
-  brevity penalty, BP = 1 if len(pred) > len(gold) else exp(1 - len(gold)/len(pred)).
-  Empty cases: both token lists empty -> F1 = BLEU-1 = 1.0 (an empty answer to an empty gold is
-  exact); exactly one empty -> 0.0 for both (nothing to match, or nothing matched).
+  brevity penalty, BP = 1 if len(pred) >= len(gold) else exp(1 - len(gold)/len(pred)), with the
+  released scorer's smoothing: no overlap at all gives precision 0.1 / len(pred), not 0
+  ("work" vs "7 May 2023": 0.1 x e^(1-3) = 0.013534). Empty cases: both token lists empty -> F1 =
+  1.0 (an empty answer to an empty gold is exact); exactly one empty -> F1 0.0; BLEU-1 is 0.0 when
+  either side is empty (SPEC Evaluation).
 - ``locomo``: the official LoCoMo scorer (snap-research/LoCoMo task_eval/evaluation.py), rewritten
   here. Commas deleted, lowercase, ASCII punctuation deleted, a/an/the/and dropped, Porter stems
   (nltk's PorterStemmer, the stemmer the official scorer uses). Category 1 (multi-hop): both strings
@@ -41,6 +43,7 @@ from functools import lru_cache
 from tqdm import tqdm
 
 VARIANTS: tuple[str, ...] = ("paper", "locomo", "memgallery")
+PAPER_BLEU_SMOOTHING = 0.1  # the released MemFit scorer: zero unigram overlap counts as 0.1 matches
 
 _DELETE_PUNCT = str.maketrans("", "", string.punctuation)
 _SPACE_PUNCT = str.maketrans(string.punctuation, " " * len(string.punctuation))
@@ -118,17 +121,16 @@ def overlap_f1(pred: Sequence[str], gold: Sequence[str], both_empty: float = 0.0
     return 2 * precision * recall / (precision + recall)
 
 
-def bleu1(pred: Sequence[str], gold: Sequence[str], both_empty: float = 0.0) -> float:
-    """Clipped unigram precision x brevity penalty; 0 when either side is empty (unless both)."""
-    if not pred and not gold:
-        return both_empty
+def bleu1(pred: Sequence[str], gold: Sequence[str], zero_overlap: float = 0.0) -> float:
+    """Clipped unigram precision x brevity penalty; 0 when either side is empty.
+
+    zero_overlap: the clipped count used when nothing overlaps (0 = nltk, which returns 0 then;
+    0.1 = the MemFit released scorer's smoothing, precision 0.1 / len(pred))."""
     if not pred or not gold:
         return 0.0
-    clipped = sum((Counter(pred) & Counter(gold)).values())
-    if clipped == 0:
-        return 0.0
+    clipped = sum((Counter(pred) & Counter(gold)).values()) or zero_overlap
     c, r = len(pred), len(gold)
-    brevity = 1.0 if c > r else math.exp(1.0 - r / c)
+    brevity = 1.0 if c >= r else math.exp(1.0 - r / c)
     return brevity * clipped / c
 
 
@@ -137,7 +139,7 @@ def bleu1(pred: Sequence[str], gold: Sequence[str], both_empty: float = 0.0) -> 
 
 def _score_paper(prediction: str, gold: str, category: str) -> dict[str, float]:
     p, g = paper_tokens(prediction), paper_tokens(gold)
-    return {"f1": overlap_f1(p, g, both_empty=1.0), "bleu1": bleu1(p, g, both_empty=1.0)}
+    return {"f1": overlap_f1(p, g, both_empty=1.0), "bleu1": bleu1(p, g, zero_overlap=PAPER_BLEU_SMOOTHING)}
 
 
 def _score_locomo(prediction: str, gold: str, category: str) -> dict[str, float]:
