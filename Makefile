@@ -30,8 +30,12 @@ demo: $(STAMP)
 	@if [ -z "$(DATA_DIR)" ]; then $(VENV)/bin/memfit data fetch locomo; fi
 	MEMFIT_DATA_DIR=$(DATA_DIR) $(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
 
+# The suite is hermetic: a new empty MEMFIT_CACHE and HF_HOME each time, so no test can lean on data
+# fetched, models converted or hub files cached by earlier work (removed afterwards).
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	@cache=$$(mktemp -d -t memfit-test-cache.XXXXXX); \
+	echo "make test: MEMFIT_CACHE=$$cache (new, empty)"; \
+	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf $(PY) -m pytest -q tests; rc=$$?; rm -rf "$$cache"; exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests

@@ -253,6 +253,34 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     return SweepSpec(name, path, config, fixed, points, slurm, list(command))
 
 
+def pin_data_location(spec: SweepSpec) -> SweepSpec:
+    """The spec with `data.path` fixed to where this process finds the data, when the config leaves it
+    to the environment ($MEMFIT_DATA_DIR, the fetch cache): SLURM tasks and local points then read the
+    same files, whatever their own environment holds. A sweep whose data cannot be found stops here,
+    before anything is submitted."""
+    from memfit_gpu.config import load_config
+    from memfit_gpu.data import DataNotFoundError, data_location
+
+    pinned: dict[str, Any] = {}
+    for point in spec.points:
+        cfg = load_config(spec.config, point_overrides(spec.name, spec.fixed, point))
+        if cfg.data.path is not None:
+            continue
+        try:
+            where = str(data_location(cfg.data.benchmark, None, cfg.data.split))
+        except DataNotFoundError as exc:
+            raise SweepError(f"{spec.source}: point {point.point_id}: {exc}") from None
+        if pinned.get("data.path", where) != where:
+            raise SweepError(f"{spec.source}: points read different benchmarks; give each its data.path")
+        pinned["data.path"] = where
+    if not pinned:
+        return spec
+    log.info("sweep %s: data.path=%s for every point (found here; tasks get it explicitly)", spec.name,
+             pinned["data.path"])
+    return SweepSpec(spec.name, spec.source, spec.config, {**spec.fixed, **pinned}, spec.points, spec.slurm,
+                     spec.command)
+
+
 def point_overrides(sweep_name: str, fixed: dict[str, Any], point: SweepPoint) -> list[str]:
     """Dot-list overrides of one point: fixed ones, the point's own, and the W&B group = sweep name."""
     merged = {**fixed, **point.overrides}
@@ -655,6 +683,7 @@ def run_sweep(
     """Run every unfinished point; returns the sweep.json content. Finished points are never rerun."""
     if launcher not in ("local", "slurm"):
         raise SweepError(f"launcher {launcher!r} is not one of local, slurm")
+    spec = pin_data_location(spec)
     out = Path(out_dir).resolve()
     (out / "points").mkdir(parents=True, exist_ok=True)
     state = SweepState(spec, out, launcher)
@@ -711,6 +740,7 @@ def run_point(spec: SweepSpec, out_dir: str | Path, which: str) -> int:
     sweep.json is written only if missing (many tasks start at once; the driver-less mode keeps no job
     records); a point with DONE returns at once.
     """
+    spec = pin_data_location(spec)
     out = Path(out_dir).resolve()
     (out / "points").mkdir(parents=True, exist_ok=True)
     point = find_point(spec, which)

@@ -15,6 +15,7 @@ from memfit_gpu.sweep import (
     find_point,
     load_sweep,
     override_arg,
+    pin_data_location,
     point_command,
     point_ids,
     to_csv,
@@ -213,3 +214,23 @@ def test_squeue_states_prefer_a_live_record_of_a_task_listed_twice(monkeypatch: 
     monkeypatch.setattr(sweep_module.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
     assert sweep_module.squeue_states(["5_0", "5_1", "5_2", "5_3"]) == {"5_0": "PENDING", "5_1": "PENDING",
                                                                          "5_2": "RUNNING"}
+
+
+def test_points_get_the_data_location_explicitly(tmp_path: Path, shared_data: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config that leaves data.path to the environment gets the location found by the sweep itself
+    pinned into every point: tasks on other nodes or with another environment read the same files."""
+    path = write_sweep(tmp_path, "name: pin\nconfig: BASE\ngrid: {pack.k: [5, 10]}\n")
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    pinned = pin_data_location(load_sweep(path))
+    want = f"data.path={(shared_data / 'locomo' / 'locomo10.json').resolve()}"
+    for point in pinned.points:
+        assert want in point_command(pinned, point, tmp_path / point.point_id)
+    # a config that names its data keeps it
+    explicit = load_sweep(path, [f"data.path={shared_data / 'locomo'}"])
+    assert pin_data_location(explicit).fixed == explicit.fixed
+    # no data anywhere: the sweep stops before anything is submitted, saying where it looked
+    monkeypatch.delenv("MEMFIT_DATA_DIR")
+    with pytest.raises(SweepError, match=r"point k=5: no locomo data found \(looked in cache .*empty-cache"):
+        pin_data_location(load_sweep(path))

@@ -29,10 +29,11 @@ SWEEP_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A running local cluster; stopped afterwards only if this fixture started it."""
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[dict[str, str]]:
+    """A running local cluster; stopped afterwards only if this fixture started it. The environment
+    names the data explicitly (the sweep pins it into every point)."""
     state_dir = os.environ.get("MEMFIT_SLURM_DIR", "/tmp/memfit-slurm")
-    env = {**os.environ, "MEMFIT_SLURM_DIR": state_dir}
+    env = {**os.environ, "MEMFIT_SLURM_DIR": state_dir, "MEMFIT_DATA_DIR": str(shared_data)}
     started = subprocess.run([str(CLUSTER), "start"], env=env, capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, f"local-cluster.sh start failed:\n{started.stdout}\n{started.stderr}"
     ours = "already running" not in started.stderr
@@ -139,7 +140,7 @@ def cancelled_sweep(slurm_cluster: dict[str, str], tmp_path_factory: pytest.Temp
         finally:
             if proc.poll() is None:
                 proc.kill()
-    return {"out": out, "rc": rc, "interrupted": interrupted, "log": log_path.read_text()}
+    return {"out": out, "rc": rc, "interrupted": interrupted, "log": log_path.read_text(), "env": slurm_cluster}
 
 
 def test_slurm_sweep_resumes_cancelled_and_requeued_tasks(cancelled_sweep: dict) -> None:
@@ -168,7 +169,9 @@ def test_slurm_sweep_resumes_cancelled_and_requeued_tasks(cancelled_sweep: dict)
     assert "Caught signal SIGUSR2" in k10_err and "DUE TO JOB REQUEUE" in k10_err
     # one array of both points, then one resubmission of k=5 alone
     assert [s["points"] for s in state["submissions"]] == [["k=5", "k=10"], ["k=5"]]
-    assert k5["args"] == ["pack.k=5", "tracking.wandb.group=smoke"]
+    # the data location the sweep found is given to every task explicitly
+    data = (Path(cancelled_sweep["env"]["MEMFIT_DATA_DIR"]) / "locomo" / "locomo10.json").resolve()
+    assert k5["args"] == [f"data.path={data}", "pack.k=5", "tracking.wandb.group=smoke"]
     # the resubmitted task's own log shows the same point's command
     assert "--out " + str(out / "points" / "k=5") in Path(k5["jobs"][1]["log"]).read_text()
 
@@ -223,8 +226,8 @@ def test_sbatch_array_template_runs_each_point(cancelled_sweep: dict, slurm_clus
         assert f"point {point} is DONE, nothing to do" in text
 
 
-def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cancelled_sweep: dict,
-                                                                           tmp_path: Path) -> None:
+def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cancelled_sweep: dict, tmp_path: Path,
+                                                                           shared_data: Path) -> None:
     """Three points, two of them copied finished from the SLURM sweep: only k=3 runs. The sweep gets
     SIGTERM once k=3's store is built (its child stops with it), and a second sweep finishes k=3."""
     sweep_file = tmp_path / "local.yaml"
@@ -235,8 +238,9 @@ def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cance
         shutil.copytree(cancelled_sweep["out"] / "points" / point, out / "points" / point)
         finished[point] = {name: (out / "points" / point / name).read_bytes() for name in ("DONE", "predictions.jsonl")}
     command = [*MEMFIT, "sweep", "--config", str(sweep_file), "--launcher", "local", "--out", str(out)]
+    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data)}
 
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     timings = out / "points" / "k=3" / "timings.json"
     deadline = time.monotonic() + SWEEP_TIMEOUT_S
     while first.poll() is None and time.monotonic() < deadline:
@@ -254,7 +258,7 @@ def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cance
     with pytest.raises(ProcessLookupError):
         os.kill(child_pid, 0)  # stopped and reaped with the sweep
 
-    second = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S, cwd=REPO)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S, cwd=REPO, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert sorted(p.name for p in (out / "logs").iterdir()) == ["k=3.attempt1.log", "k=3.attempt2.log"]
     for point, files in finished.items():

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,9 +138,14 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     assert again.run_id == run_id
     again.log_metrics({"resumed": 1})
     again.finish()
-    folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
-    assert len(folders) >= 1
-    records = [read_offline_run(f, wait_s=30) for f in folders]
+    # finish() returns before W&B's service has written the resumed run's folder: poll for it
+    deadline = time.monotonic() + 60
+    while True:
+        folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
+        records = [read_offline_run(f) for f in folders if any(f.glob("run-*.wandb"))]
+        if any(r.summary.get("resumed") == 1 for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert {r.run_id for r in records} == {run_id}
     assert any(r.summary.get("resumed") == 1 for r in records)
 

@@ -39,6 +39,7 @@ __all__ = [
     "Session",
     "Turn",
     "cache_dir",
+    "data_location",
     "load_benchmark",
     "resolve_data_path",
     "select_from_config",
@@ -131,6 +132,14 @@ def resolve_data_path(name: str, path: str | Path | None = None, split: str | No
     raise DataNotFoundError(
         f"no {name} data found (looked in {'; '.join(looked)}): run `memfit data fetch {name}` or pass --path"
     )
+
+
+def data_location(name: str, path: str | Path | None = None, split: str | None = None) -> Path:
+    """What to pass as `data.path` so another process (a SLURM task, a local sweep point) reads the
+    same files without looking anywhere itself: the file when there is one, else their folder (absolute)."""
+    files = resolve_data_path(name, path, split)
+    location = files[0] if len(files) == 1 else Path(os.path.commonpath([f.parent for f in files]))
+    return location.resolve()
 
 
 def load_benchmark(name: str, path: str | Path | None = None, split: str | None = None) -> Benchmark:
