@@ -40,12 +40,12 @@ class IndexConfig:
     normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC)
     encode_batch_size: int = 128  # per device; halved automatically on OOM
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
-    dtype: str = "auto"  # auto = bf16/fp16 on GPU, fp32 on CPU
+    dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
     bm25_backend: str = "torch"  # torch (sparse, batched) | reference (readable, slow)
     dense_factory: str = "Flat"  # FAISS factory string with inner product; Flat = exact (IndexFlatIP)
-    dense_gpu: bool = True  # use GPU FAISS when faiss-gpu and a GPU are present
+    dense_device: str = "auto"  # auto = GPU FAISS when installed and a GPU is visible | cpu | gpu (required)
     dense_nprobe: int = 16  # for IVF factories only
 
 
@@ -111,6 +111,7 @@ class RerankConfig:
     backend: str = "cross-encoder"  # cross-encoder | none (keep the first-stage order)
     model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"  # SPEC read path 7
     max_length: int = 384  # SPEC read path 7
+    dtype: str = "auto"  # auto = float32 (bf16 logits 1/32 apart tie and reorder top-10s) | bf16 | fp16
     rerank_pool: int = 80  # pool[:80] plus every expansion is reranked
     batch_size: int = 256  # pairs per forward, length-sorted; halved on OOM
     zscore_min: int = 3  # fewer items of a kind: leave raw scores
@@ -142,6 +143,8 @@ class ReaderConfig:
     max_model_len: int = 8192  # vllm: context length
     dtype: str = "auto"  # model weights dtype
     images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)
+    max_images: int = 16  # vllm: images per prompt (the question's first); extras dropped and counted
+    max_pixels: Optional[int] = None  # vllm: Qwen2.5-VL resizes images to at most this many pixels
     prompt: str = "answer.txt"  # file in memfit_gpu/prompts/
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
     gpu_memory_utilization: float = 0.9  # vllm: share of each GPU an engine may claim (lower it to co-host a judge)
@@ -205,6 +208,7 @@ class ConfigError(ValueError):
 
 _CHOICES = {
     "index.bm25_backend": ("torch", "reference"),
+    "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
     "retrieve.boosts.speaker_match": ("speaker", "mention"),
     "rerank.backend": ("cross-encoder", "none"),

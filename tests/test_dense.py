@@ -29,7 +29,7 @@ def _brute_force(vectors, row_memory, deleted, query, memory, k, min_score=0.0):
 
 
 def test_hand_computed_scores_order_and_padding():
-    index = DenseIndex(dim=2, factory="Flat", gpu=False)
+    index = DenseIndex(dim=2, factory="Flat", device="cpu")
     vectors = np.array([[1, 0], [0, 1], [0.6, 0.8], [-1, 0], [1, 0]], dtype=np.float32)
     rows = index.add(vectors, [0, 0, 0, 0, 1])
     assert rows.tolist() == [0, 1, 2, 3, 4]
@@ -44,7 +44,7 @@ def test_hand_computed_scores_order_and_padding():
 
 
 def test_ties_break_by_lower_row_even_beyond_the_first_fetch():
-    index = DenseIndex(dim=2, factory="Flat", gpu=False)
+    index = DenseIndex(dim=2, factory="Flat", device="cpu")
     # 40 identical vectors then one better one: every tie must come back in row order.
     vectors = np.array([[1, 0]] * 40 + [[0.0, 1.0]], dtype=np.float32)
     index.add(vectors, [3] * 41)
@@ -57,7 +57,7 @@ def test_ties_break_by_lower_row_even_beyond_the_first_fetch():
 
 def test_tombstones_are_never_returned_and_k_live_rows_still_come_back():
     rng = np.random.default_rng(0)
-    index = DenseIndex(dim=8, factory="Flat", gpu=False)
+    index = DenseIndex(dim=8, factory="Flat", device="cpu")
     vectors = _unit(rng, 50, 8)
     index.add(vectors, [0] * 50)
     query = vectors[7]
@@ -79,7 +79,7 @@ def test_tombstones_are_never_returned_and_k_live_rows_still_come_back():
 
 def test_batched_search_equals_per_memory_search_and_never_crosses_memories():
     rng = np.random.default_rng(1)
-    index = DenseIndex(dim=16, factory="Flat", gpu=False)
+    index = DenseIndex(dim=16, factory="Flat", device="cpu")
     sizes = [30, 1, 0, 12, 45]
     row_memory = np.concatenate([[m] * s for m, s in enumerate(sizes)]).astype(int)
     rng.shuffle(row_memory)  # memories interleaved in the global row space
@@ -106,7 +106,7 @@ def test_batched_search_equals_per_memory_search_and_never_crosses_memories():
 
 def test_ivf_falls_back_to_flat_when_too_few_vectors_and_trains_when_enough(caplog):
     rng = np.random.default_rng(2)
-    index = DenseIndex(dim=8, factory="IVF4,Flat", gpu=False, nprobe=4)
+    index = DenseIndex(dim=8, factory="IVF4,Flat", device="cpu", nprobe=4)
     with caplog.at_level(logging.DEBUG, logger="memfit_gpu.index.dense"):
         index.add(_unit(rng, 3, 8), [0, 0, 0])
     assert index.memory_kind(0) == "Flat"
@@ -126,7 +126,7 @@ def test_ivf_falls_back_to_flat_when_too_few_vectors_and_trains_when_enough(capl
 
 def test_hnsw_factory_searches_its_own_memory():
     rng = np.random.default_rng(3)
-    index = DenseIndex(dim=8, factory="HNSW32", gpu=False)
+    index = DenseIndex(dim=8, factory="HNSW32", device="cpu")
     vectors = _unit(rng, 100, 8)
     index.add(vectors, [0] * 50 + [1] * 50)
     assert index.memory_kind(0) == "HNSW32"
@@ -137,14 +137,14 @@ def test_hnsw_factory_searches_its_own_memory():
 @pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat"])
 def test_save_load_gives_identical_results(tmp_path, factory):
     rng = np.random.default_rng(4)
-    index = DenseIndex(dim=8, factory=factory, gpu=False, nprobe=2)
+    index = DenseIndex(dim=8, factory=factory, device="cpu", nprobe=2)
     index.add(_unit(rng, 60, 8), rng.integers(0, 3, size=60))
     index.delete([5, 17])
     queries = _unit(rng, 9, 8)
     query_memory = [0, 1, 2] * 3
     expected = index.search(queries, query_memory, k=12)
     index.save(tmp_path)
-    loaded = DenseIndex.load(tmp_path, gpu=False)
+    loaded = DenseIndex.load(tmp_path, device="cpu")
     got = loaded.search(queries, query_memory, k=12)
     assert torch.equal(expected[0], got[0]) and torch.equal(expected[1], got[1])
     assert loaded.size == 60 and loaded.deleted.sum() == 2
@@ -154,7 +154,7 @@ def test_save_load_gives_identical_results(tmp_path, factory):
 
 
 def test_shape_errors_name_the_argument():
-    index = DenseIndex(dim=4, gpu=False)
+    index = DenseIndex(dim=4, device="cpu")
     with pytest.raises(ValueError, match=r"vectors must be \[n, 4\]"):
         index.add(np.zeros((2, 3), np.float32), [0, 0])
     with pytest.raises(ValueError, match="memory_idx has 1 entries, expected 2"):
@@ -163,7 +163,7 @@ def test_shape_errors_name_the_argument():
 
 def test_bad_factory_is_named():
     with pytest.raises(ValueError, match="cannot build factory 'NoSuchIndex'"):
-        DenseIndex(dim=4, factory="NoSuchIndex", gpu=False)
+        DenseIndex(dim=4, factory="NoSuchIndex", device="cpu")
 
 
 def test_faiss_order_is_kept_only_when_it_is_already_final():
@@ -173,3 +173,24 @@ def test_faiss_order_is_kept_only_when_it_is_already_final():
     assert not in_order(np.array([[0.9, 0.9, 0.1]], dtype=np.float32), live)  # a tie: rows must be ordered
     assert not in_order(np.array([[0.9, 0.5, 0.1]], dtype=np.float32), np.array([[True, False, True]]))  # tombstone
     assert in_order(np.array([[0.9, 0.9]], dtype=np.float32), np.array([[True, False]]))  # tie with a dead entry
+
+
+def test_placement_is_logged_and_a_required_gpu_is_an_error(caplog: pytest.LogCaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import faiss
+
+    from memfit_gpu.index import dense
+
+    monkeypatch.setattr(dense, "_LOGGED_PLACEMENTS", set())
+    with caplog.at_level("INFO", logger="memfit_gpu.index.dense"):
+        index = DenseIndex(dim=4, device="auto")
+    gpu_build = hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+    assert index.use_gpu == gpu_build
+    assert "DenseIndex: FAISS indexes on " + index.placement in caplog.text
+    if not gpu_build:
+        assert index.placement.startswith("CPU (")
+        with pytest.raises(RuntimeError, match="index.dense_device=gpu: this FAISS build has no GPU support"):
+            DenseIndex(dim=4, device="gpu")
+    assert DenseIndex(dim=4, device="cpu").placement == "CPU (index.dense_device=cpu)"
+    with pytest.raises(ValueError, match="not one of auto, cpu, gpu"):
+        DenseIndex(dim=4, device="cuda")

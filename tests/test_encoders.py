@@ -247,3 +247,46 @@ def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
     x = torch.randn(2, 4, requires_grad=True)
     _linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memfit_gpu.index import encoders
+
+    gpu = torch.device("cuda", 0)
+    assert encoders.resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
+    assert encoders.resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == torch.float32
+    assert encoders.resolve_dtype("fp16", [gpu]) == torch.float16
+    # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path
+    monkeypatch.setattr(encoders, "_native_bf16", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(ValueError, match="Tesla T4 .* no native bf16"):
+        encoders.resolve_dtype("bf16", [gpu])
+    assert encoders.resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
+    monkeypatch.setattr(encoders, "_native_bf16", lambda device: True)
+    assert encoders.resolve_dtype("bf16", [gpu]) == torch.bfloat16
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "CUDA error: out of memory",
+])
+def test_library_allocation_failures_count_as_oom(message: str) -> None:
+    from memfit_gpu.index.encoders import _is_oom
+
+    assert _is_oom(RuntimeError(message))
+    assert not _is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+
+
+def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> None:
+    info = minilm.info()
+    assert info["dtype"] == "float32" and info["devices"] == ["cpu"] and info["source"].startswith("package:")
+    from memfit_gpu.config import RerankConfig
+    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
+
+    cfg = RerankConfig(model=str(cross_encoder_dir), dtype="auto")
+    module = load_reranker(cfg, device="cpu")
+    recorded = reranker_info(cfg, module)
+    assert recorded["weights"]["dtype"] == "float32" and recorded["weights"]["path"] == str(cross_encoder_dir)
+    bf16 = load_reranker(RerankConfig(model=str(cross_encoder_dir), dtype="bf16"), device="cpu")
+    assert bf16.info()["dtype"] == "bfloat16"

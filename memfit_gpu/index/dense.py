@@ -21,11 +21,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import faiss
 import numpy as np
 import torch
 
+try:
+    import faiss
+except ImportError as _exc:  # faiss is an either/or extra: [cpu] (faiss-cpu) or [gpu] (faiss-gpu-cu12)
+    raise ImportError(
+        "DenseIndex needs FAISS: pip install 'memfit-gpu[cpu]' (faiss-cpu) or 'memfit-gpu[gpu]' "
+        "(faiss-gpu-cu12), not both: they install the same `faiss` module"
+    ) from _exc
+
 log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cpu", "gpu")
 
 # Fetch this many extra neighbours beyond k + tombstones before checking for ties at the cut.
 _TIE_MARGIN = 8
@@ -88,20 +97,54 @@ class _MemoryPart:
         return self.rows.size
 
 
+_LOGGED_PLACEMENTS: set[tuple[str, str]] = set()  # log each placement decision once per process
+
+
+def faiss_placement(device: str, gpu_id: int = 0) -> tuple[bool, str]:
+    """(use GPU FAISS?, a description of where the indexes live and why), logged at INFO once.
+
+    Raises RuntimeError for device "gpu" when this FAISS build has no GPU support (faiss-cpu is the
+    one installed) or no GPU is visible."""
+    if device not in DEVICES:
+        raise ValueError(f"DenseIndex: device {device!r} is not one of {', '.join(DEVICES)} (index.dense_device)")
+    has_gpu_build = hasattr(faiss, "StandardGpuResources")
+    gpus = faiss.get_num_gpus() if has_gpu_build else 0
+    if device == "cpu":
+        use, where = False, "CPU (index.dense_device=cpu)"
+    elif has_gpu_build and gpus > gpu_id:
+        use, where = True, f"GPU {gpu_id} (GPU FAISS, {gpus} GPU(s) visible)"
+    elif device == "gpu":
+        why = ("this FAISS build has no GPU support (faiss-cpu is installed: pip uninstall faiss-cpu, then "
+               "pip install faiss-gpu-cu12)") if not has_gpu_build else f"FAISS sees {gpus} GPU(s), GPU {gpu_id} asked"
+        raise RuntimeError(f"index.dense_device=gpu: {why}; or set index.dense_device=auto|cpu")
+    else:
+        why = "this FAISS build has no GPU support" if not has_gpu_build else "FAISS sees no GPU"
+        use, where = False, f"CPU ({why}; index.dense_device=auto)"
+    if (device, where) not in _LOGGED_PLACEMENTS:
+        _LOGGED_PLACEMENTS.add((device, where))
+        log.info("DenseIndex: FAISS indexes on %s", where)
+    return use, where
+
+
 class DenseIndex:
     """Inner-product FAISS index partitioned by memory.
 
     factory: a FAISS factory string ("Flat" = exact IndexFlatIP; "IVF1024,Flat", "HNSW32", ...).
     A factory that needs training is trained on the memory's own vectors the first time the memory
     holds enough of them; until then the memory uses an exact Flat index (logged at debug level).
-    gpu: use GPU FAISS when this faiss build has GPU support and a GPU is visible.
+    device: "auto" = GPU FAISS when this faiss build has GPU support and a GPU is visible, else the
+    CPU; "gpu" = GPU FAISS or an error saying what is missing; "cpu". Where it went is logged at INFO
+    (`placement` holds it). gpu_id: the GPU that holds the indexes.
     """
 
-    def __init__(self, dim: int, factory: str = "Flat", gpu: bool = True, nprobe: int = 16):
+    def __init__(self, dim: int, factory: str = "Flat", device: str = "auto", nprobe: int = 16,
+                 gpu_id: int = 0):
         self.dim = int(dim)
         self.factory = factory
         self.nprobe = int(nprobe)
-        self.use_gpu = bool(gpu) and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+        self.device = device
+        self.gpu_id = int(gpu_id)
+        self.use_gpu, self.placement = faiss_placement(device, self.gpu_id)
         self._gpu_resources = faiss.StandardGpuResources() if self.use_gpu else None
         self._parts: dict[int, _MemoryPart] = {}
         self._row_memory = _Growable(np.int64, -1)
@@ -113,10 +156,8 @@ class DenseIndex:
             raise ValueError(f"DenseIndex: FAISS cannot build factory {factory!r} (index.dense_factory): {exc}") from None
         self._needs_training = not probe.is_trained
         self._min_train = self._training_minimum(probe)
-        log.debug(
-            "DenseIndex dim=%d factory=%s on %s (needs training: %s)",
-            self.dim, factory, "GPU" if self.use_gpu else "CPU", self._needs_training,
-        )
+        log.debug("DenseIndex dim=%d factory=%s on %s (needs training: %s)",
+                  self.dim, factory, self.placement, self._needs_training)
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -140,7 +181,7 @@ class DenseIndex:
         if not self.use_gpu:
             return index
         try:
-            return faiss.index_cpu_to_gpu(self._gpu_resources, 0, index)
+            return faiss.index_cpu_to_gpu(self._gpu_resources, self.gpu_id, index)
         except RuntimeError as exc:  # e.g. HNSW has no GPU implementation
             log.debug("DenseIndex: %s stays on CPU (%s)", type(index).__name__, exc)
             return index
@@ -381,13 +422,13 @@ class DenseIndex:
         (directory / "dense.json").write_text(json.dumps(meta, indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path, gpu: bool = True) -> DenseIndex:
+    def load(cls, directory: str | Path, device: str = "auto", gpu_id: int = 0) -> DenseIndex:
         directory = Path(directory)
         meta_path = directory / "dense.json"
         if not meta_path.exists():
             raise FileNotFoundError(f"DenseIndex.load: {meta_path} not found")
         meta = json.loads(meta_path.read_text())
-        index = cls(meta["dim"], meta["factory"], gpu=gpu, nprobe=meta["nprobe"])
+        index = cls(meta["dim"], meta["factory"], device=device, nprobe=meta["nprobe"], gpu_id=gpu_id)
         vectors = np.load(directory / "vectors.npy")
         row_memory = np.load(directory / "row_memory.npy")
         deleted = np.load(directory / "deleted.npy")

@@ -77,18 +77,41 @@ def visible_devices(device: str | torch.device | Sequence[str] = "auto") -> list
 
 
 def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device]) -> torch.dtype:
-    """"auto" = bf16 on GPUs that support it (fp16 on older ones), fp32 on the CPU."""
+    """"auto" = float32 on every device; bf16 / fp16 only when asked.
+
+    fp32 keeps GPU packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
+    cross-encoder logits in [4, 8) are 1/32 apart, so rounding alone ties or reorders top-10 lists,
+    and identical texts in different batches stop getting identical vectors. bf16 is refused on GPUs
+    that only emulate it (V100, T4): use fp16 there."""
     if isinstance(dtype, torch.dtype):
-        return dtype
-    key = dtype.strip().lower()
-    if key == "auto":
-        if all(d.type == "cuda" for d in devices):
-            supported = all(torch.cuda.is_bf16_supported() for _ in devices)
-            return torch.bfloat16 if supported else torch.float16
-        return torch.float32
-    if key not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(_DTYPES)}")
-    return _DTYPES[key]
+        chosen = dtype
+    else:
+        key = dtype.strip().lower()
+        if key == "auto":
+            return torch.float32
+        if key not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(_DTYPES)}")
+        chosen = _DTYPES[key]
+    if chosen == torch.bfloat16:
+        for device in devices:
+            if device.type == "cuda" and not _native_bf16(device):
+                raise ValueError(f"dtype bf16: {torch.cuda.get_device_name(device)} ({device}) has no native bf16 "
+                                 "(it would be emulated, slowly); use fp16 or float32")
+    return chosen
+
+
+def _native_bf16(device: torch.device) -> bool:
+    with torch.cuda.device(device):
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def _warn_tf32(dtype: torch.dtype, devices: Sequence[torch.device]) -> None:
+    """fp32 on a GPU with TF32 matmuls on is not fp32: say so (the process-wide setting is left alone)."""
+    if dtype == torch.float32 and any(d.type == "cuda" for d in devices) and (
+            torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32):
+        logger.warning("float32 encoders with TF32 matmuls enabled (torch.set_float32_matmul_precision=%r): "
+                       "vectors and scores will differ from the CPU's beyond the last bits and packs may change",
+                       torch.get_float32_matmul_precision())
 
 
 # Rows x padded width per forward on the CPU; ~2k tokens keeps MiniLM's activations cache-resident.
@@ -120,10 +143,16 @@ def _mask(lengths: Sequence[int], width: int, right: bool) -> torch.Tensor:
     return mask.long()
 
 
+# Allocation failures surface from cuBLAS / cuDNN handles as plain RuntimeErrors with these texts.
+_OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+              "cudnn_status_not_initialized", "cuda error: out of memory")
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
 
 
 class _BatchedEncoder(torch.nn.Module):
@@ -162,6 +191,12 @@ class _BatchedEncoder(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         return self.devices[0]
+
+    def info(self) -> dict[str, Any]:
+        """What encoded: the weights that loaded, the compute dtype, the devices (recorded in outputs)."""
+        weights = self.loaded_from.to_dict() if self.loaded_from is not None else {}
+        return {**weights, "dtype": str(self.dtype).removeprefix("torch."),
+                "devices": [str(d) for d in self.devices], "packed_bert": self.fast_path}
 
     # -- tokenisation --------------------------------------------------------------------------
     def _tokenize(self, first: list[str], second: list[str] | None) -> dict[str, list[list[int]]]:
@@ -515,6 +550,7 @@ class BiEncoder(_BatchedEncoder):
         pooling, st_normalize, st_config = _sentence_transformers_layout(folder)
         devices = visible_devices(device)
         torch_dtype = resolve_dtype(dtype, devices)
+        _warn_tf32(torch_dtype, devices)
         model = AutoModel.from_pretrained(str(folder), dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         if max_length is None:
@@ -609,6 +645,7 @@ class CrossEncoderModule(_BatchedEncoder):
         resolved = resolve("cross-encoder", str(name_or_path))
         devices = visible_devices(device)
         torch_dtype = resolve_dtype(dtype, devices)
+        _warn_tf32(torch_dtype, devices)
         model = AutoModelForSequenceClassification.from_pretrained(resolved.path, dtype=torch_dtype)
         tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         positions = getattr(model.config, "max_position_embeddings", None)

@@ -108,7 +108,7 @@ def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
     timings["retrieve_s"] = time.perf_counter() - t0
     info = reranker_info(cfg.rerank, reranker)
     diagnostics, records = compute_diagnostics(results, questions, view, info)
-    diagnostics["encoder"] = view.encoder_info or (encoder.loaded_from.to_dict() if encoder.loaded_from else None)
+    diagnostics["encoder"] = view.encoder_info or encoder.info()
     diagnostics["summaries_used"] = bool(cfg.retrieve.summaries and view.has_summaries)
     diagnostics["timings"] = timings
     diagnostics["config"] = cfg_dict

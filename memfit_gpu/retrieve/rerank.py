@@ -33,16 +33,14 @@ def load_reranker(cfg: RerankConfig, device: str = "auto") -> Any | None:
         raise ValueError(f"rerank.backend={cfg.backend!r} is not one of cross-encoder, none")
     from memfit_gpu.index.encoders import CrossEncoderModule
 
-    return CrossEncoderModule.from_pretrained(cfg.model, device=device, max_length=cfg.max_length)
+    return CrossEncoderModule.from_pretrained(cfg.model, device=device, max_length=cfg.max_length, dtype=cfg.dtype)
 
 
 def reranker_info(cfg: RerankConfig, module: Any | None) -> dict[str, Any]:
     """What ranked the candidates, recorded in every output."""
     if module is None:
         return {"backend": "none", "order": "first-stage (fused + boosts, expansion scores)"}
-    loaded = getattr(module, "loaded_from", None)
-    return {"backend": "cross-encoder", "model": cfg.model, "max_length": cfg.max_length,
-            "weights": loaded.to_dict() if loaded is not None else None}
+    return {"backend": "cross-encoder", "model": cfg.model, "max_length": cfg.max_length, "weights": module.info()}
 
 
 def zscore(scores: torch.Tensor, groups: torch.Tensor, min_items: int) -> torch.Tensor:

@@ -89,11 +89,9 @@ class ReadView:
             embeddings = encoder.encode(texts, batch_size=cfg.index.encode_batch_size, progress=progress)
         bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b)
         bm25.add(tokenize_many(texts), mem)
-        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, gpu=cfg.index.dense_gpu)
+        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device)
         dense.add(embeddings, mem)
-        info = {}
-        if getattr(encoder, "loaded_from", None) is not None:
-            info = encoder.loaded_from.to_dict()
+        info = encoder.info() if hasattr(encoder, "info") else {}
         return cls(
             memory_ids=memory_ids, speakers=speakers,
             ep_memory=np.asarray(mem, dtype=np.int64), ep_session=np.asarray(sess, dtype=np.int64),
@@ -124,10 +122,8 @@ class ReadView:
                     if name not in speakers_by_memory[m]:
                         speakers_by_memory[m].append(name)
         sums = list(getattr(store, "summaries", []) or [])
-        info = {}
         encoder = getattr(store, "encoder", None)
-        if getattr(encoder, "loaded_from", None) is not None:
-            info = encoder.loaded_from.to_dict()
+        info = encoder.info() if hasattr(encoder, "info") else {}
         return cls(
             memory_ids=memory_ids, speakers=speakers_by_memory,
             ep_memory=mem, ep_session=np.asarray(col("session_idx"), dtype=np.int64),

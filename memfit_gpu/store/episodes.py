@@ -207,7 +207,7 @@ class EpisodeStore:
 
     def _new_dense(self) -> DenseIndex:
         ic = self.cfg.index
-        return DenseIndex(self.dim, factory=ic.dense_factory, gpu=ic.dense_gpu, nprobe=ic.dense_nprobe)
+        return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe)
 
     # ------------------------------------------------------------------ read-side columns
     @property
@@ -673,9 +673,9 @@ class EpisodeStore:
                 raise ValueError(f"{meta_path}: embeddings are {meta.get('dim')}-d, the encoder gives {self.dim}-d")
             self.episode_bm25.load_state_dict(torch.load(folder / "episode_bm25.pt", weights_only=False))
             self.summary_bm25.load_state_dict(torch.load(folder / "summary_bm25.pt", weights_only=False))
-            gpu = self.cfg.index.dense_gpu
-            self.episode_dense = DenseIndex.load(folder / "episode_dense", gpu=gpu)
-            self.summary_dense = DenseIndex.load(folder / "summary_dense", gpu=gpu)
+            device = self.cfg.index.dense_device
+            self.episode_dense = DenseIndex.load(folder / "episode_dense", device=device)
+            self.summary_dense = DenseIndex.load(folder / "summary_dense", device=device)
             log.info("EpisodeStore: loaded snapshot %s (%d records)", folder, count)
             return count
         return 0
