@@ -238,6 +238,7 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: 
     )
     diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, reranker))
     diagnostics["retrieve_stage_seconds"] = stage_seconds
+    diagnostics["encoder"] = encoder.info()
     rows = {}
     lines = []
     for q, result, record in zip(questions, results, records, strict=True):
@@ -319,7 +320,10 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
             for q, resp, clean, score, verdict in zip(chunk, responses, cleaned, scores, verdicts, strict=True):
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
                              "abstained": clean.abstained, "scores": score, "judge": verdict,
-                             "retrieval": packs[q.question_id].get("retrieval")})
+                             "retrieval": packs[q.question_id].get("retrieval"),
+                             # what the reader had to change (truncated tokens, dropped images) or why
+                             # this answer alone failed (empty prediction, scored as such)
+                             "reader_notes": resp.notes, "reader_error": resp.error})
             _append_jsonl(pred_path, rows)
             # Saved with the predictions it accounts for: a kill between the two repeats no call.
             ledger.save(ledger_path)

@@ -71,7 +71,8 @@ def test_ledger_counts_per_role() -> None:
     ledger.add_wall("answer", 2.0)
     d = ledger.to_dict()
     assert d["roles"]["answer"] == {"calls": 1, "cached": 1, "input_tokens": 100, "output_tokens": 5,
-                                    "estimated_token_calls": 0, "latency_s": 0.25, "wall_s": 2.0, "gpu_seconds": 0.0}
+                                    "estimated_token_calls": 0, "latency_s": 0.25, "wall_s": 2.0, "gpu_seconds": 0.0,
+                                    "errors": 0}
     assert d["roles"]["summary"]["calls"] == 1 and d["roles"]["summary"]["output_tokens"] == 40
     assert d["roles"]["judge"]["calls"] == 0
     assert d["answer_calls"] == 2 and d["answer_keys"] == ["q1", "q2"]

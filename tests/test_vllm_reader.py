@@ -48,6 +48,41 @@ def model_dir() -> str:
     return models.resolve("reader", MODEL).path
 
 
+def test_engine_multimodal_kwargs_always_limit_images() -> None:
+    from memfit_gpu.readers.vllm_worker import engine_multimodal_kwargs
+
+    # text mode: 0 images (a vision model reserves nothing for its vision tower); max_images=0 is not "unset"
+    assert engine_multimodal_kwargs({"max_images": 0}) == {"limit_mm_per_prompt": {"image": 0, "video": 0}}
+    assert engine_multimodal_kwargs({"max_images": 4, "max_pixels": 1003520}) == {
+        "limit_mm_per_prompt": {"image": 4, "video": 0}, "mm_processor_kwargs": {"max_pixels": 1003520}}
+
+
+def test_fit_prompt_cuts_the_middle_of_the_longest_message(model_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    from memfit_gpu.readers.vllm_worker import fit_prompt
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    short = [{"role": "user", "content": "Say hello."}]
+    assert fit_prompt(tok, short, 100) == (short, 0)
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "INSTRUCTIONS " + "filler " * 500 + "QUESTION: who?"}]
+    before = _prompt_len_of(tok, messages)
+    fitted, cut = fit_prompt(tok, messages, 200)
+    after = _prompt_len_of(tok, fitted)
+    assert after <= 200 and cut == before - after > 300
+    assert fitted[0] == messages[0]
+    content = fitted[1]["content"]
+    assert content.startswith("INSTRUCTIONS") and content.endswith("QUESTION: who?") and "cut to fit" in content
+    with pytest.raises(ValueError, match="other messages alone are longer"):
+        fit_prompt(tok, [{"role": "system", "content": "rule " * 400}, {"role": "user", "content": "hi " * 500}], 100)
+
+
+def _prompt_len_of(tok, messages) -> int:
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def _prompt_len(model_dir: str, question: str) -> int:
     from transformers import AutoTokenizer
 
@@ -65,21 +100,29 @@ ENGINE_SCRIPT = textwrap.dedent('''
         run_dir, questions = sys.argv[1], json.loads(sys.argv[2])
         # instances=2 without a GPU: one CPU engine (logged), same answers.
         cfg = ReaderConfig(backend="vllm", model="HuggingFaceTB/SmolLM2-135M-Instruct", max_new_tokens=10,
-                           max_model_len=2048, instances=2)
+                           max_model_len=2048, instances=2, images="question", max_images=1)
         reader = make_reader(cfg, run_dir, progress=False)
         requests = [Request([{"role": "user", "content": q}], "answer", key=f"q{i}") for i, q in enumerate(questions)]
         first = reader.generate(requests)
         second = reader.generate(requests)
-        # A prompt over max_model_len fails its batch with a clear error; the engine keeps serving.
-        try:
-            reader.generate([Request([{"role": "user", "content": "word " * 3000}], "judge", key="long")])
-            error = ""
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        after = reader.generate([Request([{"role": "user", "content": "Say hello."}], "judge", max_new_tokens=3,
+        # One batch: a prompt over max_model_len is cut to fit (the count recorded), an image sent to this
+        # text-only model fails that request alone, and the plain request is answered.
+        image = sys.argv[3]
+        mixed = reader.generate([
+            Request([{"role": "user", "content": "Remember: " + "word " * 3000 + " Say hello."}], "judge", key="long"),
+            Request([{"role": "user", "content": "What is in the picture?"}], "judge", images=[image, image],
+                    key="image"),
+            Request([{"role": "user", "content": "Say hello."}], "judge", max_new_tokens=3, key="plain"),
+        ])
+        again = reader.generate([Request([{"role": "user", "content": "What is in the picture?"}], "judge",
+                                         images=[image, image], key="image")])
+        after = reader.generate([Request([{"role": "user", "content": "Say goodbye."}], "judge", max_new_tokens=3,
                                          key="after")])
         print(json.dumps({
-            "error": error[:500], "after": after[0].text, "after_cached": after[0].cached,
+            "mixed": [[r.text, r.input_tokens, r.notes, r.error, r.cached] for r in mixed],
+            "again_cached": again[0].cached, "again_error": again[0].error,
+            "judge_errors": reader.ledger.to_dict()["roles"]["judge"]["errors"],
+            "after": after[0].text, "after_cached": after[0].cached,
             "load_s": reader.backend.load_s, "engines": len(reader.backend.engines),
             "first": [[r.text, r.input_tokens, r.output_tokens, r.cached] for r in first],
             "second": [[r.text, r.cached] for r in second],
@@ -97,7 +140,11 @@ def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir:
     script = tmp_path / "run_engine.py"
     script.write_text(ENGINE_SCRIPT)
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), json.dumps(QUESTIONS)],
+    image = tmp_path / "red.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(image)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), json.dumps(QUESTIONS), str(image)],
                           capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -110,7 +157,13 @@ def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir:
     assert repeat[0] == paris and repeat[3] is True  # generated once, served twice
     assert result["second"] == [[paris, True], [hello[0], True], [paris, True]]
     assert result["ledger"]["calls"] == 2 and result["ledger"]["cached"] == 4
-    assert result["error"].startswith("ReaderError: vLLM engine 0:") and "2048" in result["error"]
+    (long_text, long_in, long_notes, long_error, _), (_, _, image_notes, image_error, _), plain = result["mixed"]
+    # cut to max_model_len - max_new_tokens (2048 - 10) and served (this tiny model may answer it with nothing)
+    assert long_error is None and 2048 - 10 - 20 <= long_in <= 2048 - 10 and long_notes["truncated_tokens"] > 1000
+    # the text-only model refuses an image: that request alone fails (2 images capped at 1)
+    assert image_error and image_notes == {} and plain[3] is None and plain[0]
+    assert result["again_cached"] is False and result["again_error"]  # a failure is not cached: asked again
+    assert result["judge_errors"] == 2
     assert result["after"] and result["after_cached"] is False
     log = tmp_path / "run" / "logs" / "vllm-engine-0.log"
     assert log.is_file() and log.stat().st_size > 0

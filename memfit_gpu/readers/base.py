@@ -54,6 +54,9 @@ class Response:
     cached: bool = False
     model: str = ""
     tokens_estimated: bool = False  # the server gave no usage: counts come from a tokenizer or chars/4
+    # what the backend had to change to serve it, e.g. {"truncated_tokens": 812, "images_dropped": 2}
+    notes: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # this request alone failed (the rest of its batch was answered); never cached
 
 
 class MissingBackendError(ImportError):
@@ -134,9 +137,11 @@ class Reader:
             chunk_wall = time.perf_counter() - chunk_start
             for k, resp in zip(chunk, answers, strict=True):
                 fresh[k] = resp
-            # Committed per chunk: a killed run keeps every call that finished.
+            # Committed per chunk: a killed run keeps every call that finished. A failed request is not
+            # cached, so a rerun asks again.
             if self.cache is not None:
-                self.cache.put_many(self.backend.name, [(k, todo[k].role, fresh[k]) for k in chunk])
+                self.cache.put_many(self.backend.name,
+                                    [(k, todo[k].role, fresh[k]) for k in chunk if fresh[k].error is None])
             self.ledger.add_gpu_seconds(todo[chunk[0]].role, chunk_wall * self.backend.gpus)
             if bar is not None:
                 bar.update(len(chunk))
@@ -151,7 +156,7 @@ class Reader:
             else:
                 src = fresh[k] if k in fresh else found[k]
                 resp = Response(src.text, src.input_tokens, src.output_tokens, 0.0, True, src.model,
-                                src.tokens_estimated)
+                                src.tokens_estimated, dict(src.notes), src.error)
             out.append(resp)
             self.ledger.record(r.role, r.key, resp, backend=self.backend.name)
         self.ledger.add_wall(requests[0].role if requests else "answer", time.perf_counter() - start)

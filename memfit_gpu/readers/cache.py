@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS responses (
     output_tokens INTEGER NOT NULL,
     latency_s REAL NOT NULL,
     tokens_estimated INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    notes TEXT NOT NULL DEFAULT '{}'
 )
 """
 
@@ -76,6 +77,9 @@ class ResponseCache:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute(_SCHEMA)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
+        if "notes" not in columns:  # a cache written before responses carried notes
+            self._conn.execute("ALTER TABLE responses ADD COLUMN notes TEXT NOT NULL DEFAULT '{}'")
         self._conn.commit()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Response]:
@@ -85,11 +89,11 @@ class ResponseCache:
         for i in range(0, len(unique), 500):
             part = unique[i:i + 500]
             rows = self._conn.execute(
-                "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model "
+                "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model, notes "
                 f"FROM responses WHERE key IN ({','.join('?' * len(part))})", part
             ).fetchall()
-            for key, text, n_in, n_out, latency, estimated, model in rows:
-                found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated))
+            for key, text, n_in, n_out, latency, estimated, model, notes in rows:
+                found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated), json.loads(notes))
         return found
 
     def put_many(self, backend: str, rows: Sequence[tuple[str, str, Response]]) -> None:
@@ -97,9 +101,10 @@ class ResponseCache:
         now = time.time()
         with self._conn:
             self._conn.executemany(
-                "INSERT OR REPLACE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [(k, backend, r.model, role, r.text, r.input_tokens,
-                  r.output_tokens, r.latency_s, int(r.tokens_estimated), now) for k, role, r in rows],
+                "INSERT OR REPLACE INTO responses (key, backend, model, role, text, input_tokens, output_tokens, "
+                "latency_s, tokens_estimated, created, notes) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [(k, backend, r.model, role, r.text, r.input_tokens, r.output_tokens, r.latency_s,
+                  int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True)) for k, role, r in rows],
             )
 
     def __len__(self) -> int:

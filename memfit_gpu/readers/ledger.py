@@ -34,6 +34,7 @@ class RoleStats:
     latency_s: float = 0.0  # sum of per-request latencies (concurrent HTTP calls overlap)
     wall_s: float = 0.0  # wall time spent inside Reader.generate for this role
     gpu_seconds: float = 0.0  # wall time x GPUs held by a local backend
+    errors: int = 0  # backend calls that failed on their own (recorded, answered as empty)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Ledger:
             stats.cached += 1
             return
         stats.calls += 1
+        stats.errors += int(response.error is not None)
         stats.input_tokens += response.input_tokens
         stats.output_tokens += response.output_tokens
         stats.estimated_token_calls += int(response.tokens_estimated)

@@ -167,7 +167,7 @@ class VLLMBackend(Backend):
         self.gpus = sum(len(g) for g in groups)
         self.chunk_size = 256 * len(groups)
         if max_images is None:
-            max_images = 0 if cfg.images == "none" else 16
+            max_images = 0 if cfg.images == "none" else int(cfg.max_images)
         settings = {
             "model_path": self.resolved.path,
             "served_model_name": cfg.model,
@@ -177,6 +177,7 @@ class VLLMBackend(Backend):
             "tensor_parallel_size": 1 if on_cpu else int(cfg.tensor_parallel_size),
             "enforce_eager": on_cpu,  # CUDA graphs pay off on GPUs; the CPU backend has none
             "max_images": max_images,
+            "max_pixels": cfg.max_pixels,
             "gpu_memory_utilization": gpu_memory_utilization if gpu_memory_utilization is not None
             else (None if on_cpu else float(cfg.gpu_memory_utilization)),
             "chat_template_kwargs": self.template_kwargs,
@@ -220,8 +221,12 @@ class VLLMBackend(Backend):
                 continue
             share = float(reply["wall_s"]) / max(1, hi - lo)
             for item in reply["responses"]:
+                if "error" in item:  # this request alone failed; its batch was answered
+                    logger.warning("vLLM engine %d: a request failed: %s", engine.index, item["error"])
+                    out.append(Response("", 0, 0, share, False, self.model, error=item["error"]))
+                    continue
                 out.append(Response(item["text"], int(item["input_tokens"]), int(item["output_tokens"]), share,
-                                    False, self.model))
+                                    False, self.model, notes=dict(item.get("notes") or {})))
         if first_error is not None:
             raise first_error
         if len(out) != len(requests):
