@@ -31,6 +31,7 @@ import io
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -509,6 +510,45 @@ class PointTask:
         return submitit.helpers.DelayedSubmission(self, argv, point_dir, status_path)
 
 
+def gpus_needed(cfg: Any) -> int:
+    """GPUs one `memfit run` of this config holds at once: its in-process vLLM engines (reader, and a
+    vllm judge, which starts its own), 0 for transformers/openai readers (the encoders share them)."""
+    need = cfg.reader.instances * cfg.reader.tensor_parallel_size if cfg.reader.backend == "vllm" else 0
+    if cfg.eval.judge.enabled and cfg.eval.judge.backend == "vllm":
+        need += cfg.reader.instances * cfg.reader.tensor_parallel_size
+    return need
+
+
+def check_slurm_gpus(spec: SweepSpec) -> None:
+    """A point whose readers need more GPUs than `slurm.gpus_per_task` gives would fail hours in."""
+    from memfit_gpu.config import load_config
+
+    for point in spec.points:
+        need = gpus_needed(load_config(spec.config, point_overrides(spec.name, spec.fixed, point)))
+        if need > spec.slurm.gpus_per_task:
+            raise SweepError(
+                f"{spec.source}: point {point.point_id} runs vLLM engines on {need} GPU(s) "
+                f"(reader.instances x reader.tensor_parallel_size) but slurm.gpus_per_task is "
+                f"{spec.slurm.gpus_per_task}: raise slurm.gpus_per_task or lower reader.instances"
+            )
+
+
+def sbatch_args(spec: SweepSpec) -> list[str]:
+    """sbatch options for slurm/memfit-array.sbatch from the sweep's `slurm:` block (command-line
+    options override the template's #SBATCH lines), `--array` included."""
+    s = spec.slurm
+    hours, minutes = divmod(int(s.timeout_min), 60)
+    args = [f"--array=0-{len(spec.points) - 1}%{s.array_parallelism}", f"--cpus-per-task={s.cpus_per_task}",
+            f"--mem={int(math.ceil(s.mem_gb))}G", f"--time={hours:02d}:{minutes:02d}:00"]
+    if s.gpus_per_task > 0:  # --gpus-per-task=0 is an error on clusters without GPU gres: say nothing then
+        args.append(f"--gpus-per-task={s.gpus_per_task}")
+    if s.partition:
+        args.append(f"--partition={s.partition}")
+    for key, value in s.additional.items():
+        args.append(f"--{str(key).replace('_', '-')}={value}")
+    return args
+
+
 def slurm_executor(state: SweepState, max_requeue: int):
     import submitit
 
@@ -696,6 +736,7 @@ def run_sweep(
         if record["state"] in ("running", "retry"):
             record["state"] = "interrupted"
     if launcher == "slurm":
+        check_slurm_gpus(spec)
         attach_active(state)
     state.save()
     skipped = [p.point_id for p in spec.points if state.is_done(p)]

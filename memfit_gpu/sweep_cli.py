@@ -22,6 +22,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.count:
         print(len(spec.points))
         return 0
+    if args.sbatch_args:
+        from memfit_gpu.sweep import check_slurm_gpus, sbatch_args
+
+        try:
+            check_slurm_gpus(spec)
+        except SweepError as exc:
+            print(f"memfit sweep: error: {exc}", file=sys.stderr)
+            return 2
+        print(" ".join(sbatch_args(spec)))
+        return 0
     if args.point is not None:
         from memfit_gpu.sweep import run_point
 
@@ -103,6 +113,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="resubmission rounds for unfinished points (default: slurm.max_requeue; local: 0)")
         p.add_argument("--dry-run", action="store_true", help="print each point's command and exit")
         p.add_argument("--count", action="store_true", help="print the number of points and exit (for --array)")
+        p.add_argument("--sbatch-args", action="store_true",
+                       help="print sbatch options for slurm/memfit-array.sbatch from the sweep's slurm: block "
+                            "(--array, GPUs, CPUs, memory, time, partition) and exit")
         p.add_argument("--point", help="run only this point (index, e.g. $SLURM_ARRAY_TASK_ID, or id) here")
         p.set_defaults(func=cmd_sweep)
     if "aggregate" not in subparsers.choices:

@@ -5,13 +5,16 @@
 #   slurm/local-cluster.sh stop     cancel this cluster's jobs, stop both daemons by their PIDs
 #   slurm/local-cluster.sh status   daemons, node state, queue
 #   slurm/local-cluster.sh env      print `export SLURM_CONF=...` for client commands (sbatch, squeue, ...)
+#   slurm/local-cluster.sh conf     print the slurm.conf and gres.conf that start would write (changes nothing)
 #
 # No munge and no systemd: AuthType=auth/none, CredType=cred/none, daemons run in the foreground (-D) in
 # the background of this shell, everything (config, state, spool, logs, PIDs) lives under
 # $MEMFIT_SLURM_DIR (default /tmp/memfit-slurm). Client commands find the config through SLURM_CONF; if
 # /etc/slurm/slurm.conf does not exist it is linked to ours so that a bare `sinfo` works too.
 # Start is idempotent (a running cluster is left as it is); the node gets this machine's CPUs and 90 %
-# of its memory.
+# of its memory, and its GPUs as generic resources (GresTypes=gpu, Gres=gpu:N, gres.conf with one
+# /dev/nvidiaI file per GPU) when nvidia-smi lists any, so sweeps that ask for GPUs (--gpus-per-task,
+# --gres=gpu:N) are scheduled instead of rejected. MEMFIT_SLURM_GPUS=N overrides the count (0 = none).
 set -euo pipefail
 
 DIR="${MEMFIT_SLURM_DIR:-/tmp/memfit-slurm}"
@@ -43,13 +46,31 @@ install_if_missing() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client >/dev/null
 }
 
-write_conf() {
-    local cpus mem_mb
-    cpus="$(nproc)"
-    # slurmd drains a node whose real memory is below the configured amount: leave a margin
-    mem_mb="$(free -m | awk '/^Mem:/ {print int($2 * 0.9)}')"
-    mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/run"
-    cat >"$CONF" <<EOF
+gpu_count() {
+    if [[ -n "${MEMFIT_SLURM_GPUS:-}" ]]; then
+        echo "$MEMFIT_SLURM_GPUS"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c . || true
+    else
+        echo 0
+    fi
+}
+
+gres_conf() {  # gres_conf N: one line per GPU device file
+    local i
+    echo "# written by slurm/local-cluster.sh: this node's GPUs"
+    for (( i = 0; i < $1; i++ )); do
+        echo "NodeName=$HOST Name=gpu File=/dev/nvidia$i"
+    done
+}
+
+slurm_conf() {  # slurm_conf CPUS MEM_MB GPUS
+    local node_gres="" gres_types="# no GPUs: no generic resources"
+    if (( $3 > 0 )); then
+        gres_types="GresTypes=gpu"
+        node_gres=" Gres=gpu:$3"
+    fi
+    cat <<EOF
 # written by slurm/local-cluster.sh; one node, no munge, no accounting
 ClusterName=memfit-local
 SlurmctldHost=$HOST(127.0.0.1)
@@ -75,9 +96,27 @@ SelectTypeParameters=CR_Core
 ReturnToService=2
 # a cancelled task's processes get SIGTERM, then SIGKILL after this many seconds
 KillWait=5
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+$gres_types
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$1 RealMemory=$2$node_gres State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+}
+
+node_resources() {  # CPUS MEM_MB GPUS of this machine
+    # slurmd drains a node whose real memory is below the configured amount: leave a margin
+    echo "$(nproc) $(free -m | awk '/^Mem:/ {print int($2 * 0.9)}') $(gpu_count)"
+}
+
+write_conf() {
+    local cpus mem_mb gpus
+    read -r cpus mem_mb gpus <<<"$(node_resources)"
+    mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/run"
+    slurm_conf "$cpus" "$mem_mb" "$gpus" >"$CONF"
+    if (( gpus > 0 )); then
+        gres_conf "$gpus" >"$(dirname "$CONF")/gres.conf"
+    else
+        rm -f "$(dirname "$CONF")/gres.conf"
+    fi
     if [[ ! -e /etc/slurm/slurm.conf && -w /etc/slurm ]]; then
         ln -s "$CONF" /etc/slurm/slurm.conf
     fi
@@ -169,5 +208,11 @@ case "${1:-}" in
     stop) stop ;;
     status) status ;;
     env) echo "export SLURM_CONF=$CONF" ;;
-    *) echo "usage: $0 start|stop|status|env   (state under \$MEMFIT_SLURM_DIR, default /tmp/memfit-slurm)" >&2; exit 2 ;;
+    conf)
+        read -r cpus mem_mb gpus <<<"$(node_resources)"
+        echo "# $CONF"
+        slurm_conf "$cpus" "$mem_mb" "$gpus"
+        if (( gpus > 0 )); then echo "# $(dirname "$CONF")/gres.conf"; gres_conf "$gpus"; fi
+        ;;
+    *) echo "usage: $0 start|stop|status|env|conf   (state under \$MEMFIT_SLURM_DIR, default /tmp/memfit-slurm)" >&2; exit 2 ;;
 esac
