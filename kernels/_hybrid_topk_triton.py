@@ -4,7 +4,7 @@ Every value is formed with the float64 operations of the torch path, in its orde
 off floating-point contraction so that no multiply-add is fused into one rounding.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: Triton < 3.4 reads a constexpr only from a real annotation
 
 import triton
 import triton.language as tl

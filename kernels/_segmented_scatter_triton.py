@@ -1,6 +1,6 @@
 """Triton kernel of `memfit_gpu.kernels.segmented_scatter` (imported on first launch, see _launch.py)."""
 
-from __future__ import annotations
+# no `from __future__ import annotations`: Triton < 3.4 reads a constexpr only from a real annotation
 
 import triton
 import triton.language as tl
