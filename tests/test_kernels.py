@@ -286,3 +286,23 @@ def test_kernel_backend_of_a_view_follows_its_bm25_index(monkeypatch):
     assert kernel_backend(SimpleNamespace(ep_bm25=BM25Index()), "triton") == "triton"
     with pytest.raises(ValueError, match="index.bm25_backend=torch"):
         kernel_backend(SimpleNamespace(ep_bm25=ReferenceBM25()), "triton")
+
+
+# ---------------------------------------------------------------- issue 13.7: the Triton floor (>= 3.0)
+def test_kernels_compile_on_old_triton_by_construction():
+    """Triton < 3.4 resolves names from the kernel function's module globals and reads tl.constexpr only
+    from a real annotation: every @triton.jit function is defined at module level, in a module without
+    `from __future__ import annotations` (tests/kernel_cases.py ran green under the 3.0.0 interpreter)."""
+    import ast
+
+    jitted = 0
+    for path in sorted((REPO / "kernels").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        future = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).endswith("jit") for d in node.decorator_list):
+                jitted += 1
+                assert id(node) in top_level, f"{path.name}: kernel {node.name} is nested (closure over tl)"
+                assert not future, f"{path.name}: kernel module uses from __future__ import annotations"
+    assert jitted == 3
