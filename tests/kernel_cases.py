@@ -263,8 +263,42 @@ def case_retrieve_batch() -> dict:
     return {"ok": bool(ok), "checked": checked, "detail": f"identical packs per config {details}"}
 
 
+def case_cli() -> dict:
+    """`memfit retrieve ... retrieve.kernels=triton` against `=torch`: identical packs.jsonl rows."""
+    import tempfile
+
+    from memfit_gpu.cli import main as memfit
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kernels in ("torch", "triton"):
+            out = Path(tmp) / kernels
+            rc = memfit(["retrieve", "--config", str(REPO / "configs" / "memfit.yaml"), "--benchmark", "locomo",
+                         "--data", str(LOCOMO), "--out", str(out), "--limit-memories", "1", "--limit-questions", "12",
+                         "rerank.backend=none", f"retrieve.kernels={kernels}"])
+            if rc != 0:
+                return {"ok": False, "checked": 0, "detail": f"memfit retrieve exited {rc}"}
+            rows[kernels] = [json.loads(line) for line in (out / "packs.jsonl").read_text().splitlines()]
+            used = json.loads((out / "diagnostics.json").read_text())["config"]["retrieve"]["kernels"]
+            if used != kernels:
+                return {"ok": False, "checked": 0, "detail": f"diagnostics record retrieve.kernels={used}"}
+    ok = rows["torch"] == rows["triton"]
+    return {"ok": ok, "checked": sum(len(r["ranked"]) for r in rows["torch"]), "detail": f"{len(rows['torch'])} rows"}
+
+
+def case_profile() -> dict:
+    """The profiler's scaling sweep takes the Triton path when asked, and records which path ran."""
+    from memfit_gpu.profile import scaling_sweep
+
+    got = {}
+    for kernels in ("torch", "triton"):
+        cfg = load_config(REPO / "configs" / "memfit.yaml", [f"retrieve.kernels={kernels}", "index.device=cpu"])
+        got[kernels] = [row["kernels"] for row in scaling_sweep(cfg, (300,), 4, progress=False)]
+    return {"ok": got == {"torch": ["torch"], "triton": ["triton"]}, "checked": 2, "detail": str(got)}
+
+
 CASES = {"scatter": case_scatter, "topk": case_topk, "bm25_search": case_bm25_search, "hybrid": case_hybrid,
-         "retrieve_batch": case_retrieve_batch}
+         "retrieve_batch": case_retrieve_batch, "cli": case_cli, "profile": case_profile}
 
 
 def main(names: list[str]) -> None:

@@ -277,6 +277,20 @@ def test_retrieve_batch_with_triton_kernels_equals_torch():
     assert result["checked"] >= 1000, result["detail"]
 
 
+@pytest.mark.slow
+def test_memfit_retrieve_honours_the_kernels_switch():
+    """Issue 16's acceptance, on 12 questions: `memfit retrieve ... retrieve.kernels=triton` under
+    TRITON_INTERPRET=1 writes the same packs.jsonl rows as retrieve.kernels=torch (real encoder)."""
+    result = _interpreter("cli")["cli"]
+    assert result["ok"], result["detail"]
+    assert result["checked"] >= 100, result["detail"]
+
+
+def test_profiler_scaling_sweep_honours_the_kernels_switch():
+    result = _interpreter("profile")["profile"]
+    assert result["ok"], result["detail"]
+
+
 def test_kernel_backend_of_a_view_follows_its_bm25_index(monkeypatch):
     from memfit_gpu.index.bm25 import ReferenceBM25
     from memfit_gpu.retrieve.batched import kernel_backend
