@@ -15,9 +15,12 @@ construction and spends no work across them. Postings (term, row, tf) are append
 tensors; nothing stored is rewritten on `add`. On the first search after a change, the per-posting
 weights are recomputed in one vectorised pass and laid out as a term x position CSR matrix, where
 a row's position is its rank among its memory's live rows. Scoring a batch of queries is then one
-segmented scatter (query, term) -> postings into a padded [queries, max docs] matrix (a Triton
-kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), followed by one `topk`; there is no
-Python loop over queries or memories in the scoring.
+segmented scatter (query, term) -> postings into a padded [queries, max docs] float64 matrix (a
+Triton kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), rounded to float32 once, then one
+`topk`; there is no Python loop over queries or memories in the scoring. The sums are exact, so the
+scores do not depend on the order of the additions (see _GRID_BITS). `search(kernels="triton")`
+scores each question over its own memory only (ragged, no padded block) and keeps a running top-k
+per question (`memfit_gpu.kernels.segment_topk`): the same bits.
 
 `ReferenceBM25` is the readable oracle: plain dict postings, one query at a time.
 """
