@@ -104,6 +104,7 @@ class RetrieveConfig:
     summary_expansion_weight: float = 0.5  # enter with 0.5 x the summary's score
     prf: PRFConfig = field(default_factory=PRFConfig)
     question_batch_size: int = 4096  # questions per batched pass; bounds peak memory
+    kernels: str = "auto"  # torch | triton | auto (= Triton on CUDA, torch elsewhere): fused BM25 / hybrid kernels, same results
 
 
 @dataclass
@@ -211,6 +212,7 @@ _CHOICES = {
     "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
     "retrieve.boosts.speaker_match": ("speaker", "mention"),
+    "retrieve.kernels": ("torch", "triton", "auto"),
     "rerank.backend": ("cross-encoder", "none"),
     "reader.backend": ("transformers", "vllm", "openai"),
     "reader.images": ("none", "question", "retrieved"),

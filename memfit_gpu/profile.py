@@ -8,7 +8,8 @@
    and the reader (answer and judge calls). Each stage gets wall seconds, items/s and share of the total.
 2. Samples GPU memory and utilisation through NVML while it runs (absent GPU: recorded, not an error).
 3. Scaling sweep: one synthetic memory of N episodes (1k ... 1M; Zipf-distributed tokens, random unit
-   vectors, fixed seed) searched by a batch of questions with the real BM25Index, DenseIndex and fusion.
+   vectors, fixed seed) searched by a batch of questions with the real BM25Index (on index.device),
+   DenseIndex and fusion; retrieve.kernels picks the torch or the Triton path (recorded per row).
 Writes DIR/profile.json and DIR/profile.png (stacked stage bars + scaling curves); logs both to W&B
 when tracking.wandb.enabled.
 """
@@ -137,32 +138,44 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
     """Retrieval cost vs episodes per memory: real BM25Index + DenseIndex + fusion, batched questions."""
     import torch
 
+    from memfit_gpu.devices import first_device
     from memfit_gpu.index.bm25 import BM25Index
     from memfit_gpu.index.dense import DenseIndex
+    from memfit_gpu.kernels import resolve_backend
+    from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
     from memfit_gpu.retrieve.hybrid import fuse
 
+    device = first_device(cfg.index.device)
+    kernels = resolve_backend(cfg.retrieve.kernels, device)
     out = []
     for n_docs in sizes:
         docs, queries, doc_vecs, query_vecs = _synthetic_memory(n_docs, n_queries, 384, seed=n_docs)
         memory = [0] * n_docs
         t0 = time.perf_counter()
-        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b)
+        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=device)
         bm25.add(docs, memory)
         t1 = time.perf_counter()
         dense = DenseIndex(dim=384, factory=cfg.index.dense_factory, device=cfg.index.dense_device, nprobe=cfg.index.dense_nprobe)
         dense.add(doc_vecs, memory)
         t2 = time.perf_counter()
         q_memory = [0] * n_queries
-        bm25.search(queries[:1], q_memory[:1], cfg.retrieve.scan_top_k)  # builds the weight cache (first search after add)
+        # the first search after add builds the weight cache (and compiles the kernels)
+        bm25.search(queries[:1], q_memory[:1], cfg.retrieve.scan_top_k, kernels=kernels)
         t3 = time.perf_counter()
-        b_scores, b_rows = bm25.search(queries, q_memory, cfg.retrieve.scan_top_k)
+        b_scores, b_rows = bm25.search(queries, q_memory, cfg.retrieve.scan_top_k, kernels=kernels)
+        _sync(device)
         t4 = time.perf_counter()
         d_scores, d_rows = dense.search(torch.from_numpy(query_vecs), q_memory, cfg.retrieve.scan_top_k,
                                         min_score=cfg.retrieve.dense_min_cosine)
         t5 = time.perf_counter()
-        fuse(b_scores.cpu(), b_rows.cpu(), d_scores.cpu(), d_rows.cpu(), cfg.retrieve.alpha)
+        if kernels == "triton":
+            hybrid_topk_triton(b_scores, b_rows, d_scores.to(device), d_rows.to(device), cfg.retrieve.alpha)
+            _sync(device)
+        else:
+            fuse(b_scores.cpu(), b_rows.cpu(), d_scores.cpu(), d_rows.cpu(), cfg.retrieve.alpha)
         t6 = time.perf_counter()
-        row = {"episodes": n_docs, "questions": n_queries, "bm25_append_s": t1 - t0, "dense_append_s": t2 - t1,
+        row = {"episodes": n_docs, "questions": n_queries, "kernels": kernels, "bm25_append_s": t1 - t0,
+               "dense_append_s": t2 - t1,
                "bm25_weights_s": t3 - t2, "bm25_search_s": t4 - t3, "dense_search_s": t5 - t4, "fuse_s": t6 - t5}
         row["search_s"] = row["bm25_search_s"] + row["dense_search_s"] + row["fuse_s"]
         row["qps"] = n_queries / row["search_s"] if row["search_s"] > 0 else None
@@ -172,6 +185,13 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
                      n_docs, row["search_s"], n_queries, row["qps"] or 0, row["bm25_append_s"] + row["dense_append_s"])
         del bm25, dense, docs, doc_vecs
     return out
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def plot(profile: dict[str, Any], path: Path) -> None:

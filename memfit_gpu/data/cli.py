@@ -78,6 +78,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fetch.add_argument("--no-progress", action="store_true", help="no progress bars")
     fetch.set_defaults(func=_fetch)
 
+    synth = actions.add_parser(
+        "synth", help="write a seeded synthetic LongMemEval-format file (memfit_gpu/data/synth.py)",
+        description="A seeded synthetic benchmark shaped like LongMemEval S or M (or with LoCoMo-sized "
+        "haystacks), one gold evidence turn per question, in the LongMemEval JSON layout that "
+        "`--benchmark longmemeval --data FILE` reads. Streamed memory by memory.",
+    )  # fmt: skip
+    synth.add_argument("--like", required=True, choices=("longmemeval-s", "longmemeval-m", "locomo"))
+    synth.add_argument("--out", required=True, help="JSON file to write")
+    synth.add_argument("--questions", type=int, default=50, help="questions (each with its own haystack)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.set_defaults(func=_synth)
+
 
 def _stats(args: argparse.Namespace) -> int:
     from memfit_gpu.data import load_benchmark
@@ -102,4 +114,15 @@ def _fetch(args: argparse.Namespace) -> int:
     )
     for path in paths:
         print(path)
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from memfit_gpu.data.synth import write_longmemeval
+
+    if args.questions < 1:
+        print(f"memfit data synth: error: --questions must be >= 1, got {args.questions}", file=sys.stderr)
+        return 2
+    count = write_longmemeval(args.out, args.like, args.questions, args.seed)
+    print(json.dumps({"out": args.out, "like": args.like, "questions": count, "seed": args.seed}))
     return 0

@@ -15,9 +15,12 @@ construction and spends no work across them. Postings (term, row, tf) are append
 tensors; nothing stored is rewritten on `add`. On the first search after a change, the per-posting
 weights are recomputed in one vectorised pass and laid out as a term x position CSR matrix, where
 a row's position is its rank among its memory's live rows. Scoring a batch of queries is then one
-segmented scatter (query, term) -> postings into a padded [queries, max docs] matrix (a Triton
-kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), followed by one `topk`; there is no
-Python loop over queries or memories in the scoring.
+segmented scatter (query, term) -> postings into a padded [queries, max docs] float64 matrix (a
+Triton kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), rounded to float32 once, then one
+`topk`; there is no Python loop over queries or memories in the scoring. The sums are exact, so the
+scores do not depend on the order of the additions (see _GRID_BITS). `search(kernels="triton")`
+scores each question over its own memory only (ragged, no padded block) and keeps a running top-k
+per question (`memfit_gpu.kernels.segment_topk`): the same bits.
 
 `ReferenceBM25` is the readable oracle: plain dict postings, one query at a time.
 """
@@ -33,15 +36,29 @@ from typing import Any
 
 import torch
 
-from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add
+from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_triton
+from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmented_scatter_add_triton
 
 __all__ = ["BM25Index", "ReferenceBM25", "tokenize", "tokenize_many"]
 
 _TOKEN = re.compile(r"\w+")
 # Cap on the padded score matrix built per chunk of queries (elements); bounds search memory.
 _CHUNK_ELEMENTS = 1 << 24
+# Cap on the ragged float64 scores of one kernel launch (`search(kernels="triton")`), in elements.
+_RAGGED_ELEMENTS = 1 << 25
 # A term whose live df reaches 1/_DENSE_FACTOR of the widest memory is scored as a dense row.
 _DENSE_FACTOR = 8
+# Exact, order-independent sums (why CPU and GPU rank identically, run after run). Every posting
+# weight is a float32 on the grid 2^-_GRID_BITS (`_on_grid`); weights are < 2^5 (idf <= ln(1 + N / 1.5)
+# < 21.1 for N < 2^31 and tf / (tf + norm) <= 1); a query sums at most _MAX_QUERY_PAIRS of them. So
+# every partial sum is a multiple of 2^-32 below 2^(16 + 5) = 2^(53 - 32): exactly representable in
+# float64. Float64 accumulation is then exact in any order (index_add_, sparse.mm, GPU atomics), and
+# the one rounding to float32 at the end gives the same bits everywhere. The grid changes no weight
+# >= 2^-9 (their float32 spacing is already >= 2^-32); smaller ones (terms in nearly every document)
+# move by < 2^-33, far below the float32 rounding of any score they join.
+_GRID_BITS = 32
+_MAX_QUERY_PAIRS = 1 << 16
+_KERNELS = ("torch", "triton")
 _STATE_VERSION = 1
 
 
@@ -76,6 +93,29 @@ def _check_k(k: int) -> int:
     if int(k) < 1:
         raise ValueError(f"BM25 search: k must be >= 1, got {k}")
     return int(k)
+
+
+def _check_kernels(kernels: str) -> str:
+    if kernels not in _KERNELS:
+        raise ValueError(f"BM25 search: kernels={kernels!r} is not one of {', '.join(_KERNELS)}")
+    return kernels
+
+
+def _on_grid(weight: torch.Tensor) -> torch.Tensor:
+    """float32 weights rounded (half to even) to multiples of 2^-_GRID_BITS; still float32, exactly:
+    a weight below 2^-9 becomes m x 2^-32 with m < 2^23, and larger ones are unchanged."""
+    scale = float(2**_GRID_BITS)
+    return (weight.double() * scale).round_().div_(scale).float()
+
+
+def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
+    if pair_query.numel() <= _MAX_QUERY_PAIRS:
+        return
+    per_query = torch.bincount(pair_query, minlength=n_queries)
+    worst = int(per_query.argmax())
+    if int(per_query[worst]) > _MAX_QUERY_PAIRS:
+        raise ValueError(f"BM25 search: query {worst} has {int(per_query[worst])} known tokens; exact scoring "
+                         f"supports up to {_MAX_QUERY_PAIRS} per query")
 
 
 class _Growable:
@@ -394,7 +434,7 @@ class BM25Index:
         term_idf = self._idf_of_terms(self._df.view, self._term_memory.view)
         avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
         row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
-        weight = (term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float()
+        weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
         col = position.index_select(0, row)
 
         # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
@@ -406,11 +446,12 @@ class BM25Index:
         dense_terms = torch.nonzero(is_dense).flatten()
         dense_slot = torch.full((n_terms,), -1, dtype=torch.long, device=dev)
         dense_slot[dense_terms] = torch.arange(dense_terms.numel(), device=dev)
-        dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float32, device=dev)
+        # float64 (the posting weights, exactly): the product with the query counts is the accumulator's
+        dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float64, device=dev)
         in_dense = torch.nonzero(is_dense.index_select(0, term)).flatten()
         dense_weight.index_put_(
             (dense_slot.index_select(0, term.index_select(0, in_dense)), col.index_select(0, in_dense)),
-            weight.index_select(0, in_dense),
+            weight.index_select(0, in_dense).double(),
         )
         self._cache = {
             "term_ptr": term_ptr,
@@ -444,6 +485,7 @@ class BM25Index:
     def _score_block(
         self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
     ) -> torch.Tensor:
+        """Scores [n_queries, width] float32: exact float64 sums (see _GRID_BITS), rounded once."""
         slot = cache["dense_slot"][pair_term]
         dense = slot >= 0
         if bool(dense.any()):
@@ -452,23 +494,16 @@ class BM25Index:
             weights = cache["dense_weight"]
             counts = torch.sparse_coo_tensor(
                 torch.stack([pair_query[dense], slot[dense]]),
-                torch.ones(int(dense.sum()), dtype=torch.float32, device=self.device),
+                torch.ones(int(dense.sum()), dtype=torch.float64, device=self.device),
                 (n_queries, weights.shape[0]), check_invariants=False,
             )
-            out = torch.sparse.mm(counts, weights[:, :width] if width < weights.shape[1] else weights)
+            acc = torch.sparse.mm(counts, weights[:, :width] if width < weights.shape[1] else weights).contiguous()
             pair_query, pair_term = pair_query[~dense], pair_term[~dense]
         else:
-            out = torch.zeros((n_queries, width), dtype=torch.float32, device=self.device)
-        segmented_scatter_add(
-            out,
-            pair_query,
-            pair_term,
-            torch.ones(pair_query.numel(), dtype=torch.float32, device=self.device),
-            cache["term_ptr"],
-            cache["post_col"],
-            cache["post_weight"],
-        )
-        return out
+            acc = torch.zeros((n_queries, width), dtype=torch.float64, device=self.device)
+        segmented_scatter_add(acc.view(-1), pair_query * width, pair_term, cache["term_ptr"], cache["post_col"],
+                              cache["post_weight"])
+        return acc.float()
 
     @staticmethod
     def _query_memory(cache: dict[str, torch.Tensor], mem_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -514,26 +549,32 @@ class BM25Index:
         return out, self._rows_at(cache, mem_docs, mem_start, cols).index_select(0, which)
 
     def search(
-        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int
+        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int, kernels: str = "torch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k rows of each query's memory with score > 0: (scores [Q,k] float32, rows [Q,k] long).
 
         Sorted by score descending, then row ascending; missing slots hold score 0 and row -1.
+        kernels: "torch" (padded blocks, any device) or "triton" (ragged per-question scores and a
+        running top-k, `memfit_gpu.kernels`; CUDA tensors, or CPU ones under TRITON_INTERPRET=1).
+        Both give the same bits.
         """
         k = _check_k(k)
+        _check_kernels(kernels)
         mems = _check_batch(queries, memory_idx, "queries")
         if not mems:
             return self._search_pairs(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), mems, k)
         pair_query, pair_term = self._encode_queries(queries, mems)
-        return self._search_pairs(pair_query, pair_term, mems, k)
+        return self._search_pairs(pair_query, pair_term, mems, k, kernels)
 
     def search_encoded(
-        self, pair_query: torch.Tensor, pair_term: torch.Tensor, memory_idx: Sequence[int] | torch.Tensor, k: int
+        self, pair_query: torch.Tensor, pair_term: torch.Tensor, memory_idx: Sequence[int] | torch.Tensor, k: int,
+        kernels: str = "torch",
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`search` for queries given as (query index, term id) pairs, query indexes ascending (as
         `feedback_terms` returns them); a query with no pair scores nothing. Same results as `search`
         on the term tokens in the same order."""
         k = _check_k(k)
+        _check_kernels(kernels)
         mems = _as_int_list(memory_idx, "memory_idx")
         pair_query = torch.as_tensor(pair_query, dtype=torch.long).to(self.device)
         pair_term = torch.as_tensor(pair_term, dtype=torch.long).to(self.device)
@@ -545,10 +586,10 @@ class BM25Index:
             mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
             if bool((self._term_memory.view[pair_term] != mem_t[pair_query]).any()):
                 raise ValueError("BM25 search_encoded: a term id belongs to another memory than its query")
-        return self._search_pairs(pair_query, pair_term, mems, k)
+        return self._search_pairs(pair_query, pair_term, mems, k, kernels)
 
     def _search_pairs(
-        self, pair_query: torch.Tensor, pair_term: torch.Tensor, mems: list[int], k: int
+        self, pair_query: torch.Tensor, pair_term: torch.Tensor, mems: list[int], k: int, kernels: str = "torch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_queries = len(mems)
         dev = self.device
@@ -556,31 +597,54 @@ class BM25Index:
         top_rows = torch.full((n_queries, k), -1, dtype=torch.long, device=dev)
         if n_queries == 0:
             return top_scores, top_rows
+        _check_query_pairs(pair_query, n_queries)
         cache = self._prepare()
         q_docs, q_start = self._query_memory(cache, torch.tensor(mems, dtype=torch.long, device=dev))
         width = int(q_docs.max())
         if width == 0:
             return top_scores, top_rows
+        if kernels == "triton":
+            return self._search_ragged(cache, pair_query, pair_term, q_docs, q_start, k)
         kk = min(k, width)
         chunk = max(1, _CHUNK_ELEMENTS // width)
         bounds = torch.searchsorted(pair_query, torch.arange(0, n_queries + chunk, chunk, device=dev)).tolist()
-        col_key = (1 << 32) - 1 - torch.arange(width, dtype=torch.long, device=dev)
         for i, q0 in enumerate(range(0, n_queries, chunk)):
             q1 = min(q0 + chunk, n_queries)
             lo, hi = bounds[i], bounds[i + 1]
             block = self._score_block(cache, pair_query[lo:hi] - q0, pair_term[lo:hi], q1 - q0, width)
-            # Scores are >= 0, so their float32 bit patterns order like the floats; the low 32 bits
-            # rank lower columns (= lower rows) first, making topk's tie order exact.
-            key = block.view(torch.int32).long()
-            key.bitwise_left_shift_(32)
-            key.add_(col_key)
-            cols = torch.topk(key, kk, dim=1).indices
-            vals = torch.gather(block, 1, cols)
+            vals, cols = padded_topk(block, kk)
             rows = self._rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
             hit = vals > 0
             top_scores[q0:q1, :kk] = torch.where(hit, vals, 0.0)
             top_rows[q0:q1, :kk] = torch.where(hit, rows, -1)
         return top_scores, top_rows
+
+    def _search_ragged(
+        self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, q_docs: torch.Tensor,
+        q_start: torch.Tensor, k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Triton path: each question's scores over its own memory only (no padded block), then a
+        running top-k per question. Chunked over questions to bound the float64 scores."""
+        dev = self.device
+        n_queries = q_docs.numel()
+        seg_end = torch.cumsum(q_docs, 0)
+        # question chunks whose segments fit _RAGGED_ELEMENTS (a question larger than that goes alone)
+        cuts = [0]
+        while cuts[-1] < n_queries:
+            used = int(seg_end[cuts[-1] - 1]) if cuts[-1] else 0
+            cuts.append(max(cuts[-1] + 1, int(torch.searchsorted(seg_end, used + _RAGGED_ELEMENTS, right=True))))
+        bounds = torch.searchsorted(pair_query, torch.tensor(cuts, device=dev)).tolist()
+        parts = []
+        for i in range(len(cuts) - 1):
+            q0, q1 = cuts[i], min(cuts[i + 1], n_queries)
+            seg_ptr = torch.zeros(q1 - q0 + 1, dtype=torch.long, device=dev)
+            seg_ptr[1:] = torch.cumsum(q_docs[q0:q1], 0)
+            acc = torch.zeros(int(seg_ptr[-1]), dtype=torch.float64, device=dev)
+            lo, hi = bounds[i], bounds[i + 1]
+            segmented_scatter_add_triton(acc, seg_ptr.index_select(0, pair_query[lo:hi] - q0), pair_term[lo:hi],
+                                         cache["term_ptr"], cache["post_col"], cache["post_weight"])
+            parts.append(segment_topk_triton(acc, seg_ptr, q_start[q0:q1], cache["rows_by_memory"], k))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:

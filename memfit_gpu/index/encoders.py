@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from memfit_gpu.devices import visible_devices
 from memfit_gpu.models import ResolvedModel, resolve
 
 logger = logging.getLogger(__name__)
@@ -45,35 +46,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-
-
-def visible_devices(device: str | torch.device | Sequence[str] = "auto") -> list[torch.device]:
-    """Devices to place replicas on: "auto" = every visible GPU, else the CPU.
-
-    Also accepts "cpu", "cuda" (every GPU), "cuda:1", a comma list "cuda:0,cuda:2" or a list.
-    """
-    if isinstance(device, torch.device):
-        return [device]
-    if not isinstance(device, str):
-        return [d for item in device for d in visible_devices(item)]
-    spec = device.strip().lower()
-    if "," in spec:
-        return [d for item in spec.split(",") if item.strip() for d in visible_devices(item)]
-    if spec in ("auto", "cuda", "gpu"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count:
-            return [torch.device("cuda", i) for i in range(count)]
-        if spec != "auto":
-            raise RuntimeError(f"device={device!r} asked for GPUs but torch sees none")
-        return [torch.device("cpu")]
-    parsed = torch.device(spec)
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = 0 if parsed.index is None else parsed.index
-        if index >= count:
-            raise RuntimeError(f"device={device!r}: torch sees {count} GPU(s)")
-        return [torch.device("cuda", index)]
-    return [parsed]
 
 
 def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device]) -> torch.dtype:

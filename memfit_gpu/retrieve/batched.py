@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.index.bm25 import BM25Index, tokenize
+from memfit_gpu.kernels import resolve_backend
+from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
 from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
 from memfit_gpu.retrieve.dates import parse_constraints
 from memfit_gpu.retrieve.hybrid import Hits, hybrid_search
@@ -148,6 +151,66 @@ def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speake
     return hits.ranked()
 
 
+def kernel_backend(view: ReadView, setting: str) -> str:
+    """`retrieve.kernels` for this view: "triton" or "torch" (auto = Triton when the BM25 index is on CUDA)."""
+    bm25 = view.ep_bm25
+    device = getattr(bm25, "device", torch.device("cpu"))
+    return resolve_backend(setting, device, supported=isinstance(bm25, BM25Index))
+
+
+def _row_tables(view: ReadView, key: tuple[Any, ...], mask: np.ndarray, year: np.ndarray, month: np.ndarray,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows' boost metadata as tensors on the kernel's device, once per view."""
+    tables = view.__dict__.setdefault("_kernel_row_tables", {})
+    key = (*key, str(device))
+    if key not in tables:
+        tables[key] = tuple(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+                            for a in (mask, year, month))
+    return tables[key]
+
+
+def _fused_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings: torch.Tensor,
+                  memory_idx: Sequence[int], cfg: MemFitConfig, timings: dict[str, float],
+                  boosts: BoostInputs | None = None, k: int | None = None, by_row: bool = False,
+                  encoded: tuple[torch.Tensor, torch.Tensor] | None = None, timing_prefix: str = "") -> Hits:
+    """The Triton path of `hybrid_search` (+ `_boost` and the cut to k): BM25 scored per question over
+    its own memory, then union, fusion, boosts and top-k in one launch (`memfit_gpu.kernels`).
+    Same Hits, bit for bit, as the torch path; `fuse` there is this launch (boosts included)."""
+    rcfg = cfg.retrieve
+    start = time.perf_counter()
+    if encoded is not None:
+        b_scores, b_rows = bm25.search_encoded(encoded[0], encoded[1], list(memory_idx), rcfg.scan_top_k,
+                                               kernels="triton")
+    else:
+        b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), rcfg.scan_top_k, kernels="triton")
+    after_bm25 = time.perf_counter()
+    d_scores, d_rows = dense.search(embeddings, list(memory_idx), rcfg.scan_top_k, min_score=rcfg.dense_min_cosine)
+    after_dense = time.perf_counter()
+    device = b_rows.device
+    columns = hybrid_topk_triton(b_scores, b_rows, d_scores.to(device), d_rows.to(device), rcfg.alpha, k=k,
+                                 by_row=by_row, boosts=boosts)
+    hits = Hits(*(t.cpu() for t in columns))
+    for key, seconds in (("bm25", after_bm25 - start), ("dense", after_dense - after_bm25),
+                         ("fuse", time.perf_counter() - after_dense)):
+        timings[timing_prefix + key] = timings.get(timing_prefix + key, 0.0) + seconds
+    return hits
+
+
+def _boost_inputs(view: ReadView, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], kind: str,
+                  device: torch.device) -> BoostInputs | None:
+    rcfg = cfg.retrieve
+    if not rcfg.boosts_enabled:
+        return None
+    min_chars, match = rcfg.boosts.min_speaker_chars, rcfg.boosts.speaker_match
+    if kind == "ep":
+        mask, (year, month) = view.episode_speaker_mask(min_chars, match), view.ep_year_month
+    else:
+        mask, (year, month) = view.summary_speaker_mask(min_chars, match), view.sm_year_month
+    rows = _row_tables(view, (kind, min_chars, match), mask, year, month, device)
+    b = rcfg.boosts
+    return BoostInputs(b.speaker, b.month, b.year, *(t.to(device) for t in cons), *rows)
+
+
 def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], memory_ids: Sequence[str],
                    embed: Embed | None = None, question_embeddings: torch.Tensor | None = None,
                    reranker: Any | None = None, progress: bool = False,
@@ -176,8 +239,6 @@ def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], 
 def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], memory_ids: list[str],
                     embed: Embed | None, q_emb: torch.Tensor | None, reranker: Any | None,
                     progress: bool, timings: dict[str, float]) -> list[RetrievalResult]:
-    from memfit_gpu.index.bm25 import tokenize
-
     clock = time.perf_counter()
     rcfg = cfg.retrieve
     n_q = len(questions)
@@ -191,19 +252,28 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     constraints = [parse_constraints(q, view.speakers[m], min_chars) for q, m in zip(questions, mems, strict=False)]
     cons = constraint_tensors(constraints, view.speakers_lower, mems)
 
+    kernels = kernel_backend(view, rcfg.kernels)
+    device = getattr(view.ep_bm25, "device", torch.device("cpu"))
+
     clock = _tick(timings, "stage_0_queries", clock)
     # 1-2: episode hybrid + boosts
-    ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
-                       rcfg.dense_min_cosine, timings=timings)
-    boost_start = time.perf_counter()
-    ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month)
-    if timings is not None:
+    if kernels == "triton":
+        ep = _fused_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, cfg, timings,
+                           boosts=_boost_inputs(view, cfg, cons, "ep", device))
+    else:
+        ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
+                           rcfg.dense_min_cosine, timings=timings)
+        boost_start = time.perf_counter()
+        ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month)
         timings["boost"] = timings.get("boost", 0.0) + time.perf_counter() - boost_start
 
     clock = _tick(timings, "stage_1_2_episodes", clock)
     # 3: summary hybrid + boosts, top summary_top_k
     sm: Hits | None = None
-    if rcfg.summaries and view.has_summaries:
+    if rcfg.summaries and view.has_summaries and kernels == "triton":
+        sm = _fused_search(view.sm_bm25, view.sm_dense, tokens, q_emb, mems, cfg, {},
+                           boosts=_boost_inputs(view, cfg, cons, "sm", device), k=rcfg.summary_top_k)
+    elif rcfg.summaries and view.has_summaries:
         sm = hybrid_search(view.sm_bm25, view.sm_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                            rcfg.dense_min_cosine)
         sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.sm_year_month)
@@ -237,9 +307,14 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
             part = _tick(timings, "prf_terms", clock)
             prf_emb = torch.as_tensor(embed([" ".join(prf_terms[i]) for i in asking]), dtype=torch.float32).cpu()
             part = _tick(timings, "prf_embed", part)
-            hits = hybrid_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
-                                 [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine,
-                                 timings=timings, encoded=encoded, timing_prefix="prf_")
+            if kernels == "triton":  # row order, no boosts: what prf_expansion expects of `fuse`
+                hits = _fused_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
+                                     [mems[i] for i in asking], cfg, timings, by_row=True, encoded=encoded,
+                                     timing_prefix="prf_")
+            else:
+                hits = hybrid_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
+                                     [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine,
+                                     timings=timings, encoded=encoded, timing_prefix="prf_")
             part = time.perf_counter()
             hits = _expand(hits, asking_t, n_q)
             prf = prf_expansion(hits, pool, expansion, rcfg.prf.weight)

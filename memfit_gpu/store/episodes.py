@@ -34,6 +34,7 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory, Turn
+from memfit_gpu.devices import first_device
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog
@@ -193,11 +194,8 @@ class EpisodeStore:
             self._open()
 
     # ------------------------------------------------------------------ index construction
-    def _bm25_device(self) -> str:
-        device = self.cfg.index.device
-        if device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return device
+    def _bm25_device(self) -> torch.device:
+        return first_device(self.cfg.index.device)  # "gpu", "cuda:0,cuda:1": the first GPU
 
     def _new_bm25(self) -> Any:
         from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25

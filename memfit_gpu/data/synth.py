@@ -1,0 +1,232 @@
+"""Seeded synthetic benchmarks shaped like LongMemEval (S, M) or LoCoMo, in the package's own schema.
+
+    for memory in iter_memories("longmemeval-m", n_questions=500, seed=0):   # one memory at a time
+        ...
+    benchmark = synth_benchmark("longmemeval-s", n_questions=50, seed=0, embedding_dim=384)
+    write_longmemeval("lme_m.json", "longmemeval-m", n_questions=500, seed=0)   # streamed to disk
+
+For scale work (kernels, benchmarks, the M regime) where the real M file is not at hand. Shapes:
+
+    like            sessions / memory   turns / session   words per turn (lognormal median)   questions / memory
+    longmemeval-s   50 +- 5             ~11 (8-14)        user 18, assistant 70                1
+    longmemeval-m   500 +- 20           ~11 (8-14)        user 18, assistant 70                1
+    locomo          19-32               16-28             18 both                              154 (1 in files)
+
+so S has ~550 turns a question and M ~5,500 (500 questions: ~2.75M turns). Words come from a Zipf
+(s = 1.07) law over a 30,000-word pseudo-word vocabulary. Each question has one gold evidence turn,
+a user turn holding a fact ("my <w1> <w2> is <w3>") built from rare words; the question asks for it
+("What is my <w1> <w2>?", answer <w3>) and `Question.evidence` names that turn.
+
+Every memory draws from its own random stream, seeded by (seed, memory index): memory i is the same
+whether or not the ones before it were generated, so `iter_memories` streams M without holding it.
+With `embedding_dim`, each memory carries random unit embeddings of its turns (float32, seeded) in
+`Memory.extra["embeddings"]` [turns, dim] and each question a unit vector near its gold turn's in
+`Question.extra["embedding"]`, so scale runs need no encoder.
+
+Files: `write_longmemeval` writes the LongMemEval JSON layout (one record per question, each its own
+haystack) that `memfit_gpu.data.longmemeval` reads back into the same memories (embeddings aside).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from memfit_gpu.data._read import parse_longmemeval_date
+from memfit_gpu.data.schema import Benchmark, Memory, Question, Session, Turn
+
+__all__ = ["LIKES", "iter_memories", "synth_benchmark", "write_longmemeval"]
+
+VOCABULARY = 30_000
+ZIPF_EXPONENT = 1.07
+_RARE_FROM = 5_000  # fact words are drawn from ranks >= this: rare enough to identify the gold turn
+_SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "lo", "ni", "da", "ve", "pu", "zi", "ga", "fe", "mo", "ha",
+              "ru", "le", "ti", "no", "ka", "su", "we", "yo", "bi", "de", "po", "xa", "ji", "cu")
+_QUESTION_TYPES = ("single-session-user", "multi-session", "knowledge-update", "temporal-reasoning")
+_LOCOMO_CATEGORIES = ("1", "2", "3", "4")
+_START = datetime(2023, 1, 2, 9, 0)
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+@dataclass(frozen=True)
+class Shape:
+    sessions: tuple[int, int]  # inclusive range per memory
+    turns: tuple[int, int]  # inclusive range per session
+    user_words: float  # lognormal median of a user turn's words
+    assistant_words: float
+    questions_per_memory: int
+    prefix: str
+
+
+LIKES = {
+    "longmemeval-s": Shape((45, 55), (8, 14), 18.0, 70.0, 1, "lme-s"),
+    "longmemeval-m": Shape((480, 520), (8, 14), 18.0, 70.0, 1, "lme-m"),
+    "locomo": Shape((19, 32), (16, 28), 18.0, 18.0, 154, "locomo"),
+}
+
+
+def _shape(like: str) -> Shape:
+    if like not in LIKES:
+        raise ValueError(f"synth: like={like!r} is not one of {', '.join(LIKES)}")
+    return LIKES[like]
+
+
+@functools.cache
+def _vocabulary() -> tuple[np.ndarray, np.ndarray]:
+    """(words, cumulative Zipf probabilities): word r is a pseudo-word of 2-4 syllables, unique per rank."""
+    base = len(_SYLLABLES)
+    words = []
+    for rank in range(VOCABULARY):
+        n, parts = rank + base, []  # + base: every word has at least two syllables
+        while n:
+            n, digit = divmod(n, base)
+            parts.append(_SYLLABLES[digit])
+        words.append("".join(reversed(parts)))
+    weights = 1.0 / np.arange(1, VOCABULARY + 1, dtype=np.float64) ** ZIPF_EXPONENT
+    return np.asarray(words, dtype=object), np.cumsum(weights / weights.sum())
+
+
+def _words(rng: np.random.Generator, count: int) -> np.ndarray:
+    words, cdf = _vocabulary()
+    ranks = np.minimum(np.searchsorted(cdf, rng.random(count)), VOCABULARY - 1)
+    return words[ranks]
+
+
+def _date_text(when: datetime) -> str:
+    """LongMemEval's date layout: '2023/05/27 (Sat) 21:08'."""
+    return f"{when:%Y/%m/%d} ({_WEEKDAYS[when.weekday()]}) {when:%H:%M}"
+
+
+def _unit(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
+    vectors = rng.standard_normal((rows, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors
+
+
+def _memory(like: str, shape: Shape, index: int, n_questions: int, seed: int, embedding_dim: int | None) -> Memory:
+    rng = np.random.default_rng([seed, index])
+    n_sessions = int(rng.integers(shape.sessions[0], shape.sessions[1] + 1))
+    turns_per = rng.integers(shape.turns[0], shape.turns[1] + 1, size=n_sessions)
+    # sessions spread over about a year, in time order
+    minutes = np.sort(rng.choice(365 * 24 * 60, size=n_sessions, replace=False))
+    n_turns = int(turns_per.sum())
+    is_user = np.concatenate([np.arange(n) % 2 == 0 for n in turns_per])
+    median = np.where(is_user, shape.user_words, shape.assistant_words)
+    lengths = np.maximum(1, np.round(median * rng.lognormal(0.0, 0.6, size=n_turns))).astype(np.int64)
+    words = _words(rng, int(lengths.sum()))
+    cuts = np.cumsum(lengths)[:-1]
+    texts = [" ".join(chunk) for chunk in np.split(words, cuts)]
+
+    memory_id = f"{shape.prefix}-{seed}-{index:06d}"
+    question_ids = [memory_id] if n_questions == 1 else [f"{memory_id}:q{j}" for j in range(n_questions)]
+    # one gold user turn per question, distinct turns
+    user_turns = np.flatnonzero(is_user)
+    gold = rng.choice(user_turns, size=n_questions, replace=False)
+    words_all, _ = _vocabulary()
+    facts = words_all[rng.integers(_RARE_FROM, VOCABULARY, size=(n_questions, 3))]
+    for turn, (w1, w2, w3) in zip(gold.tolist(), facts, strict=True):
+        texts[turn] = f"{texts[turn]}. By the way, my {w1} {w2} is {w3}."
+
+    sessions, turn_ids, session_ids = [], [], []
+    gold_turns = set(gold.tolist())
+    position = 0
+    for s, (count, offset) in enumerate(zip(turns_per.tolist(), minutes.tolist(), strict=True)):
+        session_id = f"{memory_id}_s{s}"
+        date_text = _date_text(_START + timedelta(minutes=offset))
+        timestamp = parse_longmemeval_date(date_text)
+        assert timestamp is not None
+        session = Session(session_id=session_id, date_text=date_text, timestamp=timestamp)
+        for n in range(count):
+            turn = Turn(turn_id=f"{session_id}:{n + 1}", speaker="user" if is_user[position] else "assistant",
+                        text=texts[position], timestamp=timestamp, date_text=date_text)
+            if position in gold_turns:
+                turn.extra["has_answer"] = True  # as the LongMemEval loader marks evidence turns
+            session.turns.append(turn)
+            turn_ids.append(turn.turn_id)
+            session_ids.append(session_id)
+            position += 1
+        sessions.append(session)
+
+    asked = _START + timedelta(minutes=int(minutes[-1]) + 24 * 60)
+    question_date_text = _date_text(asked)
+    question_date = parse_longmemeval_date(question_date_text)
+    kinds = _LOCOMO_CATEGORIES if like == "locomo" else _QUESTION_TYPES
+    questions = []
+    for j, (turn, (w1, w2, w3)) in enumerate(zip(gold.tolist(), facts, strict=True)):
+        questions.append(Question(
+            question_id=question_ids[j], memory_id=memory_id, question=f"What is my {w1} {w2}?", answer=str(w3),
+            category=kinds[(index + j) % len(kinds)], evidence=[turn_ids[turn]],
+            evidence_sessions=[session_ids[turn]], question_date=question_date,
+            extra={"question_date_text": question_date_text},
+        ))
+    memory = Memory(memory_id=memory_id, sessions=sessions, questions=questions, speakers=["user", "assistant"])
+    if embedding_dim:
+        vectors_rng = np.random.default_rng([seed, index, 1])
+        vectors = _unit(vectors_rng, n_turns, embedding_dim)
+        memory.extra["embeddings"] = vectors
+        for question, turn in zip(questions, gold.tolist(), strict=True):
+            near = vectors[turn] + 0.8 * _unit(vectors_rng, 1, embedding_dim)[0]
+            question.extra["embedding"] = (near / np.linalg.norm(near)).astype(np.float32)
+    return memory
+
+
+def iter_memories(like: str, n_questions: int, seed: int = 0, questions_per_memory: int | None = None,
+                  embedding_dim: int | None = None) -> Iterator[Memory]:
+    """Memories one at a time, `n_questions` questions in all (`questions_per_memory` each, the last
+    memory takes the rest; default: the shape's, 1 for LongMemEval)."""
+    shape = _shape(like)
+    per = shape.questions_per_memory if questions_per_memory is None else int(questions_per_memory)
+    if per < 1 or n_questions < 0:
+        raise ValueError(f"synth: questions_per_memory={per} and n_questions={n_questions} must be >= 1 and >= 0")
+    for index, first in enumerate(range(0, n_questions, per)):
+        yield _memory(like, shape, index, min(per, n_questions - first), seed, embedding_dim)
+
+
+def synth_benchmark(like: str = "longmemeval-s", n_questions: int = 50, seed: int = 0,
+                    questions_per_memory: int | None = None, embedding_dim: int | None = None) -> Benchmark:
+    """The whole benchmark in memory (for M at full size, stream `iter_memories` instead)."""
+    memories = list(iter_memories(like, n_questions, seed, questions_per_memory, embedding_dim))
+    return Benchmark(name=f"synth-{like}", source=f"synth:{like}:seed={seed}", memories=memories)
+
+
+def _record(memory: Memory) -> dict:
+    question = memory.questions[0]
+    return {
+        "question_id": question.question_id,
+        "question_type": question.category,
+        "question": question.question,
+        "answer": question.answer,
+        "question_date": question.extra["question_date_text"],
+        "haystack_session_ids": [s.session_id for s in memory.sessions],
+        "haystack_dates": [s.date_text for s in memory.sessions],
+        "haystack_sessions": [
+            [{"role": t.speaker, "content": t.text, **({"has_answer": True} if t.extra.get("has_answer") else {})}
+             for t in s.turns]
+            for s in memory.sessions
+        ],
+        "answer_session_ids": list(question.evidence_sessions),
+    }
+
+
+def write_longmemeval(path: str | Path, like: str, n_questions: int, seed: int = 0) -> int:
+    """Write a LongMemEval-format JSON file (one question per haystack), memory by memory; returns
+    the number of questions. Written to PATH.part and renamed at the end: a killed write leaves no
+    partial file under PATH."""
+    path = Path(path)
+    part = path.with_name(path.name + ".part")
+    count = 0
+    with open(part, "w", encoding="utf-8") as fh:
+        fh.write("[")
+        for memory in iter_memories(like, n_questions, seed, questions_per_memory=1):
+            fh.write(("," if count else "") + "\n" + json.dumps(_record(memory), ensure_ascii=False))
+            count += 1
+        fh.write("\n]\n")
+    os.replace(part, path)
+    return count
