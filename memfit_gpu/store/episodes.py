@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.names import MAX_SPEAKERS
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
 SNAPSHOT_FORMAT = 2  # 2: meta.json holds the sha256 of every file and of itself
 _KEEP_SNAPSHOTS = 2
-_HASH_CHUNK = 1 << 20
 
 
 def episode_body(turn: Turn) -> str:
@@ -80,14 +80,6 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64(value, "s")
     except ValueError:
         return np.datetime64("NaT", "s")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _meta_digest(meta: dict[str, Any]) -> str:
@@ -729,7 +721,7 @@ class EpisodeStore:
         torch.save(self.summary_bm25.state_dict(), staging / "summary_bm25.pt")
         self.episode_dense.save(staging / "episode_dense")
         self.summary_dense.save(staging / "summary_dense")
-        files = {path.relative_to(staging).as_posix(): _sha256(path) for path in sorted(staging.rglob("*")) if path.is_file()}
+        files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
         meta = {"format": SNAPSHOT_FORMAT, **self._log.fingerprint(count), "episodes": self.size,
                 "summaries": len(self.summaries), "dim": self.dim, "files": files}
         meta["meta_sha256"] = _meta_digest(meta)
@@ -751,7 +743,7 @@ class EpisodeStore:
             path = folder / name
             if not path.is_file():
                 return f"{name} is missing"
-            if _sha256(path) != digest:
+            if sha256_of(path) != digest:
                 return f"{name} fails its sha256 (the bytes on disk changed after it was written)"
         return None
 
