@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "memfit_gpu.evaluate.cli",
     "sweep": "memfit_gpu.sweep_cli",
     "aggregate": "memfit_gpu.sweep_cli",
+    "store": "memfit_gpu.store.cli",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Image, Memory, Session, Turn
 from memfit_gpu.index.bm25 import tokenize
 from memfit_gpu.store import EpisodeStore, episode_text
+from memfit_gpu.store.log import StoreCorruptError
 
 pytestmark = pytest.mark.slow  # real model weights (the session's bi_encoder)
 
@@ -190,7 +192,8 @@ def test_torn_tail_is_dropped_with_a_warning_and_later_appends_are_clean(tmp_pat
     with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
         reopened = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder)
     dropped = torn_at - len(good)
-    assert f"dropping the last {dropped} bytes (1 partial or corrupt record line)" in caplog.text
+    assert f"torn last record (record cut short) at byte {len(good)}" in caplog.text
+    assert f"dropping its {dropped} bytes" in caplog.text
     assert log_path.read_bytes() == good  # truncated back to the last good record
     assert reopened.size == 7 and reopened.turn_id.tolist()[-1] == "D1:2"
     row = reopened.append_turn("conv-a", _turn("D3:1", "Melanie", "Back from camping!", JUNE, "2023-06-28T09:00:00"))
@@ -204,30 +207,44 @@ def test_torn_tail_is_dropped_with_a_warning_and_later_appends_are_clean(tmp_pat
     assert rows[0, 0].item() == 7
 
 
-def test_garbage_after_the_last_record_is_dropped(tmp_path, bi_encoder, caplog):
+def test_garbage_after_the_last_record_is_an_error_and_nothing_is_rewritten(tmp_path, bi_encoder):
     store, _ = _store_with_live_turn(tmp_path, bi_encoder)
+    store.close()
     log_path = Path(tmp_path) / "log.jsonl"
-    full = log_path.read_bytes()
-    log_path.write_bytes(full + b"garbage\nmore garbage")
-    with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
-        reopened = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder)
-    assert "malformed header" in caplog.text
-    assert "dropping the last 20 bytes (2 partial or corrupt record lines)" in caplog.text
-    assert log_path.read_bytes() == full
-    assert reopened.size == 8  # nothing before the garbage is lost
+    damaged = log_path.read_bytes() + b"garbage\nmore garbage"
+    log_path.write_bytes(damaged)
+    snapshots = sorted(p.name for p in (Path(tmp_path) / "snapshots").iterdir())
+    with pytest.raises(StoreCorruptError, match=r"log\.jsonl, item record \d+ \(line \d+, byte \d+\): malformed header"):
+        EpisodeStore(tmp_path, MemFitConfig(), bi_encoder)
+    assert log_path.read_bytes() == damaged
+    assert sorted(p.name for p in (Path(tmp_path) / "snapshots").iterdir()) == snapshots
 
 
-def test_truncation_inside_the_snapshot_falls_back_to_a_full_replay(tmp_path, bi_encoder, caplog):
-    store = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder)
+def test_a_torn_commit_drops_its_whole_batch_and_the_batch_can_be_written_again(tmp_path, bi_encoder, caplog):
+    """The last five bytes of the log belong to the commit record of add_memories' batch: without it the
+    batch never happened, so neither memory is half stored, and storing the memories again gives the store
+    an uninterrupted build gives."""
+    cfg = MemFitConfig()
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    header = (Path(tmp_path) / "log.jsonl").read_bytes()
     store.add_memories(_memories(), progress=False)
+    memories = [0, 0, 1, 0]
+    before = _search_all(store, bi_encoder, QUERIES, memories)
     store.close()
     log_path = Path(tmp_path) / "log.jsonl"
     full = log_path.read_bytes()
-    log_path.write_bytes(full[:-5])  # the last episode record (covered by the snapshot) is torn
+    assert full.endswith(b'{"t":"commit","records":9}\n')  # 2 memory records + 7 episodes
+    log_path.write_bytes(full[:-5])
     with caplog.at_level(logging.WARNING):
-        reopened = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder)
-    assert "do not match the log" in caplog.text
-    assert reopened.size == 6 and reopened.episode_dense.size == 6 and reopened.episode_bm25.num_rows == 6
+        reopened = EpisodeStore(tmp_path, cfg, bi_encoder)
+    assert "the last 9 records are a write batch that was never committed" in caplog.text
+    assert "do not match the log" in caplog.text  # the batch's snapshot is stale
+    assert reopened.size == 0 and reopened.memory_ids == [] and log_path.read_bytes() == header
+    assert reopened.add_memories(_memories(), progress=False).tolist() == list(range(7))
+    assert log_path.read_bytes() == full
+    after = _search_all(reopened, bi_encoder, QUERIES, memories)
+    for x, y in zip(before, after, strict=True):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
 
 
 def test_delete_episode_leaves_both_indexes_and_rebuilds_its_summary(tmp_path, bi_encoder):
@@ -342,3 +359,241 @@ def test_appending_to_existing_memories_and_late_speakers(bi_encoder):
     store.append_turn("conv-b", _turn("D2:1", "Luna", "Meow.", JAN, "2024-01-04T00:00:00"))
     assert store.speakers[1] == ["user", "assistant", "Luna"]
     assert store.speaker_id[[5, 6, 8]].tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------------------------- snapshots
+
+
+def _flip_vector_bit(vectors_path: Path, rows: int, row: int) -> None:
+    """Flip an exponent bit of one float of `row` in a [rows, 384] float32 .npy (a huge change, not a subtle one)."""
+    data = bytearray(vectors_path.read_bytes())
+    start = len(data) - rows * 384 * 4
+    data[start + (row * 384 + 5) * 4 + 3] ^= 0x40
+    vectors_path.write_bytes(bytes(data))
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _newest_snapshot(path) -> Path:
+    return sorted((Path(path) / "snapshots").iterdir())[-1]
+
+
+@pytest.mark.parametrize("damage", ["vectors", "bm25", "meta", "missing"])
+def test_a_damaged_snapshot_is_never_loaded_and_the_rebuilt_store_is_identical(tmp_path, bi_encoder, caplog, damage):
+    cfg = MemFitConfig()
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    store.close()
+    memories = [0, 0, 1, 0]
+    clean = _search_all(EpisodeStore(tmp_path, cfg, bi_encoder), bi_encoder, QUERIES, memories)
+    snapshot = _newest_snapshot(tmp_path)
+    if damage == "vectors":
+        _flip_vector_bit(snapshot / "episode_dense" / "vectors.npy", rows=7, row=3)
+        message = "episode_dense/vectors.npy fails its sha256"
+    elif damage == "bm25":
+        _flip_byte(snapshot / "episode_bm25.pt", 200)
+        message = "episode_bm25.pt fails its sha256"
+    elif damage == "meta":
+        (snapshot / "meta.json").write_text((snapshot / "meta.json").read_text().replace('"episodes": 7', '"episodes": 8'))
+        message = "meta.json: fails its own sha256"
+    else:
+        (snapshot / "summary_dense" / "deleted.npy").unlink()
+        message = "summary_dense/deleted.npy is missing"
+
+    spy = EncodeSpy(bi_encoder)
+    with caplog.at_level(logging.WARNING):
+        reopened = EpisodeStore(tmp_path, cfg, spy)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and message in errors[0].getMessage() and "never loaded" in errors[0].getMessage()
+    assert "re-encoding 7 texts" in caplog.text
+    assert spy.calls == [7]  # rebuilt from the log, in one pass like the first build
+    for x, y in zip(clean, _search_all(reopened, bi_encoder, QUERIES, memories), strict=True):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+    # the rebuild wrote a fresh snapshot: the next open encodes nothing and loads the same indexes
+    spy.calls.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        third = EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == [] and caplog.text == ""
+    for x, y in zip(clean, _search_all(third, bi_encoder, QUERIES, memories), strict=True):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+
+
+def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(tmp_path, bi_encoder, caplog):
+    cfg = MemFitConfig()
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    store.add_memories(_memories(), progress=False)  # snapshot 1
+    store.add_memories([Memory("conv-c", [Session("s1", JAN, "2024-01-03T00:00:00", [
+        _turn("D1:1", "Ann", "I adopted a tortoise called Speedy.", JAN, "2024-01-03T00:00:00"),
+    ])], speakers=["Ann"])], progress=False)  # snapshot 2
+    store.close()
+    memories = [0, 0, 1, 2]
+    clean = _search_all(EpisodeStore(tmp_path, cfg, bi_encoder), bi_encoder, QUERIES, memories)
+    _flip_vector_bit(_newest_snapshot(tmp_path) / "episode_dense" / "vectors.npy", rows=8, row=7)
+    spy = EncodeSpy(bi_encoder)
+    with caplog.at_level(logging.WARNING):
+        reopened = EpisodeStore(tmp_path, cfg, spy)
+    assert "episode_dense/vectors.npy fails its sha256" in caplog.text
+    assert spy.calls == [1]  # the older snapshot covers the first 7 turns: only the tortoise is encoded again
+    after = _search_all(reopened, bi_encoder, QUERIES, memories)
+    for x, y in zip(clean, after, strict=True):
+        assert torch.equal(x[1], y[1])
+        torch.testing.assert_close(x[0], y[0], rtol=1e-5, atol=1e-6)  # one turn encoded alone, not in its batch
+
+
+def test_a_store_without_usable_snapshot_is_snapshotted_after_its_rebuild(tmp_path, bi_encoder):
+    cfg = MemFitConfig()
+    store, _ = _store_with_live_turn(tmp_path, bi_encoder)  # the live turn is logged, not snapshotted
+    del store  # killed: no close
+    spy = EncodeSpy(bi_encoder)
+    EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == [1]
+    spy.calls.clear()
+    EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == []  # replayed once, then snapshotted
+    shutil.rmtree(Path(tmp_path) / "snapshots")
+    EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == [8]
+    spy.calls.clear()
+    reopened = EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == [] and reopened.size == 8
+
+
+def test_a_snapshot_of_the_older_format_is_not_trusted(tmp_path, bi_encoder, caplog):
+    """Format-1 snapshots have no checksums: a store written before them is rebuilt once, then snapshotted."""
+    cfg = MemFitConfig()
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    store.close()
+    meta_path = _newest_snapshot(tmp_path) / "meta.json"
+    meta_path.write_text(meta_path.read_text().replace('"format": 2', '"format": 1'))
+    spy = EncodeSpy(bi_encoder)
+    with caplog.at_level(logging.WARNING):
+        EpisodeStore(tmp_path, cfg, spy)
+    assert "snapshot format 1 has no checksums" in caplog.text and spy.calls == [7]
+    spy.calls.clear()
+    EpisodeStore(tmp_path, cfg, spy)
+    assert spy.calls == []
+
+
+# ---------------------------------------------------------------------------------------------- compaction
+
+
+def _store_with_deletion(path, bi_encoder) -> tuple[EpisodeStore, str, bytes, list[bytes]]:
+    """conv-a with its summary, one turn deleted and the summary rebuilt. Returns the store, the deleted
+    text, the deleted vector's bytes, and the retired summary's text and vector bytes."""
+    store = EpisodeStore(path, MemFitConfig(), bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    store.build_summaries(_summarise, progress=False)
+    text = store.text[1]
+    vector = store.episode_dense.vectors([1]).tobytes()
+    retired = [store.summaries.text[0].encode(), store.summary_dense.vectors([0]).tobytes()]
+    store.delete_episode("conv-a", "D1:2", generate=_summarise)
+    return store, text, vector, retired
+
+
+def _keyed(store: EpisodeStore, bi_encoder, queries: list[str], memories: list[int]):
+    """Search results with rows named by (memory id, turn id): comparable across row numberings."""
+    out = []
+    for scores, rows in _search_all(store, bi_encoder, queries, memories):
+        names = [[None if r < 0 else (store.memory_ids[store.memory_idx[r]], store.turn_id[r]) for r in row]
+                 for row in rows.tolist()]
+        out.append((scores, names))
+    vectors = bi_encoder.encode(queries)
+    for index, query in ((store.summary_bm25, [tokenize(q) for q in queries]), (store.summary_dense, vectors)):
+        scores, rows = index.search(query, memories, k=3)
+        out.append((scores, [[None if r < 0 else store.summaries.text[r] for r in row] for row in rows.tolist()]))
+    return out
+
+
+def _files_containing(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in sorted(root.rglob("*")) if p.is_file() and needle in p.read_bytes()]
+
+
+def test_compact_forgets_deleted_turns_everywhere_and_searches_the_same(tmp_path, bi_encoder):
+    cfg = MemFitConfig()
+    root = Path(tmp_path) / "store"
+    store, text, vector, retired = _store_with_deletion(root, bi_encoder)
+    assert _files_containing(root, text.encode()) and _files_containing(root, vector)  # before: in the log and snapshot
+    memories = [0, 0, 1, 0]
+    before = _keyed(store, bi_encoder, QUERIES, memories)
+    live_turns = store.turn_id[~store.deleted].tolist()
+    counts = store.compact()
+    assert counts == {"records_before": 18, "episodes_before": 7, "summaries_before": 2,
+                      "records_after": 12, "episodes_after": 6, "summaries_after": 1}
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["store"]  # nothing left beside it
+    for needle in (text.encode(), text.split(" says: ")[1].encode(), vector, *retired):
+        assert _files_containing(root, needle) == []
+
+    spy = EncodeSpy(bi_encoder)
+    reopened = EpisodeStore(root, cfg, spy)
+    assert spy.calls == []  # the compacted store comes with its snapshot
+    assert reopened.size == 6 and not reopened.deleted.any() and reopened.turn_id.tolist() == live_turns
+    assert reopened.position.tolist() == [0, 1, 2, 3, 0, 1]
+    assert len(reopened.summaries) == 1 and reopened.summaries[0].members.tolist() == [0, 1, 2, 3]
+    assert reopened.summaries[0].replaces == -1
+    after = _keyed(reopened, bi_encoder, QUERIES, memories)
+    for (x_scores, x_names), (y_scores, y_names) in zip(before, after, strict=True):
+        assert x_names == y_names and torch.equal(x_scores, y_scores)
+    # the compacted store takes new work like any other
+    assert reopened.append_turn("conv-a", _turn("D3:1", "Melanie", "Back from camping!", JUNE, "2023-06-28T09:00:00")) == 6
+
+
+def _fail_at(monkeypatch, point: str) -> None:
+    """Provoke a kill at one step of compact(): raise there, leaving the disk as a killed process would."""
+    from memfit_gpu.store import episodes
+
+    class Killed(RuntimeError):
+        pass
+
+    if point == "building":
+        monkeypatch.setattr(episodes, "_fsync_tree", lambda root: (_ for _ in ()).throw(Killed(point)))
+        return
+    real = episodes._rename_durably
+    calls = []
+
+    def rename(source, target):
+        calls.append(source)
+        if point == "first rename" and len(calls) == 1:
+            raise Killed(point)
+        real(source, target)
+        if point == "between renames" and len(calls) == 1 or point == "after renames" and len(calls) == 2:
+            raise Killed(point)
+
+    monkeypatch.setattr(episodes, "_rename_durably", rename)
+
+
+@pytest.mark.parametrize("point,compacted", [("building", False), ("first rename", False),
+                                              ("between renames", True), ("after renames", True)])
+def test_compact_killed_at_any_step_leaves_the_old_or_the_new_store(tmp_path, bi_encoder, monkeypatch, caplog,
+                                                                     point, compacted):
+    cfg = MemFitConfig()
+    root = Path(tmp_path) / "store"
+    store, text, _, _ = _store_with_deletion(root, bi_encoder)
+    memories = [0, 0, 1, 0]
+    before = _keyed(store, bi_encoder, QUERIES, memories)
+    _fail_at(monkeypatch, point)
+    with pytest.raises(RuntimeError, match=point):
+        store.compact()
+    monkeypatch.undo()
+    spy = EncodeSpy(bi_encoder)
+    with caplog.at_level(logging.WARNING):
+        reopened = EpisodeStore(root, cfg, spy)
+    assert spy.calls == []
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["store"]
+    assert reopened.size == (6 if compacted else 7) and bool(_files_containing(root, text.encode())) is not compacted
+    for (x_scores, x_names), (y_scores, y_names) in zip(before, _keyed(reopened, bi_encoder, QUERIES, memories),
+                                                        strict=True):
+        assert x_names == y_names and torch.equal(x_scores, y_scores)
+    if not compacted:  # compacting again finishes the job
+        reopened.compact()
+        assert _files_containing(root, text.encode()) == [] and EpisodeStore(root, cfg, bi_encoder).size == 6
+
+
+def test_compact_of_an_in_memory_store_is_an_error(bi_encoder):
+    with pytest.raises(ValueError, match="in-memory store has nothing on disk"):
+        EpisodeStore(None, MemFitConfig(), bi_encoder).compact()

@@ -1,11 +1,14 @@
-"""RecordLog alone (no model): framing, torn tails, garbage, corruption, append-only bytes."""
+"""RecordLog alone (no model): framing, torn tails (dropped), corruption (an error, file untouched), append-only bytes."""
 
 from __future__ import annotations
 
 import logging
 import zlib
 
-from memfit_gpu.store.log import RecordLog, encode_record
+import pytest
+
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.store.log import RecordLog, StoreCorruptError, encode_record
 
 
 def test_record_framing_is_length_crc_json_line():
@@ -50,23 +53,96 @@ def test_every_truncation_point_keeps_exactly_the_whole_records(tmp_path, caplog
         if cut == good:
             assert caplog.text == ""
         else:
-            assert f"dropping the last {cut - good} bytes (1 partial or corrupt record line)" in caplog.text
+            assert "torn last record" in caplog.text and f"dropping its {cut - good} bytes" in caplog.text
         reopened.append([{"i": "next"}])  # later appends start on a clean boundary
         reopened.close()
         assert [r["i"] for r in RecordLog(path).records] == [*range(whole), "next"]
 
 
-def test_corrupt_record_drops_it_and_everything_after(tmp_path, caplog):
-    path = tmp_path / "log.jsonl"
+def _four_records(path) -> tuple[bytes, list[int]]:
     log = RecordLog(path)
-    log.append([{"i": 0}, {"i": 1}, {"i": 2}])
+    log.append([{"i": i, "text": "x" * i} for i in range(4)])
     log.close()
-    data = bytearray(path.read_bytes())
-    flip = log.ends[0] + 20  # a byte inside record 1's JSON
-    data[flip] ^= 0x01
-    path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
-        reopened = RecordLog(path)
-    assert f"checksum mismatch at byte {log.ends[0]} after 1 good records" in caplog.text
-    assert "(2 partial or corrupt record lines)" in caplog.text
-    assert reopened.records == [{"i": 0}] and path.read_bytes() == bytes(data[: log.ends[0]])
+    return path.read_bytes(), log.ends
+
+
+def _record_at(ends: list[int], offset: int) -> int:
+    """1-based number of the record holding byte `offset`."""
+    return next(number for number, end in enumerate(ends, 1) if offset < end)
+
+
+def test_a_flipped_byte_anywhere_is_an_error_naming_the_record_and_the_file_is_untouched(tmp_path):
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    for offset in range(len(full)):
+        damaged = bytearray(full)
+        damaged[offset] ^= 0x01
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(StoreCorruptError) as info:
+            RecordLog(path)
+        number = _record_at(ends, offset)
+        start = ends[number - 2] if number > 1 else 0
+        assert f"item record {number} (line {number}, byte {start})" in str(info.value), offset
+        assert str(path) in str(info.value) and "not a record torn by a killed writer" in str(info.value)
+        assert "\n" not in str(info.value)
+        assert path.read_bytes() == bytes(damaged)  # the evidence is never rewritten
+
+
+def test_corruption_is_a_data_error_with_the_reason(tmp_path):
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    damaged = bytearray(full)
+    damaged[ends[0] + 20] ^= 0x01  # a byte inside record 2's JSON
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match=rf"item record 2 \(line 2, byte {ends[0]}\): checksum mismatch, "
+                                        rf"{len(full) - ends[0]} bytes before the end of the file"):
+        RecordLog(path)
+
+
+def test_five_bytes_cut_out_anywhere_but_the_end_is_an_error(tmp_path, caplog):
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    for offset in range(len(full) - 4):
+        cut = full[:offset] + full[offset + 5 :]
+        path.write_bytes(cut)
+        if offset + 5 == len(full):  # the last five bytes: a torn tail, dropped
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
+                assert [r["i"] for r in RecordLog(path).records] == [0, 1, 2]
+            assert "torn last record" in caplog.text and path.read_bytes() == full[: ends[2]]
+            continue
+        with pytest.raises(StoreCorruptError, match=rf"item record {_record_at(ends, offset)} "):
+            RecordLog(path)
+        assert path.read_bytes() == cut
+
+
+def test_garbage_with_a_newline_after_the_last_record_is_an_error(tmp_path):
+    path = tmp_path / "log.jsonl"
+    full, _ = _four_records(path)
+    path.write_bytes(full + b"garbage\nmore garbage")
+    with pytest.raises(StoreCorruptError, match=rf"item record 5 \(line 5, byte {len(full)}\): malformed header"):
+        RecordLog(path)
+    assert path.read_bytes() == full + b"garbage\nmore garbage"
+
+
+def test_a_tail_without_a_newline_is_torn_whatever_its_bytes(tmp_path, caplog):
+    """Part of a record, or bytes that never reached the disk (zeros): nothing valid follows, so it goes."""
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    for tail in (b"\0" * 300, b"0000001f 12345678 {\"i\":", b"garbage"):
+        path.write_bytes(full + tail)
+        with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
+            reopened = RecordLog(path)
+        assert len(reopened.records) == 4 and reopened.dropped_bytes == len(tail)
+        assert path.read_bytes() == full
+
+
+def test_drop_records_cuts_back_to_whole_records_and_appends_follow(tmp_path):
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    log = RecordLog(path)
+    log.drop_records(2)
+    assert [r["i"] for r in log.records] == [0, 1] and path.read_bytes() == full[: ends[1]]
+    log.append([{"i": "next"}])
+    log.close()
+    assert [r["i"] for r in RecordLog(path).records] == [0, 1, "next"]

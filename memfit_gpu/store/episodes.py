@@ -5,20 +5,26 @@ deleted row keeps its number. The read path gets numpy columns indexed by row, t
 speakers, and the four indexes (episode and summary, BM25 and dense).
 
 Persistence (a path is set): `log.jsonl` is an append-only record log (store/log.py) of memories,
-speakers, episodes, deletions and summaries; `snapshots/<records>/` holds index state written after
-each batch (BM25 state dicts, dense vectors as .npy) with the log fingerprint it covers. Opening
-loads the newest snapshot that matches the log, rebuilds the metadata columns from every record
-(cheap, no model), and replays into the indexes only the records after the snapshot, encoding just
-those texts. A store written in batches (add_memories, build_summaries, delete_episode snapshot
-after themselves) therefore reopens with bit-identical indexes; turns appended one at a time with
-`append_turn` are logged only and re-encoded on open (batch composition can move scores in the
-last float bits), until the next `snapshot()` or `close()`.
+speakers, episodes, deletions and summaries. Every write batch ends with a `commit` record (log
+format 2): a batch cut short by a killed writer is dropped whole on open, so a memory is never half
+stored. `snapshots/<records>/` holds index state written after each batch (BM25 state dicts, dense
+vectors as .npy) with the log fingerprint it covers and the sha256 of every file (in meta.json,
+written last). Opening loads the newest snapshot that matches the log and its checksums (a corrupted
+one is reported at ERROR and never used), rebuilds the metadata columns from every record (cheap, no
+model), and replays into the indexes only the records after the snapshot, encoding just those texts,
+then snapshots again so the next open encodes nothing. A store written in batches (add_memories,
+build_summaries, delete_episode snapshot after themselves) therefore reopens with bit-identical
+indexes; turns appended one at a time with `append_turn` are logged only and re-encoded by the next
+open (batch composition can move scores in the last float bits), unless `snapshot()` or `close()`
+came first.
 
-Nothing stored is rewritten, re-encoded or re-summarised, except what a user deletion demands.
+Nothing stored is rewritten, re-encoded or re-summarised, except what a user deletion demands, and
+`compact()`, which rewrites the store without its deleted turns (see there).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,18 +39,20 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.schema import Memory, Turn
+from memfit_gpu.data.fetch import sha256_of
+from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.devices import first_device
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.names import MAX_SPEAKERS
-from memfit_gpu.store.log import RecordLog
+from memfit_gpu.store.log import RecordLog, StoreCorruptError
 
 if TYPE_CHECKING:
     from memfit_gpu.index.encoders import BiEncoder
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
+SNAPSHOT_FORMAT = 2  # 2: meta.json holds the sha256 of every file and of itself
 _KEEP_SNAPSHOTS = 2
 
 
@@ -73,6 +81,58 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64(value, "s")
     except ValueError:
         return np.datetime64("NaT", "s")
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+    """sha256 of a snapshot's meta.json content without its own `meta_sha256` entry."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file and folder under root on disk (before a rename makes it the store)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(Path(folder) / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(Path(folder))
+
+
+def _rename_durably(source: Path, target: Path) -> None:
+    os.rename(source, target)
+    _fsync_dir(target.parent)
+
+
+def _compaction_dirs(path: Path) -> tuple[Path, Path]:
+    """(the compacted store being built, the old store being retired), beside the store folder."""
+    return path.parent / f".{path.name}.compact-new", path.parent / f".{path.name}.compact-old"
+
+
+def _finish_compaction(path: Path) -> None:
+    """Complete or undo a compaction that was killed: compact() builds the new store beside the old one,
+    makes it durable, then swaps the two with two renames and removes the old one."""
+    new, old = _compaction_dirs(path)
+    if old.exists() and not path.exists():
+        if new.exists():  # killed between the two renames: the new store is complete
+            log.warning("%s: completing a compaction that was interrupted between its two renames", path)
+            _rename_durably(new, path)
+        else:
+            log.warning("%s: restoring the store from %s (a compaction was interrupted)", path, old)
+            _rename_durably(old, path)
+    if old.exists():  # the swap was done: the old store (with the deleted turns) goes
+        log.warning("%s: removing %s left by an interrupted compaction", path, old)
+        shutil.rmtree(old)
+    if new.exists():  # killed before the swap: the store is the old one, untouched
+        log.warning("%s: removing the unfinished compaction %s (the store is unchanged)", path, new)
+        shutil.rmtree(new)
 
 
 class _Column:
@@ -189,6 +249,7 @@ class EpisodeStore:
         self.episode_dense, self.summary_dense = self._new_dense(), self._new_dense()
 
         self._log: RecordLog | None = None
+        self._commits = True  # end each logged batch with a commit record (False for format-1 logs)
         self._snapshot_records = 0
         if self.path is not None:
             self._open()
@@ -405,7 +466,7 @@ class EpisodeStore:
 
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record.get("t")
-        if kind == "header":
+        if kind in ("header", "commit"):
             return
         handler = self._APPLY.get(kind)
         if handler is None:
@@ -489,14 +550,19 @@ class EpisodeStore:
             return torch.empty((0, self.dim), dtype=torch.float32)
         return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
 
-    def _commit(self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True) -> None:
-        """Encode, then log, then apply to the metadata and the indexes, then (persistent stores) snapshot.
+    def _commit(
+        self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True,
+        embeddings: torch.Tensor | None = None,
+    ) -> None:
+        """Encode (unless `embeddings` are given), then log, then apply to the metadata and the indexes,
+        then (persistent stores) snapshot.
 
         Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
-        embeddings = self._encode_records(records, progress)
+        if embeddings is None:
+            embeddings = self._encode_records(records, progress)
         started = time.perf_counter()
         if self._log is not None:
-            self._log.append(records)
+            self._log.append([*records, {"t": "commit", "records": len(records)}] if self._commits else records)
         self.last_timings["log_s"] = time.perf_counter() - started
         for record in records:
             self._apply(record)
@@ -579,33 +645,47 @@ class EpisodeStore:
     def delete_episode(
         self, memory_id: str, turn_id: str, generate: Callable[[list[str]], list[str]] | None = None
     ) -> None:
-        """User-initiated deletion (SPEC write path 5): the episode leaves the store's live rows and both
-        indexes; a summary whose members include it is retired and, with `generate`, rebuilt over the
-        remaining members (new summary row, `replaces` = the old one). Without `generate` the old
-        summary is still retired (it may quote the deleted turn) and the segment stays unsummarised."""
+        """User-initiated deletion of one turn (SPEC write path 5); see `delete_episodes`."""
+        self.delete_episodes(memory_id, [turn_id], generate)
+
+    def delete_episodes(
+        self, memory_id: str, turn_ids: Sequence[str], generate: Callable[[list[str]], list[str]] | None = None
+    ) -> dict[str, int]:
+        """User-initiated deletion (SPEC write path 5), in one logged batch: the episodes leave the store's
+        live rows and both indexes; a summary whose members include one of them is retired and, with
+        `generate`, rebuilt over the remaining members (new summary row, `replaces` = the old one; one
+        generate call for all). Without `generate` the old summary is still retired (it may quote a deleted
+        turn) and the segment stays unsummarised. Every turn id is checked before anything is written.
+
+        Returns counts: episodes deleted, summaries retired and rebuilt. The text stays in the log (a
+        tombstone hides it) until `compact()`."""
         from memfit_gpu.store.summaries import summary_records
 
-        row = self.row_of(memory_id, turn_id)
         memory = self.memory_of(memory_id)
-        records: list[dict[str, Any]] = [{"t": "delete", "row": row}]
-        affected = [s for s in self.summaries.live_rows(memory) if row in set(self.summaries.members[s].tolist())]
+        if not turn_ids:
+            raise ValueError(f"EpisodeStore.delete_episodes: no turn ids given for memory {memory_id!r}")
+        rows = sorted({self.row_of(memory_id, turn_id) for turn_id in turn_ids})
+        records: list[dict[str, Any]] = [{"t": "delete", "row": row} for row in rows]
+        doomed = set(rows)
+        affected = [s for s in self.summaries.live_rows(memory) if doomed & set(self.summaries.members[s].tolist())]
         rebuild: list[tuple[int, np.ndarray]] = []
         for summary in affected:
             records.append({"t": "summary_delete", "row": int(summary)})
             remaining = self.summaries.members[summary]
-            remaining = remaining[(remaining != row) & ~self.deleted[remaining]]
+            remaining = remaining[~np.isin(remaining, rows) & ~self.deleted[remaining]]
             rebuild.append((int(summary), remaining))
         if rebuild and generate is None:
             log.warning(
                 "EpisodeStore: deleting %s/%s retires %d summar%s; no generate callable was given, so the "
-                "segment is left without one", memory_id, turn_id, len(rebuild), "y" if len(rebuild) == 1 else "ies",
+                "segment is left without one", memory_id, ", ".join(turn_ids), len(rebuild),
+                "y" if len(rebuild) == 1 else "ies",
             )
+        rebuilt: list[dict[str, Any]] = []
         if rebuild and generate is not None:
-            records.extend(
-                summary_records(self, [(memory, members) for _, members in rebuild], generate,
-                                first_row=len(self.summaries), replaces=[old for old, _ in rebuild])
-            )
-        self._commit(records)
+            rebuilt = summary_records(self, [(memory, members) for _, members in rebuild], generate,
+                                      first_row=len(self.summaries), replaces=[old for old, _ in rebuild])
+        self._commit(records + rebuilt)
+        return {"episodes": len(rows), "summaries_retired": len(rebuild), "summaries_rebuilt": len(rebuilt)}
 
     def build_summaries(
         self, generate: Callable[[list[str]], list[str]], memory_ids: Sequence[str] | None = None, progress: bool = True
@@ -621,7 +701,10 @@ class EpisodeStore:
         return self.path / "snapshots"
 
     def snapshot(self) -> None:
-        """Write index state covering every record logged so far (no-op in memory or when current)."""
+        """Write index state covering every record logged so far (no-op in memory or when current).
+
+        meta.json, written last, holds the log fingerprint the snapshot covers and the sha256 of every
+        file (and of itself): a snapshot without it, or with a file that fails it, is never loaded."""
         if self._log is None or len(self._log) == self._snapshot_records:
             return
         count = len(self._log)
@@ -636,9 +719,10 @@ class EpisodeStore:
         torch.save(self.summary_bm25.state_dict(), staging / "summary_bm25.pt")
         self.episode_dense.save(staging / "episode_dense")
         self.summary_dense.save(staging / "summary_dense")
-        meta = {"format": FORMAT_VERSION, **self._log.fingerprint(count), "episodes": self.size,
-                "summaries": len(self.summaries), "dim": self.dim}
-        # meta.json last: a snapshot without it is incomplete and ignored
+        files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
+        meta = {"format": SNAPSHOT_FORMAT, **self._log.fingerprint(count), "episodes": self.size,
+                "summaries": len(self.summaries), "dim": self.dim, "files": files}
+        meta["meta_sha256"] = _meta_digest(meta)
         (staging / "meta.json").write_text(json.dumps(meta, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -647,8 +731,22 @@ class EpisodeStore:
         for old in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[:-_KEEP_SNAPSHOTS]:
             shutil.rmtree(old, ignore_errors=True)
 
+    @staticmethod
+    def _snapshot_damage(folder: Path, meta: dict[str, Any]) -> str | None:
+        """Why a snapshot's files cannot be trusted (None: every checksum holds)."""
+        files = meta.get("files")
+        if not isinstance(files, dict) or not files:
+            return "meta.json lists no file checksums"
+        for name, digest in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if sha256_of(path) != digest:
+                return f"{name} fails its sha256 (the bytes on disk changed after it was written)"
+        return None
+
     def _load_snapshot(self) -> int:
-        """Load the newest snapshot that matches the log; returns how many records it covers."""
+        """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
         assert self._log is not None
         root = self._snapshot_dir()
         if not root.exists():
@@ -659,13 +757,30 @@ class EpisodeStore:
                 continue
             try:
                 meta = json.loads(meta_path.read_text())
-            except json.JSONDecodeError:
-                log.warning("%s: unreadable, skipped", meta_path)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                log.error("%s: unreadable (corrupted on disk?): snapshot ignored", meta_path)
                 continue
-            count = int(meta.get("records", -1))
-            if count > len(self._log) or self._log.fingerprint(count) != {k: meta.get(k) for k in ("records", "bytes", "last_crc")}:
-                log.warning("%s: covers %d records that do not match the log (%d valid records); skipped",
+            if not isinstance(meta, dict):
+                log.error("%s: not a JSON object (corrupted on disk?): snapshot ignored", meta_path)
+                continue
+            if meta.get("format") != SNAPSHOT_FORMAT:
+                log.warning("%s: snapshot format %r has no checksums (written by an older memfit_gpu): skipped, the "
+                            "indexes are rebuilt from the log", folder, meta.get("format"))
+                continue
+            if meta.get("meta_sha256") != _meta_digest(meta):
+                log.error("%s: fails its own sha256 (corrupted on disk): snapshot ignored, never loaded", meta_path)
+                continue
+            count = meta.get("records", -1)
+            if not isinstance(count, int) or count < 0 or count > len(self._log) or (
+                self._log.fingerprint(count) != {k: meta.get(k) for k in ("records", "bytes", "prefix_crc")}
+            ):
+                log.warning("%s: covers %s records that do not match the log (%d valid records); skipped",
                             folder, count, len(self._log))
+                continue
+            damage = self._snapshot_damage(folder, meta)
+            if damage is not None:
+                log.error("%s: %s: snapshot ignored, never loaded; the indexes come from an older snapshot or are "
+                          "rebuilt from the log", folder, damage)
                 continue
             if meta.get("dim") != self.dim:
                 raise ValueError(f"{meta_path}: embeddings are {meta.get('dim')}-d, the encoder gives {self.dim}-d")
@@ -678,8 +793,25 @@ class EpisodeStore:
             return count
         return 0
 
+    def _committed_records(self) -> int:
+        """How many records of a format-2 log belong to committed batches (the header is its own batch)."""
+        assert self._log is not None
+        committed = start = 1
+        for number, record in enumerate(self._log.records[1:], 1):
+            if record.get("t") != "commit":
+                continue
+            if record.get("records") != number - start:
+                raise StoreCorruptError(
+                    str(self._log.path), f"record {number + 1}", "records",
+                    f"a commit of {record.get('records')} records follows {number - start} records since the "
+                    f"previous commit: the log's batches do not add up; the file was left unmodified",
+                )
+            committed = start = number + 1
+        return committed
+
     def _open(self) -> None:
         assert self.path is not None
+        _finish_compaction(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         if self._snapshot_dir().exists():  # a snapshot interrupted while being written
             for staging in self._snapshot_dir().glob(".staging-*"):
@@ -687,16 +819,27 @@ class EpisodeStore:
         self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
         records = self._log.records
         if not records:
-            self._log.append([{"t": "header", "format": FORMAT_VERSION, "encoder": self.cfg.index.encoder, "dim": self.dim}])
+            self._log.append([{"t": "header", "format": LOG_FORMAT, "encoder": self.cfg.index.encoder, "dim": self.dim}])
             return
         header = records[0]
         if header.get("t") != "header":
             raise ValueError(f"{self._log.path}: first record is not a store header")
+        if header.get("format") not in (1, LOG_FORMAT):
+            raise DataError(str(self._log.path), "record 1", "format",
+                            f"store format {header.get('format')!r}; this memfit_gpu reads formats 1 and {LOG_FORMAT}")
         if header.get("dim") != self.dim:
             raise ValueError(f"{self._log.path}: store was built with {header.get('dim')}-d embeddings "
                              f"({header.get('encoder')}), the encoder gives {self.dim}-d")
         if header.get("encoder") != self.cfg.index.encoder:
             log.warning("%s: built with encoder %s, opened with %s", self._log.path, header.get("encoder"), self.cfg.index.encoder)
+        self._commits = header.get("format") == LOG_FORMAT
+        if self._commits:
+            committed = self._committed_records()
+            if committed < len(records):
+                log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
+                            "killed): dropping them whole", self._log.path, len(records) - committed)
+                self._log.drop_records(committed)
+                records = self._log.records
         for record in records:
             self._apply(record)
         covered = self._load_snapshot()
@@ -706,11 +849,94 @@ class EpisodeStore:
             raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
                              f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")
         tail = records[covered:]
-        if any(r.get("t") in ("episode", "summary") for r in tail):
-            log.info("EpisodeStore: replaying %d log records after the snapshot", len(tail))
+        texts = len(self._texts_to_encode(tail))
+        if texts:
+            log.log(logging.WARNING if covered == 0 else logging.INFO,
+                    "EpisodeStore: %s: replaying %d log records after %s (re-encoding %d texts)", self.path,
+                    len(tail), f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
         self._index_records(tail)
+        if tail:  # so that the next open loads everything from a snapshot and encodes nothing
+            self.snapshot()
         log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
                  self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
+
+    # ------------------------------------------------------------------ compaction
+    def _compacted(self) -> tuple[list[dict[str, Any]], torch.Tensor]:
+        """The log's records without deleted episodes, retired summaries and tombstones, rows renumbered
+        in the same order, and the stored vector of every text in them (nothing is re-encoded)."""
+        assert self._log is not None
+        episode_rows = np.flatnonzero(~self.deleted)
+        summary_rows = self.summaries.live_rows()
+        new_episode = np.full(self.size, -1, dtype=np.int64)
+        new_episode[episode_rows] = np.arange(len(episode_rows))
+        new_summary = np.full(len(self.summaries), -1, dtype=np.int64)
+        new_summary[summary_rows] = np.arange(len(summary_rows))
+        records: list[dict[str, Any]] = []
+        sources: list[tuple[str, int]] = []  # (kind, old row) of each text, in record order
+        for record in self._log.records[1:]:
+            kind = record.get("t")
+            if kind in ("header", "commit", "delete", "summary_delete"):
+                continue
+            if kind == "episode":
+                row = int(record["row"])
+                if new_episode[row] < 0:
+                    continue
+                records.append({**record, "row": int(new_episode[row])})
+                sources.append((kind, row))
+            elif kind == "summary":
+                row = int(record["row"])
+                if new_summary[row] < 0:
+                    continue
+                members = new_episode[np.asarray(record["members"], dtype=np.int64)]
+                # a retired summary is gone, so nothing is left for `replaces` to name
+                records.append({**record, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
+                                "replaces": None})
+                sources.append((kind, row))
+            else:
+                records.append(record)
+        vectors = np.empty((len(sources), self.dim), dtype=np.float32)
+        for kind, dense in (("episode", self.episode_dense), ("summary", self.summary_dense)):
+            where = [i for i, (k, _) in enumerate(sources) if k == kind]
+            if where:
+                vectors[where] = dense.vectors([sources[i][1] for i in where])
+        return records, torch.from_numpy(vectors)
+
+    def compact(self) -> dict[str, int]:
+        """Rewrite the store on disk without its deleted episodes and retired summaries, for users who
+        must really forget: afterwards their text and vectors are nowhere under the store folder.
+
+        Episode and summary rows are renumbered 0.. in their old order (relative order, hence every
+        tie-break, is kept); the indexes are rebuilt from the stored vectors (never re-encoded) and the
+        live texts, so the same queries give the same results, row numbers aside (a trained FAISS factory
+        is retrained on the remaining vectors). The new store (one committed batch and its snapshot) is
+        built beside the old one and made durable, then the two are swapped with two renames and the old
+        one is removed; a kill at any point leaves the old or the new store, and the next open finishes
+        or undoes the swap. The store is closed afterwards: open it again to use it. Returns counts."""
+        if self._log is None or self.path is None:
+            raise ValueError("EpisodeStore.compact: an in-memory store has nothing on disk to compact")
+        for memory in range(len(self.memory_ids)):
+            kind = self.episode_dense.memory_kind(memory)
+            if kind not in (None, "Flat"):
+                log.warning("EpisodeStore.compact: memory %r uses a trained %s index: it is retrained on the "
+                            "remaining vectors, so its approximate results can shift", self.memory_ids[memory], kind)
+        before = {"records": len(self._log), "episodes": self.size, "summaries": len(self.summaries)}
+        records, vectors = self._compacted()
+        new, old = _compaction_dirs(self.path)
+        if new.exists():
+            shutil.rmtree(new)
+        fresh = EpisodeStore(new, self.cfg, self.encoder)
+        fresh._commit(records, embeddings=vectors)
+        assert fresh._log is not None
+        after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
+        fresh.close()
+        _fsync_tree(new)
+        self._log.close()  # no last snapshot: this store is about to go
+        self._log = None
+        _rename_durably(self.path, old)
+        _rename_durably(new, self.path)
+        shutil.rmtree(old)
+        log.info("EpisodeStore.compact: %s rewritten: %s", self.path, after)
+        return {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()}}
 
     def close(self) -> None:
         """Snapshot what the log holds beyond the last snapshot, then close the log."""

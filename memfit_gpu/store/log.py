@@ -1,13 +1,19 @@
 """Append-only record log: one JSON object per line, framed by its length and CRC32.
 
 A line is `{length:08x} {crc32:08x} {json}\n`, where length and crc32 are those of the UTF-8 JSON
-bytes. The frame lets an open tell a complete record from one torn by a killed process (short
-line, bad checksum, missing newline) without trusting anything after it: the first bad record
-and everything after it are dropped, logged at WARNING with the byte and line counts, and the file
-is truncated back to the last good record so that later appends start on a clean boundary.
+bytes (the JSON never holds a raw newline, so the only newline of a record is its last byte).
 
-Appends never rewrite bytes already written: the file only grows (or, on open after a crash, is
-cut back to its last good record).
+Opening tells a torn tail from corruption. A process killed mid-append leaves part of its last record
+at the end of the file (a header or a record cut short; at worst bytes never written), with no
+newline in it. Only such a tail, where nothing valid follows the last good record, is dropped (logged
+at WARNING) and the file is cut back to the last whole record so that later appends start on a clean
+boundary. A bad record with a newline at or after it (a checksum mismatch in a complete line, a flipped
+length, bytes cut out of the middle), or with another byte where its newline belongs, is damage a crash
+cannot make: `StoreCorruptError`, naming the
+file, the record and the byte offset, and the file is left exactly as it was.
+
+Appends never rewrite bytes already written: the file only grows (or is cut back as above, or by
+`drop_records` for a batch its owner never committed).
 """
 
 from __future__ import annotations
@@ -20,9 +26,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu.data.schema import DataError
+
 log = logging.getLogger(__name__)
 
 _HEADER = 18  # "llllllll cccccccc "
+
+
+class StoreCorruptError(DataError):
+    """A store file damaged in a way a crash cannot explain: the run stops (CLI exit 2), nothing is rewritten."""
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -77,8 +89,8 @@ class RecordLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[dict[str, Any]] = []
         self.ends: list[int] = []  # byte offset just past each record
+        self._chain: list[int] = []  # CRC32 of the file's bytes up to the end of each record
         self.dropped_bytes = 0
-        self.dropped_lines = 0
         if self.path.exists():
             self._recover()
         self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
@@ -87,22 +99,47 @@ class RecordLog:
         data = self.path.read_bytes()
         records, ends, good, reason = _parse(data)
         self.records, self.ends = records, ends
+        start = 0
+        for end in ends:
+            self._chain.append(zlib.crc32(data[start:end], self._chain[-1] if self._chain else 0))
+            start = end
         if reason is None:
             return
         tail = data[good:]
+        # Every whole record ends in the only newline it holds. A tail without one is what a killed writer
+        # (or a size extended before its data reached the disk) leaves: part of one record, nothing valid after.
+        # A byte present where the frame puts the newline, but not a newline, was changed, not left unwritten.
+        if b"\n" in tail or reason == "missing newline":
+            raise StoreCorruptError(
+                str(self.path), f"record {len(records) + 1} (line {len(records) + 1}, byte {good})", None,
+                f"{reason}, {len(tail)} bytes before the end of the file: damage inside the log, not a record torn "
+                f"by a killed writer; the file was left unmodified (restore it from a copy, or move the store "
+                f"aside to build it again)",
+            )
         self.dropped_bytes = len(tail)
-        # Lines in the dropped tail: a torn record is one line with no newline; appended garbage may be more.
-        self.dropped_lines = tail.count(b"\n") + (0 if tail.endswith(b"\n") else 1)
         log.warning(
-            "%s: %s at byte %d after %d good records: dropping the last %d bytes (%d partial or corrupt "
-            "record line%s) and truncating the file back to the last good record",
-            self.path, reason, good, len(records), self.dropped_bytes, self.dropped_lines,
-            "" if self.dropped_lines == 1 else "s",
+            "%s: torn last record (%s) at byte %d after %d good records, left by a killed writer: dropping its "
+            "%d bytes and truncating the file back to the last good record",
+            self.path, reason, good, len(records), self.dropped_bytes,
         )
+        self._truncate(good)
+
+    def _truncate(self, size: int) -> None:
         with open(self.path, "r+b") as handle:
-            handle.truncate(good)
+            handle.truncate(size)
             handle.flush()
             os.fsync(handle.fileno())
+
+    def drop_records(self, count: int) -> None:
+        """Cut the log back to its first `count` records (the owner's uncommitted tail); before any append."""
+        if count >= len(self.records):
+            return
+        size = self.ends[count - 1] if count else 0
+        self.dropped_bytes += self.size_bytes - size
+        self._file.close()
+        self._truncate(size)
+        del self.records[count:], self.ends[count:], self._chain[count:]
+        self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -121,6 +158,7 @@ class RecordLog:
         for blob in blobs:
             position += len(blob)
             self.ends.append(position)
+            self._chain.append(zlib.crc32(blob, self._chain[-1] if self._chain else 0))
         self._file.write(b"".join(blobs))
         self._file.flush()
         if self.fsync:
@@ -129,11 +167,12 @@ class RecordLog:
         return len(self.records)
 
     def fingerprint(self, count: int) -> dict[str, int]:
-        """What a snapshot covering the first `count` records stores to prove it belongs to this log."""
+        """What a snapshot covering the first `count` records stores to prove it belongs to this log: the
+        count, the byte length and the CRC32 of every byte of those records (a batch dropped and another
+        of the same size written in its place does not match)."""
         if count == 0:
-            return {"records": 0, "bytes": 0, "last_crc": 0}
-        last = zlib.crc32(json.dumps(self.records[count - 1], ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-        return {"records": count, "bytes": self.ends[count - 1], "last_crc": last}
+            return {"records": 0, "bytes": 0, "prefix_crc": 0}
+        return {"records": count, "bytes": self.ends[count - 1], "prefix_crc": self._chain[count - 1]}
 
     def close(self) -> None:
         if not self._file.closed:

@@ -1,0 +1,178 @@
+"""`memfit store`: delete turns from a store, and compact it so that deleted turns leave the disk.
+
+    memfit store delete DIR --memory ID --turn TURN [--turn TURN ...] [--no-resummarize]
+    memfit store compact DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Change a persistent episode store (SPEC write path 5, user-initiated deletion).
+
+DIR is a run directory (its config.yaml says where the store is: DIR/store unless store.path is set)
+or a store folder (log.jsonl inside; --config is needed unless its parent is a run directory). The
+config gives the encoder and index settings the store was built with, and the reader for summaries.
+Both commands hold the run directory's lock (DIR/.lock, the lock `memfit run` holds): a directory
+that is being run is refused.
+
+  delete   tombstones turns: they leave every index and every later retrieval, in one logged batch.
+           A summary that covers one of them is retired and, by default, rebuilt over the remaining
+           turns with the config's reader through the run's response cache (one LLM batch);
+           --no-resummarize retires it without a reader (that segment is left without a summary).
+           The text stays in the append-only log until `compact`.
+  compact  rewrites the log and the index snapshots without deleted turns and retired summaries (rows
+           renumbered, order kept: the same queries give the same results), built beside the store
+           and swapped in atomically. Afterwards the turns' text and vectors are nowhere in the store.
+
+A run directory is a finished experiment: its packs, predictions and metrics were made from the store as
+it was, and these commands leave them (and DONE) as they are. Deleting is for live stores and for
+retrieving again over the changed store (a new run directory with store.path set to this store, or
+`memfit retrieve --store`)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "store", help="delete turns from a store; compact it so they leave the disk",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    commands = parser.add_subparsers(dest="store_command", metavar="ACTION")
+    commands.required = True
+    delete = commands.add_parser("delete", help="tombstone turns of one memory (and rebuild their summaries)")
+    delete.add_argument("dir", metavar="DIR", help="run directory or store folder")
+    delete.add_argument("--memory", required=True, help="memory id (e.g. conv-26)")
+    delete.add_argument("--turn", required=True, action="append", help="turn id (e.g. D1:3); repeat for more")
+    delete.add_argument("--no-resummarize", action="store_true",
+                        help="retire summaries that cover a deleted turn without rebuilding them (no reader)")
+    delete.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
+    delete.set_defaults(func=delete_command)
+    compact = commands.add_parser("compact", help="rewrite the store without deleted turns and retired summaries")
+    compact.add_argument("dir", metavar="DIR", help="run directory or store folder")
+    compact.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
+    compact.set_defaults(func=compact_command)
+
+
+@dataclass(frozen=True)
+class Target:
+    store: Path  # the store folder (log.jsonl, snapshots/)
+    run_dir: Path | None  # its run directory, when there is one (config.yaml, cache.sqlite, .lock)
+    lock: Path
+    cfg: Any  # MemFitConfig
+
+
+def resolve_target(directory: str | Path, config: str | None) -> Target:
+    """The store a DIR argument names, its config, and the lock that keeps runs out."""
+    from memfit_gpu.config import ConfigError, load_config
+
+    path = Path(directory)
+    if (path / "config.yaml").is_file():
+        cfg = load_config(config or path / "config.yaml")
+        store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
+        run_dir: Path | None = path
+    elif (path / "log.jsonl").is_file():
+        store = path
+        run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
+        if config is None and run_dir is None:
+            raise ConfigError(f"{path}: a store folder outside a run directory needs --config (the encoder and "
+                              f"index settings it was built with)")
+        cfg = load_config(config or path.parent / "config.yaml")
+    else:
+        raise FileNotFoundError(f"{path}: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
+    if not (store / "log.jsonl").is_file():
+        raise FileNotFoundError(f"{store / 'log.jsonl'}: no store there (was the run's build stage reached?)")
+    lock = run_dir / ".lock" if run_dir is not None else store.parent / f".{store.name}.lock"
+    return Target(store=store, run_dir=run_dir, lock=lock, cfg=cfg)
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold `lock` (fcntl, released when the process ends however it ends), or refuse at once."""
+    from memfit_gpu.config import ConfigError
+
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{lock.parent}: another process holds {lock} (a run in progress?); "
+                              f"try again when it has finished") from None
+        yield
+
+
+def _open_store(target: Target) -> Any:
+    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.store.episodes import EpisodeStore
+
+    cfg = target.cfg
+    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    return EpisodeStore(target.store, cfg, encoder)
+
+
+class _Summariser:
+    """`generate` for rebuilt summaries: the config's reader behind the run's response cache, loaded only
+    when a summary really has to be rebuilt."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.reader: Any = None
+        self.prompts = 0
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        from memfit_gpu.pipeline import summary_generate
+        from memfit_gpu.readers.base import make_reader
+
+        if self.reader is None:
+            self.reader = make_reader(self.target.cfg.reader, self.target.run_dir, progress=False)
+        self.prompts += len(prompts)
+        return summary_generate(self.reader, self.target.cfg)(prompts)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+def delete_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.config import ConfigError
+
+    target = resolve_target(args.dir, args.config)
+    with exclusive(target.lock):
+        store = _open_store(target)
+        summariser = None if args.no_resummarize else _Summariser(target)
+        try:
+            try:
+                counts = store.delete_episodes(args.memory, args.turn, summariser)
+            except KeyError as exc:
+                raise ConfigError(f"{target.store}: {exc.args[0]}") from None
+        finally:
+            store.close()
+            if summariser is not None:
+                summariser.close()
+    turns = ", ".join(dict.fromkeys(args.turn))
+    print(f"memfit store delete: {target.store}: deleted {counts['episodes']} turn(s) of {args.memory} ({turns}); "
+          f"{counts['summaries_retired']} summary(ies) retired, {counts['summaries_rebuilt']} rebuilt"
+          + (f" ({summariser.prompts} reader prompt(s))" if summariser is not None and summariser.prompts else ""))
+    if target.run_dir is not None:
+        print(f"{target.run_dir} is a finished experiment: its packs, predictions and metrics were made before "
+              f"this deletion and are unchanged.")
+    print(f"The text stays in {target.store / 'log.jsonl'} (tombstoned) until `memfit store compact {args.dir}`.")
+    return 0
+
+
+def compact_command(args: argparse.Namespace) -> int:
+    target = resolve_target(args.dir, args.config)
+    with exclusive(target.lock):
+        counts = _open_store(target).compact()
+    print(f"memfit store compact: {target.store}: {counts['episodes_before']} -> {counts['episodes_after']} "
+          f"episode rows, {counts['summaries_before']} -> {counts['summaries_after']} summary rows, "
+          f"{counts['records_before']} -> {counts['records_after']} log records; deleted turns and retired "
+          f"summaries are gone from disk (rows renumbered in their old order)")
+    return 0
