@@ -34,7 +34,8 @@ MEMGALLERY_FILES = {"system": "sys_prompt.txt", "AR": "ar_prompt.txt", "CD": "cd
 
 
 class PromptError(FileNotFoundError):
-    """A prompt file that does not exist, or a template slot that was not given."""
+    """A prompt file that does not exist, a template slot that was not given, or a prompt that cannot be
+    cut to reader.max_prompt_chars."""
 
 
 @lru_cache(maxsize=64)
@@ -144,6 +145,39 @@ def build_answer_messages(question: str, excerpts_text: str, question_date: str 
                     question_date=question_date, image_note=note, instruction=instruction)
         return [{"role": "system", "content": official.system}, {"role": "user", "content": text}]
     raise ValueError(f"answer protocol {protocol!r} is not one of {', '.join(PROTOCOLS)} (resolve 'auto' first)")
+
+
+def prompt_chars(messages: Sequence[dict[str, Any]]) -> int:
+    """Characters of every message's text: what reader.max_prompt_chars bounds."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
+def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_prompt_chars: int,
+                            **kwargs: Any) -> tuple[list[dict[str, str]], int]:
+    """`build_answer_messages` with its prompt held to `max_prompt_chars` characters, and how many
+    characters of the excerpts were cut for that (0 when the prompt fits, the usual case).
+
+    The end of the excerpt block goes, with a note saying how much; the instructions, the question and
+    the facts at the top stay. A prompt that does not fit even without excerpts is a PromptError."""
+    messages = build_answer_messages(question, excerpts_text, *args, **kwargs)
+    excess = prompt_chars(messages) - max_prompt_chars
+    if excess <= 0:
+        return messages, 0
+
+    def note(cut: int) -> str:
+        return f"\n[... {cut:,} more characters of excerpts cut: reader.max_prompt_chars={max_prompt_chars:,}]"
+
+    cut = 0
+    while excess > 0:  # the note's own length (and fill's blank-line folding) can need a second pass
+        cut = min(len(excerpts_text), cut + excess + len(note(cut + excess)))
+        messages = build_answer_messages(question, excerpts_text[:len(excerpts_text) - cut] + note(cut), *args,
+                                         **kwargs)
+        excess = prompt_chars(messages) - max_prompt_chars
+        if excess > 0 and cut == len(excerpts_text):
+            raise PromptError(f"question {question[:60]!r}: the answer prompt holds {prompt_chars(messages):,} "
+                              f"characters without its excerpts, more than reader.max_prompt_chars="
+                              f"{max_prompt_chars:,}")
+    return messages, cut
 
 
 def build_judge_messages(question: str, gold: str, prediction: str, category: str | None = None,
