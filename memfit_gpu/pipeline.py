@@ -311,7 +311,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
                 messages, prompt_cut = bounded_answer_messages(
                     q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
                     question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-                    max_prompt_chars=cfg.reader.max_prompt_chars,
+                    max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=reader.prompt_token_limit(),
                 )
                 requests.append(Request(messages, role="answer", images=images, key=q.question_id))
                 prompt_cuts.append({"prompt_chars_cut": prompt_cut} if prompt_cut else {})

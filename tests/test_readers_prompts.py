@@ -150,5 +150,25 @@ def test_a_long_prompt_loses_the_end_of_its_excerpts_and_says_so() -> None:
 
 
 def test_a_prompt_that_cannot_fit_is_an_error() -> None:
-    with pytest.raises(PromptError, match="without its excerpts, more than reader.max_prompt_chars=200"):
+    with pytest.raises(PromptError, match=r"without its excerpts is still too long \(\d+ characters; "
+                                          r"reader.max_prompt_chars=200\)"):
         bounded_answer_messages("q?", EXCERPTS * 10, None, "2", max_prompt_chars=200)
+
+
+def test_a_token_limit_keeps_the_longest_prefix_that_fits() -> None:
+    """With a reader's context (here a stand-in counter: one token per 4 characters) the excerpts are cut to the
+    longest prefix whose prompt fits, and the note names the context."""
+    def count(messages: list[dict]) -> int:
+        return prompt_chars(messages) // 4
+
+    excerpts = "\n".join(f"EXCERPT {i} (recorded 8 May 2023): Speaker Ann says: turn {i}" for i in range(1, 401))
+    messages, cut = bounded_answer_messages("q?", excerpts, None, "1", max_prompt_chars=1_000_000,
+                                            token_limit=(2_000, count))
+    kept = len(excerpts) - cut
+    note = f"\n[... {cut:,} more characters of excerpts cut: the reader's context of 2,000 tokens]"
+    assert messages == build_answer_messages("q?", excerpts[:kept] + note, None, "1")
+    assert count(messages) <= 2_000 < count(build_answer_messages("q?", excerpts[:kept + 1] + note, None, "1"))
+    # a prompt within the context is left as it is
+    assert bounded_answer_messages("q?", excerpts[:500], None, "1", max_prompt_chars=1_000_000,
+                                   token_limit=(2_000, count)) == (build_answer_messages("q?", excerpts[:500], None,
+                                                                                          "1"), 0)
