@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_yaml
+from memfit_gpu.config import _RANGES, ConfigError, MemFitConfig, load_config, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,3 +138,20 @@ def test_every_shipped_config_passes_the_checks():
     for path in sorted((REPO / "configs").rglob("*.yaml")):
         if path.parent.name != "sweeps" and path.name != "prices.yaml":
             load_config(path)
+
+
+def test_every_numeric_key_has_a_range():
+    """A numeric setting added later without a range would be taken unchecked."""
+
+    def numeric_keys(cls: type, prefix: str = "") -> list[str]:
+        keys = []
+        for name, hint in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(hint):
+                keys += numeric_keys(hint, f"{prefix}{name}.")
+            elif hint in (int, float, int | None, float | None):
+                keys.append(prefix + name)
+        return keys
+
+    numeric = numeric_keys(MemFitConfig)
+    assert "data.limit_questions" in numeric and "retrieve.prf.docs" in numeric
+    assert sorted(numeric) == sorted(_RANGES)
