@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from memfit_gpu.cli import main
+from memfit_gpu.pipeline import read_jsonl
+from memfit_gpu.readers.prompts import bounded_answer_messages, prompt_chars
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "configs" / "smoke.yaml")
@@ -100,5 +102,12 @@ def test_corrected_rerun_in_the_same_directory_finishes(tmp_path: Path, capsys: 
     few = ["data.limit_questions=1", "reader.max_new_tokens=4"]
     _refused(out, ["pack.k=-1", *few], capsys)
     _refused(out, ["rerank.backend=cross-encoder", "rerank.model=memfit-tests/no-such-reranker", *few], capsys)
-    assert main(["run", "--config", SMOKE, "--out", str(out), "--quiet", "pack.k=1", *few]) == 0
+    # corrected, and with a prompt bound that cuts: the prediction row records what was cut
+    assert main(["run", "--config", SMOKE, "--out", str(out), "--quiet", "pack.k=3", "reader.max_prompt_chars=1200",
+                 *few]) == 0
     assert (out / "DONE").is_file()
+    (row,) = read_jsonl(out / "predictions.jsonl")
+    (pack,) = read_jsonl(out / "packs.jsonl")
+    messages, cut = bounded_answer_messages(row["question"], pack["excerpts"], None, row["category"],
+                                            max_prompt_chars=1200)
+    assert row["prompt_chars_cut"] == cut > 0 and prompt_chars(messages) == 1200
