@@ -337,3 +337,6 @@ def test_diagnostics_count_a_repeated_turn_id_as_the_gold_turn() -> None:
     # both gold turns of q2 are in its pack (D1 through its second carrier); q3's D1 is not
     assert [r["all_gold_pack"] for r in records] == [True, True, True, False]
     assert diagnostics["overall"]["hit@5"] == 1.0 and diagnostics["unmatched_evidence"] == 0
+    # the renamed id itself names only its own turn
+    _, (record,) = compute_diagnostics([result([1, 2], [1])], [question("q4", ["D1#dup2"])], view)
+    assert record["rr"] == 0.5 and record["pack_hit"] is False
