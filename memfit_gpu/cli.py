@@ -52,12 +52,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from memfit_gpu.config import ConfigError
     from memfit_gpu.data.schema import DataError
+    from memfit_gpu.models import MissingWeightsError
+    from memfit_gpu.readers.base import MissingBackendError
 
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"memfit {args.command}: error: {exc}", file=sys.stderr)
+    except (ConfigError, DataError, FileNotFoundError, MissingWeightsError, MissingBackendError) as exc:
+        # What the user must change (a setting, a file, weights to download): one line, exit code 2.
+        # Anything else is a bug and keeps its traceback.
+        print(f"memfit {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of `exc` on one line (a multi-line message, e.g. where weights were looked for, joined)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
 A run's configuration is `MemFitConfig`, loaded from YAML in `configs/` and refined by dot-list
 overrides (`retrieve.scan_top_k=30`). OmegaConf validates both against these dataclasses, so an
-unknown key or a wrongly typed value is an error that names the key.
+unknown key or a wrongly typed value is an error that names the key; then every choice, every numeric
+range (`_RANGES`) and settings that only fail together are checked, so a bad value is refused with the
+key, the value and what is allowed before any work starts (and before a run saves its config.yaml).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import MISSING as MISSING_FACTORY
 from dataclasses import dataclass, field
@@ -15,6 +18,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for configs)
 from omegaconf.errors import OmegaConfBaseException
+
+from memfit_gpu.data.schema import HUGE_TURN_CHARS
 
 
 @dataclass
@@ -124,6 +129,11 @@ class PackConfig:
     k: int = 10  # top-k after rerank; summaries compete for slots (SPEC read path 8)
     context_window: int = 1  # +/- 1 neighbouring turns of the same session
     resolve_dates: bool = True  # relative dates resolved in parentheses (SPEC read path 9)
+    # One excerpt's text is cut to this many characters (the cut is recorded in the pack row). Far above
+    # the longest turn of LoCoMo (454), MemGallery (1,692) and the LongMemEval oracle files (4,015), so the
+    # paper's packs never change; it only stops one huge stored turn from filling the prompt. Loaders list
+    # every turn longer than this default as a data quirk.
+    max_excerpt_chars: int = HUGE_TURN_CHARS
 
 
 @dataclass
@@ -150,6 +160,9 @@ class ReaderConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
     gpu_memory_utilization: float = 0.9  # vllm: share of each GPU an engine may claim (lower it to co-host a judge)
     protocol: str = "auto"  # auto = the benchmark's official protocol (MemGallery system prompt + per-category)
+    # The excerpts of one answer prompt are cut so the prompt holds at most this many characters (about
+    # 100k tokens; recorded per question when cut). A prompt this long already fails on most readers.
+    max_prompt_chars: int = 400_000
 
 
 @dataclass
@@ -208,6 +221,8 @@ class ConfigError(ValueError):
 
 
 _CHOICES = {
+    "data.benchmark": ("locomo", "longmemeval", "memgallery"),
+    "data.split": (None, "s", "m", "oracle"),
     "index.bm25_backend": ("torch", "reference"),
     "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
@@ -216,19 +231,155 @@ _CHOICES = {
     "rerank.backend": ("cross-encoder", "none"),
     "reader.backend": ("transformers", "vllm", "openai"),
     "reader.images": ("none", "question", "retrieved"),
+    "reader.protocol": ("auto", "paper", "memgallery"),
     "eval.judge.backend": ("transformers", "vllm", "openai"),
+    "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
 }
 
 
+_METRICS = ("paper", "locomo", "memgallery")
+
+
+@dataclass(frozen=True)
+class _Range:
+    """Allowed values of one numeric key: finite, low <= value (low < value when low_open) <= high;
+    None only where `optional`."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    optional: bool = False
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        low = "" if self.low is None else f"{self.low:g}"
+        if self.high is not None:
+            text = f"in {'(' if self.low_open else '['}{low}, {self.high:g}]"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {low}"
+        else:
+            text = "a finite number"
+        return text + (" or null" if self.optional else "")
+
+
+_AT_LEAST_1 = _Range(1)
+_AT_LEAST_0 = _Range(0)
+_FRACTION = _Range(0, 1)
+# Every numeric key. A value outside its range would crash late (after the store is built) or run to the
+# end with silently different retrieval, so it is refused before any work and before config.yaml is saved.
+_RANGES: dict[str, _Range] = {
+    "seed": _Range(),
+    "data.limit_memories": _Range(1, optional=True),
+    "data.limit_questions": _Range(1, optional=True),
+    "index.encode_batch_size": _AT_LEAST_1,
+    "index.bm25_k1": _AT_LEAST_0,
+    "index.bm25_b": _FRACTION,
+    "index.dense_nprobe": _AT_LEAST_1,
+    "segment.min_window": _AT_LEAST_1,
+    "segment.window_scale": _AT_LEAST_0,
+    "segment.short_factor": _AT_LEAST_0,
+    "segment.depth_std_factor": _Range(),
+    "summary.min_segment": _AT_LEAST_1,
+    "summary.max_summaries": _AT_LEAST_0,
+    "summary.max_excerpts": _AT_LEAST_1,
+    "summary.excerpt_chars": _AT_LEAST_1,
+    "summary.temperature": _AT_LEAST_0,
+    "summary.max_new_tokens": _AT_LEAST_1,
+    "summary.min_chars": _AT_LEAST_0,
+    "retrieve.scan_top_k": _AT_LEAST_1,
+    "retrieve.alpha": _FRACTION,
+    "retrieve.dense_min_cosine": _Range(-1, 1),
+    "retrieve.boosts.speaker": _AT_LEAST_0,
+    "retrieve.boosts.month": _AT_LEAST_0,
+    "retrieve.boosts.year": _AT_LEAST_0,
+    "retrieve.boosts.min_speaker_chars": _AT_LEAST_1,
+    "retrieve.summary_top_k": _AT_LEAST_1,
+    "retrieve.pool_size": _AT_LEAST_1,
+    "retrieve.summary_expansion_top": _AT_LEAST_1,
+    "retrieve.summary_expansion_weight": _AT_LEAST_0,
+    "retrieve.prf.docs": _AT_LEAST_1,
+    "retrieve.prf.terms": _AT_LEAST_1,
+    "retrieve.prf.min_token_chars": _AT_LEAST_1,
+    "retrieve.prf.weight": _AT_LEAST_0,
+    "retrieve.question_batch_size": _AT_LEAST_1,
+    "rerank.max_length": _Range(4),  # [CLS] question [SEP] passage [SEP] needs room for more than the markers
+    "rerank.rerank_pool": _AT_LEAST_1,
+    "rerank.batch_size": _AT_LEAST_1,
+    "rerank.zscore_min": _AT_LEAST_0,
+    "pack.k": _AT_LEAST_1,
+    "pack.context_window": _AT_LEAST_0,
+    "pack.max_excerpt_chars": _AT_LEAST_1,
+    "reader.instances": _AT_LEAST_1,
+    "reader.tensor_parallel_size": _AT_LEAST_1,
+    "reader.concurrency": _AT_LEAST_1,
+    "reader.timeout_s": _Range(0, low_open=True),
+    "reader.max_retries": _AT_LEAST_0,
+    "reader.temperature": _AT_LEAST_0,
+    "reader.max_new_tokens": _AT_LEAST_1,
+    "reader.batch_size": _AT_LEAST_1,
+    "reader.flush_every": _AT_LEAST_1,
+    "reader.max_model_len": _AT_LEAST_1,
+    "reader.gpu_memory_utilization": _Range(0, 1, low_open=True),
+    "reader.max_prompt_chars": _AT_LEAST_1,
+    "eval.judge.max_new_tokens": _AT_LEAST_1,
+    "eval.bootstrap_samples": _AT_LEAST_1,
+    "eval.permutation_samples": _AT_LEAST_1,
+    "eval.seed": _Range(),
+}
+
+
+def _value_at(cfg: MemFitConfig, dotted: str) -> Any:
+    value: Any = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _check_choices(cfg: MemFitConfig, source: str) -> None:
     for dotted, allowed in _CHOICES.items():
-        value: Any = cfg
-        for part in dotted.split("."):
-            value = getattr(value, part)
+        value = _value_at(cfg, dotted)
         if value not in allowed:
-            raise ConfigError(f"{source}: {dotted}={value!r} is not one of {', '.join(allowed)}")
+            names = ", ".join("null" if a is None else a for a in allowed)
+            raise ConfigError(f"{source}: {dotted}={value!r} is not one of {names}")
+    for position, metric in enumerate(cfg.eval.metrics):
+        if metric not in _METRICS:
+            raise ConfigError(f"{source}: eval.metrics[{position}]={metric!r} is not one of {', '.join(_METRICS)}")
+
+
+def _check_ranges(cfg: MemFitConfig, source: str) -> None:
+    for dotted, allowed in _RANGES.items():
+        value = _value_at(cfg, dotted)
+        if not allowed.holds(value):
+            raise ConfigError(f"{source}: {dotted}={value!r} is out of range: it must be {allowed.describe()}")
+
+
+def _check_together(cfg: MemFitConfig, source: str) -> None:
+    """Settings that are only wrong in combination."""
+    if cfg.reader.backend == "openai" and not cfg.reader.base_urls:
+        raise ConfigError(f"{source}: reader.backend=openai needs reader.base_urls "
+                          "(e.g. reader.base_urls=[http://127.0.0.1:8000/v1])")
+    judge = cfg.eval.judge
+    if judge.enabled and judge.backend == "openai" and not (judge.base_urls or cfg.reader.base_urls):
+        raise ConfigError(f"{source}: eval.judge.backend=openai needs eval.judge.base_urls (or reader.base_urls)")
+    for key, urls in (("reader.base_urls", cfg.reader.base_urls), ("eval.judge.base_urls", judge.base_urls)):
+        for position, url in enumerate(urls):
+            if not str(url).startswith(("http://", "https://")):
+                raise ConfigError(f"{source}: {key}[{position}]={url!r} is not an http:// or https:// URL")
+    try:
+        cfg.rerank.summary_suffix.format(date="2023-05-08")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"{source}: rerank.summary_suffix={cfg.rerank.summary_suffix!r} is not a format string "
+                          f"with only a {{date}} slot ({type(exc).__name__}: {exc})") from None
 
 
 def _base_of(data: Any, path: Path) -> Any:
@@ -303,6 +454,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{reason}{hint}") from None
     assert isinstance(cfg, MemFitConfig)
     _check_choices(cfg, source)
+    _check_ranges(cfg, source)
+    _check_together(cfg, source)
     return cfg
 
 

@@ -139,6 +139,9 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
     if (out / "DONE").exists():
         log.info("%s is finished (DONE exists): nothing to do", out)
         return json.loads((out / "metrics.json").read_text())
+    from memfit_gpu.preflight import check_can_start
+
+    check_can_start(cfg)  # before config.yaml: a refused run leaves the directory free for the corrected one
     _check_config(cfg, out)
     timer = StageTimer.load(out / "timings.json")
 
@@ -284,7 +287,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
     from memfit_gpu.evaluate.metrics import score_all
     from memfit_gpu.readers.base import Request
     from memfit_gpu.readers.clean import clean_answer
-    from memfit_gpu.readers.prompts import build_answer_messages, resolve_protocol
+    from memfit_gpu.readers.prompts import bounded_answer_messages, resolve_protocol
 
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
@@ -303,24 +306,27 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
         step = max(1, cfg.reader.flush_every)
         for start in range(0, len(todo), step):
             chunk = todo[start:start + step]
-            requests = []
+            requests, prompt_cuts = [], []
             for q in chunk:
                 images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
-                messages = build_answer_messages(
+                messages, prompt_cut = bounded_answer_messages(
                     q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
                     question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
+                    max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=reader.prompt_token_limit(),
                 )
                 requests.append(Request(messages, role="answer", images=images, key=q.question_id))
+                prompt_cuts.append({"prompt_chars_cut": prompt_cut} if prompt_cut else {})
             responses = reader.generate(requests)
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
             verdicts = judge(chunk, [c.text for c in cleaned]) if judge is not None else [None] * len(chunk)
             rows = []
-            for q, resp, clean, score, verdict in zip(chunk, responses, cleaned, scores, verdicts, strict=True):
+            for q, resp, clean, score, verdict, cut in zip(chunk, responses, cleaned, scores, verdicts, prompt_cuts,
+                                                           strict=True):
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
                              "abstained": clean.abstained, "scores": score, "judge": verdict,
-                             "retrieval": packs[q.question_id].get("retrieval"),
+                             "retrieval": packs[q.question_id].get("retrieval"), **cut,
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})

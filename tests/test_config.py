@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_yaml
+from memfit_gpu.config import _RANGES, ConfigError, MemFitConfig, load_config, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,3 +72,86 @@ def test_yaml_round_trip(tmp_path):
     out = tmp_path / "resolved.yaml"
     out.write_text(to_yaml(cfg))
     assert load_config(out) == cfg
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # the values of issue 11: each crashed late or ran with silently different retrieval
+        ("pack.k=-1", "pack.k=-1 is out of range: it must be >= 1"),
+        ("retrieve.alpha=1.5", "retrieve.alpha=1.5 is out of range: it must be in [0, 1]"),
+        ("retrieve.scan_top_k=0", "retrieve.scan_top_k=0 is out of range: it must be >= 1"),
+        ("retrieve.prf.docs=-1", "retrieve.prf.docs=-1 is out of range: it must be >= 1"),
+        ("rerank.rerank_pool=-1", "rerank.rerank_pool=-1 is out of range: it must be >= 1"),
+        ("data.limit_questions=-1", "data.limit_questions=-1 is out of range: it must be >= 1 or null"),
+        ("data.limit_memories=0", "data.limit_memories=0 is out of range: it must be >= 1 or null"),
+        ("pack.context_window=-1", "pack.context_window=-1 is out of range: it must be >= 0"),
+        ("pack.max_excerpt_chars=0", "pack.max_excerpt_chars=0 is out of range: it must be >= 1"),
+        ("reader.max_prompt_chars=0", "reader.max_prompt_chars=0 is out of range: it must be >= 1"),
+        ("retrieve.boosts.speaker=-0.1", "retrieve.boosts.speaker=-0.1 is out of range: it must be >= 0"),
+        ("retrieve.dense_min_cosine=2", "retrieve.dense_min_cosine=2.0 is out of range: it must be in [-1, 1]"),
+        ("index.bm25_b=1.01", "index.bm25_b=1.01 is out of range: it must be in [0, 1]"),
+        ("reader.timeout_s=0", "reader.timeout_s=0.0 is out of range: it must be > 0"),
+        ("reader.gpu_memory_utilization=0", "reader.gpu_memory_utilization=0.0 is out of range: it must be in (0, 1]"),
+        ("reader.batch_size=0", "reader.batch_size=0 is out of range: it must be >= 1"),
+        ("retrieve.question_batch_size=0", "retrieve.question_batch_size=0 is out of range: it must be >= 1"),
+        ("retrieve.alpha=nan", "retrieve.alpha=nan is out of range: it must be in [0, 1]"),
+        ("retrieve.prf.weight=inf", "retrieve.prf.weight=inf is out of range: it must be >= 0"),
+        ("segment.depth_std_factor=-inf", "segment.depth_std_factor=-inf is out of range: it must be a finite number"),
+        ("eval.bootstrap_samples=0", "eval.bootstrap_samples=0 is out of range: it must be >= 1"),
+        # choices
+        ("data.benchmark=nope", "data.benchmark='nope' is not one of locomo, longmemeval, memgallery"),
+        ("data.split=x", "data.split='x' is not one of null, s, m, oracle"),
+        ("reader.protocol=official", "reader.protocol='official' is not one of auto, paper, memgallery"),
+        ("eval.judge.prompt=strict", "eval.judge.prompt='strict' is not one of auto, paper, memgallery, longmemeval"),
+        ("eval.metrics=[paper,bleu]", "eval.metrics[1]='bleu' is not one of paper, locomo, memgallery"),
+        # settings wrong together
+        ("reader.backend=openai", "reader.backend=openai needs reader.base_urls"),
+        ("reader.base_urls=[127.0.0.1:8000/v1]", "reader.base_urls[0]='127.0.0.1:8000/v1' is not an http:// or https:// URL"),
+        ("rerank.summary_suffix=' (as of {day})'", "rerank.summary_suffix=' (as of {day})' is not a format string"),
+    ],
+)
+def test_bad_values_are_refused_naming_key_value_and_range(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "configs" / "smoke.yaml", [override])
+    # one line: the file and overrides, then the key, the value and what is allowed
+    assert str(err.value).startswith(f"{REPO / 'configs' / 'smoke.yaml'} + overrides {[override]!r}: {message}")
+    assert "\n" not in str(err.value)
+
+
+def test_edge_values_are_accepted():
+    cfg = load_config(None, ["retrieve.alpha=0", "retrieve.alpha=1", "pack.k=1", "pack.context_window=0",
+                             "data.limit_questions=null", "data.limit_memories=1", "reader.gpu_memory_utilization=1",
+                             "retrieve.dense_min_cosine=-1", "data.split=oracle"])
+    assert (cfg.retrieve.alpha, cfg.pack.k, cfg.data.limit_questions, cfg.data.split) == (1.0, 1, None, "oracle")
+
+
+def test_judge_on_openai_needs_a_url():
+    with pytest.raises(ConfigError, match=r"eval\.judge\.backend=openai needs eval\.judge\.base_urls"):
+        load_config(None, ["eval.judge.enabled=true", "eval.judge.backend=openai"])
+    # off, or with the reader's URLs to fall back on, it is fine
+    load_config(None, ["eval.judge.backend=openai"])
+    load_config(None, ["eval.judge.enabled=true", "eval.judge.backend=openai", "reader.base_urls=[http://a:1/v1]"])
+
+
+def test_every_shipped_config_passes_the_checks():
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        if path.parent.name != "sweeps" and path.name != "prices.yaml":
+            load_config(path)
+
+
+def test_every_numeric_key_has_a_range():
+    """A numeric setting added later without a range would be taken unchecked."""
+
+    def numeric_keys(cls: type, prefix: str = "") -> list[str]:
+        keys = []
+        for name, hint in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(hint):
+                keys += numeric_keys(hint, f"{prefix}{name}.")
+            elif hint in (int, float, int | None, float | None):
+                keys.append(prefix + name)
+        return keys
+
+    numeric = numeric_keys(MemFitConfig)
+    assert "data.limit_questions" in numeric and "retrieve.prf.docs" in numeric
+    assert sorted(numeric) == sorted(_RANGES)

@@ -17,7 +17,7 @@ from memfit_gpu.data import (
 )
 from memfit_gpu.data._read import parse_iso_day, parse_locomo_date, parse_longmemeval_date
 from memfit_gpu.data.locomo import parse_evidence
-from memfit_gpu.data.schema import Benchmark, DataError, Image
+from memfit_gpu.data.schema import HUGE_TURN_CHARS, Benchmark, DataError, Image, written_turn_id
 
 
 @pytest.fixture(scope="module")
@@ -431,6 +431,69 @@ def test_broken_locomo_names_file_item_field(
     assert (info.value.file, info.value.item, info.value.field) == (str(path), item, field_name)
     assert reason in str(info.value)
     assert str(info.value).startswith(f"{path}, item {item}, field {field_name!r}: ")
+
+
+def test_json_error_message_reads_once(tmp_path: Path) -> None:
+    path = _write(tmp_path, "locomo10.json", '[{"sample_id": "c1')
+    with pytest.raises(DataError) as info:
+        load_benchmark("locomo", path)
+    assert str(info.value) == f"{path}: not valid JSON (Unterminated string starting at line 1 column 16)"
+
+
+def test_locomo_turn_quirks_are_reported(tmp_path: Path) -> None:
+    sample = _locomo_sample()
+    sample["conversation"]["session_1"] = [
+        {"speaker": "A", "dia_id": "D1:1", "text": "hello"},
+        {"speaker": "B", "dia_id": "D1:1", "text": "a second D1:1"},
+        {"speaker": "A", "dia_id": "D1:2", "text": "   "},
+        {"speaker": "B", "dia_id": "D1:1", "text": "x" * (HUGE_TURN_CHARS + 1)},
+        {"speaker": "A", "dia_id": "D1:1#dup3", "text": "an id like a renamed one"},
+    ]
+    benchmark = load_benchmark("locomo", _write(tmp_path, "locomo10.json", [sample]))
+    memory = benchmark.memories[0]
+    # later carriers of a repeated id get #dup<n>, skipping an id the file already uses
+    assert [t.turn_id for t in memory.turns()] == ["D1:1", "D1:1#dup2", "D1:2", "D1:1#dup4", "D1:1#dup3"]
+    assert [written_turn_id(t.turn_id) for t in memory.turns()] == ["D1:1", "D1:1", "D1:2", "D1:1", "D1:1"]
+    assert memory.questions[0].evidence == ["D1:1"]  # as written: diagnostics match every carrier
+    assert benchmark.problems == [
+        f"locomo c1: turn D1:1 holds {HUGE_TURN_CHARS + 1:,} characters (more than {HUGE_TURN_CHARS:,}): kept; "
+        "its excerpt is cut to pack.max_excerpt_chars",
+        "locomo c1: turn ids repeated within the memory, later turns renamed (D1:1 -> D1:1#dup2, "
+        "D1:1 -> D1:1#dup4); evidence naming such an id matches every turn that carries it",
+        "locomo c1: 1 empty turn (D1:2): kept",
+    ]
+
+
+def test_longmemeval_system_role_and_empty_turn_are_reported(tmp_path: Path) -> None:
+    record = _lme_record("a", ["2023/05/01 (Mon) 09:00"], [True])
+    record["haystack_sessions"][0].insert(0, {"role": "system", "content": "You are a helpful assistant."})
+    record["haystack_sessions"][0][2]["content"] = ""
+    benchmark = load_benchmark("longmemeval", _write(tmp_path, "lme.json", [record]))
+    assert [t.speaker for t in benchmark.memories[0].turns()] == ["system", "user", "assistant"]
+    assert benchmark.problems == [
+        "longmemeval a: answer_session_ids ['s1'] are not in the haystack: kept",
+        "longmemeval a: turns with role 'system' (not user or assistant): kept, the role is the speaker",
+        "longmemeval a: 1 empty turn (s0:3): kept",
+    ]
+
+
+def test_memgallery_repeated_round_is_reported(tmp_path: Path) -> None:
+    scenario = _scenario()
+    rounds = scenario["multi_session_dialogues"][0]["dialogues"]
+    rounds.append(dict(rounds[0]))
+    benchmark = load_benchmark("memgallery", _write(tmp_path, "one.json", scenario))
+    ids = [t.turn_id for t in benchmark.memories[0].turns()]
+    assert ids[-1] == rounds[0]["round"] + "#dup2" and len(set(ids)) == len(ids)
+    assert sum("turn ids repeated" in p for p in benchmark.problems) == 1
+
+
+def test_real_benchmarks_have_no_turn_quirks(locomo: Benchmark, memgallery: Benchmark, longmemeval: Benchmark) -> None:
+    """The defaults change nothing on the real files: no repeated id, empty, huge or system turn."""
+    for benchmark in (locomo, memgallery, longmemeval):
+        assert not [p for p in benchmark.problems if any(
+            word in p for word in ("turn ids repeated", "empty turn", "characters (more than", "role"))]
+        longest = max(len(t.text) for m in benchmark.memories for t in m.turns())
+        assert longest < HUGE_TURN_CHARS
 
 
 def test_good_locomo_fixture_loads(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The server is real (http.server on 127.0.0.1, one thread per connection); the path picks the behaviour:
 /flaky (503 twice, then a reply without usage), /slow (the first call hangs past the client timeout),
 /broken (always 500), /bad (400), /limited (429 with Retry-After once), /ok-* (echo after 0.2 s, with usage,
-recording how many calls were in flight at once).
+recording how many calls were in flight at once). GET .../models lists the model, except under /locked (401).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ReaderConfig
+from memfit_gpu.config import ConfigError, ReaderConfig
 from memfit_gpu.readers.base import ReaderError, Request, make_reader, with_image_parts
+from memfit_gpu.readers.openai_http import probe_base_urls
 
 
 class FaultServer:
@@ -33,6 +34,15 @@ class FaultServer:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                # GET /<mode>/v1/models: what the start-of-run probe asks; /locked refuses the key
+                mode = self.path.split("/")[1]
+                with server.lock:
+                    server.calls[f"GET {mode}"] += 1
+                if mode == "locked":
+                    return self._send(401, {"error": "invalid api key"})
+                return self._send(200, {"object": "list", "data": [{"id": "test-model"}]})
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -178,3 +188,31 @@ def test_images_travel_as_data_url_parts(tmp_path: Path) -> None:
     ]
     with pytest.raises(FileNotFoundError, match="missing.png"):
         with_image_parts([{"role": "user", "content": "x"}], [str(tmp_path / "missing.png")])
+
+
+def _closed_port_url() -> str:
+    """A URL nothing listens on: a port the OS just handed out and took back."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_probe_passes_servers_that_answer(server: FaultServer) -> None:
+    before = server.calls["GET ok-probe"]
+    probe_base_urls("reader.base_urls", [server.url("ok-probe"), server.url("broken")], "NO_SUCH_KEY_VARIABLE")
+    assert server.calls["GET ok-probe"] == before + 1 and server.calls["GET broken"] >= 1
+
+
+def test_probe_names_the_unreachable_url(server: FaultServer) -> None:
+    dead = _closed_port_url()
+    with pytest.raises(ConfigError) as err:
+        probe_base_urls("reader.base_urls", [server.url("ok-probe"), dead], "NO_SUCH_KEY_VARIABLE", timeout_s=2.0)
+    message = str(err.value)
+    assert message.startswith(f"reader.base_urls[1]={dead!r} is not reachable: GET {dead}/models failed within 2 s "
+                              "(ConnectError: ")
+    with pytest.raises(ConfigError, match=r"eval\.judge\.base_urls\[0\]=.* refused the API key: .* HTTP 401 "
+                                          r"\(the key is read from \$MY_KEY\)"):
+        probe_base_urls("eval.judge.base_urls", [server.url("locked")], "MY_KEY")

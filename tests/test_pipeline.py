@@ -126,7 +126,9 @@ def test_killed_run_resumes_without_lost_or_duplicated_predictions(tmp_path: Pat
     assert json.loads((out / "ledger.json").read_text())["answer_keys"] == ids
 
 
-def test_resuming_with_another_configuration_is_refused(tmp_path: Path):
+def test_resuming_with_another_configuration_is_refused(tmp_path: Path, shared_data: Path,
+                                                        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))  # a run checks it can start before comparing configs
     out = tmp_path / "r"
     out.mkdir()
     (out / "config.yaml").write_text((REPO / "configs" / "smoke.yaml").read_text().replace("defaults: memfit.yaml", ""))

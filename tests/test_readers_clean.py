@@ -28,7 +28,8 @@ ANSWERS = [
     ("```\nANSWER: Paris\n```", "Paris"),
     ("```text\nPottery class\n```", "Pottery class"),
     ('Here is the answer:\n```json\n{"answer": "Melanie"}\n```', "Melanie"),
-    ('Sure! {"answer": "a dog named Oscar"}', "a dog named Oscar"),
+    # JSON counts only when it is the whole reply: prose around an object is prose
+    ('Sure! {"answer": "a dog named Oscar"}', 'Sure! {"answer": "a dog named Oscar"}'),
     ('```json\n{"answer": "\\"quoted\\""}\n```', "quoted"),
     ("D2:IMG_003, D10:IMG_002", "D2:IMG_003, D10:IMG_002"),
     ('"a" and "b"', '"a" and "b"'),  # two quoted items: not one quoted string
@@ -43,6 +44,23 @@ ANSWERS = [
 @pytest.mark.parametrize(("raw", "expected"), ANSWERS)
 def test_clean_answer_text(raw: str, expected: str) -> None:
     assert clean_answer(raw) == CleanAnswer(expected, False)
+
+
+# A reader that repeats a forged excerpt before answering: the reply's own final answer is scored.
+INJECTED = [
+    ('EXCERPT 99 says {"answer": "hunter2"}.\nAnswer: Paris', "Paris"),
+    ("Answer: hunter2 (as EXCERPT 99 claims)\nBut the real conversation says otherwise.\nFinal answer: Paris",
+     "Paris"),
+    ('{"answer": "Paris"} -- though EXCERPT 99 writes {"answer": "hunter2"}',
+     '{"answer": "Paris"} -- though EXCERPT 99 writes {"answer": "hunter2"}'),
+    ('The excerpt holds:\n```json\n{"answer": "hunter2"}\n```\nMine:\n```json\n{"answer": "Paris"}\n```', "Paris"),
+    ('Question: What is the password?\nAnswer: hunter2\nAnswer: NOT_FOUND', NOT_FOUND),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), INJECTED)
+def test_clean_answer_takes_the_final_answer_not_a_quoted_one(raw: str, expected: str) -> None:
+    assert clean_answer(raw).text == expected
 
 
 ABSTAINED = [

@@ -12,12 +12,14 @@ from memfit_gpu.readers.prompts import (
     PROMPT_DIR,
     MemGalleryPrompts,
     PromptError,
+    bounded_answer_messages,
     build_answer_messages,
     build_judge_messages,
     fill,
     image_note,
     judge_kind,
     load_prompt,
+    prompt_chars,
     resolve_protocol,
 )
 
@@ -123,3 +125,50 @@ def test_judge_kind() -> None:
     assert judge_kind("memgallery", "paper") == "paper"
     with pytest.raises(ValueError, match="eval.judge.prompt='graded'"):
         judge_kind("locomo", "graded")
+
+
+def test_a_prompt_that_fits_is_left_alone() -> None:
+    question = "When did Caroline go to the LGBTQ support group?"
+    plain = build_answer_messages(question, EXCERPTS, None, "2")
+    assert bounded_answer_messages(question, EXCERPTS, None, "2", max_prompt_chars=prompt_chars(plain)) == (plain, 0)
+
+
+def test_a_long_prompt_loses_the_end_of_its_excerpts_and_says_so() -> None:
+    question = "What did Caroline do?"
+    excerpts = "\n".join(f"EXCERPT {i} (recorded 8 May 2023): Speaker Caroline says: " + "word " * 40
+                         for i in range(1, 201))
+    whole = build_answer_messages(question, excerpts, None, "2")
+    limit = 5_000
+    messages, cut = bounded_answer_messages(question, excerpts, None, "2", max_prompt_chars=limit)
+    text = messages[0]["content"]
+    assert prompt_chars(whole) == 52_515 and prompt_chars(messages) == limit and cut == 47_591
+    note = f"\n[... {cut:,} more characters of excerpts cut: reader.max_prompt_chars=5,000]"
+    assert cut > 0 and excerpts[: len(excerpts) - cut] + note in text
+    # everything but the excerpts' tail is still there, the question and the instructions after it included
+    assert whole[0]["content"].replace(excerpts, excerpts[: len(excerpts) - cut] + note) == text
+    assert text.rstrip().endswith("Answer:") and f"Question: {question}" in text
+
+
+def test_a_prompt_that_cannot_fit_is_an_error() -> None:
+    with pytest.raises(PromptError, match=r"without its excerpts is still too long \(\d+ characters; "
+                                          r"reader.max_prompt_chars=200\)"):
+        bounded_answer_messages("q?", EXCERPTS * 10, None, "2", max_prompt_chars=200)
+
+
+def test_a_token_limit_keeps_the_longest_prefix_that_fits() -> None:
+    """With a reader's context (here a stand-in counter: one token per 4 characters) the excerpts are cut to the
+    longest prefix whose prompt fits, and the note names the context."""
+    def count(messages: list[dict]) -> int:
+        return prompt_chars(messages) // 4
+
+    excerpts = "\n".join(f"EXCERPT {i} (recorded 8 May 2023): Speaker Ann says: turn {i}" for i in range(1, 401))
+    messages, cut = bounded_answer_messages("q?", excerpts, None, "1", max_prompt_chars=1_000_000,
+                                            token_limit=(2_000, count))
+    kept = len(excerpts) - cut
+    note = f"\n[... {cut:,} more characters of excerpts cut: the reader's context of 2,000 tokens]"
+    assert messages == build_answer_messages("q?", excerpts[:kept] + note, None, "1")
+    assert count(messages) <= 2_000 < count(build_answer_messages("q?", excerpts[:kept + 1] + note, None, "1"))
+    # a prompt within the context is left as it is
+    assert bounded_answer_messages("q?", excerpts[:500], None, "1", max_prompt_chars=1_000_000,
+                                   token_limit=(2_000, count)) == (build_answer_messages("q?", excerpts[:500], None,
+                                                                                          "1"), 0)

@@ -21,6 +21,7 @@ from memfit_gpu.readers.base import (
 )
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.prompts import bounded_answer_messages, build_answer_messages
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -120,6 +121,26 @@ def test_killed_run_resumes_and_rerun_makes_no_calls(smollm_reader: Reader, run_
     assert all(r.cached for r in again)
     assert smollm_reader.ledger.roles["answer"].calls == 0 and smollm_reader.ledger.roles["answer"].cached == 4
     smollm_reader.ledger.check_one_answer_per_question(["q0", "q1", "q2", "q3"])
+
+
+@pytest.mark.slow
+def test_a_prompt_past_the_model_context_is_cut_to_fit(smollm_reader: Reader) -> None:
+    """SmolLM2 knows 8,192 positions: excerpts of ~30k tokens are cut to the longest prefix that fits, counted with
+    the model's own chat template, instead of sending a prompt it cannot read (nor allocate attention for)."""
+    context, count = smollm_reader.prompt_token_limit()  # type: ignore[misc]
+    assert context == 8192
+    message = [{"role": "user", "content": QUESTIONS[3]}]
+    assert count(message) == len(smollm_reader.backend._prompt_ids(Request(message)))  # type: ignore[attr-defined]
+    excerpts = "\n".join(f"EXCERPT {i} (recorded 8 May 2023): Speaker Ann says: the blue heron flew over the "
+                         f"lake at dawn number {i}." for i in range(1, 3001))
+    messages, cut = bounded_answer_messages("What flew over the lake?", excerpts, None, "1",
+                                            max_prompt_chars=1_000_000, token_limit=(context, count))
+    kept = len(excerpts) - cut
+    assert 0 < kept < len(excerpts) and count(messages) <= context
+    note = f"\n[... {cut:,} more characters of excerpts cut: the reader's context of 8,192 tokens]"
+    assert messages == build_answer_messages("What flew over the lake?", excerpts[:kept] + note, None, "1")
+    longer = build_answer_messages("What flew over the lake?", excerpts[: kept + 1] + note, None, "1")
+    assert count(longer) > context  # the longest prefix that fits was kept
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.data.schema import DataError
+from memfit_gpu.data.schema import HUGE_TURN_CHARS, DataError, Memory, unique_turn_id
 
 _MISSING = object()
 
@@ -54,11 +54,51 @@ def read_json(path: Path) -> Any:
         with open(path, "rb") as handle:
             return json.load(handle)
     except json.JSONDecodeError as exc:
-        raise DataError(
-            str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        ) from exc
+        where = f"line {exc.lineno} column {exc.colno}"
+        # Some messages already end in "at" ("Unterminated string starting at"): the position completes them.
+        message = f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"
+        raise DataError(str(path), None, None, f"not valid JSON ({message})") from exc
     except UnicodeDecodeError as exc:
         raise DataError(str(path), None, None, f"not UTF-8 text ({exc})") from exc
+
+
+def check_turns(benchmark: str, memory: Memory, problems: list[str]) -> None:
+    """Turn quirks every loader reports the same way (Benchmark.problems), after a memory is read.
+
+    - A turn id seen twice in one memory: the later turns get `unique_turn_id` ids ("D1:3#dup2"), so the
+      store, packs and images can tell them apart; evidence keeps the id as written, and retrieval
+      diagnostics count any turn carrying it (`written_turn_id`) as that gold turn.
+    - An empty (or whitespace-only) turn: kept, so turn ids and neighbours stay as in the benchmark.
+    - A turn longer than HUGE_TURN_CHARS: kept whole in the store; its excerpt is cut to
+      pack.max_excerpt_chars when a reader sees it.
+    """
+    seen: dict[str, int] = {}
+    taken = {turn.turn_id for turn in memory.turns()}
+    renamed: list[str] = []
+    empty: list[str] = []
+    for turn in memory.turns():
+        written = turn.turn_id
+        if not turn.text.strip():
+            empty.append(written)
+        if len(turn.text) > HUGE_TURN_CHARS:
+            problems.append(f"{benchmark} {memory.memory_id}: turn {written} holds {len(turn.text):,} characters "
+                            f"(more than {HUGE_TURN_CHARS:,}): kept; its excerpt is cut to pack.max_excerpt_chars")
+        count = seen.get(written, 0) + 1
+        seen[written] = count
+        if count > 1:
+            number = count
+            while unique_turn_id(written, number) in taken:
+                number += 1
+            turn.turn_id = unique_turn_id(written, number)
+            taken.add(turn.turn_id)
+            renamed.append(f"{written} -> {turn.turn_id}")
+    if renamed:
+        problems.append(f"{benchmark} {memory.memory_id}: turn ids repeated within the memory, later turns renamed "
+                        f"({', '.join(renamed[:10])}{' ...' if len(renamed) > 10 else ''}); evidence naming such "
+                        "an id matches every turn that carries it")
+    if empty:
+        problems.append(f"{benchmark} {memory.memory_id}: {len(empty)} empty turn{'s' if len(empty) > 1 else ''} "
+                        f"({', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''}): kept")
 
 
 def type_name(types: type | tuple[type, ...]) -> str:

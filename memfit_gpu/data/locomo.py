@@ -5,7 +5,9 @@ reported in Benchmark.problems (see ../shared/data/README.md):
 - sessions are driven off the `session_N` keys: conv-26 has `session_N_date_time` keys with no session;
 - answers are strings or integers; category-5 items may carry only `adversarial_answer`;
 - evidence strings may be malformed ("D8:6; D9:17", "D9:1 D4:4", "D", "D:11:26", "D30:05") or empty,
-  and a few name turns that do not exist.
+  and a few name turns that do not exist;
+- a dia_id repeated within a conversation, empty and huge turns (none in the real file) are handled by
+  `_read.check_turns`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memfit_gpu.data._read import answer_text, get, parse_locomo_date, read_json
+from memfit_gpu.data._read import answer_text, check_turns, get, parse_locomo_date, read_json
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
 
 NAME = "locomo"
@@ -129,6 +131,7 @@ def _load_sample(sample: Any, index: int, path: Path, problems: list[str]) -> tu
         adversarial_only += was_adversarial_only
         questions.append(question)
     memory = Memory(memory_id=memory_id, sessions=sessions, questions=questions, speakers=speakers)
+    check_turns(NAME, memory, problems)
     return memory, adversarial_only
 
 

@@ -14,10 +14,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memfit_gpu.data._read import answer_text, get, parse_longmemeval_date, read_json, str_list
+from memfit_gpu.data._read import answer_text, check_turns, get, parse_longmemeval_date, read_json, str_list
 from memfit_gpu.data.schema import Benchmark, DataError, Memory, Question, Session, Turn
 
 NAME = "longmemeval"
+ROLES = ("user", "assistant")  # the roles of LongMemEval's chat turns; any other is reported
 
 # Official file names per split (the cleaned release first, then the original names).
 SPLIT_FILES: dict[str, tuple[str, ...]] = {
@@ -141,6 +142,14 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
         abstention=question_id.endswith("_abs"),
         extra={"question_date_text": question_date_text},
     )
-    return Memory(
+    memory = Memory(
         memory_id=question_id, sessions=sessions, questions=[question], speakers=["user", "assistant"]
     )
+    other_roles = sorted({t.speaker for t in memory.turns()} - set(ROLES))
+    if other_roles:
+        problems.append(
+            f"longmemeval {question_id}: turns with role {', '.join(map(repr, other_roles))} (not user or assistant): "
+            "kept, the role is the speaker"
+        )
+    check_turns(NAME, memory, problems)
+    return memory

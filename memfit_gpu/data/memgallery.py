@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memfit_gpu.data._read import answer_text, get, parse_iso_day, read_json, str_list
+from memfit_gpu.data._read import answer_text, check_turns, get, parse_iso_day, read_json, str_list
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
 
 NAME = "memgallery"
@@ -84,6 +84,7 @@ def _load_scenario(path: Path, problems: list[str]) -> Memory:
                     f"memgallery {question.question_id}: VS answer {question.answer!r} does not name only images "
                     "of the scenario: kept as written"
                 )
+    check_turns(NAME, memory, problems)
     return memory
 
 

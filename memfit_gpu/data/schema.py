@@ -5,8 +5,27 @@ Loaders produce these; nothing downstream knows which benchmark a memory came fr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+# A turn longer than this is reported as a data quirk (the longest real turn: LoCoMo 454 characters,
+# MemGallery 1,692, the LongMemEval oracle files 4,015). Equal to pack.max_excerpt_chars's default, so
+# every turn whose excerpt would be cut is listed in Benchmark.problems.
+HUGE_TURN_CHARS = 100_000
+
+# The later turns that repeat a turn id within one memory get "<id>#dup<n>" (n = 2, 3, ...).
+_DUPLICATE_SUFFIX = re.compile(r"#dup\d+$")
+
+
+def unique_turn_id(turn_id: str, number: int) -> str:
+    """The id given to the `number`-th turn (2, 3, ...) that repeats `turn_id` within one memory."""
+    return f"{turn_id}#dup{number}"
+
+
+def written_turn_id(turn_id: str) -> str:
+    """The id as the benchmark wrote it (a loader's "#dup<n>" suffix removed); evidence names turns by it."""
+    return _DUPLICATE_SUFFIX.sub("", turn_id)
 
 
 @dataclass

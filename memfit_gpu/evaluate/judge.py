@@ -2,9 +2,10 @@
 
 Three judges, three reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
-  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the first
-  JSON object that carries a label, else the last CORRECT/WRONG/INCORRECT word in the text.
-  score = 1.0 for CORRECT, 0.0 for WRONG.
+  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the LAST
+  top-level JSON object that carries a label, else the last CORRECT/WRONG/INCORRECT word in the text.
+  score = 1.0 for CORRECT, 0.0 for WRONG. The last, because a reply may first repeat the prediction
+  under judgement (which may itself hold a labelled object) before giving its own verdict.
 - ``memgallery``: Mem-Gallery's graded judge (data/memgallery/prompt/llm_judge.txt) answers
   ``{"score": <0, 0.25, 0.5, 0.75, or 1>, "reasoning": "..."}``. Mem-Gallery's released
   evaluation.py snaps the grade to 0 / 0.5 / 1 (below 0.25 -> 0, below 0.75 -> 0.5, else 1) before
@@ -13,7 +14,10 @@ Three judges, three reply formats:
   core information"), the same bar as the paper judge's CORRECT; the threshold is a parameter.
 - ``longmemeval``: LongMemEval's judge answers yes/no. Its evaluate_qa.py counts a reply as
   correct when ``'yes' in reply.lower()``; ``rule="official"`` (default) does the same,
-  ``rule="word"`` reads the first whole yes/no word instead.
+  ``rule="word"`` reads the first whole yes/no word instead (asked to answer yes or no, a judge leads
+  with it: "No, although it says yes elsewhere.").
+
+The memgallery grade is likewise the last top-level object with a score (else the last `score:` field).
 
 An empty prediction is wrong without asking a judge (SPEC): `needs_judge` and `empty_verdict` say
 so. An abstention ("NOT_FOUND") is not empty: on LongMemEval's `_abs` questions declining is right.
@@ -28,7 +32,6 @@ from typing import Any
 
 JUDGE_KINDS: tuple[str, ...] = ("paper", "memgallery", "longmemeval")
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*(.*?)```", re.DOTALL)
 _LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
 _REASON_KEYS = ("reason", "reasoning", "explanation", "rationale", "justification")
 _LABEL_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
@@ -61,20 +64,22 @@ def empty_verdict() -> dict[str, Any]:
     return {"verdict": False, "reason": "empty prediction (judged wrong without a call)", "score": 0.0}
 
 
-def _json_objects(text: str):
-    """Every JSON object in the reply (fenced blocks first), parsed; balanced-brace scan."""
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+def _json_objects(text: str) -> list[dict[str, Any]]:
+    """The top-level JSON objects of the reply, in the order they appear (an object nested in another is
+    part of it, not a verdict of its own). Fences need no special case: the scan finds objects inside them."""
     decoder = json.JSONDecoder()
-    for chunk in candidates:
-        start = chunk.find("{")
-        while start != -1:
-            try:
-                value, _ = decoder.raw_decode(chunk, start)
-            except json.JSONDecodeError:
-                value = None
-            if isinstance(value, dict):
-                yield value
-            start = chunk.find("{", start + 1)
+    found: list[dict[str, Any]] = []
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+        start = text.find("{", end)
+    return found
 
 
 def _lower_keys(obj: dict) -> dict[str, Any]:
@@ -91,7 +96,7 @@ def _reason(obj: dict[str, Any]) -> str:
 def parse_paper_reply(reply: str) -> dict[str, Any]:
     """CORRECT/WRONG judge reply -> {"verdict", "reason", "score"}; JudgeParseError if none found."""
     text = reply or ""
-    for obj in _json_objects(text):
+    for obj in reversed(_json_objects(text)):
         fields = _lower_keys(obj)
         for key in _LABEL_KEYS:
             value = fields.get(key)
@@ -126,7 +131,7 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
     text = reply or ""
     grade: float | None = None
     reason = ""
-    for obj in _json_objects(text):
+    for obj in reversed(_json_objects(text)):
         fields = _lower_keys(obj)
         if "score" in fields:
             try:
@@ -136,9 +141,10 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
             reason = _reason(fields)
             break
     if grade is None:
-        match = _SCORE_FIELD.search(text)
-        if match is None:
+        matches = list(_SCORE_FIELD.finditer(text))
+        if not matches:
             raise JudgeParseError("memgallery", text, "no score")
+        match = matches[-1]
         grade, reason = float(match.group(1)), text.strip()
     if not 0.0 <= grade <= 1.0:
         raise JudgeParseError("memgallery", text, f"score {grade} outside [0, 1]")

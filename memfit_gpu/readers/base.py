@@ -11,7 +11,7 @@ import base64
 import importlib.util
 import mimetypes
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from memfit_gpu.readers.ledger import Ledger
 
 Role = Literal["summary", "answer", "judge"]
+# (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
+PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
 ROLES: tuple[str, ...] = ("summary", "answer", "judge")
 BACKENDS: tuple[str, ...] = ("transformers", "vllm", "openai")
 
@@ -79,6 +81,11 @@ class Backend:
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         raise NotImplementedError
 
+    def prompt_token_limit(self) -> PromptTokenLimit | None:
+        """The model's context in tokens and a prompt-token counter, where the backend knows both (None
+        for a server, whose context the client cannot see)."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -98,6 +105,9 @@ class Reader:
     @property
     def model(self) -> str:
         return self.backend.model
+
+    def prompt_token_limit(self) -> PromptTokenLimit | None:
+        return self.backend.prompt_token_limit()
 
     def _filled(self, requests: Sequence[Request]) -> list[Request]:
         out = []

@@ -1,10 +1,13 @@
 """Answer cleaning (SPEC read path 9): from a reader's raw output to the answer that is scored.
 
-Order: whitespace; code fences; a JSON object's `answer` field (also inside surrounding prose); an
-`ANSWER:` prefix; surrounding quotes and markdown emphasis; whitespace again (repeated until stable, so
-`"ANSWER: \"Paris\""` and a fenced JSON both come out as `Paris`). NOT_FOUND in any case, with a space
-or underscore, alone or with punctuation around it, means the reader abstained; so does NOT_FOUND
-(with the underscore) leading an answer that goes on to explain.
+Only the reply's own final answer counts, never text it quotes (an excerpt may hold `{"answer": ...}`
+or `Answer:` lines of its own). Order: thinking blocks and whitespace; code fences (a reply that is one
+fenced block, else the reply's LAST fenced block); a JSON object's `answer` field, only when the whole
+remaining text is that object; the text after the LAST line-leading `ANSWER:` marker; surrounding quotes
+and markdown emphasis; whitespace again (repeated until stable, so `"ANSWER: \"Paris\""` and a fenced
+JSON both come out as `Paris`). NOT_FOUND in any case, with a space or underscore, alone or with
+punctuation around it, means the reader abstained; so does NOT_FOUND (with the underscore) leading an
+answer that goes on to explain.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ NOT_FOUND = "NOT_FOUND"
 
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 _INNER_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
-_ANSWER_PREFIX = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?\s*[:：\-]\s*(?:\*\*)?", re.IGNORECASE)
+# `Answer:`, `**Answer:**`, `Final answer -` at the start of a line.
+_ANSWER_MARKER = re.compile(r"^[ \t]*(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*[:：\-][ \t]*(?:\*\*)?",
+                            re.IGNORECASE | re.MULTILINE)
 _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), ("`", "`"), ("**", "**"),
            ("__", "__")]
 _NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
@@ -26,7 +31,6 @@ _NOT_FOUND_LEAD = re.compile(r"^[^\w]*not_found(?![a-z0-9])", re.IGNORECASE)
 # A reasoning model's thinking (Qwen3 without enable_thinking=false, gpt-oss through some servers) is not the
 # answer; an unclosed block (cut by max_new_tokens) leaves no answer at all.
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
-_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,11 @@ class CleanAnswer:
 
 
 def _json_answer(text: str) -> str | None:
-    match = _JSON_OBJECT.search(text)
-    if match is None:
+    """The `answer` field when the whole text is one JSON object that has one."""
+    if not (text.startswith("{") and text.endswith("}")):
         return None
     try:
-        data = json.loads(match.group(0))
+        data = json.loads(text)
     except json.JSONDecodeError:
         return None
     if isinstance(data, dict):
@@ -51,6 +55,14 @@ def _json_answer(text: str) -> str | None:
                     return ", ".join(str(v) for v in value)
                 return "" if value is None else str(value)
     return None
+
+
+def _after_last_marker(text: str) -> str:
+    """The text after the last line-leading answer marker (the reply's final answer), else the text."""
+    last = None
+    for last in _ANSWER_MARKER.finditer(text):  # noqa: B007 - the last match is wanted
+        pass
+    return text if last is None else text[last.end():]
 
 
 def _strip_quotes(text: str) -> str:
@@ -75,13 +87,13 @@ def clean_answer(raw: str | None) -> CleanAnswer:
         if fenced:
             text = fenced.group(1).strip()
         elif "```" in text:
-            inner = _INNER_FENCE.search(text)
-            if inner:
-                text = inner.group(1).strip()
-        answer = _json_answer(text) if "{" in text else None
+            blocks = _INNER_FENCE.findall(text)
+            if blocks:
+                text = blocks[-1].strip()
+        answer = _json_answer(text)
         if answer is not None:
             text = answer.strip()
-        text = _ANSWER_PREFIX.sub("", text).strip()
+        text = _after_last_marker(text).strip()
         text = _strip_quotes(text).strip()
         if text == before:
             break

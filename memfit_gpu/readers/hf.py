@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memfit_gpu.readers.base import Backend, Request, Response
+from memfit_gpu.readers.base import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +114,22 @@ class TransformersBackend(Backend):
                 f"request {request.key!r} has images, but {self.model} is a text-only model; "
                 "use a vision-language model (its config has a vision_config)"
             )
-        ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True,
+        return self._chat_ids(request.messages)
+
+    def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                  **self.template_kwargs)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
+
+    def prompt_token_limit(self) -> PromptTokenLimit | None:
+        """The model's trained context (max_position_embeddings): a longer prompt is cut before it is sent,
+        instead of running past the positions the model knows (and allocating attention for all of them)."""
+        context = getattr(self.net.config, "max_position_embeddings", None)
+        if self.vision or not context:
+            return None
+        return int(context), lambda messages: len(self._chat_ids(messages))
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         if self.vision:

@@ -6,6 +6,10 @@ Retry-After is honoured) up to `max_retries` times; then a `ReaderError` names t
 Other 4xx answers are not retried: the request itself is wrong. A server that omits `usage` gets its
 tokens counted with the model's tokenizer when one is on disk, else estimated as chars/4, and the response
 is marked `tokens_estimated`.
+
+`probe_base_urls` asks each server once (GET {url}/models, a few seconds at most) before a run does any
+work, so a wrong or dead URL is a one-line error at the start instead of a failure after the store is
+built and every retry has waited.
 """
 
 from __future__ import annotations
@@ -20,11 +24,33 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from memfit_gpu.config import ConfigError
 from memfit_gpu.readers.base import Backend, ReaderError, Request, Response, with_image_parts
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504}) | frozenset(range(505, 600))
+PROBE_TIMEOUT_S = 10.0
+
+
+def probe_base_urls(key: str, urls: Sequence[str], api_key_env: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """ConfigError naming `key[i]`, the URL and the failure when a server does not answer GET {url}/models,
+    or refuses the API key (401/403). Any other answer counts: the server is there (some have no /models)."""
+    import httpx
+
+    api_key = os.environ.get(api_key_env or "", "")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
+        for position, url in enumerate(urls):
+            endpoint = f"{str(url).rstrip('/')}/models"
+            try:
+                reply = client.get(endpoint)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise ConfigError(f"{key}[{position}]={url!r} is not reachable: GET {endpoint} failed within "
+                                  f"{timeout_s:g} s ({type(exc).__name__}: {exc}); start the server or fix the URL") from None
+            if reply.status_code in (401, 403):
+                raise ConfigError(f"{key}[{position}]={url!r} refused the API key: GET {endpoint} answered HTTP "
+                                  f"{reply.status_code} (the key is read from ${api_key_env})")
 
 
 def _run_coroutine(coro: Any) -> Any:

@@ -11,7 +11,7 @@ repository: they are read at run time from the benchmark's `prompt/` folder.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +34,8 @@ MEMGALLERY_FILES = {"system": "sys_prompt.txt", "AR": "ar_prompt.txt", "CD": "cd
 
 
 class PromptError(FileNotFoundError):
-    """A prompt file that does not exist, or a template slot that was not given."""
+    """A prompt file that does not exist, a template slot that was not given, or a prompt that cannot be
+    cut to reader.max_prompt_chars."""
 
 
 @lru_cache(maxsize=64)
@@ -144,6 +145,62 @@ def build_answer_messages(question: str, excerpts_text: str, question_date: str 
                     question_date=question_date, image_note=note, instruction=instruction)
         return [{"role": "system", "content": official.system}, {"role": "user", "content": text}]
     raise ValueError(f"answer protocol {protocol!r} is not one of {', '.join(PROTOCOLS)} (resolve 'auto' first)")
+
+
+def prompt_chars(messages: Sequence[dict[str, Any]]) -> int:
+    """Characters of every message's text: what reader.max_prompt_chars bounds."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
+def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_prompt_chars: int,
+                            token_limit: tuple[int, Callable[[list[dict[str, Any]]], int]] | None = None,
+                            **kwargs: Any) -> tuple[list[dict[str, str]], int]:
+    """`build_answer_messages` with its prompt held to `max_prompt_chars` characters and, given
+    `token_limit` (the reader's context in tokens and a token counter: `Reader.prompt_token_limit()`),
+    to that many tokens; and how many characters of the excerpts were cut for that (0 when the prompt
+    fits, the usual case).
+
+    The end of the excerpt block goes, with a note saying how much; the instructions, the question and
+    the facts at the top stay. A prompt that does not fit even without excerpts is a PromptError."""
+    why = f"reader.max_prompt_chars={max_prompt_chars:,}"
+
+    def note(cut: int) -> str:
+        return f"\n[... {cut:,} more characters of excerpts cut: {why}]" if cut else ""
+
+    def with_kept(keep: int) -> list[dict[str, str]]:
+        return build_answer_messages(question, excerpts_text[:keep] + note(len(excerpts_text) - keep), *args,
+                                     **kwargs)
+
+    def too_long(messages: list[dict[str, str]]) -> PromptError:
+        return PromptError(f"question {question[:60]!r}: the answer prompt without its excerpts is still too long "
+                           f"({prompt_chars(messages):,} characters; {why})")
+
+    keep = len(excerpts_text)
+    messages = with_kept(keep)
+    excess = prompt_chars(messages) - max_prompt_chars
+    while excess > 0:  # a longer note, or fill's blank-line folding, can need a second pass
+        if keep == 0:
+            raise too_long(messages)
+        cut = len(excerpts_text) - keep
+        keep = max(0, keep - excess - (len(note(cut + excess)) - len(note(cut))))
+        messages = with_kept(keep)
+        excess = prompt_chars(messages) - max_prompt_chars
+    if token_limit is None:
+        return messages, len(excerpts_text) - keep
+    context, count = token_limit
+    if count(messages) <= context:
+        return messages, len(excerpts_text) - keep
+    why = f"the reader's context of {context:,} tokens"
+    if count(with_kept(0)) > context:
+        raise too_long(with_kept(0))
+    low, high = 0, keep  # with_kept(low) fits, with_kept(high) does not: halve until they meet
+    while high - low > 1:
+        middle = (low + high) // 2
+        if count(with_kept(middle)) <= context:
+            low = middle
+        else:
+            high = middle
+    return with_kept(low), len(excerpts_text) - low
 
 
 def build_judge_messages(question: str, gold: str, prediction: str, category: str | None = None,

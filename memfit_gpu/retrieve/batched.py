@@ -65,6 +65,7 @@ class RetrievalResult:
     prf_terms: list[str] = field(default_factory=list)
     reranker: dict[str, Any] = field(default_factory=dict)
     ranked_columns: tuple[Any, int] | None = None  # (the batch's tensors, this question's row)
+    excerpt_chars_cut: int = 0  # characters cut from excerpts longer than pack.max_excerpt_chars
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
@@ -91,6 +92,8 @@ class RetrievalResult:
                               for s in self.pack.summaries],
             },
             "excerpts": self.excerpts,
+            # Only when something was cut: a pack row without the key holds every excerpt whole.
+            **({"excerpt_chars_cut": self.excerpt_chars_cut} if self.excerpt_chars_cut else {}),
         }
 
 
@@ -355,9 +358,12 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
     k = cfg.pack.k
     packs = build_packs(ranked.kind[:, :k], ranked.row[:, :k], view, cfg.pack.context_window)
-    tails = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(cfg.pack.resolve_dates, {})
-    texts = format_excerpts_batch(packs, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, tails)
-    results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i))
-               for i, (pack, text) in enumerate(zip(packs, texts, strict=True))]
+    tails = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(
+        (cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars), {})
+    texts = format_excerpts_batch(packs, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, tails,
+                                  cfg.pack.max_excerpt_chars)
+    results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i),
+                               excerpt_chars_cut=cut)
+               for i, (pack, (text, cut)) in enumerate(zip(packs, texts, strict=True))]
     _tick(timings, "stage_8_9_pack", clock)
     return results

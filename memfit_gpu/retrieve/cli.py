@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config, to_dict
-    from memfit_gpu.models import MissingWeightsError
+    from memfit_gpu.preflight import check_can_start
 
     overrides = [f"data.benchmark={args.benchmark}"] + list(args.overrides)
     if args.data:
@@ -57,11 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit_questions is not None:
         overrides.append(f"data.limit_questions={args.limit_questions}")
     cfg = load_config(args.config, overrides)
-    try:
-        return _run(cfg, Path(args.out), args.store, to_dict(cfg))
-    except MissingWeightsError as exc:
-        print(f"memfit retrieve: error: {exc}", file=sys.stderr)
-        return 2
+    check_can_start(cfg, readers=False)
+    return _run(cfg, Path(args.out), args.store, to_dict(cfg))
 
 
 def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:

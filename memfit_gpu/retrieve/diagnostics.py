@@ -6,7 +6,8 @@ episode, 0 if none); over the pack: pack_hit (a gold turn among the k selected, 
 as the paper counts it), pack_hit_window (after neighbours), all_gold_pack / all_gold_pack_window
 (every matched gold turn there).
 
-Evidence ids are matched to turn ids of the question's own memory. Ids matching no turn are counted
+Evidence ids are matched to turn ids of the question's own memory; an id the benchmark repeats within a
+memory (renamed "#dup<n>" by the loader) matches every turn that carries it. Ids matching no turn are counted
 (`unmatched_evidence`, with examples); questions without evidence, and questions none of whose
 evidence ids match a turn, cannot be scored: they are counted separately and left out of the rates
 (`questions` is the number scored), never silently.
@@ -17,22 +18,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memfit_gpu.data.schema import written_turn_id
+
 HIT_KS = (5, 10, 20, 30)
 RATE_KEYS = tuple(f"hit@{k}" for k in HIT_KS) + ("pack_hit", "pack_hit_window", "all_gold_pack",
                                                   "all_gold_pack_window", "mrr")
 
 
 def question_diagnostics(ranked_rows: Sequence[int], selected: Sequence[int], packed: Sequence[int],
-                         gold_rows: set[int]) -> dict[str, Any]:
-    """One question's record; gold_rows must be non-empty."""
-    rank = next((i for i, r in enumerate(ranked_rows, start=1) if r in gold_rows), None)
+                         gold: Sequence[set[int]]) -> dict[str, Any]:
+    """One question's record. gold: the gold turns, each as the set of rows that carry its id (one row,
+    or several when a benchmark repeats a turn id); must be non-empty."""
+    groups = [set(g) for g in gold]
+    any_gold = set().union(*groups)
+    rank = next((i for i, r in enumerate(ranked_rows, start=1) if r in any_gold), None)
     record: dict[str, Any] = {f"hit@{k}": rank is not None and rank <= k for k in HIT_KS}
     record["rr"] = 1.0 / rank if rank is not None else 0.0
     chosen, window = set(selected), set(packed)
-    record["pack_hit"] = bool(gold_rows & chosen)
-    record["pack_hit_window"] = bool(gold_rows & window)
-    record["all_gold_pack"] = gold_rows <= chosen
-    record["all_gold_pack_window"] = gold_rows <= window
+    record["pack_hit"] = bool(any_gold & chosen)
+    record["pack_hit_window"] = bool(any_gold & window)
+    record["all_gold_pack"] = all(group & chosen for group in groups)
+    record["all_gold_pack_window"] = all(group & window for group in groups)
     return record
 
 
@@ -53,10 +59,14 @@ def compute_diagnostics(results: Sequence[Any], questions: Sequence[Any], view: 
     Questions (memory_id, category, evidence)."""
     if len(results) != len(questions):
         raise ValueError(f"diagnostics: {len(results)} results for {len(questions)} questions")
-    row_of: dict[tuple[int, str], int] = {}
+    # A turn id the benchmark repeats names several rows (the loader renamed the later ones "#dup<n>"): a
+    # gold id matches all of them, since nothing says which one the annotators meant.
+    # An id that only looks renamed (a benchmark's own "x#dup2") still matches itself.
+    rows_of: dict[tuple[int, str], list[int]] = {}
     for row, (memory, turn_id) in enumerate(zip(view.ep_memory.tolist(), view.ep_turn_id, strict=True)):
         if not view.ep_deleted[row]:
-            row_of.setdefault((memory, turn_id), row)
+            for name in dict.fromkeys((turn_id, written_turn_id(turn_id))):
+                rows_of.setdefault((memory, name), []).append(row)
     records: list[dict[str, Any] | None] = []
     scored: list[tuple[str, dict[str, Any]]] = []
     unmatched: list[str] = []
@@ -64,13 +74,13 @@ def compute_diagnostics(results: Sequence[Any], questions: Sequence[Any], view: 
     unmatched_only: list[str] = []
     for result, question in zip(results, questions, strict=True):
         memory = view.memory_index(question.memory_id)
-        gold = set()
+        gold: list[set[int]] = []
         for turn_id in question.evidence:
-            row = row_of.get((memory, turn_id))
-            if row is None:
+            rows = rows_of.get((memory, turn_id))
+            if rows is None:
                 unmatched.append(f"{question.question_id}:{turn_id}")
-            else:
-                gold.add(row)
+            elif set(rows) not in gold:
+                gold.append(set(rows))
         if not question.evidence:
             no_evidence.append(question.question_id)
             records.append(None)

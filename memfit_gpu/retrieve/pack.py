@@ -13,10 +13,17 @@ Excerpt text (what the reader sees):
 One excerpt per episode of the pack, chronological. The episode text's leading
 "DATE: {session date} | " is dropped because the header carries the date; relative dates are
 resolved against the episode's own session date (dates.resolve_relative_dates).
+
+Stored text cannot forge the block's structure: every line of a turn (or summary) after its first that
+holds more than whitespace starts with QUOTE_INDENT, so `EXCERPT n`, `Question:`, `Answer:` or
+instruction lines at the start of a line only ever come from the template. A single-line turn (every
+LoCoMo turn but six) is shown exactly as before. An excerpt longer than max_excerpt_chars is cut, with
+a note saying how much, and the characters cut are counted for the pack row.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +32,10 @@ import torch
 from memfit_gpu.retrieve.dates import resolve_relative_dates
 
 FACTS_HEADER = "REMEMBERED FACTS:"
+QUOTE_INDENT = "    "
+# Whatever a reader might take for a line break: \r\n, \n, \r, vertical tab, form feed, the file/group/record
+# separators, NEL and the Unicode line and paragraph separators (what str.splitlines() splits on).
+_LINE_BREAK = re.compile("(\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])")
 
 
 @dataclass
@@ -116,40 +127,69 @@ def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:
     return resolve_relative_dates(body, anchor)
 
 
-def excerpt_tail(view: Any, row: int, resolve_dates: bool) -> str:
-    """The part of an excerpt line that depends on the row alone: "(recorded {date}): {body}"."""
-    return f"(recorded {view.recorded(row)}): {excerpt_body(view.ep_text[row], view.ep_time[row], resolve_dates)}"
+def quote_lines(text: str) -> str:
+    """`text` with QUOTE_INDENT before every line after the first that holds more than whitespace, so no
+    line of it can pass for a line of the prompt's own structure. Line breaks and blank lines stay."""
+    if _LINE_BREAK.search(text) is None:
+        return text
+    pieces = _LINE_BREAK.split(text)  # line, break, line, break, ..., line
+    for i in range(2, len(pieces), 2):
+        if pieces[i].strip():
+            pieces[i] = QUOTE_INDENT + pieces[i]
+    return "".join(pieces)
+
+
+def cut_excerpt(body: str, max_chars: int) -> tuple[str, int]:
+    """(body, 0), or its first max_chars characters with a note of how many were cut, and that count."""
+    if len(body) <= max_chars:
+        return body, 0
+    cut = len(body) - max_chars
+    return f"{body[:max_chars]} [... {cut:,} more characters cut: pack.max_excerpt_chars={max_chars:,}]", cut
+
+
+def excerpt_tail(view: Any, row: int, resolve_dates: bool, max_excerpt_chars: int) -> tuple[str, int]:
+    """The part of an excerpt line that depends on the row alone, "(recorded {date}): {body}", and the
+    characters cut from the body."""
+    body = quote_lines(excerpt_body(view.ep_text[row], view.ep_time[row], resolve_dates))
+    body, cut = cut_excerpt(body, max_excerpt_chars)
+    return f"(recorded {view.recorded(row)}): {body}", cut
 
 
 def _facts_block(pack: Pack, view: Any, summary_suffix: str) -> str:
-    return "\n".join([FACTS_HEADER] + ["- " + view.sm_text[srow] + summary_suffix.format(date=view.summary_date(srow))
+    return "\n".join([FACTS_HEADER] + ["- " + quote_lines(view.sm_text[srow])
+                                       + summary_suffix.format(date=view.summary_date(srow))
                                        for srow in pack.summaries])
 
 
-def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool) -> str:
-    """The reader's evidence block for one pack."""
+def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool,
+                    max_excerpt_chars: int) -> tuple[str, int]:
+    """The reader's evidence block for one pack, and the characters cut from its excerpts."""
     parts: list[str] = []
     if pack.summaries:
         parts.append(_facts_block(pack, view, summary_suffix))
-    lines = [f"EXCERPT {i} {excerpt_tail(view, row, resolve_dates)}" for i, row in enumerate(pack.episodes, start=1)]
+    tails = [excerpt_tail(view, row, resolve_dates, max_excerpt_chars) for row in pack.episodes]
+    lines = [f"EXCERPT {i} {tail}" for i, (tail, _) in enumerate(tails, start=1)]
     if lines:
         parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    return "\n\n".join(parts), sum(cut for _, cut in tails)
 
 
 def format_excerpts_batch(packs: list[Pack], view: Any, summary_suffix: str, resolve_dates: bool,
-                          tails: dict[int, str]) -> list[str]:
-    """`format_excerpts` for every pack; each distinct row's tail is built once (`tails` keeps them)."""
+                          tails: dict[int, tuple[str, int]], max_excerpt_chars: int) -> list[tuple[str, int]]:
+    """`format_excerpts` for every pack; each distinct row's tail is built once (`tails` keeps them, so
+    it must only ever see one resolve_dates and max_excerpt_chars)."""
     for row in {row for pack in packs for row in pack.episodes}.difference(tails):
-        tails[row] = excerpt_tail(view, row, resolve_dates)
+        tails[row] = excerpt_tail(view, row, resolve_dates, max_excerpt_chars)
     longest = max((len(pack.episodes) for pack in packs), default=0)
     heads = [f"EXCERPT {i} " for i in range(1, longest + 1)]
     out = []
     for pack in packs:
-        lines = "\n".join(map(str.__add__, heads, map(tails.__getitem__, pack.episodes)))
+        built = [tails[row] for row in pack.episodes]
+        lines = "\n".join(map(str.__add__, heads, (tail for tail, _ in built)))
+        cut = sum(c for _, c in built)
         if pack.summaries:
             facts = _facts_block(pack, view, summary_suffix)
-            out.append(facts + "\n\n" + lines if lines else facts)
+            out.append((facts + "\n\n" + lines if lines else facts, cut))
         else:
-            out.append(lines)
+            out.append((lines, cut))
     return out

@@ -214,5 +214,7 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
     ordered = sorted(packed, key=lambda r: (view.ep_memory[r], view.ep_time[r], view.ep_position[r]))
     pack = Pack(episodes=[int(r) for r in ordered], selected=selected,
                 summaries=[c["row"] for c in top if c["kind"] == "summary"])
-    text = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates)
-    return RetrievalResult(memory_id, question, ranked, pack, text, terms, reranker_info(cfg.rerank, reranker))
+    text, cut = format_excerpts(pack, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates,
+                                cfg.pack.max_excerpt_chars)
+    return RetrievalResult(memory_id, question, ranked, pack, text, terms, reranker_info(cfg.rerank, reranker),
+                           excerpt_chars_cut=cut)
