@@ -331,6 +331,8 @@ _RANGES: dict[str, _Range] = {
     "reader.max_model_len": _AT_LEAST_1,
     "reader.gpu_memory_utilization": _Range(0, 1, low_open=True),
     "reader.max_prompt_chars": _AT_LEAST_1,
+    "reader.max_images": _AT_LEAST_0,
+    "reader.max_pixels": _Range(1, optional=True),
     "eval.judge.max_new_tokens": _AT_LEAST_1,
     "eval.bootstrap_samples": _AT_LEAST_1,
     "eval.permutation_samples": _AT_LEAST_1,
