@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
+
 log = logging.getLogger(__name__)
 
 _HEADER = 18  # "llllllll cccccccc "
@@ -125,6 +127,7 @@ class RecordLog:
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())
+        faults.point("store.log")
         self.records.extend(batch)
         return len(self.records)
 
