@@ -6,28 +6,65 @@ A run directory holds everything a run made (docs/design.md "Run directory"). Ev
 result on disk before the next starts, and a rerun with the same directory picks up where it stopped:
 the store reopens (no re-encoding), summaries and answers come from the response cache (no repeat LLM
 call), predictions are appended per batch and never duplicated, and `DONE` marks a finished run, which
-a rerun only reports.
+a rerun only reports. One process writes a directory at a time (an exclusive lock on `DIR/.lock`), and
+a directory started with another configuration, finished or not, is refused.
+
+Write order, so that a kill anywhere leaves a state the rerun completes to the same results: the
+response cache commits a batch of calls, then `ledger.json` accounts for them, then their predictions
+are appended; a rerun re-serves a lost prediction from the cache and the ledger does not count it
+again. Every durable write is a `faults.point`, where tests kill runs (tests/test_crash_consistency.py).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.preflight import check_can_start
+from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 
 log = logging.getLogger(__name__)
 
 
+LOCK_FILE = ".lock"
+
+
 class RunError(RuntimeError):
     """A run directory that cannot be resumed as asked."""
+
+
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `out` (flock on DIR/.lock, which names the holder's pid).
+
+    Two processes writing one directory duplicate predictions and interleave the store log. The kernel
+    drops the lock when its process ends, however it ends, so a killed run never leaves a stale lock."""
+    handle = open(out / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole run)
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise RunError(f"{out} is in use by another memfit run (pid {holder}); "
+                           "wait for it to end or use another --out directory") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()
 
 
 @dataclass
@@ -50,6 +87,7 @@ class StageTimer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
             _atomic_write(self.path, json.dumps(self.seconds, indent=2))
+            faults.point("timings")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -64,6 +102,7 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
     text = to_yaml(cfg)
     if not resolved.exists():
         _atomic_write(resolved, text)
+        faults.point("config")
         return
     before = load_config(resolved)
     if before != cfg:
@@ -136,13 +175,18 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
     """Run (or resume) one configuration into `out_dir`; returns metrics.json's content."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "DONE").exists():
-        log.info("%s is finished (DONE exists): nothing to do", out)
-        return json.loads((out / "metrics.json").read_text())
-    from memfit_gpu.preflight import check_can_start
+    with run_lock(out):
+        if (out / "DONE").exists():
+            _check_config(cfg, out)
+            log.info("%s is finished (DONE exists): nothing to do", out)
+            return json.loads((out / "metrics.json").read_text())
+        # before config.yaml: a run refused here leaves the directory free for the corrected one
+        check_can_start(cfg)
+        _check_config(cfg, out)
+        return _run_locked(cfg, out, progress)
 
-    check_can_start(cfg)  # before config.yaml: a refused run leaves the directory free for the corrected one
-    _check_config(cfg, out)
+
+def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
     timer = StageTimer.load(out / "timings.json")
 
     from memfit_gpu.tracking import Tracker
@@ -155,7 +199,8 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
     finally:
         tracker.finish()
-    (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    _atomic_write(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    faults.point("DONE")
     return metrics
 
 
@@ -163,7 +208,6 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
     from memfit_gpu.data import load_benchmark, select_from_config
     from memfit_gpu.index.encoders import BiEncoder
     from memfit_gpu.readers.base import make_reader
-    from memfit_gpu.readers.ledger import Ledger
     from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
     from memfit_gpu.store.episodes import EpisodeStore
 
@@ -178,7 +222,10 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
     # Load the cross-encoder before hours of work, so missing weights fail at once.
     reranker = load_reranker(cfg.rerank, device=cfg.index.device)
     ledger_path = out / "ledger.json"
-    ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
+    try:
+        ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise RunError(f"{ledger_path}: not a ledger memfit wrote ({exc})") from None
     reader = None
 
     def get_reader():
@@ -196,11 +243,23 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
                 store.add_memories(new, progress=progress)
                 build = {**store.last_timings, "episodes": int(store.size), "memories": len(store.memory_ids)}
                 _atomic_write(out / "build_timings.json", json.dumps(build, indent=2))
+                faults.point("build_timings")
+            # A reopened store that replayed its log's tail keeps that work: the next open loads it.
+            store.snapshot()
         if cfg.summary.enabled:
             with timer.stage("summaries"):
-                store.build_summaries(summary_generate(get_reader(), cfg), memory_ids=[m.memory_id for m in selected.memories],
+                generate = summary_generate(get_reader(), cfg)
+
+                def generate_and_account(prompts: list[str]) -> list[str]:
+                    texts = generate(prompts)
+                    # Before the store logs the summaries: a kill in between costs cache hits on the
+                    # rerun, never calls the ledger does not know of.
+                    ledger.save(ledger_path)
+                    faults.point("summaries.ledger")
+                    return texts
+
+                store.build_summaries(generate_and_account, memory_ids=[m.memory_id for m in selected.memories],
                                       progress=progress)
-                ledger.save(ledger_path)
 
         with timer.stage("retrieve"):
             packs = _retrieve(cfg, out, store, encoder, reranker, questions, progress)
@@ -250,7 +309,9 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: 
         rows[q.question_id] = row
         lines.append(json.dumps(row, ensure_ascii=False))
     _atomic_write(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
+    faults.point("diagnostics")
     _atomic_write(path, "\n".join(lines) + "\n")
+    faults.point("packs")
     return rows
 
 
@@ -283,7 +344,11 @@ def _images_for(cfg: MemFitConfig, bench: Any, question: Any, pack_row: dict[str
 
 def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], packs: dict[str, dict[str, Any]],
             reader: Any, ledger: Any, ledger_path: Path, progress: bool) -> None:
-    """One answer call per question, appended to predictions.jsonl a chunk at a time."""
+    """One answer call per question, appended to predictions.jsonl a chunk at a time.
+
+    Per chunk: the reader commits its calls to the response cache, the ledger is saved, then the rows
+    are appended. A kill before the rows are complete loses only rows the rerun re-serves from the
+    cache, which the ledger does not count twice (Ledger.accounted_keys)."""
     from memfit_gpu.evaluate.metrics import score_all
     from memfit_gpu.readers.base import Request
     from memfit_gpu.readers.clean import clean_answer
@@ -293,30 +358,36 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
     turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
                    for m in bench.memories for t in m.turns() if t.images}
+
+    def request_for(q: Any) -> tuple[Request, dict[str, int]]:
+        """The answer request (the same bytes on every resume: its cache key) and what the prompt
+        bound cut from it ({"prompt_chars_cut": n} or {})."""
+        images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
+        messages, prompt_cut = bounded_answer_messages(
+            q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
+            question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
+            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=reader.prompt_token_limit(),
+        )
+        return (Request(messages, role="answer", images=images, key=q.question_id),
+                {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
+
     pred_path = out / "predictions.jsonl"
-    done = {r["question_id"] for r in read_jsonl(pred_path)}
-    todo = [q for q in questions if q.question_id not in done]
-    if done:
-        log.info("answer: %d questions already answered, %d to go", len(done), len(todo))
+    answered = {r["question_id"]: r for r in read_jsonl(pred_path)}
+    todo = [q for q in questions if q.question_id not in answered]
+    if answered:
+        log.info("answer: %d questions already answered, %d to go", len(answered), len(todo))
+    _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
+                      ledger, ledger_path)
     judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
     try:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(questions), initial=len(done), desc="answer", unit="q", disable=not progress)
+        bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
         step = max(1, cfg.reader.flush_every)
         for start in range(0, len(todo), step):
             chunk = todo[start:start + step]
-            requests, prompt_cuts = [], []
-            for q in chunk:
-                images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
-                messages, prompt_cut = bounded_answer_messages(
-                    q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
-                    question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-                    max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=reader.prompt_token_limit(),
-                )
-                requests.append(Request(messages, role="answer", images=images, key=q.question_id))
-                prompt_cuts.append({"prompt_chars_cut": prompt_cut} if prompt_cut else {})
-            responses = reader.generate(requests)
+            requests, prompt_cuts = zip(*[request_for(q) for q in chunk], strict=True)
+            responses = reader.generate(list(requests))
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
@@ -330,14 +401,39 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})
-            _append_jsonl(pred_path, rows)
-            # Saved with the predictions it accounts for: a kill between the two repeats no call.
             ledger.save(ledger_path)
+            faults.point("answer.ledger")
+            _append_jsonl(pred_path, rows)
+            faults.point("predictions")
             bar.update(len(chunk))
         bar.close()
     finally:
         if judge is not None:
             judge.close()
+
+
+def _account_answered(out: Path, questions: list[Any], answered: dict[str, dict[str, Any]], reader: Any,
+                      request_for: Callable[[Any], Any], ledger: Ledger, ledger_path: Path) -> None:
+    """Put predictions the ledger does not account for on its books, from the response cache.
+
+    Only a directory an older memfit left (it appended predictions before saving the ledger, and was
+    killed in between) or one whose ledger.json was removed has them. Their rows stay as they are; the
+    re-served cached text must be the row's raw output, else the row did not come from this run."""
+    accounted = set(ledger.answer_keys)
+    missing = [q for q in questions if q.question_id not in accounted]
+    if not missing:
+        return
+    log.warning("%s: %d predictions have no answer call in %s: accounting them from the response cache",
+                out / "predictions.jsonl", len(missing), ledger_path)
+    for q, response in zip(missing, reader.generate([request_for(q)[0] for q in missing]), strict=True):
+        raw_output = answered[q.question_id]["raw_output"]
+        if response.cached and response.text != raw_output:
+            raise RunError(f"{out / 'predictions.jsonl'}: question {q.question_id}: raw_output {raw_output!r} is not "
+                           f"the answer cache.sqlite holds for it ({response.text!r}); the row is not from this run")
+        if not response.cached:
+            log.warning("%s: question %s was not in the response cache: answered again to account for it "
+                        "(the prediction keeps its first answer)", out / "predictions.jsonl", q.question_id)
+    ledger.save(ledger_path)
 
 
 def _memgallery_dir(bench: Any) -> Path:
@@ -405,7 +501,10 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     missing = [q.question_id for q in questions if q.question_id not in by_id]
     if missing:
         raise RunError(f"{out / 'predictions.jsonl'}: {len(missing)} questions have no prediction: {missing[:10]}")
-    ledger.check_one_answer_per_question([q.question_id for q in questions])
+    try:
+        ledger.check_one_answer_per_question([q.question_id for q in questions])
+    except LedgerCheckError as exc:
+        raise RunError(f"{out / 'ledger.json'}: {exc}") from None
     ordered = [by_id[q.question_id] for q in questions]
     metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
@@ -417,9 +516,12 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     metrics["timings"] = dict(timer.seconds)
     metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
     _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2))
+    faults.point("metrics")
     ledger.save(out / "ledger.json")
+    faults.point("score.ledger")
     table = render_markdown(metrics, benchmark=bench.name)
     _atomic_write(out / "results.md", table)
+    faults.point("results")
     return metrics
 
 

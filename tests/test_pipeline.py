@@ -8,13 +8,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import load_config
-from memfit_gpu.pipeline import RunError, read_jsonl, run
+from memfit_gpu.config import load_config, to_yaml
+from memfit_gpu.pipeline import RunError, read_jsonl, run, run_lock
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -97,21 +96,14 @@ def test_answers_come_from_the_cache_when_predictions_are_lost(smoke_run: Path, 
 def test_killed_run_resumes_without_lost_or_duplicated_predictions(tmp_path: Path, shared_data: Path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, env=_env(shared_data), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
     preds = out / "predictions.jsonl"
-    deadline = time.time() + 900
-    # Kill as soon as the first flush (3 of 6 answers) is on disk: the second batch is in flight.
-    while time.time() < deadline and proc.poll() is None:
-        if preds.exists() and preds.read_text().count("\n") >= 3:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.2)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    # SIGKILLed exactly after the first flush (3 of 6 answers on disk; memfit_gpu.faults), not by timing.
+    proc = subprocess.run(cmd, env={**_env(shared_data), "MEMFIT_FAULT": "predictions:1"}, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not (out / "DONE").exists()
     first = read_jsonl(preds)
-    assert 3 <= len(first) < 6
+    assert [r["question_id"] for r in first] == [f"conv-26:q{i}" for i in range(3)]
     # A torn line, as a kill in the middle of a write leaves it, is dropped on resume.
     with open(preds, "a") as handle:
         handle.write('{"question_id": "conv-26:q')
@@ -137,6 +129,76 @@ def test_resuming_with_another_configuration_is_refused(tmp_path: Path, shared_d
     other = load_config(REPO / "configs" / "smoke.yaml", ["pack.k=3"])
     with pytest.raises(RunError, match="pack.k"):
         run(other, out, progress=False)
+
+
+def _finished_dir(out: Path) -> Path:
+    """A directory as a finished smoke run leaves it, for what happens before any stage runs."""
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text(to_yaml(load_config(SMOKE)))
+    (out / "metrics.json").write_text('{"questions": 6}')
+    (out / "results.md").write_text("### the finished run's table\n")
+    (out / "DONE").write_text("2026-11-30T00:00:00\n")
+    return out
+
+
+def test_finished_run_with_another_configuration_is_refused(tmp_path: Path):
+    """Issue 11.6: a finished directory rerun with another configuration printed the old results (rc 0)."""
+    out = _finished_dir(tmp_path / "done")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(RunError, match=r"different configuration \(retrieve\.alpha\)"):
+        run(load_config(SMOKE, ["retrieve.alpha=0.1"]), out, progress=False)
+    assert run(load_config(SMOKE), out, progress=False) == {"questions": 6}  # the same one only reports
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
+
+
+def test_finished_run_with_another_configuration_exits_2_in_one_line(tmp_path: Path):
+    out = _finished_dir(tmp_path / "done")
+    cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
+    refused = subprocess.run([*cmd, "retrieve.alpha=0.1"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.splitlines()[-1] == (
+        f"memfit run: error: {out} was started with a different configuration (retrieve.alpha); "
+        "use a new --out directory for a different configuration")
+    assert "Traceback" not in refused.stderr
+    same = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and same.stdout == "### the finished run's table\n\n"
+
+
+@pytest.mark.slow
+def test_copy_of_a_finished_run_rerun_with_another_alpha_is_refused(smoke_run: Path, tmp_path: Path,
+                                                                    shared_data: Path):
+    """Issue 11.6 as reported: `cp -r base d; memfit run --config smoke --out d retrieve.alpha=0.1`."""
+    import shutil
+
+    copy = tmp_path / "d"
+    shutil.copytree(smoke_run, copy)
+    before = (copy / "metrics.json").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(copy),
+                           "--quiet", "retrieve.alpha=0.1"], env=_env(shared_data), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"memfit run: error: {copy} was started with a different configuration (retrieve.alpha); "
+        "use a new --out directory for a different configuration")
+    assert (copy / "metrics.json").read_bytes() == before
+
+
+def test_second_run_on_a_directory_in_use_exits_2_naming_the_holder(tmp_path: Path):
+    """Issue 11.4: two runs on one directory duplicated every prediction; the second now stops at once."""
+    out = tmp_path / "busy"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
+    with run_lock(out):
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        with pytest.raises(RunError, match=rf"{out} is in use by another memfit run \(pid {os.getpid()}\)"):
+            run(load_config(SMOKE), out, progress=False)
+    assert second.returncode == 2 and second.stdout == ""
+    assert second.stderr.splitlines()[-1] == (
+        f"memfit run: error: {out} is in use by another memfit run (pid {os.getpid()}); "
+        "wait for it to end or use another --out directory")
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # the refused runs wrote nothing
+    with run_lock(out):  # released with its holder
+        pass
 
 
 def test_torn_jsonl_tail_is_cut_and_bad_lines_named(tmp_path: Path):

@@ -3,6 +3,11 @@
 SPEC Evaluation: "exactly one answer call per question must hold and be checked". Every answer request
 (whether served by the backend or the cache) records its key; `check_one_answer_per_question` compares
 them with the question ids and fails loudly, naming the offending ids.
+
+A resumed run loads the saved ledger. The pipeline saves it right after each batch of calls, before
+the predictions of that batch are written, so a kill can leave answer calls on the books whose
+predictions are lost; the rerun re-serves those questions from the response cache, and `record` does
+not count such a question again (`accounted_keys`).
 """
 
 from __future__ import annotations
@@ -51,11 +56,21 @@ class Ledger:
     roles: dict[str, RoleStats] = field(default_factory=lambda: {r: RoleStats() for r in ROLES})
     models: dict[str, ModelStats] = field(default_factory=dict)
     answer_keys: list[str] = field(default_factory=list)
+    # Answer keys of the saved ledger this one was loaded from, until a rerun re-serves them: that call is
+    # accounted already. A key repeated within one process is still counted (and fails the check).
+    accounted_keys: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def record(self, role: str, key: str, response: Response, backend: str) -> None:
         stats = self.roles.setdefault(role, RoleStats())
         if role == "answer":
-            self.answer_keys.append(key)
+            if key in self.accounted_keys:
+                self.accounted_keys.discard(key)
+                if response.cached:
+                    return
+                # The cache lost the call (not a process kill): count what the backend did again, but the
+                # question keeps its one answer.
+            else:
+                self.answer_keys.append(key)
         if response.cached:
             stats.cached += 1
             return
@@ -144,6 +159,7 @@ class Ledger:
         for key, m in data.get("models", {}).items():
             ledger.models[key] = ModelStats(**m)
         ledger.answer_keys = list(data.get("answer_keys", []))
+        ledger.accounted_keys = set(ledger.answer_keys)
         return ledger
 
     @classmethod

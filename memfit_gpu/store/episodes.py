@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
@@ -548,6 +549,7 @@ class EpisodeStore:
     def _encode(self, texts: list[str], progress: bool = False) -> torch.Tensor:
         if not texts:
             return torch.empty((0, self.dim), dtype=torch.float32)
+        faults.point("store.encode", len(texts))
         return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
 
     def _commit(
@@ -724,9 +726,11 @@ class EpisodeStore:
                 "summaries": len(self.summaries), "dim": self.dim, "files": files}
         meta["meta_sha256"] = _meta_digest(meta)
         (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        faults.point("store.snapshot.staged")
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
+        faults.point("store.snapshot")
         self._snapshot_records = count
         for old in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[:-_KEEP_SNAPSHOTS]:
             shutil.rmtree(old, ignore_errors=True)

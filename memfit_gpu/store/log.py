@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
 from memfit_gpu.data.schema import DataError
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class RecordLog:
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())
+        faults.point("store.log")
         self.records.extend(batch)
         return len(self.records)
 

@@ -1,0 +1,55 @@
+"""Named kill points at the durable writes of a run, for crash-consistency tests.
+
+`MEMFIT_FAULT=<point>[:<n>]` makes the process SIGKILL itself the n-th time (default the first) it
+passes `point`, exactly as a power cut or the OOM killer would stop it there: no exception handler,
+no `finally`, no flush. `MEMFIT_FAULT_TRACE=<file>` appends one line per point passed (`name` or
+`name<TAB>count`), which tells a test every boundary a run crosses and how many texts the store
+encoded. With neither variable set a point costs two environment lookups.
+
+Points (each right after its write is on disk, unless named otherwise):
+config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,
+metrics, score.ledger, results, DONE (pipeline.py); store.log (store/log.py, each append);
+store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
+store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+FAULT_ENV = "MEMFIT_FAULT"
+TRACE_ENV = "MEMFIT_FAULT_TRACE"
+
+# Times each armed point was passed in this process: the n of `point:n` counts per process.
+_passed: Counter[str] = Counter()
+
+
+def point(name: str, count: int | None = None) -> None:
+    """A kill point; `count` (how many items the step handles) only goes to the trace."""
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        with open(trace, "a", encoding="utf-8") as handle:
+            handle.write(name if count is None else f"{name}\t{count}")
+            handle.write("\n")
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    target, _, nth = spec.partition(":")
+    if target != name:
+        return
+    _passed[name] += 1
+    if _passed[name] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def parse_trace(path: str | os.PathLike[str]) -> list[tuple[str, int | None]]:
+    """(name, count) per line of a MEMFIT_FAULT_TRACE file, in the order the points were passed."""
+    rows: list[tuple[str, int | None]] = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            name, _, count = line.rstrip("\n").partition("\t")
+            if name:
+                rows.append((name, int(count) if count else None))
+    return rows
