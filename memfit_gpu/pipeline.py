@@ -17,7 +17,6 @@ again. Every durable write is a `faults.point`, where tests kill runs (tests/tes
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -30,13 +29,13 @@ from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 
 log = logging.getLogger(__name__)
 
 
-LOCK_FILE = ".lock"
 
 
 class RunError(RuntimeError):
@@ -45,26 +44,13 @@ class RunError(RuntimeError):
 
 @contextmanager
 def run_lock(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `out` (flock on DIR/.lock, which names the holder's pid).
-
-    Two processes writing one directory duplicate predictions and interleave the store log. The kernel
-    drops the lock when its process ends, however it ends, so a killed run never leaves a stale lock."""
-    handle = open(out / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115  (held for the whole run)
+    """Hold the run directory's lock (memfit_gpu.locks) for the whole run: two processes writing one
+    directory would duplicate predictions and interleave the store log."""
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise RunError(f"{out} is in use by another memfit run (pid {holder}); "
-                           "wait for it to end or use another --out directory") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        yield
-    finally:
-        handle.close()
+        with exclusive(lock_path(out), "wait for it to end or use another --out directory"):
+            yield
+    except DirectoryBusyError as exc:
+        raise RunError(str(exc)) from None
 
 
 @dataclass

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu.locks import held, lock_path
+
 log = logging.getLogger(__name__)
 
 SWEEP_KEYS = ("name", "config", "fixed", "grid", "points", "slurm", "command")
@@ -437,7 +439,7 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
                 record["jobs"][-1]["state"] = "COMPLETED" if rc == 0 else f"FAILED(rc={rc})"
                 record["state"] = "done" if finished else _after_failure(
                     point_id, f"exit code {rc}" if rc else "exit 0 without DONE", rc, starts[point_id], retries,
-                    record["jobs"][-1]["log"])
+                    record["jobs"][-1]["log"], state.point_dir(point))
                 if record["state"] == "retry":
                     queue.append(point)
                 state.save()
@@ -459,8 +461,14 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
         bar.close()
 
 
-def _after_failure(point_id: str, reason: str, rc: int | None, starts: int, retries: int, log_path: str) -> str:
-    """The point's next state: "error" (exit code 2: fix the config or data), "retry", or "failed"."""
+def _after_failure(point_id: str, reason: str, rc: int | None, starts: int, retries: int, log_path: str,
+                   point_dir: str | Path | None = None) -> str:
+    """The point's next state: "busy" (another process is running the point: its start was refused),
+    "error" (exit code 2: fix the config or data), "retry", or "failed"."""
+    if rc == USAGE_ERROR_RC and point_dir is not None and held(lock_path(point_dir)):
+        log.warning("point %s is being run by another process (its directory is locked); not started here, "
+                    "run the sweep again once that run has ended; log: %s", point_id, log_path)
+        return "busy"
     if rc == USAGE_ERROR_RC:
         log.error("point %s: configuration or data error (exit code 2), not retried; log: %s", point_id, log_path)
         return "error"
@@ -671,8 +679,10 @@ def wait_slurm(state: SweepState, poll_s: float, retries: int, starts: dict[str,
                         active += 1  # not settled yet: it may be on its way back to PENDING
                         continue
                     rc = _task_rc(job)
+                    point = next(p for p in state.spec.points if p.point_id == point_id)
                     record["state"] = _after_failure(point_id, f"task {job['job_id']} {new_state}", rc,
-                                                     starts.get(point_id, 1), retries, job["log"])
+                                                     starts.get(point_id, 1), retries, job["log"],
+                                                     state.point_dir(point))
                 changed = True
             retry = [p for p in state.spec.points if state.points[p.point_id]["state"] == "retry"]
             if retry:

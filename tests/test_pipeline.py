@@ -190,11 +190,11 @@ def test_second_run_on_a_directory_in_use_exits_2_naming_the_holder(tmp_path: Pa
     cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
     with run_lock(out):
         second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        with pytest.raises(RunError, match=rf"{out} is in use by another memfit run \(pid {os.getpid()}\)"):
+        with pytest.raises(RunError, match=rf"{out} is in use by another memfit process \(pid {os.getpid()}\)"):
             run(load_config(SMOKE), out, progress=False)
     assert second.returncode == 2 and second.stdout == ""
     assert second.stderr.splitlines()[-1] == (
-        f"memfit run: error: {out} is in use by another memfit run (pid {os.getpid()}); "
+        f"memfit run: error: {out} is in use by another memfit process (pid {os.getpid()}); "
         "wait for it to end or use another --out directory")
     assert sorted(p.name for p in out.iterdir()) == [".lock"]  # the refused runs wrote nothing
     with run_lock(out):  # released with its holder

@@ -101,9 +101,9 @@ def test_delete_refuses_a_run_directory_that_is_held(run_dir: Path, capsys):
     with open(run_dir / ".lock", "a") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         line = _error(capsys, ["store", "delete", str(run_dir), "--memory", "conv-a", "--turn", "D1:2"])
-        assert f"{run_dir}: another process holds {run_dir / '.lock'} (a run in progress?)" in line
+        assert f"{run_dir} is in use by another memfit process (pid unknown); a run in progress?" in line
         line = _error(capsys, ["store", "compact", str(run_dir)])
-        assert "another process holds" in line
+        assert "is in use by another memfit process" in line
     assert (run_dir / "store" / "log.jsonl").read_bytes() == before
 
 

@@ -234,3 +234,18 @@ def test_points_get_the_data_location_explicitly(tmp_path: Path, shared_data: Pa
     monkeypatch.delenv("MEMFIT_DATA_DIR")
     with pytest.raises(SweepError, match=r"point k=5: no locomo data found \(looked in cache .*empty-cache"):
         pin_data_location(load_sweep(path))
+
+
+def test_a_start_refused_because_another_process_runs_the_point_is_busy_not_an_error(tmp_path: Path) -> None:
+    """`memfit run` exits 2 when the point's directory is locked by a run still going (e.g. a duplicate
+    SLURM task): that is not the point's configuration error, and it must not be marked as one."""
+    from memfit_gpu.locks import exclusive, lock_path
+    from memfit_gpu.sweep import _after_failure
+
+    point_dir = tmp_path / "points" / "k=5"
+    point_dir.mkdir(parents=True)
+    with exclusive(lock_path(point_dir), "test"):
+        assert _after_failure("k=5", "exit code 2", 2, 1, 0, "log", point_dir) == "busy"
+    # once nobody holds it, exit code 2 is the point's own error again
+    assert _after_failure("k=5", "exit code 2", 2, 1, 0, "log", point_dir) == "error"
+    assert _after_failure("k=5", "exit code 1", 1, 1, 1, "log", point_dir) == "retry"

@@ -7,13 +7,15 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from memfit_gpu.config import ConfigError
+from memfit_gpu.locks import DirectoryBusyError, exclusive
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +97,13 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
 
 
 @contextmanager
-def exclusive(lock: Path) -> Iterator[None]:
-    """Hold `lock` (fcntl, released when the process ends however it ends), or refuse at once."""
-    from memfit_gpu.config import ConfigError
-
-    with open(lock, "a") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{lock.parent}: another process holds {lock} (a run in progress?); "
-                              f"try again when it has finished") from None
-        yield
+def locked(lock: Path) -> Iterator[None]:
+    """The store's lock (memfit_gpu.locks, the one `memfit run` holds), or a one-line refusal."""
+    try:
+        with exclusive(lock, f"a run in progress? try again when it has finished ({lock})"):
+            yield
+    except DirectoryBusyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _open_store(target: Target) -> Any:
@@ -144,7 +142,7 @@ def delete_command(args: argparse.Namespace) -> int:
     from memfit_gpu.config import ConfigError
 
     target = resolve_target(args.dir, args.config)
-    with exclusive(target.lock):
+    with locked(target.lock):
         store = _open_store(target)
         summariser = None if args.no_resummarize else _Summariser(target)
         try:
@@ -169,7 +167,7 @@ def delete_command(args: argparse.Namespace) -> int:
 
 def compact_command(args: argparse.Namespace) -> int:
     target = resolve_target(args.dir, args.config)
-    with exclusive(target.lock):
+    with locked(target.lock):
         counts = _open_store(target).compact()
     print(f"memfit store compact: {target.store}: {counts['episodes_before']} -> {counts['episodes_after']} "
           f"episode rows, {counts['summaries_before']} -> {counts['summaries_after']} summary rows, "
