@@ -220,7 +220,7 @@ def _view_with_summaries(n_questions: int):
     texts = [" ".join(view.ep_text[m] for m in ms) for ms in members]
     sm_bm25 = BM25Index()
     sm_bm25.add([tokenize(t) for t in texts], [0] * len(texts))
-    sm_dense = DenseIndex(dim=384, gpu=False)
+    sm_dense = DenseIndex(dim=384, device="cpu")
     sm_dense.add(unit(len(texts)), [0] * len(texts))
     view = replace(view, sm_memory=np.zeros(len(texts), dtype=np.int64), sm_text=texts, sm_members=members,
                    sm_time=view.ep_time[[m[0] for m in members]], sm_recorded=view.ep_time[[m[-1] for m in members]],
