@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from memfit_gpu.config import ConfigError
     from memfit_gpu.data.schema import DataError
     from memfit_gpu.models import MissingWeightsError
-    from memfit_gpu.readers.base import MissingBackendError
+    from memfit_gpu.readers.types import MissingBackendError
 
     try:
         return int(args.func(args) or 0)

@@ -146,7 +146,7 @@ def _question_payload(q: Any) -> dict[str, Any]:
 
 def summary_generate(reader: Any, cfg: MemFitConfig):
     """The store's `generate(list_of_prompts) -> list_of_texts`, through the run's cached reader."""
-    from memfit_gpu.readers.base import Request
+    from memfit_gpu.readers.types import Request
 
     def generate(prompts: list[str]) -> list[str]:
         requests = [Request([{"role": "user", "content": p}], role="summary",
@@ -193,7 +193,7 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
     from memfit_gpu.data import load_benchmark, select_from_config
     from memfit_gpu.index.encoders import BiEncoder
-    from memfit_gpu.readers.base import make_reader
+    from memfit_gpu.readers.reader import make_reader
     from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
     from memfit_gpu.store.episodes import EpisodeStore
 
@@ -336,9 +336,9 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
     are appended. A kill before the rows are complete loses only rows the rerun re-serves from the
     cache, which the ledger does not count twice (Ledger.accounted_keys)."""
     from memfit_gpu.evaluate.metrics import score_all
-    from memfit_gpu.readers.base import Request
     from memfit_gpu.readers.clean import clean_answer
     from memfit_gpu.readers.prompts import bounded_answer_messages, resolve_protocol
+    from memfit_gpu.readers.types import Request
 
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
@@ -438,7 +438,8 @@ class _Judge:
     yes/no prompts (abstention for `_abs`), the paper's CORRECT/WRONG judge otherwise."""
 
     def __init__(self, cfg: MemFitConfig, out: Path, ledger: Any, progress: bool, bench: Any):
-        from memfit_gpu.readers.base import make_reader, reader_config_for_judge
+        from memfit_gpu.evaluate.judge import reader_config_for_judge
+        from memfit_gpu.readers.reader import make_reader
 
         self.cfg = cfg
         prompt = cfg.eval.judge.prompt
@@ -453,8 +454,8 @@ class _Judge:
 
     def __call__(self, questions: list[Any], predictions: list[str]) -> list[dict[str, Any]]:
         from memfit_gpu.evaluate.judge import empty_verdict, is_empty_prediction, parse_judge_reply
-        from memfit_gpu.readers.base import Request
         from memfit_gpu.readers.prompts import build_judge_messages
+        from memfit_gpu.readers.types import Request
 
         verdicts: list[dict[str, Any] | None] = [None] * len(questions)
         requests, where = [], []

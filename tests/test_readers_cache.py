@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.readers.base import Request, Response
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
+from memfit_gpu.readers.types import Request, Response
 
 
 def _req(content: str = "What is the capital of France?", **kw: object) -> Request:
@@ -126,23 +126,7 @@ def test_request_validation_names_the_key() -> None:
         Request([{"content": "x"}], "answer", key="q9")
 
 
-def test_judge_reader_config_takes_the_judge_model_and_keeps_transport_settings() -> None:
-    from memfit_gpu.config import JudgeConfig, ReaderConfig
-    from memfit_gpu.readers import reader_config_for_judge
-
-    reader = ReaderConfig(backend="vllm", model="Qwen/Qwen2.5-VL-7B-Instruct", base_urls=["http://a/v1"],
-                          max_retries=9, temperature=0.3, images="question")
-    judge = reader_config_for_judge(JudgeConfig(backend="openai", model="gpt-4o-mini", max_new_tokens=128), reader)
-    assert (judge.backend, judge.model, judge.max_new_tokens, judge.temperature, judge.images) == (
-        "openai", "gpt-4o-mini", 128, 0.0, "none")
-    assert judge.base_urls == ["http://a/v1"] and judge.max_retries == 9
-    assert reader.model == "Qwen/Qwen2.5-VL-7B-Instruct"  # the reader's own config is untouched
-
-
 def test_chat_template_kwargs_are_part_of_the_cache_key():
-    from memfit_gpu.readers.base import Request
-    from memfit_gpu.readers.cache import request_key
-
     request = Request([{"role": "user", "content": "When?"}], role="answer", max_new_tokens=8, temperature=0.0, key="q")
     plain = request_key("vllm", "Qwen/Qwen3-8B", request)
     assert request_key("vllm", "Qwen/Qwen3-8B", request, {}) == plain  # no option: the key made before it existed

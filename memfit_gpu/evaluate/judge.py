@@ -1,4 +1,5 @@
-"""Reading LLM-judge replies into {"verdict": bool, "reason": str, "score": float}.
+"""The LLM judge: the reader config it runs with, and its replies read into {"verdict": bool, "reason": str,
+"score": float}. (Its prompts are built in readers/prompts.py: `judge_kind`, `build_judge_messages`.)
 
 Three judges, three reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
@@ -28,7 +29,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
+
+from memfit_gpu.config import JudgeConfig, ReaderConfig
 
 JUDGE_KINDS: tuple[str, ...] = ("paper", "memgallery", "longmemeval")
 
@@ -47,6 +51,14 @@ class JudgeParseError(ValueError):
         super().__init__(f"{kind} judge reply: {why}: {snippet!r}")
         self.kind = kind
         self.reply = reply
+
+
+def reader_config_for_judge(judge: JudgeConfig, reader: ReaderConfig) -> ReaderConfig:
+    """The judge's own backend/model/URLs (the reader's URLs when it has none), greedy, text only; the
+    rest (timeouts, retries, batch size, instances) from the reader config, which is left untouched."""
+    return replace(reader, backend=judge.backend, model=judge.model,
+                   base_urls=list(judge.base_urls) or list(reader.base_urls),
+                   max_new_tokens=judge.max_new_tokens, temperature=0.0, images="none", instances=reader.instances)
 
 
 def is_empty_prediction(prediction: str | None) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.readers.base import ROLES, Response
+from memfit_gpu.readers.types import ROLES, Response
 
 LOCAL_BACKENDS = ("transformers", "vllm")
 DEFAULT_PRICES = Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"

@@ -126,7 +126,7 @@ class _Summariser:
 
     def __call__(self, prompts: list[str]) -> list[str]:
         from memfit_gpu.pipeline import summary_generate
-        from memfit_gpu.readers.base import make_reader
+        from memfit_gpu.readers.reader import make_reader
 
         if self.reader is None:
             self.reader = make_reader(self.target.cfg.reader, self.target.run_dir, progress=False)

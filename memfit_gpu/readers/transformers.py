@@ -13,23 +13,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from memfit_gpu.readers.base import Backend, PromptTokenLimit, Request, Response
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+)
+
+from memfit_gpu import models
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.readers.images import is_remote
+from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
 
 
 def _pick_device() -> str:
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _pick_dtype(dtype: str, device: str) -> Any:
-    import torch
-
+def _pick_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":
         if device.startswith("cuda"):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -40,11 +49,12 @@ def _pick_dtype(dtype: str, device: str) -> Any:
         raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
 
 
-def _param_groups(requests: Sequence[Request]) -> dict[tuple[int, float], list[int]]:
+def _param_groups(requests: Sequence[Request],
+                  sampling: Callable[[Request], tuple[int, float]]) -> dict[tuple[int, float], list[int]]:
     """Request positions grouped by (max_new_tokens, temperature): one generate call shares both."""
     groups: dict[tuple[int, float], list[int]] = {}
     for i, r in enumerate(requests):
-        groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
+        groups.setdefault(sampling(r), []).append(i)
     return groups
 
 
@@ -71,27 +81,18 @@ def _until_eos(row: list[int], eos_ids: set[int] | Sequence[int]) -> tuple[list[
 class TransformersBackend(Backend):
     name = "transformers"
 
-    def __init__(self, cfg: Any, device: str | None = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from memfit_gpu import models
-
-        self.model = cfg.model
-        self.template_kwargs = dict(cfg.chat_template_kwargs)
+    def __init__(self, cfg: ReaderConfig, device: str | None = None) -> None:
+        """Load `cfg.model` on `device` (default: the first GPU, else the CPU)."""
+        super().__init__(cfg)
         self.resolved = models.resolve("reader", cfg.model)
         self.device = device or _pick_device()
         self.gpus = 1 if self.device.startswith("cuda") else 0
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
         start = time.perf_counter()
-        from transformers import AutoConfig
-
         self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
         dtype = _pick_dtype(cfg.dtype, self.device)
         if self.vision:
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-
             self.processor = AutoProcessor.from_pretrained(self.resolved.path)
             self.tokenizer = self.processor.tokenizer
             self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
@@ -104,7 +105,6 @@ class TransformersBackend(Backend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.net.eval()
         self.load_s = time.perf_counter() - start
-        self._torch = torch
         logger.info("transformers reader %s loaded from %s on %s in %.1f s", cfg.model, self.resolved.path,
                     self.device, self.load_s)
 
@@ -134,12 +134,11 @@ class TransformersBackend(Backend):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         if self.vision:
             return self._generate_vision(requests)
-        torch = self._torch
         prompts = [self._prompt_ids(r) for r in requests]
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
         # within a group, sort by length so padding is small
-        for (max_new, temperature), members in _param_groups(requests).items():
+        for (max_new, temperature), members in _param_groups(requests, self.sampling).items():
             members = sorted(members, key=lambda i: len(prompts[i]))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
@@ -172,12 +171,10 @@ class TransformersBackend(Backend):
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                   **self.template_kwargs)
 
-    def _load_images(self, request: Request) -> list[Any]:
-        from PIL import Image
-
+    def _load_images(self, request: Request) -> list[Image.Image]:
         images = []
         for path in request.images:
-            if path.startswith(("http://", "https://", "data:")):
+            if is_remote(path):
                 raise ValueError(f"request {request.key!r}: the transformers reader reads local image files, not {path[:40]}")
             try:
                 with Image.open(path) as img:
@@ -187,11 +184,10 @@ class TransformersBackend(Backend):
         return images
 
     def _generate_vision(self, requests: Sequence[Request]) -> list[Response]:
-        torch = self._torch
         texts = [self._vision_text(r) for r in requests]
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
-        for (max_new, temperature), members in _param_groups(requests).items():
+        for (max_new, temperature), members in _param_groups(requests, self.sampling).items():
             members = sorted(members, key=lambda i: (len(requests[i].images), len(texts[i])))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
@@ -219,3 +215,4 @@ class TransformersBackend(Backend):
             elif source:
                 ids.update(source)
         return ids
+
