@@ -439,16 +439,12 @@ class _Judge:
 
     def __init__(self, cfg: MemFitConfig, out: Path, ledger: Any, progress: bool, bench: Any):
         from memfit_gpu.evaluate.judge import reader_config_for_judge
+        from memfit_gpu.readers.prompts import judge_kind
         from memfit_gpu.readers.reader import make_reader
 
         self.cfg = cfg
-        prompt = cfg.eval.judge.prompt
-        if prompt == "auto":
-            prompt = bench.name if bench.name in ("memgallery", "longmemeval") else "paper"
-        if prompt not in ("paper", "memgallery", "longmemeval"):
-            raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, paper, memgallery, longmemeval")
-        self.kind = prompt
-        self.memgallery_dir = _memgallery_dir(bench) if prompt == "memgallery" else None
+        self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
+        self.memgallery_dir = _memgallery_dir(bench) if self.kind == "memgallery" else None
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 

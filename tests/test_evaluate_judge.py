@@ -8,7 +8,6 @@ from memfit_gpu.config import JudgeConfig, ReaderConfig
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     empty_verdict,
-    fill_memgallery_prompt,
     is_empty_prediction,
     needs_judge,
     parse_judge_reply,
@@ -18,6 +17,7 @@ from memfit_gpu.evaluate.judge import (
     reader_config_for_judge,
     snap_memgallery_grade,
 )
+from memfit_gpu.readers.prompts import fill_memgallery_prompt
 
 # ----------------------------------------------------------------------------- paper judge
 

@@ -33,8 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from memfit_gpu.config import JudgeConfig, ReaderConfig
-
-JUDGE_KINDS: tuple[str, ...] = ("paper", "memgallery", "longmemeval")
+from memfit_gpu.readers.prompts import JUDGE_KINDS
 
 _LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
 _REASON_KEYS = ("reason", "reasoning", "explanation", "rationale", "justification")
@@ -195,15 +194,3 @@ def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **op
         if strict:
             raise
         return {"verdict": False, "reason": f"unparseable judge reply ({exc})", "score": 0.0}
-
-
-def fill_memgallery_prompt(template: str, question: str, gold: str, prediction: str) -> str:
-    """Mem-Gallery's llm_judge.txt with its {{question}}, {{ground_truth}}, {{model_output}} filled."""
-    missing = [
-        slot for slot in ("{{question}}", "{{ground_truth}}", "{{model_output}}") if slot not in template
-    ]
-    if missing:
-        raise ValueError(f"MemGallery judge template lacks {', '.join(missing)}")
-    # One pass over the slots, so a prediction that itself contains "{{question}}" stays verbatim.
-    values = {"question": str(question), "ground_truth": str(gold), "model_output": str(prediction)}
-    return re.sub(r"\{\{(question|ground_truth|model_output)\}\}", lambda m: values[m.group(1)], template)

@@ -15,31 +15,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from memfit_gpu.readers.prompts import PromptError, load_prompt
 from memfit_gpu.segment import segment_batch, summary_segments
 
 if TYPE_CHECKING:
     from memfit_gpu.store.episodes import EpisodeStore
 
 log = logging.getLogger(__name__)
-
-PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
-
-
-@lru_cache(maxsize=8)
-def load_prompt(name: str) -> str:
-    path = PROMPTS / name
-    if not path.exists():
-        raise FileNotFoundError(f"summary prompt {name!r} not found at {path}")
-    text = path.read_text()
-    if "{excerpts}" not in text:
-        raise ValueError(f"{path}: a summary prompt must contain the {{excerpts}} placeholder")
-    return text
 
 
 def excerpt_positions(count: int, limit: int) -> np.ndarray:
@@ -56,7 +42,10 @@ def summary_prompt(store: EpisodeStore, members: Sequence[int]) -> str:
     for row in members[excerpt_positions(len(members), cfg.max_excerpts)]:
         excerpt = f"{store.speaker_name(int(row))}: {store.body(int(row))}"
         lines.append("- " + " ".join(excerpt.split())[: cfg.excerpt_chars])
-    return load_prompt(cfg.prompt).replace("{excerpts}", "\n".join(lines))
+    template = load_prompt(cfg.prompt)
+    if "{excerpts}" not in template:
+        raise PromptError(f"summary.prompt={cfg.prompt!r}: a summary prompt must contain the {{excerpts}} placeholder")
+    return template.replace("{excerpts}", "\n".join(lines))
 
 
 def _iso(value: np.datetime64) -> str | None:
