@@ -153,6 +153,9 @@ class ReaderConfig:
     flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
     max_model_len: int = 8192  # vllm: context length
     dtype: str = "auto"  # model weights dtype
+    # transformers: None = the whole model on one device; auto = accelerate spreads its layers over the GPUs
+    # (then the CPU), for a reader too large for one GPU
+    device_map: Optional[str] = None
     images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)
     max_images: int = 16  # vllm: images per prompt (the question's first); extras dropped and counted
     max_pixels: Optional[int] = None  # vllm: Qwen2.5-VL resizes images to at most this many pixels
@@ -230,6 +233,7 @@ _CHOICES = {
     "retrieve.kernels": ("torch", "triton", "auto"),
     "rerank.backend": ("cross-encoder", "none"),
     "reader.backend": ("transformers", "vllm", "openai"),
+    "reader.device_map": (None, "auto"),
     "reader.images": ("none", "question", "retrieved"),
     "reader.protocol": ("auto", "paper", "memgallery"),
     "eval.judge.backend": ("transformers", "vllm", "openai"),

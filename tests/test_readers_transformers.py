@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ReaderConfig
+from memfit_gpu.config import ConfigError, ReaderConfig, load_config
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import bounded_answer_messages, build_answer_messages
@@ -18,6 +18,7 @@ from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.registry import BACKENDS, REGISTRY, BackendEntry, backend_class, make_backend, require
 from memfit_gpu.readers.types import Backend, MissingBackendError, Request, Response
 
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 QUESTIONS = [
     "What is the capital of France?",
     "Answer in one word. Which planet do we live on? Please keep the answer very short and do not explain.",
@@ -164,6 +165,30 @@ def test_a_request_without_sampling_settings_gets_the_readers_config(smollm_read
     out = backend.generate([Request(ask, "answer", key="count")])
     assert out[0].output_tokens == 8
     assert out[0].text == backend.generate([Request(ask, "answer", max_new_tokens=8, temperature=0.0)])[0].text
+
+
+@pytest.mark.slow
+def test_device_map_auto_places_the_reader_with_accelerate_and_answers_the_same(smollm_reader: Reader) -> None:
+    """reader.device_map=auto hands placement to accelerate (here, without a GPU, all of it lands on the CPU,
+    so no dispatch hooks are needed); the greedy answers are those of the reader placed whole on one device."""
+    mapped = make_backend(ReaderConfig(backend="transformers", batch_size=2, max_new_tokens=8, device_map="auto"))
+    try:
+        assert (mapped.placement, mapped.device, mapped.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
+        whole = smollm_reader.backend
+        assert (whole.placement, whole.device, whole.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
+        requests = _requests()
+        assert [r.text for r in mapped.generate(requests)] == [r.text for r in whole.generate(requests)]
+    finally:
+        mapped.close()
+    with pytest.raises(ValueError, match="places the model itself: pass no device"):
+        make_backend(ReaderConfig(backend="transformers", device_map="auto"), device="cpu")
+
+
+def test_device_map_is_a_checked_choice() -> None:
+    assert load_config(SMOKE, ["reader.device_map=auto"]).reader.device_map == "auto"
+    assert load_config(SMOKE).reader.device_map is None
+    with pytest.raises(ConfigError, match=r"reader\.device_map='balanced' is not one of null, auto"):
+        load_config(SMOKE, ["reader.device_map=balanced"])
 
 
 def test_registry_imports_each_backend_by_name() -> None:

@@ -7,6 +7,10 @@ Temperature 0 is greedy decoding.
 A vision-language checkpoint (its config has a `vision_config`) is loaded with AutoProcessor +
 AutoModelForImageTextToText instead; a request's images (local files) go into its last user message as
 `{"type": "image"}` parts before the text, in order, and the processor expands them into image tokens.
+
+`reader.device_map: auto` hands placement to accelerate (`from_pretrained(device_map="auto")`): the
+layers are spread over every visible GPU (then the CPU) so a reader too large for one GPU still loads;
+inputs go to the device of the first layer. Unset (the default), the model sits whole on one device.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers import (
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
 from memfit_gpu.readers.images import is_remote
+from memfit_gpu.readers.registry import require
 from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
@@ -82,31 +87,46 @@ class TransformersBackend(Backend):
     name = "transformers"
 
     def __init__(self, cfg: ReaderConfig, device: str | None = None) -> None:
-        """Load `cfg.model` on `device` (default: the first GPU, else the CPU)."""
+        """Load `cfg.model` on `device` (default: the first GPU, else the CPU), or where accelerate
+        places it when `cfg.device_map` is set (then `device` must be None)."""
         super().__init__(cfg)
+        if cfg.device_map is not None and device is not None:
+            raise ValueError(f"reader.device_map={cfg.device_map!r} places the model itself: pass no device")
         self.resolved = models.resolve("reader", cfg.model)
-        self.device = device or _pick_device()
-        self.gpus = 1 if self.device.startswith("cuda") else 0
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
         start = time.perf_counter()
         self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
-        dtype = _pick_dtype(cfg.dtype, self.device)
+        device = device or _pick_device()
+        # With a device map the layers land on the GPUs when there are any: the dtype is chosen for them.
+        dtype = _pick_dtype(cfg.dtype, device)
+        placement: dict[str, Any] = {}
+        if cfg.device_map is not None:
+            require("accelerate", "transformers", "reader.device_map needs accelerate: pip install accelerate")
+            placement["device_map"] = cfg.device_map
         if self.vision:
             self.processor = AutoProcessor.from_pretrained(self.resolved.path)
             self.tokenizer = self.processor.tokenizer
-            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
+            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype, **placement)
         else:
             self.processor = None
             self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
-            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
+            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype, **placement)
+        if cfg.device_map is None:
+            self.net = self.net.to(device)
+        # Where inputs go: the whole model's device, or (device map) the device of its first layer.
+        self.device = str(self.net.device)
+        # module -> device ("" = the whole model); GPU-seconds count every GPU that holds a part
+        self.placement: dict[str, str] = {name: _device_of(str(where)) for name, where in
+                                          (getattr(self.net, "hf_device_map", None) or {"": self.device}).items()}
+        self.gpus = len({where for where in self.placement.values() if where.startswith("cuda")})
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.net.eval()
         self.load_s = time.perf_counter() - start
         logger.info("transformers reader %s loaded from %s on %s in %.1f s", cfg.model, self.resolved.path,
-                    self.device, self.load_s)
+                    ", ".join(sorted(set(self.placement.values()))), self.load_s)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:
@@ -216,3 +236,7 @@ class TransformersBackend(Backend):
                 ids.update(source)
         return ids
 
+
+def _device_of(placed: str) -> str:
+    """accelerate writes a GPU as its index (0, 1, ...), the CPU and disk by name: as torch spells devices."""
+    return f"cuda:{placed}" if placed.isdigit() else placed
