@@ -23,7 +23,7 @@ from memfit_gpu.config import load_config, to_dict, to_yaml
 from memfit_gpu.evaluate.tables import summarize
 from memfit_gpu.readers.ledger import Ledger, RoleStats
 from memfit_gpu.readers.prompts import JUDGE_KINDS
-from memfit_gpu.sweep import load_sweep, point_overrides
+from memfit_gpu.sweep.spec import load_sweep, point_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "configs" / "experiments"
