@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.sweep.progress import Progress
@@ -31,6 +31,9 @@ from memfit_gpu.sweep.state import (
     write_json_atomic,
 )
 from memfit_gpu.sweep.watch import ACTIVE_STATES, FORGOTTEN, TaskWatcher, failure_reason, squeue_states
+
+if TYPE_CHECKING:  # submitit is optional (`pip install memfit-gpu[slurm]`) and imported where a sweep submits
+    import submitit
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,8 @@ class PointTask:
             raise RuntimeError(f"point {point_dir}: the command exited 0 but wrote no DONE")
         return point_dir
 
-    def checkpoint(self, argv: list[str], point_dir: str, status_path: str | None = None) -> Any:
+    def checkpoint(self, argv: list[str], point_dir: str,
+                   status_path: str | None = None) -> submitit.helpers.DelayedSubmission:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, argv, point_dir, status_path)
@@ -114,7 +118,7 @@ def submitit_folder(state: SweepState) -> Path:
     return state.out_dir / "slurm" / "%j"
 
 
-def slurm_executor(state: SweepState, max_requeue: int) -> Any:
+def slurm_executor(state: SweepState, max_requeue: int) -> submitit.AutoExecutor:
     """A submitit executor with the sweep's `slurm:` resources (one node share per array task)."""
     import submitit
 
