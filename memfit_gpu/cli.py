@@ -20,8 +20,8 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "memfit_gpu.profile",
     "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
-    "sweep": "memfit_gpu.sweep_cli",
-    "aggregate": "memfit_gpu.sweep_cli",
+    "sweep": "memfit_gpu.sweep.cli",
+    "aggregate": "memfit_gpu.sweep.aggregate",
     "store": "memfit_gpu.store.cli",
 }
 

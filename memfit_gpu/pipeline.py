@@ -30,6 +30,7 @@ from typing import Any
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
+from memfit_gpu.mappings import flatten
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 
@@ -92,23 +93,12 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
         return
     before = load_config(resolved)
     if before != cfg:
-        flat_a, flat_b = _flatten(to_dict(before)), _flatten(to_dict(cfg))
+        flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
         diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
         raise RunError(
             f"{out} was started with a different configuration ({', '.join(diff[:8])}"
             f"{' ...' if len(diff) > 8 else ''}); use a new --out directory for a different configuration"
         )
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -221,14 +221,14 @@ def test_cross_encoder_rejects_bad_pairs(cross_encoder_dir: Path) -> None:
 def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
     import copy
 
-    from memfit_gpu.index.encoders import _linear, _onednn_gemm
+    from memfit_gpu.index.encoders import _linear, onednn_gemm
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 8)
     x = torch.randn(5, 16)
     with torch.inference_mode():
         torch.testing.assert_close(_linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
-    if _onednn_gemm():  # this torch build packs weights: the pack is cached and reused
+    if onednn_gemm():  # this torch build packs weights: the pack is cached and reused
         first = layer.__dict__["_memfit_gemm"]["w"]
         _linear(layer, "w", x, layer.weight, layer.bias)
         assert layer.__dict__["_memfit_gemm"]["w"] is first

@@ -325,7 +325,7 @@ def _fused_qkv(attention: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.lru_cache(maxsize=1)
-def _onednn_gemm() -> bool:
+def onednn_gemm() -> bool:
     """Whether this torch build runs fp32 linear layers through oneDNN with prepacked weights.
 
     torch's own fp32 CPU GEMM is MKL's, which runs 1.1-1.8x slower than oneDNN on the AMD EPYC CPUs
@@ -358,7 +358,7 @@ def _linear(owner: torch.nn.Module, name: str, x: torch.Tensor, weight: torch.Te
     """`F.linear(x, weight, bias)`; fp32 on the CPU without gradients through oneDNN with `weight` packed
     once and cached on `owner` under `name` (rebuilt when the weight's storage or version changes)."""
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not _onednn_gemm()):
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or not onednn_gemm()):
         return torch.nn.functional.linear(x, weight, bias)  # the packed kernel has no backward
     key = (weight.data_ptr(), tuple(weight.shape), _version(weight), bias.data_ptr(), _version(bias))
     cache = owner.__dict__.setdefault("_memfit_gemm", _PackedWeights())  # a plain attribute, not a submodule
