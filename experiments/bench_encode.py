@@ -23,7 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
-from memfit_gpu.index.encoders import BiEncoder, _onednn_gemm  # noqa: E402
+from memfit_gpu.index.encoders import BiEncoder, onednn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
-        "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",
         "batch_size": args.batch_size,
         **rate_fields(n, seconds, "tps"),
         "max_abs_diff": float((ours_vectors - st_vectors.float().cpu()).abs().max()),

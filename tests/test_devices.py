@@ -1,4 +1,4 @@
-"""memfit_gpu.devices: every index.device string the config accepts, on a CPU machine posing as two GPUs."""
+"""memfit_gpu.devices: every device and dtype string the config accepts, on a CPU machine posing as two GPUs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from memfit_gpu import devices
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.devices import first_device, visible_devices
+from memfit_gpu.devices import first_device, resolve_dtype, visible_devices
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -45,3 +46,31 @@ def test_store_puts_bm25_on_the_first_listed_gpu(two_gpus, setting, expected):
     cfg = MemFitConfig()
     cfg.index.device = setting
     assert EpisodeStore._bm25_device(SimpleNamespace(cfg=cfg)) == torch.device("cuda", expected)
+
+
+def test_visible_devices_on_this_machine() -> None:
+    assert visible_devices("cpu") == [torch.device("cpu")]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
+    assert visible_devices("auto") == expected
+    assert visible_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2
+    if gpus == 0:
+        with pytest.raises(RuntimeError, match="sees none"):
+            visible_devices("cuda")
+        with pytest.raises(RuntimeError, match="sees 0 GPU"):
+            visible_devices("cuda:1")
+
+
+def test_encoder_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch) -> None:
+    gpu = torch.device("cuda", 0)
+    assert resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
+    assert resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == torch.float32
+    assert resolve_dtype("fp16", [gpu]) == torch.float16
+    # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path
+    monkeypatch.setattr(devices, "_native_bf16", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(ValueError, match="Tesla T4 .* no native bf16"):
+        resolve_dtype("bf16", [gpu])
+    assert resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
+    monkeypatch.setattr(devices, "_native_bf16", lambda device: True)
+    assert resolve_dtype("bf16", [gpu]) == torch.bfloat16

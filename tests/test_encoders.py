@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from memfit_gpu.index.encoders import (
-    BiEncoder,
-    CrossEncoderModule,
-    _plan_batches,
-    random_cross_encoder,
-    visible_devices,
-)
+from memfit_gpu.config import RerankConfig
+from memfit_gpu.index.encoders import BiEncoder, CrossEncoderModule, onednn, random_cross_encoder
+from memfit_gpu.index.encoders.batching import is_oom, plan_batches
+from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
 
 
 def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
@@ -47,26 +44,13 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return random_cross_encoder(tmp_path_factory.mktemp("ce") / "identity", seed=3)
 
 
-def test_visible_devices() -> None:
-    assert visible_devices("cpu") == [torch.device("cpu")]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    expected = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
-    assert visible_devices("auto") == expected
-    assert visible_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2
-    if gpus == 0:
-        with pytest.raises(RuntimeError, match="sees none"):
-            visible_devices("cuda")
-        with pytest.raises(RuntimeError, match="sees 0 GPU"):
-            visible_devices("cuda:1")
-
-
 def test_plan_batches_caps_rows_and_tokens() -> None:
     lengths = [10, 50, 30, 30, 20, 5, 40]
     order = sorted(range(len(lengths)), key=lambda r: -lengths[r])  # 1, 6, 2, 3, 4, 0, 5
-    assert _plan_batches(order, lengths, 3, None) == [[1, 6, 2], [3, 4, 0], [5]]
+    assert plan_batches(order, lengths, 3, None) == [[1, 6, 2], [3, 4, 0], [5]]
     # 100 padded tokens: width 50 holds 2 rows, width 30 holds 3, a row over budget goes alone.
-    assert _plan_batches(order, lengths, 8, 100) == [[1, 6], [2, 3, 4], [0, 5]]
-    assert _plan_batches([1, 0], [10, 500], 8, 100) == [[1], [0]]
+    assert plan_batches(order, lengths, 8, 100) == [[1, 6], [2, 3, 4], [0, 5]]
+    assert plan_batches([1, 0], [10, 500], 8, 100) == [[1], [0]]
 
 
 def test_minilm_layout(minilm: BiEncoder) -> None:
@@ -221,49 +205,28 @@ def test_cross_encoder_rejects_bad_pairs(cross_encoder_dir: Path) -> None:
 def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
     import copy
 
-    from memfit_gpu.index.encoders import _linear, _onednn_gemm
-
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 8)
     x = torch.randn(5, 16)
     with torch.inference_mode():
-        torch.testing.assert_close(_linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
-    if _onednn_gemm():  # this torch build packs weights: the pack is cached and reused
+        torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
+    if onednn.available():  # this torch build packs weights: the pack is cached and reused
         first = layer.__dict__["_memfit_gemm"]["w"]
-        _linear(layer, "w", x, layer.weight, layer.bias)
+        onednn.linear(layer, "w", x, layer.weight, layer.bias)
         assert layer.__dict__["_memfit_gemm"]["w"] is first
     with torch.no_grad():
         layer.weight.mul_(2.0)  # an in-place change bumps the version: the pack is rebuilt
-    torch.testing.assert_close(_linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
     twin = copy.deepcopy(layer)  # packed tensors cannot be copied: the copy starts without them
     assert not twin.__dict__.get("_memfit_gemm")
-    torch.testing.assert_close(_linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(onednn.linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
 
 
 def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
-    from memfit_gpu.index.encoders import _linear
-
     layer = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4, requires_grad=True)
-    _linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
+    onednn.linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
-
-
-def test_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memfit_gpu.index import encoders
-
-    gpu = torch.device("cuda", 0)
-    assert encoders.resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
-    assert encoders.resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == torch.float32
-    assert encoders.resolve_dtype("fp16", [gpu]) == torch.float16
-    # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path
-    monkeypatch.setattr(encoders, "_native_bf16", lambda device: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    with pytest.raises(ValueError, match="Tesla T4 .* no native bf16"):
-        encoders.resolve_dtype("bf16", [gpu])
-    assert encoders.resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
-    monkeypatch.setattr(encoders, "_native_bf16", lambda device: True)
-    assert encoders.resolve_dtype("bf16", [gpu]) == torch.bfloat16
 
 
 @pytest.mark.parametrize("message", [
@@ -272,21 +235,17 @@ def test_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypa
     "CUDA error: out of memory",
 ])
 def test_library_allocation_failures_count_as_oom(message: str) -> None:
-    from memfit_gpu.index.encoders import _is_oom
-
-    assert _is_oom(RuntimeError(message))
-    assert not _is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+    assert is_oom(RuntimeError(message))
+    assert not is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
 
 
 def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> None:
     info = minilm.info()
     assert info["dtype"] == "float32" and info["devices"] == ["cpu"] and info["source"].startswith("package:")
-    from memfit_gpu.config import RerankConfig
-    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
-
     cfg = RerankConfig(model=str(cross_encoder_dir), dtype="auto")
     module = load_reranker(cfg, device="cpu")
     recorded = reranker_info(cfg, module)
     assert recorded["weights"]["dtype"] == "float32" and recorded["weights"]["path"] == str(cross_encoder_dir)
     bf16 = load_reranker(RerankConfig(model=str(cross_encoder_dir), dtype="bf16"), device="cpu")
     assert bf16.info()["dtype"] == "bfloat16"
+
