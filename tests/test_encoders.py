@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -249,3 +250,23 @@ def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> No
     bf16 = load_reranker(RerankConfig(model=str(cross_encoder_dir), dtype="bf16"), device="cpu")
     assert bf16.info()["dtype"] == "bfloat16"
 
+
+def test_packed_path_without_the_private_ops_uses_the_public_ones(minilm: BiEncoder, locomo_turns: list[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch build without torch.ops.mkldnn's private linear ops: the probe says so and every layer
+    runs through F.linear, with the same embeddings."""
+    texts = locomo_turns[:40]
+    with_private_ops = minilm.encode(texts, batch_size=16)
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16)
+    onednn.available.cache_clear()
+    monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace())  # the ops are gone: AttributeError
+    try:
+        assert not onednn.available()
+        with torch.inference_mode():
+            assert torch.equal(onednn.linear(layer, "w", x, layer.weight, layer.bias),
+                               torch.nn.functional.linear(x, layer.weight, layer.bias))
+        torch.testing.assert_close(minilm.encode(texts, batch_size=16), with_private_ops, atol=1e-5, rtol=0)
+    finally:
+        monkeypatch.undo()
+        onednn.available.cache_clear()
