@@ -3,22 +3,28 @@
     visible_devices("auto")          every visible GPU, else [cpu]
     visible_devices("cuda:0,cuda:1") [cuda:0, cuda:1];  "cuda" / "gpu": every GPU (an error without one)
     first_device(spec)               where a single-device structure (the BM25 index) lives: the first one
+    visible_gpu_ids()                GPU ids as CUDA_VISIBLE_DEVICES spells them (vLLM engine groups)
     resolve_dtype(dtype, devices)    encoders: "auto" = float32 everywhere; bf16 only where it is native
+    reader_dtype(dtype, device)      generation: "auto" = bf16 on a GPU (fp16 where torch has no bf16), fp32 on CPU
     warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
+
+The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
+fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "resolve_dtype", "visible_devices",
-           "warn_tf32"]
+__all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype", "resolve_dtype",
+           "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,25 @@ def first_device(device: str | torch.device | Sequence[str] = "auto") -> torch.d
     return devices[0]
 
 
+def visible_gpu_ids() -> list[str]:
+    """GPU ids this process may use, as CUDA_VISIBLE_DEVICES spells them (empty without CUDA).
+
+    A child process given CUDA_VISIBLE_DEVICES=<some of these> sees exactly those GPUs."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = None
+    if env is not None:
+        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+        if not ids:
+            return []
+    try:
+        count = gpu_count()
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
+        count = 0
+    if count == 0:
+        return []
+    return ids[:count] if ids is not None else [str(i) for i in range(count)]
+
+
 def parse_dtype(dtype: str | torch.dtype, setting: str = "dtype") -> torch.dtype | None:
     """`dtype` as a torch dtype; None for "auto" (the caller's policy decides).
 
@@ -111,6 +136,17 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
                 raise ValueError(f"{setting} bf16: {torch.cuda.get_device_name(device)} ({device}) has no native "
                                  "bf16 (it would be emulated, slowly); use fp16 or float32")
     return chosen
+
+
+def reader_dtype(dtype: str | torch.dtype, device: str | torch.device, setting: str = "reader.dtype") -> torch.dtype:
+    """An in-process reader's weights dtype: "auto" = bf16 on a GPU where torch runs it (fp16 where it
+    does not), float32 on the CPU (CPU matmuls are fastest and exact in fp32 for small models)."""
+    chosen = parse_dtype(dtype, setting)
+    if chosen is not None:
+        return chosen
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
 
 
 def warn_tf32(dtype: torch.dtype, devices: Sequence[torch.device]) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from memfit_gpu import devices
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.devices import first_device, resolve_dtype, visible_devices
+from memfit_gpu.devices import first_device, reader_dtype, resolve_dtype, visible_devices, visible_gpu_ids
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -61,6 +61,15 @@ def test_visible_devices_on_this_machine() -> None:
             visible_devices("cuda:1")
 
 
+def test_gpu_ids_follow_cuda_visible_devices(two_gpus, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpu_ids() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert visible_gpu_ids() == ["4", "6"]  # a child given "4" sees the GPU this process calls cuda:0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert visible_gpu_ids() == []
+
+
 def test_encoder_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch) -> None:
     gpu = torch.device("cuda", 0)
     assert resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
@@ -74,3 +83,23 @@ def test_encoder_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(
     assert resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
     monkeypatch.setattr(devices, "_native_bf16", lambda device: True)
     assert resolve_dtype("bf16", [gpu]) == torch.bfloat16
+
+
+def test_reader_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch) -> None:
+    assert reader_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert reader_dtype("auto", "cuda") == reader_dtype("auto", "cuda:0") == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert reader_dtype("auto", torch.device("cuda", 1)) == torch.float16
+    # an explicit dtype is taken as asked, on any device: the table the encoders read
+    assert reader_dtype("bfloat16", "cpu") == torch.bfloat16 and reader_dtype("float32", "cuda") == torch.float32
+    assert reader_dtype("half", "cpu") == torch.float16 and reader_dtype("float64", "cpu") == torch.float64
+
+
+@pytest.mark.parametrize("setting, call", [
+    ("reader.dtype", lambda: reader_dtype("int8", "cpu")),
+    ("index.dtype", lambda: resolve_dtype("fp8", [torch.device("cpu")], "index.dtype")),
+])
+def test_bad_dtype_names_the_setting(setting, call) -> None:
+    with pytest.raises(ValueError, match=rf"^{setting}='(int8|fp8)' is not a dtype: use auto or one of float32, "):
+        call()

@@ -16,28 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from memfit_gpu.devices import first_device, reader_dtype
 from memfit_gpu.readers.base import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
-
-
-def _pick_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _pick_dtype(dtype: str, device: str) -> Any:
-    import torch
-
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # CPU matmuls are fastest and exact in fp32 for models this small
-    try:
-        return getattr(torch, dtype)
-    except AttributeError:
-        raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
 
 
 def _param_groups(requests: Sequence[Request]) -> dict[tuple[int, float], list[int]]:
@@ -80,7 +62,7 @@ class TransformersBackend(Backend):
         self.model = cfg.model
         self.template_kwargs = dict(cfg.chat_template_kwargs)
         self.resolved = models.resolve("reader", cfg.model)
-        self.device = device or _pick_device()
+        self.device = device or str(first_device("auto"))
         self.gpus = 1 if self.device.startswith("cuda") else 0
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
@@ -88,7 +70,7 @@ class TransformersBackend(Backend):
         from transformers import AutoConfig
 
         self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
-        dtype = _pick_dtype(cfg.dtype, self.device)
+        dtype = reader_dtype(cfg.dtype, self.device)
         if self.vision:
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
