@@ -11,8 +11,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memfit_gpu.config import RerankConfig
-from memfit_gpu.index.encoders import BiEncoder, CrossEncoderModule, onednn, random_cross_encoder
+from memfit_gpu.cli import main
+from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig, load_config
+from memfit_gpu.index.encoders import (
+    BiEncoder,
+    CrossEncoderModule,
+    EncoderBackend,
+    PairScorer,
+    ReferenceBiEncoder,
+    ReferenceCrossEncoder,
+    TextEncoder,
+    load_bi_encoder,
+    onednn,
+    random_cross_encoder,
+)
 from memfit_gpu.index.encoders.batching import is_oom, plan_batches
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
 
@@ -251,6 +263,62 @@ def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> No
     assert bf16.info()["dtype"] == "bfloat16"
 
 
+@pytest.fixture(scope="module")
+def st_minilm() -> TextEncoder:
+    return load_bi_encoder(IndexConfig(device="cpu", encoder_backend="sentence-transformers"))
+
+
+@pytest.mark.slow
+def test_sentence_transformers_backend_encodes_like_packed(st_minilm: TextEncoder, minilm: BiEncoder,
+                                                           locomo_turns: list[str]) -> None:
+    """index.encoder_backend=sentence-transformers: SentenceTransformer.encode behind the same interface."""
+    assert isinstance(st_minilm, ReferenceBiEncoder) and isinstance(st_minilm, TextEncoder)
+    assert isinstance(load_bi_encoder(IndexConfig(device="cpu")), BiEncoder)  # packed is the default
+    texts = locomo_turns[:100] + ["x " * 400]  # one text beyond max_seq_length: truncated alike
+    reference = st_minilm.encode(texts, batch_size=32)
+    assert st_minilm.dim == 384 and reference.shape == (len(texts), 384) and reference.dtype == torch.float32
+    assert reference.device.type == "cpu"
+    torch.testing.assert_close(reference, minilm.encode(texts, batch_size=64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(reference.norm(dim=1), torch.ones(len(texts)), atol=1e-5, rtol=0)
+    # recorded in outputs: the packed module's keys, and which backend ran
+    assert st_minilm.info() == {**minilm.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    empty = st_minilm.encode([])
+    assert empty.shape == (0, 384) and empty.dtype == torch.float32
+    with pytest.raises(TypeError, match=r"ReferenceBiEncoder.encode: texts\[1\] is int, not str"):
+        st_minilm.encode(["ok", 3])  # type: ignore[list-item]
+
+
+@pytest.mark.slow
+def test_sentence_transformers_backend_scores_like_packed(cross_encoder_dir: Path,
+                                                          locomo_pairs: list[tuple[str, str]]) -> None:
+    cfg = RerankConfig(model=str(cross_encoder_dir))
+    packed = load_reranker(cfg, device="cpu")
+    reference = load_reranker(cfg, device="cpu", encoder_backend="sentence-transformers")
+    assert isinstance(packed, CrossEncoderModule) and isinstance(reference, ReferenceCrossEncoder)
+    assert isinstance(reference, PairScorer)
+    pairs = locomo_pairs + [(locomo_pairs[0][0], "long " * 600)]  # truncated at 384 tokens alike
+    expected = packed.score(pairs, batch_size=32)
+    scores = reference.score(pairs, batch_size=16)
+    assert scores.shape == (len(pairs),) and scores.dtype == torch.float32
+    assert float(expected.std()) > 1e-3  # the seeded head separates pairs: the comparison is not vacuous
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    recorded = reranker_info(cfg, reference)
+    assert recorded["weights"] == {**packed.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    assert reference.score([]).shape == (0,)
+    with pytest.raises(TypeError, match=r"ReferenceCrossEncoder.score: pairs\[1\]"):
+        reference.score([("q", "p"), ("q",)])  # type: ignore[list-item]
+
+
+def test_encoder_backend_and_dtype_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="index.encoder_backend"):
+        load_config("configs/memfit.yaml", ["index.encoder_backend=onnx"])
+    with pytest.raises(ConfigError, match=r"index.encoder_backend='onnx' is not one of packed, sentence-transformers"):
+        EncoderBackend.parse("onnx")
+    assert EncoderBackend.parse("sentence-transformers") is EncoderBackend.SENTENCE_TRANSFORMERS
+    with pytest.raises(ValueError, match=r"^index.dtype='fp8' is not a dtype"):
+        load_bi_encoder(IndexConfig(device="cpu", dtype="fp8"))
+
+
 def test_packed_path_without_the_private_ops_uses_the_public_ones(minilm: BiEncoder, locomo_turns: list[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch build without torch.ops.mkldnn's private linear ops: the probe says so and every layer
@@ -270,3 +338,30 @@ def test_packed_path_without_the_private_ops_uses_the_public_ones(minilm: BiEnco
     finally:
         monkeypatch.undo()
         onednn.available.cache_clear()
+
+
+@pytest.mark.slow
+def test_retrieval_with_the_sentence_transformers_backend(tmp_path: Path, locomo_path: Path,
+                                                          cross_encoder_dir: Path) -> None:
+    """`memfit retrieve` with both encoders from sentence-transformers ranks like the packed backend and
+    records which backend ran."""
+    runs = {}
+    for backend in ("packed", "sentence-transformers"):
+        out = tmp_path / backend
+        rc = main(["retrieve", "--config", "configs/memfit.yaml", "--benchmark", "locomo", "--data", str(locomo_path),
+                   "--out", str(out), "--limit-memories", "1", "--limit-questions", "12", "index.device=cpu",
+                   f"index.encoder_backend={backend}", f"rerank.model={cross_encoder_dir}", "rerank.rerank_pool=20"])
+        assert rc == 0
+        runs[backend] = ([json.loads(line) for line in (out / "packs.jsonl").read_text().splitlines()],
+                         json.loads((out / "diagnostics.json").read_text()))
+    (packed_rows, packed_diag), (st_rows, st_diag) = runs["packed"], runs["sentence-transformers"]
+    assert len(st_rows) == 12
+    for a, b in zip(packed_rows, st_rows, strict=True):
+        assert a["question_id"] == b["question_id"] and a["excerpts"] == b["excerpts"]
+        assert [(c["kind"], c["turn_id"]) for c in a["ranked"]] == [(c["kind"], c["turn_id"]) for c in b["ranked"]]
+        assert [c["rerank"] for c in a["ranked"]] == pytest.approx([c["rerank"] for c in b["ranked"]], abs=1e-4)
+    assert st_diag["overall"] == packed_diag["overall"]
+    assert st_diag["encoder"]["encoder_backend"] == "sentence-transformers"
+    assert "encoder_backend" not in packed_diag["encoder"]  # the packed record is what it was
+    assert st_diag["reranker"]["weights"]["encoder_backend"] == "sentence-transformers"
+    assert st_diag["config"]["index"]["encoder_backend"] == "sentence-transformers"

@@ -1,4 +1,4 @@
-"""What every encoder offers, and the inputs it accepts.
+"""What every encoder backend offers (packed and sentence-transformers alike), and the inputs it accepts.
 
     TextEncoder.encode(texts, batch_size, progress) -> [n, dim] float32 on the CPU, rows in input order
     PairScorer.score(pairs, batch_size, progress)    -> [n] float32 on the CPU, one per (query, passage)
