@@ -1,15 +1,20 @@
-"""memfit_gpu.devices: every device and dtype string the config accepts, on a CPU machine posing as two GPUs."""
+"""memfit_gpu.devices: every device and dtype string the config accepts, on a CPU machine posing as two GPUs;
+and every structure that picks a device picks it there."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from memfit_gpu import devices
-from memfit_gpu.config import MemFitConfig
+from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.data import load_benchmark, select_questions
 from memfit_gpu.devices import first_device, reader_dtype, resolve_dtype, visible_devices, visible_gpu_ids
+from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -103,3 +108,15 @@ def test_reader_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch) -> 
 def test_bad_dtype_names_the_setting(setting, call) -> None:
     with pytest.raises(ValueError, match=rf"^{setting}='(int8|fp8)' is not a dtype: use auto or one of float32, "):
         call()
+
+
+def test_read_view_puts_bm25_on_the_configured_device(locomo_path: Path) -> None:
+    # issue 12.5: ReadView.from_memories built its BM25 on the CPU whatever index.device said. "cpu:0" is
+    # a device this machine has that differs from the default torch.device("cpu"), so the test can fail.
+    cfg = load_config("configs/memfit.yaml", ["index.device=cpu:0", "index.dense_device=cpu"])
+    memory = select_questions(load_benchmark("locomo", locomo_path), limit_memories=1).memories[0]
+    vectors = np.random.default_rng(0).standard_normal((len(memory.turns()), 384)).astype(np.float32)
+    view = ReadView.from_memories([memory], None, cfg, embeddings=torch.from_numpy(vectors))
+    assert view.ep_bm25.device == first_device(cfg.index.device) == torch.device("cpu", 0)
+    scores, rows = view.ep_bm25.search([["caroline"]], [0], 3)
+    assert rows.device.type == "cpu" and int(rows[0, 0]) >= 0
