@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
-from memfit_gpu.index.encoders import BiEncoder, onednn_gemm  # noqa: E402
+from memfit_gpu.index.encoders import BiEncoder, onednn  # noqa: E402
 from memfit_gpu.store import episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
-        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn_gemm() else "aten",
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",
         "batch_size": args.batch_size,
         **rate_fields(n, seconds, "tps"),
         "max_abs_diff": float((ours_vectors - st_vectors.float().cpu()).abs().max()),

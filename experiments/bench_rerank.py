@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
-from memfit_gpu.index.encoders import CrossEncoderModule, onednn_gemm, random_cross_encoder  # noqa: E402
+from memfit_gpu.index.encoders import CrossEncoderModule, onednn, random_cross_encoder  # noqa: E402
 from memfit_gpu.store import episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
-        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn_gemm() else "aten",
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",
         "batch_size": args.batch_size,
         "st_batch_size": args.st_batch_size,
         **rate_fields(n, seconds, "pps"),

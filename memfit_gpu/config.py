@@ -46,6 +46,7 @@ class IndexConfig:
     encode_batch_size: int = 128  # per device; halved automatically on OOM
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
     dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
+    encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
     bm25_backend: str = "torch"  # torch (sparse, batched) | reference (readable, slow)
@@ -227,6 +228,7 @@ _CHOICES = {
     "data.benchmark": ("locomo", "longmemeval", "memgallery"),
     "data.split": (None, "s", "m", "oracle"),
     "index.bm25_backend": ("torch", "reference"),
+    "index.encoder_backend": ("packed", "sentence-transformers"),
     "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
     "retrieve.boosts.speaker_match": ("speaker", "mention"),

@@ -182,7 +182,7 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
 
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
     from memfit_gpu.data import load_benchmark, select_from_config
-    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.index.encoders import load_bi_encoder
     from memfit_gpu.readers.reader import make_reader
     from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
     from memfit_gpu.store.episodes import EpisodeStore
@@ -196,7 +196,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
 
     # Load the cross-encoder before hours of work, so missing weights fail at once.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device)
+    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend)
     ledger_path = out / "ledger.json"
     try:
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
@@ -212,7 +212,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
 
     try:
         with timer.stage("build"):
-            encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+            encoder = load_bi_encoder(cfg.index)
             store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, cfg, encoder)
             new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
             if new:

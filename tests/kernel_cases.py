@@ -205,7 +205,7 @@ def _view_with_summaries(n_questions: int):
     from memfit_gpu.data import load_benchmark, select_questions
     from memfit_gpu.retrieve.view import ReadView
 
-    cfg = load_config(REPO / "configs" / "memfit.yaml", ["rerank.backend=none"])
+    cfg = load_config(REPO / "configs" / "memfit.yaml", ["rerank.backend=none", "index.device=cpu"])
     bench = select_questions(load_benchmark("locomo", LOCOMO), exclude_categories=["5"], limit_memories=1)
     memory = bench.memories[0]
     n_turns = len(memory.turns())

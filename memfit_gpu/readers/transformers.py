@@ -32,26 +32,12 @@ from transformers import (
 
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
+from memfit_gpu.devices import first_device, reader_dtype
 from memfit_gpu.readers.images import is_remote
 from memfit_gpu.readers.registry import require
 from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
-
-
-def _pick_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _pick_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # CPU matmuls are fastest and exact in fp32 for models this small
-    try:
-        return getattr(torch, dtype)
-    except AttributeError:
-        raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
 
 
 def _param_groups(requests: Sequence[Request],
@@ -97,9 +83,9 @@ class TransformersBackend(Backend):
         self.chunk_size = self.batch_size * 4
         start = time.perf_counter()
         self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
-        device = device or _pick_device()
+        device = device or str(first_device("auto"))
         # With a device map the layers land on the GPUs when there are any: the dtype is chosen for them.
-        dtype = _pick_dtype(cfg.dtype, device)
+        dtype = reader_dtype(cfg.dtype, device)
         placement: dict[str, Any] = {}
         if cfg.device_map is not None:
             require("accelerate", "transformers", "reader.device_map needs accelerate: pip install accelerate")

@@ -27,29 +27,10 @@ from typing import IO, Any
 
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
+from memfit_gpu.devices import visible_gpu_ids
 from memfit_gpu.readers.types import Backend, ReaderError, Request, Response
 
 logger = logging.getLogger(__name__)
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids this process may use, as CUDA_VISIBLE_DEVICES spells them (empty without CUDA)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
-        if not ids:
-            return []
-    else:
-        ids = None
-    try:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
-        count = 0
-    if count == 0:
-        return []
-    return ids[:count] if ids is not None else [str(i) for i in range(count)]
 
 
 def gpu_groups(gpus: Sequence[str], instances: int, tensor_parallel_size: int) -> list[list[str]]:
@@ -156,7 +137,7 @@ class VLLMBackend(Backend):
         super().__init__(cfg)
         self.resolved = models.resolve("reader", cfg.model)
         self.batch_timeout_s = batch_timeout_s
-        gpus = visible_gpus()
+        gpus = visible_gpu_ids()
         on_cpu = not gpus
         if on_cpu:
             if cfg.instances != 1 or cfg.tensor_parallel_size != 1:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from memfit_gpu.devices import first_device
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
 from memfit_gpu.retrieve.dates import format_date
 
@@ -87,7 +88,8 @@ class ReadView:
                 session_counter += 1
         if embeddings is None:
             embeddings = encoder.encode(texts, batch_size=cfg.index.encode_batch_size, progress=progress)
-        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b)
+        # on index.device's first device, like the store's (EpisodeStore._bm25_device)
+        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=first_device(cfg.index.device))
         bm25.add(tokenize_many(texts), mem)
         dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device)
         dense.add(embeddings, mem)

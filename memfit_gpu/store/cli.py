@@ -107,11 +107,11 @@ def locked(lock: Path) -> Iterator[None]:
 
 
 def _open_store(target: Target) -> Any:
-    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.index.encoders import load_bi_encoder
     from memfit_gpu.store.episodes import EpisodeStore
 
     cfg = target.cfg
-    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    encoder = load_bi_encoder(cfg.index)
     return EpisodeStore(target.store, cfg, encoder)
 
 

@@ -48,7 +48,7 @@ from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
 
 if TYPE_CHECKING:
-    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.index.encoders import TextEncoder
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +207,12 @@ class SummaryTable:
 class EpisodeStore:
     """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them."""
 
-    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: BiEncoder | None = None):
+    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None):
         self.cfg = cfg or MemFitConfig()
         if encoder is None:
-            from memfit_gpu.index.encoders import BiEncoder
+            from memfit_gpu.index.encoders import load_bi_encoder
 
-            encoder = BiEncoder.from_pretrained(self.cfg.index.encoder, device=self.cfg.index.device, dtype=self.cfg.index.dtype)
+            encoder = load_bi_encoder(self.cfg.index)
         self.encoder = encoder
         self.dim = int(encoder.dim)
         path = path if path is not None else self.cfg.store.path
