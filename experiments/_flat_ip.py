@@ -12,8 +12,8 @@ index has no IVF); `get_num_gpus() == 0` and no `StandardGpuResources` (a CPU bu
 `search(x, k)` keeps FAISS's result contract: per query the k largest inner products, descending, as
 float32 [n, k] with int64 labels [n, k]; when k exceeds ntotal the tail holds label -1 and distance
 -FLT_MAX. Two things are stricter than FAISS, so results never depend on the batch or the machine's BLAS:
-- each inner product is the float64 sum of the exact float32 x float32 products (numpy's fixed pairwise
-  order along the vector), rounded once to float32: the same bits for a query whatever else it is
+- each inner product is a float64 sum of the exact float32 x float32 products (numpy's einsum, no BLAS),
+  rounded once to float32, computed query by query: the same bits for a query whatever else it is
   searched with, where FAISS's BLAS path depends on the batch shape;
 - ties are broken by the lower label, where FAISS leaves their order unspecified (dense.py sorts ties
   itself, and over-fetches until a cut cannot split them).
@@ -29,8 +29,6 @@ import numpy as np
 METRIC_INNER_PRODUCT = 0
 METRIC_L2 = 1
 _FLT_MAX = float(np.finfo(np.float32).max)
-# float64 products per block of one search (~256 MiB): bounds memory for large batches
-_BLOCK_ELEMENTS = 1 << 25
 
 
 class Index:
@@ -67,14 +65,13 @@ class IndexFlatIP(Index):
         return self._stacked
 
     def inner_products(self, x: np.ndarray) -> np.ndarray:
-        """[n, ntotal] float32: float64 sums of the exact products, rounded once."""
+        """[n, ntotal] float32: float64 sums of the exact products, rounded once; one query at a time, so
+        the same loop computes a query's row whatever the batch (about as fast as one batched einsum)."""
         queries = self._matrix(x, "search").astype(np.float64)
         stored = self._vectors().astype(np.float64)
         out = np.empty((len(queries), len(stored)), dtype=np.float32)
-        step = max(1, _BLOCK_ELEMENTS // max(1, len(stored) * self.d))
-        for start in range(0, len(queries), step):
-            block = queries[start:start + step]
-            out[start:start + step] = (block[:, None, :] * stored[None, :, :]).sum(axis=2).astype(np.float32)
+        for i, query in enumerate(queries):
+            out[i] = np.einsum("nd,d->n", stored, query)
         return out
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
