@@ -37,12 +37,14 @@ NOT_ON_GPU_MACHINE = ("faiss-cpu", "omegaconf", "httpx", "nltk", "matplotlib", "
 def _script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_test_{name}", REPO / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
 gpu_check = _script("gpu_check")  # imports only the standard library at its top
 prepare_gpu_check = _script("prepare_gpu_check")
+stages = _script("_gpu_check_stages")  # here with the real faiss-cpu: only its helpers are tested in-process
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,38 @@ def test_verdict_rules():
         "incomplete", "not finished (killed or still running: b)")
     assert verdict(_report(setup="fail")) == ("fail", "setup failed: ImportError: x")
     assert verdict(_report(setup="running"))[0] == "incomplete"
+
+
+def test_a_failing_part_fails_its_check_and_the_stage_goes_on():
+    metrics: dict = {"checks": {"before": True}}
+    with stages._part(metrics, "triton_search"):
+        raise RuntimeError("Failed to find C compiler")
+    after = True  # reached: the part's exception did not end the stage
+    assert after and metrics["checks"] == {"before": True, "triton_search": False}
+    assert metrics["errors"]["triton_search"]["error"] == "RuntimeError: Failed to find C compiler"
+    assert "triton_search" in metrics["part_seconds"]
+    with pytest.raises(RuntimeError, match="needed"), stages._part(metrics, "embeddings", guard=False):
+        raise RuntimeError("needed")
+
+
+def test_top10_disagreements_are_near_ties_only_within_twice_the_score_difference():
+    base = torch.arange(20, 0, -1, dtype=torch.float32)  # candidate i scores 20 - i: top-10 is 0..9
+    tied = base.clone()
+    tied[9], tied[10] = 10.0, 10.0 - 1e-6  # candidates 9 and 10 within 1e-6 on the CPU
+    swapped = tied.clone()
+    swapped[9], swapped[10] = tied[10], tied[9]  # the device swaps them (difference 1e-6)
+    far = base.clone()
+    far[0], far[15] = base[15], base[0]  # a device that moves candidate 15 to the top: no tie explains it
+    result = stages._agreement([base, tied, tied, base], [base, tied, swapped, far])
+    assert (result["top10_identical"], result["near_ties"], result["unexplained"]) == (2, 1, 1)
+    assert result["max_abs_diff"] == 15.0
+
+
+def test_bit_equal_compares_bits():
+    assert stages.bit_equal(torch.tensor([0.0, 1.5]), torch.tensor([0.0, 1.5]))
+    assert not stages.bit_equal(torch.tensor([0.0]), torch.tensor([-0.0]))  # equal as numbers, not as bits
+    assert not stages.bit_equal(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
+    assert stages.bit_equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
 
 
 # ---------------------------------------------------------------------------------------------- assets
