@@ -431,6 +431,25 @@ def _agreement(cpu_scores: list[torch.Tensor], dev_scores: list[torch.Tensor]) -
             "unexplained": unexplained, "max_abs_diff": worst}
 
 
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _until(seconds: float, chunks: list[list[Any]], work: Callable[[list[Any]], Any]) -> tuple[float, list, list]:
+    """`work` chunk after chunk (at least one) until `seconds` are spent: (seconds spent, the items done,
+    each chunk's result). The CPU side of a comparison stops in time even when the machine is slower than
+    its first chunk promised; the device side then does the same items."""
+    start = time.perf_counter()
+    done: list[Any] = []
+    results: list[Any] = []
+    for chunk in chunks:
+        if done and time.perf_counter() - start >= seconds:
+            break
+        results.append(work(chunk))
+        done += chunk
+    return time.perf_counter() - start, done, results
+
+
 def _cross_encoder_pairs(ctx: Context, n_questions: int) -> list[tuple[str, list[str]]]:
     """(question, its top-80 BM25 episodes) for questions spread over the selection."""
     bm25 = ctx.cpu_bm25()
@@ -534,14 +553,14 @@ def stage_encoders(ctx: Context) -> dict[str, Any]:
             del bf16
 
     # cross-encoder (seeded random head on the MiniLM body): top-10 of 80 candidates, device vs CPU, on as
-    # many questions (up to 100) as a tenth of the allowance scores on the CPU (speed probed on one)
+    # many questions (up to 100) as a tenth of the allowance scores on the CPU, 10 questions at a time
     with _part(metrics, "cross_encoder"):
-        pairs = _cross_encoder_pairs(ctx, 2 if ctx.quick else 100)
-        if not ctx.quick:
-            probe_s, _ = ctx.timed(lambda: ctx.cross_encoder("cpu").score([(pairs[0][0], p) for p in pairs[0][1]]))
-            pairs = _spread(pairs, max(5, int(ctx.allowance() * 0.1 / probe_s)))
+        cpu_ce = ctx.cross_encoder("cpu")
+        chunks = _chunks(_cross_encoder_pairs(ctx, 2 if ctx.quick else 100), 10)
+        cpu_s, pairs, cpu_parts = _until(0.1 * ctx.allowance(), chunks, lambda chunk: cpu_ce.score(
+            [(q, p) for q, passages in chunk for p in passages], batch_size=256))
         flat = [(q, p) for q, passages in pairs for p in passages]
-        cpu_s, cpu_flat = ctx.timed(lambda: ctx.cross_encoder("cpu").score(flat, batch_size=256))
+        cpu_flat = torch.cat(cpu_parts)
         ctx.cache["ce_cpu_pairs_per_s"] = len(flat) / cpu_s
         if ctx.on_gpu:
             dev_s, dev_flat = ctx.timed(lambda: ctx.cross_encoder("device").score(flat, batch_size=256))
@@ -655,12 +674,19 @@ def stage_retrieval(ctx: Context) -> dict[str, Any]:
     with _part(metrics, "cross_encoder"):
         ce_cfg = ctx.config("rerank.backend=cross-encoder", f"rerank.model={ctx.cross_encoder_folder()}")
         cpu_ce, dev_ce = ctx.cross_encoder("cpu"), ctx.cross_encoder("device")
-        per_s = ctx.cache.get("ce_cpu_pairs_per_s") or 200.0
-        share = 0.5 if ctx.on_gpu else 0.25  # a CPU run reranks the share twice (its "device" is the CPU)
-        fit = int(max(0.0, ctx.allowance()) * share * per_s / 110)  # ~110 pairs a question (pool 80 + expansions)
-        n_ce = min(len(ctx.questions), 2 if ctx.quick else max(10, fit))
-        picked = _spread(list(everyone), n_ce)
-        seconds, timings, cpu_res = _retrieve(ctx, cpu_view, ce_cfg, embed, cpu_q, cpu_ce, picked)
+        share = 0.5 if ctx.on_gpu else 0.25  # a CPU run reranks its share twice (its "device" is the CPU)
+        order = np.random.default_rng(0).permutation(len(ctx.questions)).tolist()  # every memory in each chunk
+        order = order[:2] if ctx.quick else order
+        timings: dict[str, float] = {}
+
+        def rerank_on_cpu(chunk: list[int]) -> list[RetrievalResult]:
+            _, chunk_timings, results = _retrieve(ctx, cpu_view, ce_cfg, embed, cpu_q, cpu_ce, chunk)
+            for key, value in chunk_timings.items():
+                timings[key] = timings.get(key, 0.0) + value
+            return results
+
+        seconds, picked, parts = _until(share * ctx.allowance(), _chunks(order, 25), rerank_on_cpu)
+        cpu_res = [r for part in parts for r in part]
         record("cpu_cross_encoder", seconds, timings, len(cpu_res))
         dev_pick = everyone if ctx.on_gpu else picked  # a CPU run repeats the CPU's share
         seconds, timings, dev_res = _retrieve(ctx, dev_view, ce_cfg, embed, cpu_q, dev_ce, dev_pick)

@@ -197,6 +197,14 @@ def test_top10_disagreements_are_near_ties_only_within_twice_the_score_differenc
     assert result["max_abs_diff"] == 15.0
 
 
+def test_the_cpu_side_stops_after_the_chunk_that_spends_its_seconds_but_does_at_least_one():
+    chunks = [[0, 1], [2, 3], [4]]
+    seconds, done, results = stages._until(0.0, chunks, lambda chunk: sum(chunk))
+    assert (done, results) == ([0, 1], [1]) and seconds >= 0
+    assert stages._until(float("inf"), chunks, lambda chunk: sum(chunk))[1:] == ([0, 1, 2, 3, 4], [1, 5, 4])
+    assert stages._chunks(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+
+
 def test_bit_equal_compares_bits():
     assert stages.bit_equal(torch.tensor([0.0, 1.5]), torch.tensor([0.0, 1.5]))
     assert not stages.bit_equal(torch.tensor([0.0]), torch.tensor([-0.0]))  # equal as numbers, not as bits
