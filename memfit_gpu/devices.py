@@ -125,8 +125,9 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
 
     fp32 keeps GPU packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
     cross-encoder logits in [4, 8) are 1/32 apart, so rounding alone ties or reorders top-10 lists,
-    and identical texts in different batches stop getting identical vectors. bf16 is refused on GPUs
-    that only emulate it (V100, T4): use fp16 there."""
+    and identical texts in different batches differ by bf16's 2^-8 steps instead of fp32's ~2e-7 (GEMM
+    blocking depends on the batch shape even in fp32, so bit equality across batches is not promised).
+    bf16 is refused on GPUs that only emulate it (V100, T4): use fp16 there."""
     chosen = parse_dtype(dtype, setting)
     if chosen is None:
         return torch.float32
