@@ -156,6 +156,7 @@ class Report:
     def write(self) -> None:
         self.data["elapsed_s"] = round(time.perf_counter() - self.started, 2)
         self.data["verdict"], self.data["verdict_reason"] = verdict(self.data)
+        # its own atomic write (not memfit_gpu.files): the JSON is written before the package can be imported
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.data, indent=1, default=_json_default) + "\n")
         os.replace(tmp, self.path)

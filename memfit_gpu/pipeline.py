@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
 from memfit_gpu.mappings import flatten
 from memfit_gpu.preflight import check_can_start
@@ -73,14 +73,8 @@ class StageTimer:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            _atomic_write(self.path, json.dumps(self.seconds, indent=2))
+            atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
             faults.point("timings")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _check_config(cfg: MemFitConfig, out: Path) -> None:
@@ -88,7 +82,7 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
     resolved = out / "config.yaml"
     text = to_yaml(cfg)
     if not resolved.exists():
-        _atomic_write(resolved, text)
+        atomic_write_text(resolved, text)
         faults.point("config")
         return
     before = load_config(resolved)
@@ -99,34 +93,6 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
             f"{out} was started with a different configuration ({', '.join(diff[:8])}"
             f"{' ...' if len(diff) > 8 else ''}); use a new --out directory for a different configuration"
         )
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Lines of a JSONL file; a torn last line (killed mid-write) is cut off the file and dropped."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    good_end = data.rfind(b"\n") + 1
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(data[:good_end].splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise RunError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-    if good_end < len(data):
-        log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
-        with open(path, "r+b") as handle:
-            handle.truncate(good_end)
-    return rows
-
-
-def _append_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _question_payload(q: Any) -> dict[str, Any]:
@@ -175,7 +141,7 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
     finally:
         tracker.finish()
-    _atomic_write(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    atomic_write_text(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     faults.point("DONE")
     return metrics
 
@@ -218,7 +184,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
             if new:
                 store.add_memories(new, progress=progress)
                 build = {**store.last_timings, "episodes": int(store.size), "memories": len(store.memory_ids)}
-                _atomic_write(out / "build_timings.json", json.dumps(build, indent=2))
+                atomic_write_text(out / "build_timings.json", json.dumps(build, indent=2))
                 faults.point("build_timings")
             # A reopened store that replayed its log's tail keeps that work: the next open loads it.
             store.snapshot()
@@ -284,9 +250,9 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: 
                **result.to_json(view), "retrieval": record}
         rows[q.question_id] = row
         lines.append(json.dumps(row, ensure_ascii=False))
-    _atomic_write(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
+    atomic_write_text(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
     faults.point("diagnostics")
-    _atomic_write(path, "\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     faults.point("packs")
     return rows
 
@@ -379,7 +345,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
                              "reader_notes": resp.notes, "reader_error": resp.error})
             ledger.save(ledger_path)
             faults.point("answer.ledger")
-            _append_jsonl(pred_path, rows)
+            append_jsonl(pred_path, rows)
             faults.point("predictions")
             bar.update(len(chunk))
         bar.close()
@@ -488,12 +454,12 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     metrics["reranker"] = reranker
     metrics["timings"] = dict(timer.seconds)
     metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
-    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     faults.point("metrics")
     ledger.save(out / "ledger.json")
     faults.point("score.ledger")
     table = render_markdown(metrics, benchmark=bench.name)
-    _atomic_write(out / "results.md", table)
+    atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from memfit_gpu.files import atomic_write_text
 from memfit_gpu.readers.types import ROLES, Response
 
 LOCAL_BACKENDS = ("transformers", "vllm")
@@ -150,10 +151,7 @@ class Ledger:
         return json.dumps(self.to_dict(prices_path), indent=1)
 
     def save(self, path: str | Path, prices_path: str | Path | None = None) -> None:
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json(prices_path))
-        tmp.replace(path)
+        atomic_write_text(path, self.to_json(prices_path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Ledger:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.files import write_json_atomic
 from memfit_gpu.sweep.progress import Progress
 from memfit_gpu.sweep.spec import SweepError, SweepPoint, SweepSpec, point_command, point_overrides
 from memfit_gpu.sweep.state import (
@@ -28,7 +29,6 @@ from memfit_gpu.sweep.state import (
     Submission,
     SweepState,
     state_after_stop,
-    write_json_atomic,
 )
 from memfit_gpu.sweep.watch import ACTIVE_STATES, FORGOTTEN, TaskWatcher, failure_reason, squeue_states
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu.files import write_json_atomic
 from memfit_gpu.locks import held, lock_path
 from memfit_gpu.sweep.spec import SweepError, SweepPoint, SweepSpec, point_overrides
 
@@ -163,13 +163,6 @@ def read_sweep_record(path: str | Path) -> SweepRecord:
                                       _field(item, "time", str, "", at)))
     return SweepRecord(path, _field(data, "name", (str, type(None)), None, where),
                        _field(data, "sweep_keys", list, [], where), points, submissions)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """`data` as indented JSON at `path`, replaced in one step (a reader never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 class SweepState:
