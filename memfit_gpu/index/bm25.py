@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from memfit_gpu.buffers import GrowableTensor
 from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_triton
 from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmented_scatter_add_triton
 
@@ -118,36 +119,6 @@ def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
                          f"supports up to {_MAX_QUERY_PAIRS} per query")
 
 
-class _Growable:
-    """1-D tensor with amortised doubling: appends copy only the new entries (plus rare regrowth)."""
-
-    def __init__(self, dtype: torch.dtype, device: torch.device, fill: int | float | bool = 0):
-        self.fill = fill
-        self.data = torch.full((16,), fill, dtype=dtype, device=device)
-        self.size = 0
-
-    def append(self, values: torch.Tensor) -> None:
-        need = self.size + values.numel()
-        if need > self.data.numel():
-            grown = torch.full((max(need, 2 * self.data.numel()),), self.fill, dtype=self.data.dtype, device=self.data.device)
-            grown[: self.size] = self.data[: self.size]
-            self.data = grown
-        self.data[self.size : need] = values.to(self.data.device, self.data.dtype)
-        self.size = need
-
-    def ensure(self, size: int) -> None:
-        """Grow (with the fill value) to at least ``size`` entries."""
-        if size > self.size:
-            self.append(torch.full((size - self.size,), self.fill, dtype=self.data.dtype))
-
-    @property
-    def view(self) -> torch.Tensor:
-        return self.data[: self.size]
-
-    def to(self, device: torch.device) -> None:
-        self.data = self.data.to(device)
-
-
 class BM25Index:
     """Batched BM25 over many memories; rows are global, sequential and never reused.
 
@@ -163,19 +134,19 @@ class BM25Index:
         self._term_token: list[str] = []  # term id -> token
         dev = self.device
         # postings, appended row by row: a row's postings are contiguous, in first-occurrence order
-        self._post_term = _Growable(torch.long, dev)
-        self._post_row = _Growable(torch.long, dev)
-        self._post_tf = _Growable(torch.int32, dev)
+        self._post_term = GrowableTensor(torch.long, dev)
+        self._post_row = GrowableTensor(torch.long, dev)
+        self._post_tf = GrowableTensor(torch.int32, dev)
         # per row
-        self._row_memory = _Growable(torch.long, dev)
-        self._row_len = _Growable(torch.long, dev)
-        self._row_post_start = _Growable(torch.long, dev)
-        self._deleted = _Growable(torch.bool, dev, fill=False)
+        self._row_memory = GrowableTensor(torch.long, dev)
+        self._row_len = GrowableTensor(torch.long, dev)
+        self._row_post_start = GrowableTensor(torch.long, dev)
+        self._deleted = GrowableTensor(torch.bool, dev, fill=False)
         # per term / per memory live statistics, kept current on add and delete
-        self._term_memory = _Growable(torch.long, dev)
-        self._df = _Growable(torch.long, dev)
-        self._mem_docs = _Growable(torch.long, dev)
-        self._mem_tokens = _Growable(torch.long, dev)
+        self._term_memory = GrowableTensor(torch.long, dev)
+        self._df = GrowableTensor(torch.long, dev)
+        self._mem_docs = GrowableTensor(torch.long, dev)
+        self._mem_tokens = GrowableTensor(torch.long, dev)
         self._cache: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ write
@@ -221,14 +192,14 @@ class BM25Index:
         term_t = torch.tensor(post_term, dtype=torch.long)
         starts = self._post_term.size + torch.cumsum(counts_t, 0) - counts_t
 
-        self._row_post_start.append(starts)
-        self._row_memory.append(mem_t)
-        self._row_len.append(len_t)
+        self._row_post_start.extend(starts)
+        self._row_memory.extend(mem_t)
+        self._row_len.extend(len_t)
         self._deleted.ensure(self.num_rows)
-        self._post_term.append(term_t)
-        self._post_row.append(torch.repeat_interleave(rows, counts_t))
-        self._post_tf.append(torch.tensor(post_tf, dtype=torch.int32))
-        self._term_memory.append(torch.tensor(term_memory_new, dtype=torch.long))
+        self._post_term.extend(term_t)
+        self._post_row.extend(torch.repeat_interleave(rows, counts_t))
+        self._post_tf.extend(torch.tensor(post_tf, dtype=torch.int32))
+        self._term_memory.extend(torch.tensor(term_memory_new, dtype=torch.long))
         self._df.ensure(len(self._term_token))
         self._mem_docs.ensure(len(self._vocab))
         self._mem_tokens.ensure(len(self._vocab))
@@ -677,18 +648,18 @@ class BM25Index:
         for term_id, (token, mem) in enumerate(zip(terms, term_memory.tolist(), strict=True)):
             fresh._vocab[mem][token] = term_id
         fresh._term_token = terms
-        fresh._term_memory.append(term_memory)
+        fresh._term_memory.extend(term_memory)
         post_term = state["post_term"].long()
         row_post_start = state["row_post_start"].long()
         n_rows = row_post_start.numel()
-        fresh._post_term.append(post_term)
-        fresh._post_tf.append(state["post_tf"].int())
+        fresh._post_term.extend(post_term)
+        fresh._post_tf.extend(state["post_tf"].int())
         ends = torch.cat([row_post_start[1:], torch.tensor([post_term.numel()])])
-        fresh._post_row.append(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
-        fresh._row_memory.append(state["row_memory"].long())
-        fresh._row_len.append(state["row_len"].long())
-        fresh._row_post_start.append(row_post_start)
-        fresh._deleted.append(state["deleted"].bool())
+        fresh._post_row.extend(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
+        fresh._row_memory.extend(state["row_memory"].long())
+        fresh._row_len.extend(state["row_len"].long())
+        fresh._row_post_start.extend(row_post_start)
+        fresh._deleted.extend(state["deleted"].bool())
         # live statistics are integers, recomputed exactly from the live rows and postings
         dev = self.device
         live = ~fresh._deleted.view

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from memfit_gpu import faults
+from memfit_gpu.buffers import GrowableArray
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
@@ -136,29 +137,6 @@ def _finish_compaction(path: Path) -> None:
         shutil.rmtree(new)
 
 
-class _Column:
-    """Growable numpy column (capacity doubling): one-turn appends stay O(1) amortised."""
-
-    def __init__(self, dtype: Any, fill: Any = 0):
-        self._data = np.full(256, fill, dtype=dtype)
-        self._fill = fill
-        self.size = 0
-
-    def extend(self, values: Sequence[Any] | np.ndarray) -> None:
-        values = np.asarray(values, dtype=self._data.dtype)
-        need = self.size + len(values)
-        if need > len(self._data):
-            grown = np.full(max(need, 2 * len(self._data)), self._fill, dtype=self._data.dtype)
-            grown[: self.size] = self._data[: self.size]
-            self._data = grown
-        self._data[self.size : need] = values
-        self.size = need
-
-    @property
-    def view(self) -> np.ndarray:
-        return self._data[: self.size]
-
-
 @dataclass(frozen=True)
 class Summary:
     row: int
@@ -176,12 +154,12 @@ class SummaryTable:
     """Summary rows (their own row space; the summary indexes use the same numbers)."""
 
     text: list[str] = field(default_factory=list)
-    memory_idx: _Column = field(default_factory=lambda: _Column(np.int32))
+    memory_idx: GrowableArray = field(default_factory=lambda: GrowableArray(np.int32))
     members: list[np.ndarray] = field(default_factory=list)  # episode rows, in time order (provenance)
-    event_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
-    recorded_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
-    deleted: _Column = field(default_factory=lambda: _Column(np.bool_, False))  # replaced or retired
-    replaces: _Column = field(default_factory=lambda: _Column(np.int64, -1))  # the summary this one rebuilt
+    event_time: GrowableArray = field(default_factory=lambda: GrowableArray("datetime64[s]", np.datetime64("NaT", "s")))
+    recorded_time: GrowableArray = field(default_factory=lambda: GrowableArray("datetime64[s]", np.datetime64("NaT", "s")))
+    deleted: GrowableArray = field(default_factory=lambda: GrowableArray(np.bool_, False))  # replaced or retired
+    replaces: GrowableArray = field(default_factory=lambda: GrowableArray(np.int64, -1))  # the summary this one rebuilt
 
     def __len__(self) -> int:
         return len(self.text)
@@ -231,12 +209,12 @@ class EpisodeStore:
         self._turn_rows: list[dict[str, list[int]]] = []
 
         # episode columns (row-indexed)
-        self._memory_idx = _Column(np.int32)
-        self._session_idx = _Column(np.int32)
-        self._position = _Column(np.int32)
-        self._speaker_id = _Column(np.int16)
-        self._timestamp = _Column("datetime64[s]", np.datetime64("NaT", "s"))
-        self._deleted = _Column(np.bool_, False)
+        self._memory_idx = GrowableArray(np.int32)
+        self._session_idx = GrowableArray(np.int32)
+        self._position = GrowableArray(np.int32)
+        self._speaker_id = GrowableArray(np.int16)
+        self._timestamp = GrowableArray("datetime64[s]", np.datetime64("NaT", "s"))
+        self._deleted = GrowableArray(np.bool_, False)
         self._text: list[str] = []
         self._prefix_len: list[int] = []
         self._turn_id: list[str] = []
