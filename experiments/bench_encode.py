@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.index.encoders import BiEncoder, _onednn_gemm  # noqa: E402
+from memfit_gpu.store import episode_prefix  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -37,8 +38,7 @@ def locomo_turns(path: Path) -> list[str]:
             if key.startswith("session_") and isinstance(session, list):
                 for turn in session:
                     image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
-                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: "
-                                 f"{image}{turn['text']}")
+                    texts.append(episode_prefix(body[key + "_date_time"], turn["speaker"]) + image + turn["text"])
     return texts
 
 

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.index.encoders import CrossEncoderModule, _onednn_gemm, random_cross_encoder  # noqa: E402
+from memfit_gpu.store import episode_prefix  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -50,7 +51,7 @@ def locomo_pairs(path: Path, questions: int, candidates: int, seed: int) -> list
                 date = body.get(f"{key}_date_time", "")
                 for turn in session:
                     image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
-                    turns.append(f"DATE: {date} | Speaker {turn['speaker']} says: {image}{turn['text']}")
+                    turns.append(episode_prefix(date, turn["speaker"]) + image + turn["text"])
         for qa in rng.sample(conv["qa"], min(per_conv, len(conv["qa"]))):
             for turn in rng.sample(turns, min(candidates, len(turns))):
                 pairs.append((str(qa["question"]), turn))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import memfit_gpu.index.bm25 as bm25_module
 from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25, tokenize, tokenize_many
+from memfit_gpu.store import episode_prefix
 
 BACKENDS = [BM25Index, ReferenceBM25]
 # three documents of memory 0 used by the hand-computed cases: N = 3, avgdl = (2 + 3 + 1) / 3 = 2
@@ -44,7 +45,7 @@ def locomo_memories(path, limit: int | None = None) -> tuple[list[list[str]], li
         talk = conv["conversation"]
         numbers = sorted(int(m.group(1)) for key in talk if (m := re.fullmatch(r"session_(\d+)", key)))
         texts = [
-            f"DATE: {talk[f'session_{n}_date_time']} | Speaker {turn['speaker']} says: {turn['text']}"
+            episode_prefix(talk[f"session_{n}_date_time"], turn["speaker"]) + turn["text"]
             for n in numbers
             for turn in talk[f"session_{n}"]
         ]

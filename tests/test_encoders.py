@@ -17,6 +17,7 @@ from memfit_gpu.index.encoders import (
     random_cross_encoder,
     visible_devices,
 )
+from memfit_gpu.store import episode_prefix
 
 
 def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
@@ -26,7 +27,7 @@ def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
         for key, session in body.items():
             if key.startswith("session_") and isinstance(session, list):
                 for turn in session:
-                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: {turn['text']}")
+                    texts.append(episode_prefix(body[key + "_date_time"], turn["speaker"]) + turn["text"])
     return texts
 
 

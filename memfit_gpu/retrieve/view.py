@@ -19,16 +19,11 @@ import torch
 
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
 from memfit_gpu.retrieve.dates import format_date
+from memfit_gpu.store.text import episode_text
 
 if TYPE_CHECKING:
-    from memfit_gpu.data.schema import Memory, Turn
+    from memfit_gpu.data.schema import Memory
 
-
-
-def _episode_text(turn: Turn) -> str:
-    from memfit_gpu.store import episode_text  # the store's formatter: one definition of SPEC "Episode"
-
-    return episode_text(turn)
 
 
 @dataclass
@@ -76,7 +71,7 @@ class ReadView:
             p = 0
             for session in memory.sessions:
                 for turn in session.turns:
-                    texts.append(_episode_text(turn))
+                    texts.append(episode_text(turn))
                     mem.append(m_idx)
                     sess.append(session_counter)
                     pos.append(p)

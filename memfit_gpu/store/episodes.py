@@ -47,6 +47,7 @@ from memfit_gpu.devices import first_device
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
+from memfit_gpu.store.text import episode_prefix, episode_text
 
 if TYPE_CHECKING:
     from memfit_gpu.index.encoders import BiEncoder
@@ -56,24 +57,6 @@ log = logging.getLogger(__name__)
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
 SNAPSHOT_FORMAT = 2  # 2: meta.json holds the sha256 of every file and of itself
 _KEEP_SNAPSHOTS = 2
-
-
-def episode_body(turn: Turn) -> str:
-    """What the speaker said: image captions first (SPEC Units), then the text."""
-    images = "".join(
-        f"[Image {image.image_id}: {image.caption}] " if image.image_id else f"[Image: {image.caption}] "
-        for image in turn.images
-    )
-    return images + turn.text
-
-
-def episode_prefix(date_text: str, speaker: str) -> str:
-    return f"DATE: {date_text} | Speaker {speaker} says: "
-
-
-def episode_text(turn: Turn) -> str:
-    """SPEC Units: `DATE: {date} | Speaker {name} says: {[Image ...] }{text}`."""
-    return episode_prefix(turn.date_text, turn.speaker) + episode_body(turn)
 
 
 def _timestamp(value: str | None) -> np.datetime64:
