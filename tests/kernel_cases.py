@@ -25,8 +25,9 @@ from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add_torch, se
 
 import memfit_gpu.index.bm25 as bm25_module
 from memfit_gpu.config import BoostConfig, load_config
-from memfit_gpu.index.bm25 import BM25Index, _on_grid, tokenize
+from memfit_gpu.index.bm25 import BM25Index, _on_grid
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.retrieve.boosts import add_boosts
 from memfit_gpu.retrieve.hybrid import fuse
 

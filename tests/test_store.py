@@ -14,7 +14,7 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Image, Memory, Session, Turn
-from memfit_gpu.index.bm25 import tokenize
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.store import EpisodeStore, episode_text
 from memfit_gpu.store.log import StoreCorruptError
 

@@ -10,7 +10,7 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import load_benchmark
-from memfit_gpu.index.bm25 import tokenize
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.store import EpisodeStore, episode_text
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from test_store import _memories  # the same hand-built memories (tests/ is on s
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory, Session, Turn
-from memfit_gpu.index.bm25 import tokenize
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.store import EpisodeStore
 from memfit_gpu.store.summaries import excerpt_positions, load_prompt, summary_prompt
 

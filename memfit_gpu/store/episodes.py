@@ -44,7 +44,11 @@ from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.devices import first_device
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.protocols import LexicalIndex
+from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
 from memfit_gpu.store.text import episode_prefix, episode_text
@@ -220,10 +224,8 @@ class EpisodeStore:
     def _bm25_device(self) -> torch.device:
         return first_device(self.cfg.index.device)  # "gpu", "cuda:0,cuda:1": the first GPU
 
-    def _new_bm25(self) -> Any:
-        from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25
-
-        kind = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
+    def _new_bm25(self) -> LexicalIndex:
+        kind: type[BM25Index] | type[ReferenceBM25] = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
         return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
 
     def _new_dense(self) -> DenseIndex:
@@ -457,8 +459,6 @@ class EpisodeStore:
         Every new text (episodes and summaries) is encoded in ONE encoder pass; the episodes of a batch
         (all memories) become one BM25 add and one dense add (one FAISS add per memory inside).
         """
-        from memfit_gpu.index.bm25 import tokenize_many
-
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
         self.last_timings.setdefault("bm25_s", 0.0)
