@@ -51,6 +51,7 @@ from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
+from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.text import episode_prefix, episode_text
 
 if TYPE_CHECKING:
@@ -622,8 +623,6 @@ class EpisodeStore:
 
         Returns counts: episodes deleted, summaries retired and rebuilt. The text stays in the log (a
         tombstone hides it) until `compact()`."""
-        from memfit_gpu.store.summaries import summary_records
-
         memory = self.memory_of(memory_id)
         if not turn_ids:
             raise ValueError(f"EpisodeStore.delete_episodes: no turn ids given for memory {memory_id!r}")
@@ -645,18 +644,54 @@ class EpisodeStore:
             )
         rebuilt: list[dict[str, Any]] = []
         if rebuild and generate is not None:
-            rebuilt = summary_records(self, [(memory, members) for _, members in rebuild], generate,
-                                      first_row=len(self.summaries), replaces=[old for old, _ in rebuild])
+            jobs = [self.summary_job(memory, members, replaces=old) for old, members in rebuild]
+            rebuilt = summary_records(jobs, generate, self.cfg.summary, first_row=len(self.summaries))
         self._commit(records + rebuilt)
         return {"episodes": len(rows), "summaries_retired": len(rebuild), "summaries_rebuilt": len(rebuilt)}
 
     def build_summaries(
         self, generate: Callable[[list[str]], list[str]], memory_ids: Sequence[str] | None = None, progress: bool = True
     ) -> int:
-        """Summarise every segment of every memory that has no summaries yet, in one generate batch."""
-        from memfit_gpu.store.summaries import build_summaries
+        """Summarise the segments of every memory not summarised before, in one generate batch and one
+        committed write batch; returns how many summaries were added.
 
-        return build_summaries(self, generate, memory_ids=memory_ids, progress=progress)
+        Args:
+            generate: prompts -> texts (a reader's summary role, or any function).
+            memory_ids: the memories to consider (default: all).
+        """
+        if not self.cfg.summary.enabled:
+            log.info("summaries: disabled (summary.enabled=false); nothing built")
+            return 0
+        wanted = range(len(self.memory_ids)) if memory_ids is None else [self.memory_of(m) for m in memory_ids]
+        memories = [m for m in wanted if m not in self.summarised]
+        if len(memories) < len(wanted):
+            log.info("summaries: %d memories already have summaries; they are not re-summarised",
+                     len(wanted) - len(memories))
+        if not memories:
+            return 0
+        rows = [self.memory_rows(m) for m in memories]
+        planned = plan_segments(rows, [self.episode_dense.vectors(r) for r in rows], self.cfg.segment, self.cfg.summary)
+        jobs = [self.summary_job(memory, members) for memory, segments in zip(memories, planned, strict=True)
+                for members in segments]
+        records = summary_records(jobs, generate, self.cfg.summary, first_row=len(self.summaries))
+        # Remember which memories were summarised, even where every output was dropped: asking again would
+        # re-summarise the same segments (and at temperature 0 get the same short answers).
+        records.append({"t": "summarised", "memories": [int(m) for m in memories]})
+        self._commit(records, progress=progress)
+        built = len(records) - 1
+        log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
+        return built
+
+    def summary_job(self, memory_idx: int, members: Sequence[int] | np.ndarray, replaces: int | None = None) -> SummaryJob:
+        """What a summary of these member turns (episode rows in time order) is made from."""
+        members = np.asarray(members, dtype=np.int64)
+        times = self.timestamp[members]  # a rebuild may find every member deleted: no times
+        unknown = np.datetime64("NaT", "s")
+        return SummaryJob(
+            memory_idx=int(memory_idx), members=members,
+            speakers=[self.speaker_name(int(row)) for row in members], bodies=[self.body(int(row)) for row in members],
+            event=times[0] if len(times) else unknown, recorded=times[-1] if len(times) else unknown, replaces=replaces,
+        )
 
     # ------------------------------------------------------------------ persistence
     def _snapshot_dir(self) -> Path:
