@@ -24,16 +24,12 @@ Nothing stored is rewritten, re-encoded or re-summarised, except what a user del
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,27 +37,25 @@ import torch
 from memfit_gpu import faults
 from memfit_gpu.buffers import GrowableArray
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.devices import first_device
 from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.encoders import BiEncoder
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
+from memfit_gpu.store import compaction
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
+from memfit_gpu.store.snapshot import clear_staging, load_newest, write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
+from memfit_gpu.store.summary_table import SummaryTable
 from memfit_gpu.store.text import episode_prefix, episode_text
-
-if TYPE_CHECKING:
-    from memfit_gpu.index.encoders import BiEncoder
 
 log = logging.getLogger(__name__)
 
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
-SNAPSHOT_FORMAT = 2  # 2: meta.json holds the sha256 of every file and of itself
-_KEEP_SNAPSHOTS = 2
 
 
 def _timestamp(value: str | None) -> np.datetime64:
@@ -73,111 +67,12 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64("NaT", "s")
 
 
-def _meta_digest(meta: dict[str, Any]) -> str:
-    """sha256 of a snapshot's meta.json content without its own `meta_sha256` entry."""
-    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Every file and folder under root on disk (before a rename makes it the store)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            with open(Path(folder) / name, "rb") as handle:
-                os.fsync(handle.fileno())
-        _fsync_dir(Path(folder))
-
-
-def _rename_durably(source: Path, target: Path) -> None:
-    os.rename(source, target)
-    _fsync_dir(target.parent)
-
-
-def _compaction_dirs(path: Path) -> tuple[Path, Path]:
-    """(the compacted store being built, the old store being retired), beside the store folder."""
-    return path.parent / f".{path.name}.compact-new", path.parent / f".{path.name}.compact-old"
-
-
-def _finish_compaction(path: Path) -> None:
-    """Complete or undo a compaction that was killed: compact() builds the new store beside the old one,
-    makes it durable, then swaps the two with two renames and removes the old one."""
-    new, old = _compaction_dirs(path)
-    if old.exists() and not path.exists():
-        if new.exists():  # killed between the two renames: the new store is complete
-            log.warning("%s: completing a compaction that was interrupted between its two renames", path)
-            _rename_durably(new, path)
-        else:
-            log.warning("%s: restoring the store from %s (a compaction was interrupted)", path, old)
-            _rename_durably(old, path)
-    if old.exists():  # the swap was done: the old store (with the deleted turns) goes
-        log.warning("%s: removing %s left by an interrupted compaction", path, old)
-        shutil.rmtree(old)
-    if new.exists():  # killed before the swap: the store is the old one, untouched
-        log.warning("%s: removing the unfinished compaction %s (the store is unchanged)", path, new)
-        shutil.rmtree(new)
-
-
-@dataclass(frozen=True)
-class Summary:
-    row: int
-    text: str
-    memory_idx: int
-    members: np.ndarray  # episode rows (provenance), time order
-    event_time: np.datetime64  # first member's timestamp
-    recorded_time: np.datetime64  # last member's timestamp
-    deleted: bool  # retired (a member was deleted); its index rows are tombstoned
-    replaces: int  # the summary row this one rebuilt, -1 for none
-
-
-@dataclass
-class SummaryTable:
-    """Summary rows (their own row space; the summary indexes use the same numbers)."""
-
-    text: list[str] = field(default_factory=list)
-    memory_idx: GrowableArray = field(default_factory=lambda: GrowableArray(np.int32))
-    members: list[np.ndarray] = field(default_factory=list)  # episode rows, in time order (provenance)
-    event_time: GrowableArray = field(default_factory=lambda: GrowableArray("datetime64[s]", np.datetime64("NaT", "s")))
-    recorded_time: GrowableArray = field(default_factory=lambda: GrowableArray("datetime64[s]", np.datetime64("NaT", "s")))
-    deleted: GrowableArray = field(default_factory=lambda: GrowableArray(np.bool_, False))  # replaced or retired
-    replaces: GrowableArray = field(default_factory=lambda: GrowableArray(np.int64, -1))  # the summary this one rebuilt
-
-    def __len__(self) -> int:
-        return len(self.text)
-
-    def __getitem__(self, row: int) -> Summary:
-        return Summary(
-            row=int(row), text=self.text[row], memory_idx=int(self.memory_idx.view[row]), members=self.members[row],
-            event_time=self.event_time.view[row], recorded_time=self.recorded_time.view[row],
-            deleted=bool(self.deleted.view[row]), replaces=int(self.replaces.view[row]),
-        )
-
-    def __iter__(self) -> Iterator[Summary]:
-        """Every summary row, retired ones included (their index rows are tombstoned)."""
-        return (self[row] for row in range(len(self)))
-
-    def live_rows(self, memory_idx: int | None = None) -> np.ndarray:
-        live = ~self.deleted.view
-        if memory_idx is not None:
-            live &= self.memory_idx.view == memory_idx
-        return np.flatnonzero(live)
-
-
 class EpisodeStore:
     """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them."""
 
     def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: BiEncoder | None = None):
         self.cfg = cfg or MemFitConfig()
         if encoder is None:
-            from memfit_gpu.index.encoders import BiEncoder
-
             encoder = BiEncoder.from_pretrained(self.cfg.index.encoder, device=self.cfg.index.device, dtype=self.cfg.index.dtype)
         self.encoder = encoder
         self.dim = int(encoder.dim)
@@ -273,20 +168,6 @@ class EpisodeStore:
     @property
     def timestamp(self) -> np.ndarray:
         return self._timestamp.view
-
-    @property
-    def year(self) -> np.ndarray:
-        """Calendar year of the timestamp (0 when unknown)."""
-        ts = self.timestamp
-        years = ts.astype("datetime64[Y]").astype(np.int64) + 1970
-        return np.where(np.isnat(ts), 0, years).astype(np.int16)
-
-    @property
-    def month(self) -> np.ndarray:
-        """Month 1..12 of the timestamp (0 when unknown)."""
-        ts = self.timestamp
-        months = ts.astype("datetime64[M]").astype(np.int64) % 12 + 1
-        return np.where(np.isnat(ts), 0, months).astype(np.int8)
 
     @property
     def deleted(self) -> np.ndarray:
@@ -699,99 +580,31 @@ class EpisodeStore:
         return self.path / "snapshots"
 
     def snapshot(self) -> None:
-        """Write index state covering every record logged so far (no-op in memory or when current).
-
-        meta.json, written last, holds the log fingerprint the snapshot covers and the sha256 of every
-        file (and of itself): a snapshot without it, or with a file that fails it, is never loaded."""
+        """Write index state covering every record logged so far (no-op in memory or when current);
+        see store/snapshot.py."""
         if self._log is None or len(self._log) == self._snapshot_records:
             return
         count = len(self._log)
-        root = self._snapshot_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"{count:012d}"
-        staging = root / f".staging-{count:012d}-{os.getpid()}"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
-        torch.save(self.episode_bm25.state_dict(), staging / "episode_bm25.pt")
-        torch.save(self.summary_bm25.state_dict(), staging / "summary_bm25.pt")
-        self.episode_dense.save(staging / "episode_dense")
-        self.summary_dense.save(staging / "summary_dense")
-        files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
-        meta = {"format": SNAPSHOT_FORMAT, **self._log.fingerprint(count), "episodes": self.size,
-                "summaries": len(self.summaries), "dim": self.dim, "files": files}
-        meta["meta_sha256"] = _meta_digest(meta)
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        faults.point("store.snapshot.staged")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        faults.point("store.snapshot")
+        write_snapshot(
+            self._snapshot_dir(), count, self._log.fingerprint(count),
+            {"episodes": self.size, "summaries": len(self.summaries), "dim": self.dim},
+            bm25={"episode_bm25": self.episode_bm25, "summary_bm25": self.summary_bm25},
+            dense={"episode_dense": self.episode_dense, "summary_dense": self.summary_dense},
+        )
         self._snapshot_records = count
-        for old in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[:-_KEEP_SNAPSHOTS]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    @staticmethod
-    def _snapshot_damage(folder: Path, meta: dict[str, Any]) -> str | None:
-        """Why a snapshot's files cannot be trusted (None: every checksum holds)."""
-        files = meta.get("files")
-        if not isinstance(files, dict) or not files:
-            return "meta.json lists no file checksums"
-        for name, digest in files.items():
-            path = folder / name
-            if not path.is_file():
-                return f"{name} is missing"
-            if sha256_of(path) != digest:
-                return f"{name} fails its sha256 (the bytes on disk changed after it was written)"
-        return None
 
     def _load_snapshot(self) -> int:
         """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
         assert self._log is not None
-        root = self._snapshot_dir()
-        if not root.exists():
+        loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
+                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device)
+        if loaded is None:
             return 0
-        for folder in sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True):
-            meta_path = folder / "meta.json"
-            if not meta_path.exists():
-                continue
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                log.error("%s: unreadable (corrupted on disk?): snapshot ignored", meta_path)
-                continue
-            if not isinstance(meta, dict):
-                log.error("%s: not a JSON object (corrupted on disk?): snapshot ignored", meta_path)
-                continue
-            if meta.get("format") != SNAPSHOT_FORMAT:
-                log.warning("%s: snapshot format %r has no checksums (written by an older memfit_gpu): skipped, the "
-                            "indexes are rebuilt from the log", folder, meta.get("format"))
-                continue
-            if meta.get("meta_sha256") != _meta_digest(meta):
-                log.error("%s: fails its own sha256 (corrupted on disk): snapshot ignored, never loaded", meta_path)
-                continue
-            count = meta.get("records", -1)
-            if not isinstance(count, int) or count < 0 or count > len(self._log) or (
-                self._log.fingerprint(count) != {k: meta.get(k) for k in ("records", "bytes", "prefix_crc")}
-            ):
-                log.warning("%s: covers %s records that do not match the log (%d valid records); skipped",
-                            folder, count, len(self._log))
-                continue
-            damage = self._snapshot_damage(folder, meta)
-            if damage is not None:
-                log.error("%s: %s: snapshot ignored, never loaded; the indexes come from an older snapshot or are "
-                          "rebuilt from the log", folder, damage)
-                continue
-            if meta.get("dim") != self.dim:
-                raise ValueError(f"{meta_path}: embeddings are {meta.get('dim')}-d, the encoder gives {self.dim}-d")
-            self.episode_bm25.load_state_dict(torch.load(folder / "episode_bm25.pt", weights_only=False))
-            self.summary_bm25.load_state_dict(torch.load(folder / "summary_bm25.pt", weights_only=False))
-            device = self.cfg.index.dense_device
-            self.episode_dense = DenseIndex.load(folder / "episode_dense", device=device)
-            self.summary_dense = DenseIndex.load(folder / "summary_dense", device=device)
-            log.info("EpisodeStore: loaded snapshot %s (%d records)", folder, count)
-            return count
-        return 0
+        self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])
+        self.summary_bm25.load_state_dict(loaded.bm25["summary_bm25"])
+        self.episode_dense, self.summary_dense = loaded.dense["episode_dense"], loaded.dense["summary_dense"]
+        log.info("EpisodeStore: loaded snapshot %s (%d records)", loaded.folder, loaded.records)
+        return loaded.records
 
     def _committed_records(self) -> int:
         """How many records of a format-2 log belong to committed batches (the header is its own batch)."""
@@ -811,11 +624,9 @@ class EpisodeStore:
 
     def _open(self) -> None:
         assert self.path is not None
-        _finish_compaction(self.path)
+        compaction.finish_compaction(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        if self._snapshot_dir().exists():  # a snapshot interrupted while being written
-            for staging in self._snapshot_dir().glob(".staging-*"):
-                shutil.rmtree(staging, ignore_errors=True)
+        clear_staging(self._snapshot_dir())  # a snapshot interrupted while being written
         self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
         records = self._log.records
         if not records:
@@ -865,35 +676,7 @@ class EpisodeStore:
         """The log's records without deleted episodes, retired summaries and tombstones, rows renumbered
         in the same order, and the stored vector of every text in them (nothing is re-encoded)."""
         assert self._log is not None
-        episode_rows = np.flatnonzero(~self.deleted)
-        summary_rows = self.summaries.live_rows()
-        new_episode = np.full(self.size, -1, dtype=np.int64)
-        new_episode[episode_rows] = np.arange(len(episode_rows))
-        new_summary = np.full(len(self.summaries), -1, dtype=np.int64)
-        new_summary[summary_rows] = np.arange(len(summary_rows))
-        records: list[dict[str, Any]] = []
-        sources: list[tuple[str, int]] = []  # (kind, old row) of each text, in record order
-        for record in self._log.records[1:]:
-            kind = record.get("t")
-            if kind in ("header", "commit", "delete", "summary_delete"):
-                continue
-            if kind == "episode":
-                row = int(record["row"])
-                if new_episode[row] < 0:
-                    continue
-                records.append({**record, "row": int(new_episode[row])})
-                sources.append((kind, row))
-            elif kind == "summary":
-                row = int(record["row"])
-                if new_summary[row] < 0:
-                    continue
-                members = new_episode[np.asarray(record["members"], dtype=np.int64)]
-                # a retired summary is gone, so nothing is left for `replaces` to name
-                records.append({**record, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
-                                "replaces": None})
-                sources.append((kind, row))
-            else:
-                records.append(record)
+        records, sources = compaction.compacted_records(self._log.records, self.deleted, self.summaries.deleted.view)
         vectors = np.empty((len(sources), self.dim), dtype=np.float32)
         for kind, dense in (("episode", self.episode_dense), ("summary", self.summary_dense)):
             where = [i for i, (k, _) in enumerate(sources) if k == kind]
@@ -921,7 +704,7 @@ class EpisodeStore:
                             "remaining vectors, so its approximate results can shift", self.memory_ids[memory], kind)
         before = {"records": len(self._log), "episodes": self.size, "summaries": len(self.summaries)}
         records, vectors = self._compacted()
-        new, old = _compaction_dirs(self.path)
+        new, _ = compaction.compaction_dirs(self.path)
         if new.exists():
             shutil.rmtree(new)
         fresh = EpisodeStore(new, self.cfg, self.encoder)
@@ -929,12 +712,10 @@ class EpisodeStore:
         assert fresh._log is not None
         after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
         fresh.close()
-        _fsync_tree(new)
+        compaction.fsync_tree(new)
         self._log.close()  # no last snapshot: this store is about to go
         self._log = None
-        _rename_durably(self.path, old)
-        _rename_durably(new, self.path)
-        shutil.rmtree(old)
+        compaction.swap(self.path)
         log.info("EpisodeStore.compact: %s rewritten: %s", self.path, after)
         return {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()}}
 
