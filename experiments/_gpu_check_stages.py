@@ -33,8 +33,9 @@ from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark, select_questions
 from memfit_gpu.data.schema import Memory
 from memfit_gpu.data.synth import iter_memories
-from memfit_gpu.index.bm25 import BM25Index, tokenize, tokenize_many
+from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.encoders import BiEncoder, CrossEncoderModule, random_cross_encoder
+from memfit_gpu.index.tokenize import tokenize, tokenize_many
 from memfit_gpu.kernels._launch import interpreting, triton_available
 from memfit_gpu.retrieve.batched import RetrievalResult, retrieve_batch
 from memfit_gpu.retrieve.view import ReadView

@@ -35,7 +35,8 @@ import torch
 from memfit_gpu.config import BoostConfig, RetrieveConfig
 from memfit_gpu.data.synth import iter_memories
 from memfit_gpu.devices import first_device
-from memfit_gpu.index.bm25 import BM25Index, tokenize, tokenize_many
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.tokenize import tokenize, tokenize_many
 from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
 from memfit_gpu.retrieve.boosts import add_boosts
 from memfit_gpu.retrieve.hybrid import fuse

@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from memfit_gpu.data import DataNotFoundError, data_location
-from memfit_gpu.index.bm25 import tokenize_many
+from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.models import MissingWeightsError, resolve
 
 REPO = Path(__file__).resolve().parents[1]

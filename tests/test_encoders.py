@@ -27,6 +27,7 @@ from memfit_gpu.index.encoders import (
 )
 from memfit_gpu.index.encoders.batching import is_oom, plan_batches
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
+from memfit_gpu.store import episode_prefix
 
 
 def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
@@ -36,7 +37,7 @@ def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
         for key, session in body.items():
             if key.startswith("session_") and isinstance(session, list):
                 for turn in session:
-                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: {turn['text']}")
+                    texts.append(episode_prefix(body[key + "_date_time"], turn["speaker"]) + turn["text"])
     return texts
 
 

@@ -292,7 +292,7 @@ def test_profiler_scaling_sweep_honours_the_kernels_switch():
 
 
 def test_kernel_backend_of_a_view_follows_its_bm25_index(monkeypatch):
-    from memfit_gpu.index.bm25 import ReferenceBM25
+    from memfit_gpu.index.bm25_reference import ReferenceBM25
     from memfit_gpu.retrieve.batched import kernel_backend
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
