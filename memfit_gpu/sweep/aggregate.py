@@ -1,4 +1,4 @@
-"""`memfit aggregate DIR`: one table of a sweep's points, their sweep keys, status and main metrics.
+"""One table of a sweep's points, their sweep keys, status and main metrics.
 
 Read from OUT/sweep.json (the points, in sweep order) and each point's metrics.json; pack_hit falls
 back to the point's predictions.jsonl when metrics.json has no retrieval block. Rates are printed as
@@ -7,20 +7,14 @@ percentages in the Markdown table, like results.md; the CSV keeps fractions.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu.evaluate.render import csv_text, markdown_table
 from memfit_gpu.mappings import get_path
-from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import PointState, read_sweep_record
-
-log = logging.getLogger(__name__)
 
 METRIC_COLUMNS = ("f1", "bleu1", "judge", "pack_hit", "questions")
 PERCENT_COLUMNS = ("f1", "bleu1", "judge", "pack_hit")
@@ -103,35 +97,3 @@ def to_csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     """The aggregate as CSV: fractions as stored, lists and mappings as JSON, None as an empty cell."""
     return csv_text(columns, [[json.dumps(row[c]) if isinstance(row.get(c), (list, dict)) else row.get(c)
                                for c in columns] for row in rows])
-
-
-# ---------------------------------------------------------------------------------------- CLI
-
-
-def cmd_aggregate(args: argparse.Namespace) -> int:
-    sweep_dir = Path(args.dir)
-    try:
-        columns, rows = aggregate(sweep_dir)
-    except SweepError as exc:
-        print(f"memfit aggregate: error: {exc}", file=sys.stderr)
-        return 2
-    markdown = to_markdown(columns, rows)
-    md_path = Path(args.md) if args.md else sweep_dir / "aggregate.md"
-    csv_path = Path(args.csv) if args.csv else sweep_dir / "aggregate.csv"
-    md_path.write_text(markdown)
-    csv_path.write_text(to_csv(columns, rows))
-    print(markdown, end="")
-    log.info("wrote %s and %s", md_path, csv_path)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "aggregate",
-        help="one table of a sweep's points: sweep keys and main metrics",
-        description="Read every point's metrics.json; print a markdown table; write aggregate.md/.csv.",
-    )
-    p.add_argument("dir", help="sweep directory (has sweep.json)")
-    p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")
-    p.add_argument("--md", help="markdown path (default DIR/aggregate.md)")
-    p.set_defaults(func=cmd_aggregate)

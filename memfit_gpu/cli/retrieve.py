@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import time
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Run MemFit retrieval (SPEC read path 1-9) for every evaluated question of a benchmark, all questions
@@ -45,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memfit_gpu.config import load_config, to_dict
+    from memfit_gpu.config import load_config
     from memfit_gpu.preflight import check_can_start
+    from memfit_gpu.retrieve.offline import retrieve_benchmark
 
     overrides = [f"data.benchmark={args.benchmark}"] + list(args.overrides)
     if args.data:
@@ -57,67 +54,10 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"data.limit_questions={args.limit_questions}")
     cfg = load_config(args.config, overrides)
     check_can_start(cfg, readers=False)
-    return _run(cfg, Path(args.out), args.store, to_dict(cfg))
-
-
-def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
-    import torch
-
-    from memfit_gpu.data import load_benchmark, select_from_config
-    from memfit_gpu.index.encoders import load_bi_encoder
-    from memfit_gpu.retrieve.batched import retrieve_batch
-    from memfit_gpu.retrieve.diagnostics import compute_diagnostics
-    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
-    from memfit_gpu.retrieve.view import ReadView
-    from memfit_gpu.store import EpisodeStore
-
-    timings: dict[str, float] = {}
-    started = time.perf_counter()
-    # The reranker first: a missing cross-encoder fails before any encoding work.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend)
-    benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
-    questions = [q for q in benchmark.questions() if q.evaluated]
-    timings["load_s"] = time.perf_counter() - started
-
-    t0 = time.perf_counter()
-    encoder = load_bi_encoder(cfg.index)
-    if store_path:
-        store = EpisodeStore(store_path, cfg, encoder)
-        missing = [m.memory_id for m in benchmark.memories if m.memory_id not in store.memory_ids]
-        if missing:
-            raise FileNotFoundError(f"store {store_path} lacks memories {missing[:5]} of {cfg.data.benchmark}")
-    else:
-        store = EpisodeStore(None, cfg, encoder)
-        store.add_memories(benchmark.memories, progress=True)
-    view = ReadView.from_store(store)
-    timings["store_s"] = time.perf_counter() - t0
-    log.info("retrieve: %d questions over %d memories (%d episodes, %d summaries; summaries %s)",
-             len(questions), len(benchmark.memories), view.num_episodes, len(view.sm_text),
-             "used" if cfg.retrieve.summaries and view.has_summaries else "not used")
-
-    def embed(texts: list[str]) -> torch.Tensor:
-        return encoder.encode(texts, batch_size=cfg.index.encode_batch_size)
-
-    t0 = time.perf_counter()
-    results = retrieve_batch(view, cfg, [q.question for q in questions], [q.memory_id for q in questions],
-                             embed=embed, reranker=reranker, progress=True)
-    timings["retrieve_s"] = time.perf_counter() - t0
-    info = reranker_info(cfg.rerank, reranker)
-    diagnostics, records = compute_diagnostics(results, questions, view, info)
-    diagnostics["encoder"] = view.encoder_info or encoder.info()
-    diagnostics["summaries_used"] = bool(cfg.retrieve.summaries and view.has_summaries)
-    diagnostics["timings"] = timings
-    diagnostics["config"] = cfg_dict
-
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "packs.jsonl", "w") as fh:
-        for q, result, record in zip(questions, results, records, strict=True):
-            row = {"question_id": q.question_id, "category": q.category, "gold": q.answer,
-                   "evidence": q.evidence, **result.to_json(view), "retrieval": record}
-            fh.write(json.dumps(row) + "\n")
-    (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2) + "\n")
+    out = Path(args.out)
+    diagnostics = retrieve_benchmark(cfg, out, args.store)
     overall = diagnostics["overall"]
     print(json.dumps({"questions": overall["questions"], **{k: overall[k] for k in
                       ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")},
-                      "reranker": info["backend"], "out": str(out)}))
+                      "reranker": diagnostics["reranker"]["backend"], "out": str(out)}))
     return 0
