@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.index.encoders import PairScorer
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels import resolve_backend
@@ -215,7 +216,7 @@ def _boost_inputs(view: ReadView, cfg: MemFitConfig, cons: tuple[torch.Tensor, .
 
 def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], memory_ids: Sequence[str],
                    embed: Embed | None = None, question_embeddings: torch.Tensor | None = None,
-                   reranker: Any | None = None, progress: bool = False,
+                   reranker: PairScorer | None = None, progress: bool = False,
                    timings: dict[str, float] | None = None) -> list[RetrievalResult]:
     """Retrieve for every question; see module doc. reranker: a CrossEncoderModule or None (= backend none).
 
@@ -239,7 +240,7 @@ def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], 
 
 
 def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], memory_ids: list[str],
-                    embed: Embed | None, q_emb: torch.Tensor | None, reranker: Any | None,
+                    embed: Embed | None, q_emb: torch.Tensor | None, reranker: PairScorer | None,
                     progress: bool, timings: dict[str, float]) -> list[RetrievalResult]:
     clock = time.perf_counter()
     rcfg = cfg.retrieve
