@@ -29,7 +29,7 @@ from typing import Any
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
-from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
+from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
@@ -48,7 +48,11 @@ def run_lock(out: Path) -> Iterator[None]:
     """Hold the run directory's lock (memfit_gpu.locks) for the whole run: two processes writing one
     directory would duplicate predictions and interleave the store log."""
     try:
-        with exclusive(lock_path(out), "wait for it to end or use another --out directory"):
+        wait_s = lock_wait_s()
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        with exclusive(lock_path(out), "wait for it to end or use another --out directory", wait_s):
             yield
     except DirectoryBusyError as exc:
         raise RunError(str(exc)) from None

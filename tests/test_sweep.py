@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -375,3 +376,20 @@ def test_a_start_refused_because_another_process_runs_the_point_is_busy_not_an_e
     assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.ERROR
     assert state_after_stop("k=5", "exit code 1", 1, 1, 1, "log", point_dir) is PointState.RETRY
     assert state_after_stop("k=5", "exit code 1", 1, 2, 1, "log", point_dir) is PointState.FAILED
+
+
+def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point's command gets MEMFIT_LOCK_WAIT_S (a requeued task may start before its predecessor is
+    dead); a value the user set is kept; the exit code goes to the status file."""
+    point_dir, status = tmp_path / "p", tmp_path / "status.json"
+    point_dir.mkdir()
+    argv = [sys.executable, "-c", "import os, pathlib, sys; "
+            f"pathlib.Path({str(point_dir / 'DONE')!r}).write_text(os.environ['MEMFIT_LOCK_WAIT_S'])"]
+    monkeypatch.delenv("MEMFIT_LOCK_WAIT_S", raising=False)
+    assert slurm.PointTask()(argv, str(point_dir), str(status)) == str(point_dir)
+    assert (point_dir / "DONE").read_text() == str(slurm.TASK_LOCK_WAIT_S) == "300"
+    assert json.loads(status.read_text())["rc"] == 0
+    monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "12")
+    slurm.PointTask()(argv, str(point_dir), str(status))
+    assert (point_dir / "DONE").read_text() == "12"
