@@ -451,6 +451,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     ordered = [by_id[q.question_id] for q in questions]
     metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics["name"] = cfg.name
     metrics["benchmark"] = bench.name
     metrics["questions"] = len(questions)
     metrics["metric_variant"] = cfg.eval.table_metric

@@ -55,7 +55,7 @@ def test_run_writes_every_output(smoke_run: Path):
     assert [p["question_id"] for p in preds] == [f"conv-26:q{i}" for i in range(6)]
     assert all(set(p["scores"]) == {"paper", "locomo", "memgallery"} for p in preds)
     metrics = json.loads((smoke_run / "metrics.json").read_text())
-    assert metrics["questions"] == 6 and metrics["metric_variant"] == "paper"
+    assert metrics["questions"] == 6 and metrics["metric_variant"] == "paper" and metrics["name"] == "smoke"
     assert set(metrics["by_category"]) == {p["category"] for p in preds}
     # average = mean of the category means (LoCoMo)
     means = [metrics["by_category"][c]["paper"]["f1"] for c in metrics["by_category"]]
