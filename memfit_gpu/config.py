@@ -9,6 +9,7 @@ key, the value and what is allowed before any work starts (and before a run save
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import MISSING as MISSING_FACTORY
@@ -26,6 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 # longest real turn: LoCoMo 454 characters, MemGallery 1,692, the LongMemEval oracle files 4,015). It is
 # pack.max_excerpt_chars's default, so every turn whose excerpt would be cut is listed in Benchmark.problems.
 HUGE_TURN_CHARS = 100_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,7 +51,7 @@ class StoreConfig:
 @dataclass
 class IndexConfig:
     encoder: str = "sentence-transformers/all-MiniLM-L6-v2"  # SPEC write path 1: the bi-encoder
-    normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC)
+    normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC); false: raw pooled vectors (packed only)
     encode_batch_size: int = 128  # per device; halved automatically on OOM
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
     dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
@@ -155,6 +158,7 @@ class ReaderConfig:
     timeout_s: float = 120.0  # openai: per request
     max_retries: int = 5  # openai: on timeout, 429, 5xx
     temperature: float = 0.0  # deterministic answers
+    seed: int = 0  # sampling seed when temperature > 0 (vLLM, transformers, OpenAI `seed`); part of the cache key then
     max_new_tokens: int = 64  # answers are short (SPEC: shortest complete answer)
     batch_size: int = 16  # transformers: prompts per generate call
     flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
@@ -211,8 +215,7 @@ class TrackingConfig:
 
 @dataclass
 class MemFitConfig:
-    name: str = "memfit"
-    seed: int = 0
+    name: str = "memfit"  # the run's label: metrics.json `name`, a W&B tag
     data: DataConfig = field(default_factory=DataConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -290,7 +293,7 @@ _FRACTION = _Range(0, 1)
 # Every numeric key. A value outside its range would crash late (after the store is built) or run to the
 # end with silently different retrieval, so it is refused before any work and before config.yaml is saved.
 _RANGES: dict[str, _Range] = {
-    "seed": _Range(),
+    "reader.seed": _Range(),
     "data.limit_memories": _Range(1, optional=True),
     "data.limit_questions": _Range(1, optional=True),
     "index.encode_batch_size": _AT_LEAST_1,
@@ -407,11 +410,20 @@ def _base_of(data: Any, path: Path) -> Any:
     return OmegaConf.merge(_load_yaml_tree(base_path), OmegaConf.create(data))
 
 
+# Top-level keys that older versions wrote into config.yaml but that never changed a result: dropped on
+# load (so a run directory started before keeps resuming), with where the setting lives now.
+_RETIRED_KEYS = {"seed": "reader.seed (sampling) and eval.seed (bootstrap); the top-level seed was read by nothing"}
+
+
 def _load_yaml_tree(path: Path) -> Any:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if isinstance(data, dict):
+        for key in _RETIRED_KEYS.keys() & data.keys():
+            log.warning("%s: ignoring retired key %r: see %s", path, key, _RETIRED_KEYS[key])
+            del data[key]
     return _base_of(data, path)
 
 

@@ -41,7 +41,7 @@ from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
-from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
+from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.clean import clean_answer
@@ -75,7 +75,11 @@ def run_lock(out: Path) -> Iterator[None]:
     """Hold the run directory's lock (memfit_gpu.locks) for the whole run: two processes writing one
     directory would duplicate predictions and interleave the store log."""
     try:
-        with exclusive(lock_path(out), "wait for it to end or use another --out directory"):
+        wait_s = lock_wait_s()
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        with exclusive(lock_path(out), "wait for it to end or use another --out directory", wait_s):
             yield
     except DirectoryBusyError as exc:
         raise RunError(str(exc)) from None
@@ -443,6 +447,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     ordered = [by_id[q.question_id] for q in questions]
     metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics["name"] = cfg.name
     metrics["benchmark"] = bench.name
     metrics["questions"] = len(questions)
     metrics["metric_variant"] = cfg.eval.table_metric

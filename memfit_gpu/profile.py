@@ -34,6 +34,7 @@ from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
 from memfit_gpu.retrieve.hybrid import fuse
+from memfit_gpu.retrieve.stages import StageKey
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -113,15 +114,15 @@ def stage_table(run_dir: Path) -> dict[str, dict[str, float]]:
         "encode": (build.get("encode_s", 0.0), episodes, "episodes"),
         "index_append": (build.get("bm25_s", 0.0) + build.get("dense_s", 0.0), episodes, "episodes"),
         "summaries": (timings.get("summaries", 0.0), roles["summary"]["calls"] + roles["summary"]["cached"], "calls"),
-        "query_encode": (retrieve.get("stage_0_queries", 0.0), n_q, "questions"),
-        "bm25": (retrieve.get("bm25", 0.0), n_q, "questions"),
-        "dense": (retrieve.get("dense", 0.0), n_q, "questions"),
-        "fuse": (retrieve.get("fuse", 0.0) + retrieve.get("boost", 0.0), n_q, "questions"),
-        "summary_search": (retrieve.get("stage_3_summaries", 0.0), n_q, "questions"),
-        "expand": (retrieve.get("stage_4_5_pool", 0.0), n_q, "questions"),
-        "prf": (retrieve.get("stage_6_prf", 0.0), n_q, "questions"),
-        "rerank": (retrieve.get("stage_7_rerank", 0.0), n_q, "questions"),
-        "pack": (retrieve.get("stage_8_9_pack", 0.0), n_q, "questions"),
+        "query_encode": (retrieve.get(StageKey.QUERIES, 0.0), n_q, "questions"),
+        "bm25": (retrieve.get(StageKey.BM25, 0.0), n_q, "questions"),
+        "dense": (retrieve.get(StageKey.DENSE, 0.0), n_q, "questions"),
+        "fuse": (retrieve.get(StageKey.FUSE, 0.0) + retrieve.get(StageKey.BOOST, 0.0), n_q, "questions"),
+        "summary_search": (retrieve.get(StageKey.SUMMARIES, 0.0), n_q, "questions"),
+        "expand": (retrieve.get(StageKey.POOL, 0.0), n_q, "questions"),
+        "prf": (retrieve.get(StageKey.PRF, 0.0), n_q, "questions"),
+        "rerank": (retrieve.get(StageKey.RERANK, 0.0), n_q, "questions"),
+        "pack": (retrieve.get(StageKey.PACK, 0.0), n_q, "questions"),
         "read": (timings.get("answer", 0.0), roles["answer"]["calls"] + roles["answer"]["cached"], "answers"),
     }
     total = sum(s for s, _, _ in stages.values()) or 1.0

@@ -144,13 +144,13 @@ def test_503_twice_then_answer_with_estimated_tokens(server: FaultServer) -> Non
 
 def test_a_request_without_sampling_settings_gets_the_readers_config(server: FaultServer) -> None:
     """Called directly (no Reader to fill them), the backend sends reader.max_new_tokens and reader.temperature,
-    the one default there is, not numbers of its own."""
+    the one default there is, not numbers of its own; a sampled request carries reader.seed, a greedy one none."""
     backend = make_backend(ReaderConfig(backend="openai", model="test-model", base_urls=[server.url("ok-defaults")],
-                                        max_new_tokens=7, temperature=0.25))
+                                        max_new_tokens=7, temperature=0.25, seed=11))
     backend.generate([Request([{"role": "user", "content": "Hi"}], "answer", key="q1"),
                       Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=3, temperature=0.0)])
-    sent = sorted((body["max_tokens"], body["temperature"]) for body in server.bodies["ok-defaults"])
-    assert sent == [(3, 0.0), (7, 0.25)]
+    sent = sorted((body["max_tokens"], body["temperature"], body.get("seed")) for body in server.bodies["ok-defaults"])
+    assert sent == [(3, 0.0, None), (7, 0.25, 11)]
 
 
 def test_timeout_is_retried(server: FaultServer) -> None:

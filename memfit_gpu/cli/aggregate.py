@@ -16,7 +16,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    from memfit_gpu.sweep.aggregate import aggregate, to_csv, to_markdown
+    from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
 
     sweep_dir = Path(args.dir)
     columns, rows = aggregate(sweep_dir)
@@ -27,6 +27,10 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     csv_path.write_text(to_csv(columns, rows))
     print(markdown, end="")
     log.info("wrote %s and %s", md_path, csv_path)
+    if args.parquet:
+        table = predictions_dataset(sweep_dir)
+        table.to_parquet(args.parquet)
+        log.info("wrote %d predictions of the sweep's points to %s", table.num_rows, args.parquet)
     return 0
 
 
@@ -39,4 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="sweep directory (has sweep.json)")
     p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")
     p.add_argument("--md", help="markdown path (default DIR/aggregate.md)")
+    p.add_argument("--parquet", metavar="FILE",
+                   help="also write every point's predictions as one Parquet table (point, sweep keys, flattened "
+                        "fields); load it with datasets.load_dataset('parquet', data_files=FILE) or pandas")
     p.set_defaults(func=cmd_aggregate, user_errors=user_errors)

@@ -39,8 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variant", choices=("paper", "locomo", "memgallery"), default="paper",
         help="F1 variant for --metric f1 (default: paper)",
     )  # fmt: skip
-    parser.add_argument("--permutations", type=int, default=10_000, help="random sign flips (default 10000)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the sign flips (default 0)")
+    parser.add_argument("--permutations", type=int, default=None,
+                        help="random sign flips (default: RUN_A's eval.permutation_samples, 10000 unless set)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="random seed of the sign flips (default: RUN_A's eval.seed, 0 unless set)")
     parser.add_argument(
         "--exact", action="store_true",
         help="enumerate every sign vector instead of sampling (at most 24 discordant questions per test)",

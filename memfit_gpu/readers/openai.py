@@ -139,6 +139,8 @@ class OpenAIBackend(Backend):
             "max_tokens": max_new_tokens,
             "temperature": temperature,
         }
+        if temperature > 0:  # OpenAI-compatible servers (vLLM included) honour a per-request seed
+            body["seed"] = int(self.cfg.seed)
         if self.template_kwargs:  # vLLM / SGLang servers read it; the OpenAI API does not need it
             body["chat_template_kwargs"] = self.template_kwargs
         endpoint = f"{url}/chat/completions"

@@ -58,7 +58,8 @@ class Reader:
         request repeated within the batch is generated once). Every response is recorded in the ledger."""
         requests = self._filled(requests)
         start = time.perf_counter()
-        keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs) for r in requests]
+        keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs, self.backend.cfg.seed)
+                for r in requests]
         found = self.cache.get_many(keys) if self.cache is not None else {}
         # Identical requests in one batch are generated once: the second is a cache hit of the first.
         todo: dict[str, Request] = {}

@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from memfit_gpu.evaluate.render import csv_text, markdown_table
-from memfit_gpu.mappings import get_path
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.mappings import flatten, get_path
+from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import PointState, read_sweep_record
 
 METRIC_COLUMNS = ("f1", "bleu1", "judge", "pack_hit", "questions")
@@ -72,6 +76,48 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     if all(r.get("judge") is None for r in rows):
         columns.remove("judge")
     return columns, rows
+
+
+def _arrow_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row with every column (None where absent); a column whose values mix types (LoCoMo golds
+    are strings and numbers) becomes text, since an Arrow column has one type."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    for column in columns:
+        kinds = {type(row[column]) for row in rows if row.get(column) is not None}
+        as_text = (len(kinds) > 1 and kinds != {int, float}) or bool(kinds & {list, dict})
+        for row in rows:
+            value = row.get(column)
+            if as_text and value is not None:
+                value = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            row[column] = value
+    return rows
+
+
+def predictions_dataset(sweep_dir: str | Path) -> datasets.Dataset:
+    """Every point's predictions as one `datasets.Dataset` (Arrow): one row per point and question, with
+    the point id and its sweep keys as columns and nested fields flattened (`scores.paper.f1`,
+    `retrieval.pack_hit`, `judge.verdict`). `.to_pandas()`, `.to_parquet(path)`, `.filter(...)` from there;
+    `memfit aggregate DIR --parquet FILE` writes it.
+
+    Raises:
+        SweepError: no point has predictions yet.
+    """
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir / "sweep.json")
+    rows: list[dict[str, Any]] = []
+    for point in record.points:
+        point_dir = Path(point.dir)
+        if not point_dir.is_absolute() or not point_dir.exists():
+            point_dir = sweep_dir / "points" / point.point_id
+        path = point_dir / "predictions.jsonl"
+        if not path.exists():
+            continue
+        sweep_values = {f"sweep.{k}": point.overrides.get(k) for k in record.sweep_keys}
+        for prediction in read_jsonl(path, repair=False):
+            rows.append({"point": point.point_id, **sweep_values, **flatten(prediction)})
+    if not rows:
+        raise SweepError(f"{sweep_dir}: no point has a predictions.jsonl yet")
+    return datasets.Dataset.from_list(_arrow_safe(rows))
 
 
 def _text(value: Any) -> str:
