@@ -85,7 +85,8 @@ class ReadView:
         # on index.device's first device, like the store's (EpisodeStore._bm25_device)
         bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=first_device(cfg.index.device))
         bm25.add(tokenize_many(texts), mem)
-        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device)
+        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device,
+                           batched_max_rows=cfg.index.dense_batched_max_rows)
         dense.add(embeddings, mem)
         info = encoder.info() if hasattr(encoder, "info") else {}
         return cls(
