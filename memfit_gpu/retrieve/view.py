@@ -39,8 +39,8 @@ class ReadView:
     ep_position: np.ndarray  # int64, turn order within the memory
     ep_time: np.ndarray  # datetime64[s]
     ep_speaker: list[str]
-    ep_text: list[str]
-    ep_turn_id: list[str]
+    ep_text: Sequence[str]  # a list, or the store's TextColumn (UTF-8 bytes, decoded per row)
+    ep_turn_id: Sequence[str]
     ep_deleted: np.ndarray  # bool
     ep_bm25: LexicalIndex
     ep_dense: DenseSearch
@@ -126,7 +126,7 @@ class ReadView:
             ep_memory=mem, ep_session=np.asarray(col("session_idx"), dtype=np.int64),
             ep_position=np.asarray(col("position"), dtype=np.int64),
             ep_time=np.asarray(col("timestamp"), dtype="datetime64[s]"),
-            ep_speaker=list(speaker_of), ep_text=list(col("text")), ep_turn_id=list(col("turn_id")),
+            ep_speaker=list(speaker_of), ep_text=col("text"), ep_turn_id=col("turn_id"),
             ep_deleted=np.asarray(col("deleted"), dtype=bool),
             ep_bm25=col("episode_bm25"), ep_dense=col("episode_dense"),
             sm_memory=np.asarray([s.memory_idx for s in sums], dtype=np.int64),
