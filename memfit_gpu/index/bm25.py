@@ -148,14 +148,14 @@ class BM25Index:
         table = self._token_id
         get = table.get
         findall = TOKEN_PATTERN.findall
-        ids: list[int] = []
+        ids: list[int | None] = []
         lengths: list[int] = []
         for doc in texts_or_tokens:
             tokens = doc if tokenized else findall(doc.lower())
-            mapped = [get(t, -1) for t in tokens]
-            if -1 in mapped:
+            mapped = list(map(get, tokens))
+            if None in mapped:
                 for i, t in enumerate(tokens):
-                    if mapped[i] < 0:
+                    if mapped[i] is None:
                         mapped[i] = table.setdefault(t, len(table))
                         if mapped[i] == len(self._token_text):
                             self._token_text.append(t)

@@ -55,8 +55,8 @@ _TIE_MARGIN = 8
 _GPU_MAX_K = 2048
 # Memories with at most this many rows are searched by the batched product (index.dense_batched_max_rows).
 BATCHED_MAX_ROWS = 65_536
-# float64 elements of one padded block [memories, rows, dim] of the batched product (256 MiB).
-_BLOCK_ELEMENTS = 1 << 25
+# Elements of one padded block [memories, rows, dim + queries] of the batched product (128 MiB in float64).
+_BLOCK_ELEMENTS = 1 << 24
 _NPY_BLOCK_ROWS = 1 << 16  # rows per read/write of vectors.npy (snapshots stream, never hold a copy)
 
 
@@ -153,6 +153,7 @@ class DenseIndex:
         self.product_device = torch.device(
             f"cuda:{self.gpu_id}" if device != "cpu" and torch.cuda.is_available() else "cpu")
         self._parts: dict[int, _MemoryPart] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # the batched product's host workspaces
         self._row_memory = GrowableArray(np.int64, -1)
         self._row_local = GrowableArray(np.int64, -1)
         self._deleted = GrowableArray(np.bool_, False)
@@ -410,6 +411,14 @@ class DenseIndex:
         return (np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1),
                 np.take_along_axis(live, order, axis=1))
 
+    def _workspace(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A reusable host buffer viewed as `shape` (grown when too small; at most a block's worth)."""
+        need = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < need:
+            buffer = self._buffers[name] = np.empty(need, dtype=dtype)
+        return buffer[:need].reshape(shape)
+
     def _search_batched(self, groups: list[tuple[_MemoryPart, np.ndarray]], queries: np.ndarray, k: int,
                         min_score: float, scores_out: np.ndarray, rows_out: np.ndarray) -> None:
         """Exact top-k of each group's queries over its memory: padded blocks [memories, rows, dim] and
@@ -435,13 +444,22 @@ class DenseIndex:
             block = groups[start:stop]
             start = stop
             n_q = most
-            vectors = torch.zeros((len(block), widest, self.dim), dtype=torch.float64, device=dev)
-            asked = torch.zeros((len(block), n_q, self.dim), dtype=torch.float64, device=dev)
-            usable = torch.zeros((len(block), widest), dtype=torch.bool, device=dev)
+            # Laid out on the host with numpy into a kept workspace (no per-memory torch op, and no fresh
+            # pages to fault in on every search), in float64 on the CPU (the product's precision) or
+            # float32 for the GPU (widened there); then one product.
+            dtype = np.float64 if dev.type == "cpu" else np.float32
+            vectors_np = self._workspace("vectors", (len(block), widest, self.dim), dtype)
+            asked_np = self._workspace("asked", (len(block), n_q, self.dim), dtype)
+            usable_np = np.zeros((len(block), widest), dtype=np.bool_)
             for b, (part, ids) in enumerate(block):
-                vectors[b, : part.size] = torch.from_numpy(self._stacked_part(part)).to(dev)
-                asked[b, : len(ids)] = torch.from_numpy(queries[ids]).to(dev)
-                usable[b, : part.size] = torch.from_numpy(~deleted[part.rows.view]).to(dev)
+                vectors_np[b, : part.size] = self._stacked_part(part)
+                vectors_np[b, part.size :] = 0.0
+                asked_np[b, : len(ids)] = queries[ids]
+                asked_np[b, len(ids) :] = 0.0
+                usable_np[b, : part.size] = ~deleted[part.rows.view]
+            vectors = torch.from_numpy(vectors_np).to(dev, torch.float64)
+            asked = torch.from_numpy(asked_np).to(dev, torch.float64)
+            usable = torch.from_numpy(usable_np).to(dev)
             scores = torch.bmm(asked, vectors.transpose(1, 2)).float()  # [memories, queries, rows]
             del vectors, asked
             scores = torch.where(usable[:, None, :] & (scores > min_score), scores, -torch.inf)
