@@ -18,6 +18,7 @@ reported.
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from typing import Any
 
@@ -68,7 +69,8 @@ def reference_packs(like: str, questions: int, seed: int, dim: int,
                              question_embeddings=q_emb)
     retrieve_s = time.perf_counter() - start
     packs = {q.question_id: [list(part) for part in r.pack_key()] for q, r in zip(asked, results, strict=True)}
-    return packs, {"build_s": build_s, "retrieve_s": retrieve_s, "prf_texts_missing": len(missing)}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+    return packs, {"build_s": build_s, "retrieve_s": retrieve_s, "prf_texts_missing": len(missing), "peak_rss_gib": peak}
 
 
 def main(argv: list[str] | None = None) -> None:
