@@ -479,18 +479,21 @@ class EpisodeStore:
         metadata and the indexes, then (persistent stores) snapshot.
 
         Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
-        self._write_chunk(records, embeddings, progress)
-        self._end_batch(len(records), snapshot)
+        self._write_chunk(records, embeddings, progress, commit=len(records))
+        self._end_batch(None, snapshot)
 
-    def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool) -> None:
-        """Encode (unless given), log (no commit record), apply to the metadata, index: one chunk of a batch."""
+    def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool,
+                     commit: int | None = None) -> None:
+        """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
+        batch's record count when this is its last chunk (its commit record goes in the same write)."""
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
         else:
             self.last_timings.setdefault("encode_s", 0.0)
         started = time.perf_counter()
         if self._log is not None:
-            self._log.append(records)
+            closing = [{"t": "commit", "records": commit}] if commit is not None and self._commits else []
+            self._log.append([*records, *closing])
         logged = time.perf_counter()
         self._apply_all(records)
         applied = time.perf_counter()
@@ -498,9 +501,10 @@ class EpisodeStore:
         for key, seconds in (("log_s", logged - started), ("metadata_s", applied - logged)):
             self.last_timings[key] = self.last_timings.get(key, 0.0) + seconds
 
-    def _end_batch(self, count: int, snapshot: bool = True) -> None:
-        """The commit record of a batch of `count` records (format-2 logs), then the snapshot."""
-        if self._log is not None and self._commits:
+    def _end_batch(self, count: int | None, snapshot: bool = True) -> None:
+        """The commit record of a batch of `count` records (format-2 logs; None: written with its last
+        chunk), then the snapshot."""
+        if self._log is not None and self._commits and count is not None:
             self._log.append([{"t": "commit", "records": count}])
         if snapshot:
             t0 = time.perf_counter()
@@ -538,9 +542,10 @@ class EpisodeStore:
         return _RECORD_BYTES + _BYTES_PER_CHAR * len(record["text"]) + _BYTES_PER_DIM * self.dim
 
     def _chunks(self, memories: Iterable[Memory], precomputed: bool
-                ) -> Iterator[tuple[list[dict[str, Any]], torch.Tensor | None]]:
+                ) -> Iterator[tuple[list[dict[str, Any]], torch.Tensor | None, bool]]:
         """The batch's records (and precomputed vectors) in chunks of about store.write_budget_mb, built
-        lazily: a memory's turns may span chunks; nothing of a later chunk exists before it is asked for."""
+        lazily: a memory's turns may span chunks; nothing of a later chunk exists before it is asked for.
+        The flag marks the chunk known to be the last (the memories ran out while it was being filled)."""
         budget = self.cfg.store.write_budget_mb * (1 << 20)
         pending: dict[str, int] = {}
         row = self.size
@@ -548,11 +553,12 @@ class EpisodeStore:
         vectors: list[np.ndarray] = []
         used = 0
 
-        def cut() -> tuple[list[dict[str, Any]], torch.Tensor | None]:
+        def cut(last: bool) -> tuple[list[dict[str, Any]], torch.Tensor | None, bool]:
             nonlocal records, vectors, used
-            out = records, (torch.from_numpy(np.concatenate(vectors)) if precomputed and vectors else None)
-            if precomputed and not vectors:
-                out = records, torch.empty((0, self.dim), dtype=torch.float32)
+            given: torch.Tensor | None = None
+            if precomputed:
+                given = torch.from_numpy(np.concatenate(vectors)) if vectors else torch.empty((0, self.dim))
+            out = records, given, last
             records, vectors, used = [], [], 0
             return out
 
@@ -573,11 +579,11 @@ class EpisodeStore:
                         if given is not None:
                             vectors.append(given[taken:position])
                             taken = position
-                        yield cut()
+                        yield cut(False)
             if given is not None and taken < position:
                 vectors.append(given[taken:position])
         if records:
-            yield cut()
+            yield cut(True)
 
     def _precomputed(self, memory: Memory) -> np.ndarray:
         vectors = memory.extra.get("embeddings")
@@ -607,17 +613,19 @@ class EpisodeStore:
         first = self.size
         batch_start = len(self._log) if self._log is not None else 0
         count = chunks = 0
+        committed = False
         try:
-            for records, embeddings in self._chunks(memories, precomputed):
-                self._write_chunk(records, embeddings, progress)
+            for records, embeddings, last in self._chunks(memories, precomputed):
                 count += len(records)
+                self._write_chunk(records, embeddings, progress, commit=count if last else None)
+                committed = last
                 chunks += 1
         except BaseException:
             if chunks:
                 self._undo_batch(batch_start)
             raise
         if count:
-            self._end_batch(count)
+            self._end_batch(None if committed else count)
         self.last_timings["chunks"] = chunks
         self.last_timings["total_s"] = time.perf_counter() - started
         log.info(
