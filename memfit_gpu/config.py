@@ -46,6 +46,9 @@ class DataConfig:
 class StoreConfig:
     path: Optional[str] = None  # None = inside the run directory; persistent append-only log + snapshots
     fsync: bool = False  # fsync after every append batch: a live agent wants it, a benchmark build does not
+    # add_memories works in chunks whose texts, records, token ids and vectors take about this many MB,
+    # so writing LongMemEval-M holds one chunk at a time, never the whole benchmark (results are identical)
+    write_budget_mb: int = 1024
 
 
 @dataclass
@@ -62,6 +65,9 @@ class IndexConfig:
     dense_factory: str = "Flat"  # FAISS factory string with inner product; Flat = exact (IndexFlatIP)
     dense_device: str = "auto"  # auto = GPU FAISS when installed and a GPU is visible | cpu | gpu (required)
     dense_nprobe: int = 16  # for IVF factories only
+    # a memory searched exactly with at most this many rows has no FAISS index: the batch's memories are
+    # searched with one padded product per block (LongMemEval: ~500 small memories); 0 = FAISS everywhere
+    dense_batched_max_rows: int = 65536
 
 
 @dataclass
@@ -300,6 +306,8 @@ _RANGES: dict[str, _Range] = {
     "index.bm25_k1": _AT_LEAST_0,
     "index.bm25_b": _FRACTION,
     "index.dense_nprobe": _AT_LEAST_1,
+    "index.dense_batched_max_rows": _AT_LEAST_0,  # 0 = every memory keeps a FAISS index (the pre-#14 path)
+    "store.write_budget_mb": _Range(1),  # a chunk needs room for at least one turn's text and vector
     "segment.min_window": _AT_LEAST_1,
     "segment.window_scale": _AT_LEAST_0,
     "segment.short_factor": _AT_LEAST_0,

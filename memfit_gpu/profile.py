@@ -156,7 +156,8 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
         bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=device)
         bm25.add(docs, memory)
         t1 = time.perf_counter()
-        dense = DenseIndex(dim=384, factory=cfg.index.dense_factory, device=cfg.index.dense_device, nprobe=cfg.index.dense_nprobe)
+        dense = DenseIndex(dim=384, factory=cfg.index.dense_factory, device=cfg.index.dense_device,
+                           nprobe=cfg.index.dense_nprobe, batched_max_rows=cfg.index.dense_batched_max_rows)
         dense.add(doc_vecs, memory)
         t2 = time.perf_counter()
         q_memory = [0] * n_queries

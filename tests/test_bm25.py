@@ -453,3 +453,57 @@ def test_reference_state_round_trip_keeps_term_ids(tmp_path):
         assert a.tolist() == b.tolist()
     assert reopened.search([["apple"]], [1], k=2)[1].tolist() == index.search([["apple"]], [1], k=2)[1].tolist() == [[1, -1]]
     assert (reopened.k1, reopened.b) == (1.5, 0.75)
+
+
+# ---------------------------------------------------------------- compact storage (#14)
+def test_add_texts_equals_add_of_tokenized_texts_and_compact_columns(locomo_path):
+    """The store's call (add_texts: tokenised text by text) builds the same state as add(tokenize_many)."""
+    episodes, _ = locomo_memories(locomo_path, limit=2)
+    texts = [t for conv in episodes for t in conv]
+    mems = [m for m, conv in enumerate(episodes) for _ in conv]
+    by_texts, by_tokens = BM25Index(), BM25Index()
+    for lo in range(0, len(texts), 250):  # several adds: term ids keep their first-appearance numbering
+        by_texts.add_texts(texts[lo : lo + 250], mems[lo : lo + 250])
+    by_tokens.add(tokenize_many(texts), mems)
+    a, b = by_texts.state_dict(), by_tokens.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    assert a["post_term"].dtype == torch.int32 and a["post_tf"].dtype == torch.int32
+    assert len(a["tokens"]) == len(set(a["tokens"])) < by_texts.num_terms  # one string per token, not per term
+    first = tokenize(texts[0])
+    assert by_texts.doc_tokens([0]) == [list(dict.fromkeys(first))]
+    assert by_texts.term_id(0, first[0]) == 0 and by_texts.term_id(5, first[0]) == -1
+
+
+def test_sliced_prepare_gives_the_same_layout(monkeypatch, scoring_path):
+    """_prepare in slices of 7 postings (a term's postings split across slices, tombstones) = one slice."""
+    rng = random.Random(5)
+    words = [f"w{i}" for i in range(30)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(0, 12))] for _ in range(150)]
+    index = build(BM25Index, docs, [rng.randrange(4) for _ in docs])
+    index.delete([0, 7, 8, 140])
+    whole = {k: v.clone() for k, v in index._prepare().items() if isinstance(v, torch.Tensor)}
+    monkeypatch.setattr(bm25_module, "_PREPARE_SLICE", 7)
+    index._cache = None
+    sliced = index._prepare()
+    assert all(torch.equal(whole[k], sliced[k]) for k in whole)
+
+
+def test_a_format_1_state_still_loads():
+    """Snapshots written before #14 hold one token string per term ("terms"): they load, same results."""
+    rng = random.Random(6)
+    words = [f"t{i}" for i in range(25)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(1, 8))] for _ in range(80)]
+    mems = [rng.randrange(3) for _ in docs]
+    index = build(BM25Index, docs, mems)
+    index.delete([4])
+    state = index.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("tokens", "term_token")}
+    old.update(version=1, terms=[state["tokens"][t] for t in state["term_token"].tolist()])
+    loaded = BM25Index()
+    loaded.load_state_dict(old)
+    queries = [[rng.choice(words) for _ in range(3)] for _ in range(20)]
+    qmems = [rng.randrange(3) for _ in queries]
+    assert all(torch.equal(x, y) for x, y in zip(loaded.search(queries, qmems, 10), index.search(queries, qmems, 10),
+                                                strict=True))
+    assert loaded.state_dict()["term_token"].tolist() == state["term_token"].tolist()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from memfit_gpu.buffers import GrowableArray, GrowableTensor
+import memfit_gpu.buffers as buffers
+from memfit_gpu.buffers import GrowableArray, GrowableTensor, TextColumn
 
 
 def test_array_appends_across_regrowth_keep_values():
@@ -41,3 +43,43 @@ def test_tensor_appends_ensure_and_move():
     buffer.view[0] = 9
     buffer.to(torch.device("cpu"))
     assert buffer.view[0].item() == 9 and buffer.view.device == torch.device("cpu")
+
+
+def test_tensor_trim_drops_spare_capacity_and_keeps_values():
+    column = GrowableTensor(torch.int32, torch.device("cpu"))
+    column.extend(torch.arange(100, dtype=torch.int32))
+    assert column.data.numel() == 128
+    column.trim()
+    assert column.data.numel() == 100 and column.view.tolist() == list(range(100))
+    column.extend(torch.tensor([7], dtype=torch.int32))  # grows again after a trim
+    assert column.view.tolist() == [*range(100), 7]
+
+
+def test_growth_is_geometric_and_gentler_when_large():
+    assert buffers._grown_capacity(65, 64) == 128
+    big = buffers._DOUBLING_LIMIT
+    assert buffers._grown_capacity(big + 1, big) == int(big * 1.25)
+    assert buffers._grown_capacity(10 * big, big) == 10 * big  # never less than needed
+
+
+def test_text_column_indexes_like_an_object_column():
+    values = ["a", "bé", "", "日本語", "x" * 3000]
+    column = TextColumn(values[:2])
+    for value in values[2:]:  # one at a time: small blocks are merged, few remain
+        column.extend([value])
+    column.extend([str(i) for i in range(2000)])
+    everything = values + [str(i) for i in range(2000)]
+    assert len(column) == len(everything) and column.tolist() == everything and list(column) == everything
+    assert column[3] == "日本語" and column[-1] == "1999" and column[np.int64(1)] == "bé"
+    assert column[[0, 3]].tolist() == ["a", "日本語"] and column[1:3].tolist() == ["bé", ""]
+    mask = np.zeros(len(column), dtype=bool)
+    mask[[2, 4]] = True
+    assert column[mask].tolist() == ["", "x" * 3000]
+    assert len(column._blocks) <= 3
+    assert column.nbytes == sum(len(v.encode()) for v in everything) + 8 * (len(everything) + 1)
+    column.truncate(4)
+    assert column.tolist() == values[:4]
+    column.extend(["z"])
+    assert column.tolist() == [*values[:4], "z"]
+    with pytest.raises(IndexError, match="out of range"):
+        column[5]

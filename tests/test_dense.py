@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import memfit_gpu.index.dense as dense_module
 from memfit_gpu.index.dense import DenseIndex
 
 
@@ -194,3 +195,102 @@ def test_placement_is_logged_and_a_required_gpu_is_an_error(caplog: pytest.LogCa
     assert DenseIndex(dim=4, device="cpu").placement == "CPU (index.dense_device=cpu)"
     with pytest.raises(ValueError, match="not one of auto, cpu, gpu"):
         DenseIndex(dim=4, device="cuda")
+
+
+# ---------------------------------------------------------------- batched product vs FAISS (issue #14)
+def _oracle_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The batched path's scores: float64 inner products of the float32 values, rounded once."""
+    return (vectors.astype(np.float64) @ query.astype(np.float64)).astype(np.float32)
+
+
+def test_many_tombstones_under_the_gpu_k_cap_still_give_k_live_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU FAISS fetches at most _GPU_MAX_K neighbours: with more tombstones than that above the live
+    rows, the over-fetch used to stop short and return fewer than k (here none). The memory is now
+    searched exactly over its stored vectors instead."""
+    rng = np.random.default_rng(11)
+    n, dim, k = 3000, 8, 10
+    index = DenseIndex(dim=dim, factory="Flat", device="cpu", batched_max_rows=0)  # FAISS for every memory
+    vectors = _unit(rng, n, dim)
+    index.add(vectors, [0] * n)
+    query = vectors[0]
+    doomed = np.argsort(-(vectors @ query), kind="stable")[:2100]  # the 2,100 best rows
+    index.delete(doomed)
+    monkeypatch.setattr(DenseIndex, "_on_gpu", lambda self, part: True)  # as if the index were on a GPU
+    scores, found = index.search(query[None], [0], k=k, min_score=-2.0)
+    deleted = np.zeros(n, bool)
+    deleted[doomed] = True
+    expected, _ = _brute_force(vectors, np.zeros(n, int), deleted, query, 0, k, min_score=-2.0)
+    assert len(expected) == k and found[0].tolist() == expected
+    assert scores[0].tolist() == _oracle_scores(vectors[expected], query).tolist()
+
+
+@pytest.mark.parametrize("threshold", [0, 10, 10_000])
+def test_batched_and_faiss_memories_agree_with_brute_force(tmp_path, threshold: int) -> None:
+    """Memories of 3, 12 and 40 rows: batched under the threshold, FAISS above it (12 crosses 10 in its
+    second add); every search equals the oracle, before and after save/load, with tombstones."""
+    rng = np.random.default_rng(12)
+    index = DenseIndex(dim=16, factory="Flat", device="cpu", batched_max_rows=threshold)
+    row_memory = np.array([0] * 3 + [1] * 8 + [2] * 40 + [1] * 4)
+    vectors = _unit(rng, len(row_memory), 16)
+    index.add(vectors[:30], row_memory[:30])
+    index.add(vectors[30:], row_memory[30:])
+    expect = {m: ("batched" if size <= threshold else "faiss") for m, size in ((0, 3), (1, 12), (2, 40))}
+    assert {m: index.memory_search(m) for m in range(3)} == expect
+    deleted = np.zeros(len(row_memory), bool)
+    deleted[[1, 12, 13, 52]] = True
+    index.delete(np.flatnonzero(deleted))
+    queries = _unit(rng, 12, 16)
+    query_memory = np.array([0, 1, 2, 3] * 3)
+    for loaded in (False, True):
+        if loaded:
+            index.save(tmp_path)
+            index = DenseIndex.load(tmp_path, device="cpu", batched_max_rows=threshold)
+            assert {m: index.memory_search(m) for m in range(3)} == expect
+        scores, found = index.search(queries, query_memory, k=9)
+        for q in range(12):
+            rows, _ = _brute_force(vectors, row_memory, deleted, queries[q], query_memory[q], 9)
+            assert found[q, : len(rows)].tolist() == rows and (found[q, len(rows):] == -1).all()
+            if expect.get(int(query_memory[q])) == "batched":
+                assert scores[q, : len(rows)].tolist() == _oracle_scores(vectors[rows], queries[q]).tolist()
+
+
+def test_batched_blocks_split_by_size_and_queries_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However the memories and queries are cut into blocks, each query gets the same bits."""
+    rng = np.random.default_rng(13)
+    sizes = [5, 70, 1, 33, 200]
+    row_memory = np.concatenate([[m] * s for m, s in enumerate(sizes)])
+    vectors = _unit(rng, len(row_memory), 8)
+    index = DenseIndex(dim=8, factory="Flat", device="cpu")
+    index.add(vectors, row_memory)
+    index.delete([0, 100, 101])
+    queries = _unit(rng, 50, 8)
+    query_memory = rng.integers(0, len(sizes), size=50)
+    whole = index.search(queries, query_memory, k=12)
+    monkeypatch.setattr(dense_module, "_BLOCK_ELEMENTS", 8 * 40)  # one memory (or a few queries) per block
+    cut = index.search(queries, query_memory, k=12)
+    assert torch.equal(whole[0], cut[0]) and torch.equal(whole[1], cut[1])
+
+
+def test_batched_equals_faiss_rankings_on_real_embeddings(locomo2_summary_store) -> None:
+    """The pre-#14 path (a FAISS call per memory) and the batched product rank the same rows on two
+    LoCoMo conversations (MiniLM vectors, the evaluated questions), with 5 % of the turns deleted;
+    their scores differ at most in float32's last bits."""
+    benchmark, store = locomo2_summary_store
+    rows = np.arange(store.size)
+    vectors = store.episode_dense.vectors(rows)
+    memories = store.memory_idx[rows]
+    questions = [q for q in benchmark.questions() if q.evaluated]
+    queries = store.encoder.encode([q.question for q in questions])
+    query_memory = [store.memory_of(q.memory_id) for q in questions]
+    doomed = rows[::20]
+    results = []
+    for threshold in (0, 10_000):
+        index = DenseIndex(dim=vectors.shape[1], factory="Flat", device="cpu", batched_max_rows=threshold)
+        index.add(vectors, memories)
+        index.delete(doomed)
+        assert index.memory_search(0) == ("faiss" if threshold == 0 else "batched")
+        results.append(index.search(queries, query_memory, k=60))
+    (faiss_scores, faiss_rows), (batched_scores, batched_rows) = results
+    assert torch.equal(faiss_rows, batched_rows)
+    assert float((faiss_scores - batched_scores).abs().max()) <= 1e-6
+    assert not set(batched_rows.flatten().tolist()) & set(doomed.tolist())

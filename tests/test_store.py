@@ -82,9 +82,11 @@ def test_columns_and_one_encoder_pass(bi_encoder):
     spy = EncodeSpy(bi_encoder)
     store = EpisodeStore(None, MemFitConfig(), spy)
     bm25_adds, dense_adds = [], []
-    for index, calls in ((store.episode_bm25, bm25_adds), (store.episode_dense, dense_adds)):
-        real_add = index.add
-        index.add = lambda items, memory_idx, real_add=real_add, calls=calls: calls.append(len(items)) or real_add(items, memory_idx)
+    # the store gives BM25Index its texts (add_texts tokenises them as it indexes) and DenseIndex its vectors
+    for index, method, calls in ((store.episode_bm25, "add_texts", bm25_adds), (store.episode_dense, "add", dense_adds)):
+        real_add = getattr(index, method)
+        setattr(index, method, lambda items, memory_idx, real_add=real_add, calls=calls:
+                calls.append(len(items)) or real_add(items, memory_idx))
     rows = store.add_memories(_memories(), progress=False)
     assert rows.tolist() == list(range(7))
     assert spy.calls == [7]  # ONE encoder pass over every new text

@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 
+import memfit_gpu.store.log as log_module
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.store.log import RecordLog, StoreCorruptError, encode_record
 
@@ -146,3 +147,19 @@ def test_drop_records_cuts_back_to_whole_records_and_appends_follow(tmp_path):
     log.append([{"i": "next"}])
     log.close()
     assert [r["i"] for r in RecordLog(path).records] == [0, 1, "next"]
+
+
+def test_records_are_streamed_from_the_file_not_held(tmp_path, monkeypatch):
+    """The log keeps offsets and CRCs only; iter_records reads any range back, across read blocks."""
+    monkeypatch.setattr(log_module, "_READ_BYTES", 64)  # records straddle the blocks the reader reads
+    path = tmp_path / "log.jsonl"
+    log = RecordLog(path)
+    log.append([{"i": i, "text": "x" * (i % 50)} for i in range(300)])
+    assert not hasattr(log, "_records") and "records" not in vars(log)
+    assert [r["i"] for r in log.iter_records(295)] == [295, 296, 297, 298, 299]
+    assert [r["i"] for r in log.iter_records(10, 13)] == [10, 11, 12]
+    assert list(log.iter_records(300)) == []
+    log.close()
+    again = RecordLog(path)
+    assert len(again) == 300 and [r["i"] for r in again.records] == list(range(300))
+    assert again.fingerprint(300) == log.fingerprint(300) and again.ends[-1] == path.stat().st_size

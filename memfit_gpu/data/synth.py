@@ -23,6 +23,11 @@ With `embedding_dim`, each memory carries random unit embeddings of its turns (f
 `Memory.extra["embeddings"]` [turns, dim] and each question a unit vector near its gold turn's in
 `Question.extra["embedding"]`, so scale runs need no encoder.
 
+`HashEncoder` stands in for the bi-encoder where scale runs need query vectors the generator did not
+make (PRF queries): each token gets a seeded random unit vector (from its CRC32), a text the
+normalised sum of its tokens'. Deterministic and independent of the batch, so it also makes store
+rebuilds exactly comparable.
+
 Files: `write_longmemeval` writes the LongMemEval JSON layout (one record per question, each its own
 haystack) that `memfit_gpu.data.longmemeval` reads back into the same memories (embeddings aside).
 """
@@ -32,17 +37,21 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 from memfit_gpu.data._read import parse_longmemeval_date
 from memfit_gpu.data.schema import Benchmark, Memory, Question, Session, Turn
+from memfit_gpu.index.tokenize import tokenize
 
-__all__ = ["LIKES", "iter_memories", "synth_benchmark", "write_longmemeval"]
+__all__ = ["LIKES", "HashEncoder", "iter_memories", "synth_benchmark", "write_longmemeval"]
 
 VOCABULARY = 30_000
 ZIPF_EXPONENT = 1.07
@@ -230,3 +239,41 @@ def write_longmemeval(path: str | Path, like: str, n_questions: int, seed: int =
         fh.write("\n]\n")
     os.replace(part, path)
     return count
+
+
+class HashEncoder:
+    """A model-free TextEncoder: the normalised sum of per-token seeded unit vectors (see module doc).
+
+    A text without tokens gets the vector of the empty token. Same interface as the bi-encoder (dim,
+    dtype, devices, encode, info)."""
+
+    def __init__(self, dim: int = 384, seed: int = 0):
+        self._dim = int(dim)
+        self.seed = int(seed)
+        self.dtype = torch.float32
+        self.devices = [torch.device("cpu")]
+        self._vectors: dict[str, np.ndarray] = {}
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _token(self, token: str) -> np.ndarray:
+        vector = self._vectors.get(token)
+        if vector is None:
+            rng = np.random.default_rng([self.seed, zlib.crc32(token.encode("utf-8"))])
+            vector = self._vectors[token] = _unit(rng, 1, self._dim)[0].astype(np.float64)
+        return vector
+
+    def encode(self, texts: Sequence[str], batch_size: int = 128, progress: bool = False) -> torch.Tensor:
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            total = np.zeros(self._dim, dtype=np.float64)
+            for token in tokenize(text) or [""]:
+                total += self._token(token)
+            norm = np.linalg.norm(total)
+            out[i] = total / norm if norm > 0 else self._token("")
+        return torch.from_numpy(out)
+
+    def info(self) -> dict[str, Any]:
+        return {"encoder": "hash", "dim": self._dim, "seed": self.seed}

@@ -22,20 +22,27 @@ scores do not depend on the order of the additions (see _GRID_BITS). `search(ker
 scores each question over its own memory only (ragged, no padded block) and keeps a running top-k
 per question (`memfit_gpu.kernels.segment_topk`): the same bits.
 
+Storage is compact, so that LongMemEval-M (~2.75M rows, ~130M postings, ~11M terms) fits in host
+memory: one global token table (str -> token id, the only Python strings), terms as int arrays
+(memory, token id) with a sorted int64 key array for lookups, postings as two int32 columns (term, tf)
+in row order with one start offset per row, nothing per posting in Python. `add_texts` tokenises and
+maps a chunk of texts to token ids text by text (no token lists for the whole chunk), and `_prepare`
+builds the CSR layout in bounded slices of postings (a counting sort by term), so neither the write
+path nor the first search holds a full-size temporary per posting beyond the CSR itself.
+
 `ReferenceBM25` (index/bm25_reference.py) is the readable oracle; both implement
 `index.protocols.LexicalIndex`.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from memfit_gpu.buffers import GrowableTensor
+from memfit_gpu.buffers import GrowableArray, GrowableTensor
 from memfit_gpu.index.protocols import (
     as_int_list,
     check_batch,
@@ -44,6 +51,7 @@ from memfit_gpu.index.protocols import (
     check_pairs,
     check_term_order,
 )
+from memfit_gpu.index.tokenize import TOKEN_PATTERN
 from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_triton
 from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmented_scatter_add_triton
 
@@ -65,7 +73,11 @@ _DENSE_FACTOR = 8
 # move by < 2^-33, far below the float32 rounding of any score they join.
 _GRID_BITS = 32
 _MAX_QUERY_PAIRS = 1 << 16
-_STATE_VERSION = 1
+# State format: 2 = a global token list and int term arrays; 1 (older snapshots) = one token string per term.
+_STATE_VERSION = 2
+# Postings handled per slice by `_prepare` and `load_state_dict` (bounds their temporaries).
+_PREPARE_SLICE = 1 << 22
+_TOKEN_BITS = 32  # a term's lookup key is (memory << _TOKEN_BITS) | token id
 
 
 def _on_grid(weight: torch.Tensor) -> torch.Tensor:
@@ -88,7 +100,7 @@ def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
 class BM25Index:
     """Batched BM25 over many memories; rows are global, sequential and never reused.
 
-    Tensors live on ``device``; the vocabulary (strings) stays in Python dicts, one per memory.
+    Tensors live on ``device``; the token table (strings) and the term lookup keys stay on the host.
     `add` returns new row ids on the CPU; `search` and `scores` return tensors on ``device``.
     """
 
@@ -98,12 +110,17 @@ class BM25Index:
         self.k1 = float(k1)
         self.b = float(b)
         self.device = torch.device(device)
-        self._vocab: list[dict[str, int]] = []  # per memory: token -> global term id
-        self._term_token: list[str] = []  # term id -> token
+        self._num_memories = 0
+        # the global token table: token -> token id, and back
+        self._token_id: dict[str, int] = {}
+        self._token_text: list[str] = []
+        # terms: term id -> token id (host), sorted lookup keys (memory << 32 | token) and their term ids
+        self._term_token = GrowableArray(np.int32)
+        self._key_sorted = np.zeros(0, dtype=np.int64)
+        self._key_term = np.zeros(0, dtype=np.int64)
         dev = self.device
         # postings, appended row by row: a row's postings are contiguous, in first-occurrence order
-        self._post_term = GrowableTensor(torch.long, dev)
-        self._post_row = GrowableTensor(torch.long, dev)
+        self._post_term = GrowableTensor(torch.int32, dev)
         self._post_tf = GrowableTensor(torch.int32, dev)
         # per row
         self._row_memory = GrowableTensor(torch.long, dev)
@@ -117,6 +134,70 @@ class BM25Index:
         self._mem_tokens = GrowableTensor(torch.long, dev)
         self._cache: dict[str, torch.Tensor] | None = None
 
+    # ------------------------------------------------------------------ vocabulary
+    @property
+    def num_terms(self) -> int:
+        """Terms ever seen: one per (memory, token) pair."""
+        return self._term_token.size
+
+    def _token_ids(self, texts_or_tokens: Iterable[Any], tokenized: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(token id of every token, token count of every document), new tokens added to the table.
+
+        Documents are tokenised (or read) and mapped one at a time, so no list of token strings for the
+        whole batch is ever held."""
+        table = self._token_id
+        get = table.get
+        findall = TOKEN_PATTERN.findall
+        ids: list[int | None] = []
+        lengths: list[int] = []
+        for doc in texts_or_tokens:
+            tokens = doc if tokenized else findall(doc.lower())
+            mapped = list(map(get, tokens))
+            if None in mapped:
+                for i, t in enumerate(tokens):
+                    if mapped[i] is None:
+                        mapped[i] = table.setdefault(t, len(table))
+                        if mapped[i] == len(self._token_text):
+                            self._token_text.append(t)
+            ids.extend(mapped)
+            lengths.append(len(mapped))
+        return np.asarray(ids, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+
+    def _lookup(self, mem: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """Term id of each (memory, token id) pair; -1 where the memory has never seen the token."""
+        keys = (mem.astype(np.int64) << _TOKEN_BITS) | token.astype(np.int64)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if not len(self._key_sorted) or not len(keys):
+            return out
+        at = np.searchsorted(self._key_sorted, keys)
+        safe = np.minimum(at, len(self._key_sorted) - 1)
+        found = (at < len(self._key_sorted)) & (self._key_sorted[safe] == keys) & (token >= 0)
+        out[found] = self._key_term[safe[found]]
+        return out
+
+    def _query_terms(self, tokens: Sequence[Sequence[str]], mems: Sequence[int]) -> np.ndarray:
+        """Term id (-1: unknown) of every token of every list, flattened in order; nothing is added."""
+        get = self._token_id.get
+        flat = np.fromiter((get(t, -1) for toks in tokens for t in toks), dtype=np.int64)
+        lengths = np.fromiter((len(toks) for toks in tokens), dtype=np.int64, count=len(tokens))
+        return self._lookup(np.repeat(np.asarray(mems, dtype=np.int64), lengths), flat)
+
+    def term_id(self, memory_idx: int, token: str) -> int:
+        """The term id of `token` in one memory; -1 when that memory has never seen it."""
+        tok = self._token_id.get(token, -1)
+        return int(self._lookup(np.asarray([memory_idx]), np.asarray([tok]))[0])
+
+    def _new_terms(self, keys: np.ndarray, term_memory: np.ndarray, term_token: np.ndarray) -> None:
+        """Register new terms (keys not known yet, in term id order) and merge their lookup keys."""
+        first = self.num_terms
+        ids = np.arange(first, first + len(keys), dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        at = np.searchsorted(self._key_sorted, keys[order])
+        self._key_sorted = np.insert(self._key_sorted, at, keys[order])
+        self._key_term = np.insert(self._key_term, at, ids[order])
+        self._term_token.extend(term_token)
+        self._term_memory.extend(torch.from_numpy(term_memory.astype(np.int64)))
+
     # ------------------------------------------------------------------ write
     @property
     def num_rows(self) -> int:
@@ -125,39 +206,62 @@ class BM25Index:
 
     @property
     def num_memories(self) -> int:
-        return len(self._vocab)
+        return self._num_memories
+
+    @property
+    def num_postings(self) -> int:
+        return self._post_term.size
 
     def add(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Append one document per token list to its memory; returns the new row ids (CPU LongTensor)."""
         mems = check_batch(tokens, memory_idx, "token lists")
+        token_ids, lengths = self._token_ids(tokens, tokenized=True)
+        return self._add_ids(token_ids, lengths, mems)
+
+    def add_texts(self, texts: Sequence[str], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """`add(tokenize_many(texts), memory_idx)`, tokenising text by text (no token lists held for the
+        whole batch): the write path's call."""
+        mems = check_batch(texts, memory_idx, "texts")
+        token_ids, lengths = self._token_ids(texts, tokenized=False)
+        return self._add_ids(token_ids, lengths, mems)
+
+    def _add_ids(self, token_ids: np.ndarray, lengths: np.ndarray, mems: list[int]) -> torch.Tensor:
+        """Append documents given as token ids (flat) and token counts: postings (term, tf) per document
+        in first-occurrence order; a (memory, token) pair seen for the first time becomes the next term id,
+        in order of first appearance (documents in order, tokens in order)."""
         first_row = self.num_rows
         if not mems:
             return torch.empty(0, dtype=torch.long)
-        if max(mems) >= len(self._vocab):
-            self._vocab.extend({} for _ in range(max(mems) + 1 - len(self._vocab)))
-        term_memory_new: list[int] = []
-        post_term: list[int] = []
-        post_tf: list[int] = []
-        post_count: list[int] = []
-        for doc_tokens, mem in zip(tokens, mems, strict=True):
-            vocab = self._vocab[mem]
-            counts = Counter(doc_tokens)
-            for token, tf in counts.items():
-                term = vocab.get(token)
-                if term is None:
-                    term = len(self._term_token)
-                    vocab[token] = term
-                    self._term_token.append(token)
-                    term_memory_new.append(mem)
-                post_term.append(term)
-                post_tf.append(tf)
-            post_count.append(len(counts))
+        self._num_memories = max(self._num_memories, max(mems) + 1)
         n_new = len(mems)
+        mem_np = np.asarray(mems, dtype=np.int64)
+        # distinct (document, token) pairs in first-occurrence order, with their counts
+        n_tokens = max(len(self._token_text), 1)
+        doc = np.repeat(np.arange(n_new, dtype=np.int64), lengths)
+        pair = doc * n_tokens + token_ids
+        unique, first_at, tf = np.unique(pair, return_index=True, return_counts=True)
+        order = np.argsort(first_at, kind="stable")
+        unique, tf = unique[order], tf[order]
+        post_doc, post_token = unique // n_tokens, unique % n_tokens
+        post_mem = mem_np[post_doc]
+        post_term = self._lookup(post_mem, post_token)
+        unknown = np.flatnonzero(post_term < 0)
+        if len(unknown):
+            keys = (post_mem[unknown] << _TOKEN_BITS) | post_token[unknown]
+            new_keys, first_seen = np.unique(keys, return_index=True)
+            by_appearance = np.argsort(first_seen, kind="stable")
+            rank = np.empty(len(new_keys), dtype=np.int64)
+            rank[by_appearance] = np.arange(len(new_keys))
+            post_term[unknown] = self.num_terms + rank[np.searchsorted(new_keys, keys)]
+            appear = new_keys[by_appearance]
+            self._new_terms(appear, appear >> _TOKEN_BITS, appear & ((1 << _TOKEN_BITS) - 1))
+        counts = np.bincount(post_doc, minlength=n_new)
+
         rows = torch.arange(first_row, first_row + n_new, dtype=torch.long)
-        counts_t = torch.tensor(post_count, dtype=torch.long)
-        mem_t = torch.tensor(mems, dtype=torch.long)
-        len_t = torch.tensor([len(t) for t in tokens], dtype=torch.long)
-        term_t = torch.tensor(post_term, dtype=torch.long)
+        counts_t = torch.from_numpy(counts.astype(np.int64))
+        mem_t = torch.from_numpy(mem_np)
+        len_t = torch.from_numpy(lengths.astype(np.int64))
+        term_t = torch.from_numpy(post_term)
         starts = self._post_term.size + torch.cumsum(counts_t, 0) - counts_t
 
         self._row_post_start.extend(starts)
@@ -165,14 +269,13 @@ class BM25Index:
         self._row_len.extend(len_t)
         self._deleted.ensure(self.num_rows)
         self._post_term.extend(term_t)
-        self._post_row.extend(torch.repeat_interleave(rows, counts_t))
-        self._post_tf.extend(torch.tensor(post_tf, dtype=torch.int32))
-        self._term_memory.extend(torch.tensor(term_memory_new, dtype=torch.long))
-        self._df.ensure(len(self._term_token))
-        self._mem_docs.ensure(len(self._vocab))
-        self._mem_tokens.ensure(len(self._vocab))
+        self._post_tf.extend(torch.from_numpy(tf.astype(np.int32)))
+        self._df.ensure(self.num_terms)
+        self._mem_docs.ensure(self._num_memories)
+        self._mem_tokens.ensure(self._num_memories)
         dev = self.device
-        self._df.view.index_add_(0, term_t.to(dev), torch.ones_like(term_t, device=dev))
+        term_d = term_t.to(dev)
+        self._df.view.index_add_(0, term_d, torch.ones_like(term_d))
         self._mem_docs.view.index_add_(0, mem_t.to(dev), torch.ones_like(mem_t, device=dev))
         self._mem_tokens.view.index_add_(0, mem_t.to(dev), len_t.to(dev))
         self._cache = None
@@ -191,7 +294,7 @@ class BM25Index:
         row_t = row_t[~self._deleted.view[row_t]]
         if row_t.numel() == 0:
             return
-        terms = self._post_term.view[self._postings_of(row_t)[1]]
+        terms = self._post_term.view[self._postings_of(row_t)[1]].long()
         self._df.view.index_add_(0, terms, torch.full_like(terms, -1))
         mem_t = self._row_memory.view[row_t]
         self._mem_docs.view.index_add_(0, mem_t, torch.full_like(mem_t, -1))
@@ -214,6 +317,11 @@ class BM25Index:
         tail = torch.tensor([self._post_term.size], dtype=torch.long, device=starts.device)
         return torch.cat([starts[1:], tail])
 
+    def _posting_rows(self, lo: int, hi: int) -> torch.Tensor:
+        """The row of each posting lo..hi-1 (a row's postings are contiguous, rows in order)."""
+        at = torch.arange(lo, hi, dtype=torch.long, device=self.device)
+        return torch.searchsorted(self._row_post_start.view, at, right=True) - 1
+
     # ------------------------------------------------------------------ statistics
     def _idf_of_terms(self, df: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
         n_docs = self._mem_docs.view[mem].double()
@@ -223,11 +331,7 @@ class BM25Index:
     def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
         """idf of arbitrary tokens within each list's memory (a token the memory lacks has df = 0)."""
         mems = check_batch(tokens, memory_idx, "token lists")
-        flat_terms = [
-            (self._vocab[m].get(t, -1) if m < len(self._vocab) else -1)
-            for toks, m in zip(tokens, mems, strict=True)
-            for t in toks
-        ]
+        flat_terms = self._query_terms(tokens, mems).tolist()
         flat_mems = [m for toks, m in zip(tokens, mems, strict=True) for _ in toks]
         if not flat_terms:
             return [[] for _ in tokens]
@@ -262,13 +366,15 @@ class BM25Index:
         bad = [r for r in row_list if not 0 <= r < self.num_rows]
         if bad:
             raise IndexError(f"BM25 doc_tokens: row {bad[0]} does not exist (rows 0..{self.num_rows - 1})")
-        starts = self._row_post_start.view.tolist()
+        starts = self._row_post_start.view
         n_post = self._post_term.size
         terms = self._post_term.view
+        term_token, token_text = self._term_token.view, self._token_text
         out = []
         for r in row_list:
-            end = starts[r + 1] if r + 1 < len(starts) else n_post
-            out.append([self._term_token[t] for t in terms[starts[r] : end].tolist()])
+            end = int(starts[r + 1]) if r + 1 < self.num_rows else n_post
+            ids = terms[int(starts[r]) : end].cpu().numpy()
+            out.append([token_text[t] for t in term_token[ids].tolist()])
         return out
 
     def _term_orders(self) -> dict[str, torch.Tensor]:
@@ -280,12 +386,16 @@ class BM25Index:
         orders = cache.get("term_orders")
         if orders is None:
             dev = self.device
-            tokens = self._term_token
-            alphabetical = torch.tensor(sorted(range(len(tokens)), key=tokens.__getitem__), dtype=torch.long,
-                                        device=dev)
+            texts = self._token_text
+            token_rank = np.empty(len(texts), dtype=np.int64)
+            token_rank[sorted(range(len(texts)), key=texts.__getitem__)] = np.arange(len(texts))
+            token_len = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+            term_token = self._term_token.view
+            # by token text, ties (the same token in several memories) by term id
+            alphabetical = torch.from_numpy(np.argsort(token_rank[term_token], kind="stable")).to(dev)
             by_idf = alphabetical[torch.argsort(self._df.view[alphabetical], stable=True)]
             orders = {"alphabetical": alphabetical, "idf": by_idf,
-                      "length": torch.tensor([len(t) for t in tokens], dtype=torch.long, device=dev)}
+                      "length": torch.from_numpy(token_len[term_token]).to(dev)}
             for name in ("alphabetical", "idf"):
                 rank = torch.empty_like(orders[name])
                 rank[orders[name]] = torch.arange(rank.numel(), device=dev)
@@ -313,11 +423,11 @@ class BM25Index:
         if int(picked.max()) >= self.num_rows:
             raise IndexError(f"BM25 feedback_terms: row {int(picked.max())} does not exist (rows 0..{self.num_rows - 1})")
         entry, postings = self._postings_of(picked)
-        term = self._post_term.view[postings]
+        term = self._post_term.view[postings].long()
         query = owner[entry]
         orders = self._term_orders()
         keep = orders["length"][term] >= min_chars
-        n_terms = len(self._term_token)
+        n_terms = self.num_terms
         # one sorted unique over (query, rank) dedups each query's terms and puts them in order
         key = torch.unique(query[keep] * n_terms + orders["rank_" + term_order][term[keep]])
         query, rank = key // n_terms, key % n_terms
@@ -328,19 +438,24 @@ class BM25Index:
 
     def term_tokens(self, term_ids: torch.Tensor) -> list[str]:
         """The token text of each term id."""
-        tokens = self._term_token
-        return [tokens[t] for t in term_ids.tolist()]
+        ids = term_ids.reshape(-1).cpu().numpy()
+        texts = self._token_text
+        return [texts[t] for t in self._term_token.view[ids].tolist()]
 
     # ------------------------------------------------------------------ search
     def _prepare(self) -> dict[str, torch.Tensor]:
-        """Per-posting lucene weights as a term x position CSR matrix, cached until the next change."""
+        """Per-posting lucene weights as a term x position CSR matrix, cached until the next change.
+
+        Built by a counting sort in slices of _PREPARE_SLICE postings: each live posting goes to its
+        term's next free slot (postings are in row order, so a term's postings stay in row order), and
+        its weight is computed element by element exactly as one full-size pass would."""
         if self._cache is not None:
             return self._cache
         dev = self.device
-        n_mem = len(self._vocab)
+        n_mem = self._num_memories
         self._mem_docs.ensure(n_mem)
         self._mem_tokens.ensure(n_mem)
-        n_terms = len(self._term_token)
+        n_terms = self.num_terms
         live = ~self._deleted.view
         row_memory = self._row_memory.view
         live_rows = torch.nonzero(live).flatten()
@@ -353,28 +468,43 @@ class BM25Index:
         position[rows_by_memory] = (
             torch.arange(rows_by_memory.numel(), device=dev) - mem_start[row_memory[rows_by_memory]]
         )
+        del order, live_rows
 
-        # live postings in term order (row order inside a term): the CSR layout
-        post_row = self._post_row.view
-        term = self._post_term.view
-        keep = None
-        if self._deleted.size and bool(self._deleted.view.any()):
-            keep = torch.nonzero(live.index_select(0, post_row)).flatten()
-            term = term.index_select(0, keep)
-        term, order = torch.sort(term, stable=True)
-        perm = order if keep is None else keep.index_select(0, order)
-        row = post_row.index_select(0, perm)
-        tf = self._post_tf.view.index_select(0, perm).double()
-        term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
-        term_ptr[1:] = torch.cumsum(torch.bincount(term, minlength=n_terms), 0)
-
-        # lucene factors per term (idf) and per row (length norm), then one gather each per posting;
-        # avgdl > 0 whenever the memory has a posting, so the division is safe where it is used
+        # lucene factors per term (idf) and per row (length norm); avgdl > 0 whenever the memory has a
+        # posting, so the division is safe where it is used
         term_idf = self._idf_of_terms(self._df.view, self._term_memory.view)
         avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
         row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
-        weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
-        col = position.index_select(0, row)
+
+        # the CSR layout: live postings in term order, row order inside a term. A term's live postings
+        # are its live df, so the pointers come from df alone.
+        term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
+        term_ptr[1:] = torch.cumsum(self._df.view, 0)
+        total = int(term_ptr[-1])
+        col_dtype = torch.int32 if self.num_rows < 2**31 - 1 else torch.long
+        post_col = torch.empty(total, dtype=col_dtype, device=dev)
+        post_weight = torch.empty(total, dtype=torch.float32, device=dev)
+        cursor = term_ptr[:-1].clone()
+        any_deleted = bool((~live).any()) if self.num_rows else False
+        for lo in range(0, self._post_term.size, _PREPARE_SLICE):
+            hi = min(lo + _PREPARE_SLICE, self._post_term.size)
+            term = self._post_term.view[lo:hi].long()
+            row = self._posting_rows(lo, hi)
+            tf = self._post_tf.view[lo:hi].double()
+            if any_deleted:
+                keep = live.index_select(0, row)
+                term, row, tf = term[keep], row[keep], tf[keep]
+            weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
+            col = position.index_select(0, row)
+            # each posting's slot: its term's cursor plus its rank among this slice's postings of the term
+            sorted_term, by_term = torch.sort(term, stable=True)
+            _, run = torch.unique_consecutive(sorted_term, return_counts=True)
+            run_start = torch.repeat_interleave(torch.cumsum(run, 0) - run, run)
+            dest = cursor.index_select(0, sorted_term) + torch.arange(sorted_term.numel(), device=dev) - run_start
+            post_col[dest] = col.index_select(0, by_term).to(col_dtype)
+            post_weight[dest] = weight.index_select(0, by_term)
+            cursor.index_add_(0, term, torch.ones_like(term))
+        del cursor, position
 
         # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
         # gathering and scattering _DENSE_FACTOR postings one by one. Each dense term has
@@ -387,16 +517,18 @@ class BM25Index:
         dense_slot[dense_terms] = torch.arange(dense_terms.numel(), device=dev)
         # float64 (the posting weights, exactly): the product with the query counts is the accumulator's
         dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float64, device=dev)
-        in_dense = torch.nonzero(is_dense.index_select(0, term)).flatten()
-        dense_weight.index_put_(
-            (dense_slot.index_select(0, term.index_select(0, in_dense)), col.index_select(0, in_dense)),
-            weight.index_select(0, in_dense).double(),
-        )
+        if dense_terms.numel():
+            counts = term_df.index_select(0, dense_terms)
+            slot = torch.repeat_interleave(torch.arange(dense_terms.numel(), device=dev), counts)
+            starts = torch.repeat_interleave(term_ptr.index_select(0, dense_terms) - (torch.cumsum(counts, 0) - counts),
+                                             counts)
+            at = starts + torch.arange(slot.numel(), device=dev)
+            dense_weight.index_put_((slot, post_col.index_select(0, at).long()), post_weight.index_select(0, at).double())
         self._cache = {
             "term_ptr": term_ptr,
             # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
-            "post_col": col.to(torch.int32 if self.num_rows < 2**31 - 1 else torch.long),
-            "post_weight": weight,
+            "post_col": post_col,
+            "post_weight": post_weight,
             "dense_slot": dense_slot,
             "dense_weight": dense_weight,
             "rows_by_memory": rows_by_memory,
@@ -407,17 +539,9 @@ class BM25Index:
 
     def _encode_queries(self, queries: list[list[str]], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(query index, term id) per query token the query's memory knows; repeats kept (each counts)."""
-        vocab = self._vocab
-        n_vocab = len(vocab)
-        empty: dict[str, int] = {}
-        flat_terms = [
-            term
-            for toks, m in zip(queries, mems, strict=True)
-            for term in map((vocab[m] if m < n_vocab else empty).get, toks, itertools.repeat(-1))
-        ]
         lengths = torch.tensor([len(t) for t in queries], dtype=torch.long)
         pair_query = torch.repeat_interleave(torch.arange(len(queries)), lengths)
-        pair_term = torch.tensor(flat_terms, dtype=torch.long)
+        pair_term = torch.from_numpy(self._query_terms(queries, mems))
         known = pair_term >= 0
         return pair_query[known].to(self.device), pair_term[known].to(self.device)
 
@@ -517,7 +641,7 @@ class BM25Index:
         mems = as_int_list(memory_idx)
         pair_query = torch.as_tensor(pair_query, dtype=torch.long).to(self.device)
         pair_term = torch.as_tensor(pair_term, dtype=torch.long).to(self.device)
-        check_pairs(pair_query, pair_term, len(mems), len(self._term_token))
+        check_pairs(pair_query, pair_term, len(mems), self.num_terms)
         if pair_query.numel():
             mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
             if bool((self._term_memory.view[pair_term] != mem_t[pair_query]).any()):
@@ -583,68 +707,102 @@ class BM25Index:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     # ------------------------------------------------------------------ persistence
+    def trim(self) -> None:
+        """Drop the spare capacity of every buffer (then `state_dict` shares storage with nothing else)."""
+        for buf in self._buffers():
+            buf.trim()
+
     def state_dict(self) -> dict[str, Any]:
-        """Tensors (CPU) + vocabulary; `load_state_dict` of it scores identically."""
+        """Tensors (CPU) + the token list; `load_state_dict` of it scores identically.
+
+        The big tensors are views of the index's own (trimmed) buffers on a CPU index, not copies:
+        treat them as read-only."""
+        self.trim()
+
+        def out(buf: GrowableTensor) -> torch.Tensor:
+            return buf.view if buf.view.device.type == "cpu" else buf.view.cpu()
+
         return {
             "version": _STATE_VERSION,
             "k1": self.k1,
             "b": self.b,
-            "num_memories": len(self._vocab),
-            "terms": list(self._term_token),
-            "term_memory": self._term_memory.view.cpu().clone(),
-            "post_term": self._post_term.view.cpu().clone(),
-            "post_tf": self._post_tf.view.cpu().clone(),
-            "row_memory": self._row_memory.view.cpu().clone(),
-            "row_len": self._row_len.view.cpu().clone(),
-            "row_post_start": self._row_post_start.view.cpu().clone(),
-            "deleted": self._deleted.view.cpu().clone(),
+            "num_memories": self._num_memories,
+            "tokens": list(self._token_text),
+            "term_token": torch.from_numpy(self._term_token.view.copy()),
+            "term_memory": out(self._term_memory),
+            "post_term": out(self._post_term),
+            "post_tf": out(self._post_tf),
+            "row_memory": out(self._row_memory),
+            "row_len": out(self._row_len),
+            "row_post_start": out(self._row_post_start),
+            "deleted": out(self._deleted),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version = state.get("version")
-        if version != _STATE_VERSION:
-            raise ValueError(f"BM25Index state: version {version!r} is not {_STATE_VERSION}")
-        terms: list[str] = list(state["terms"])
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(f"BM25Index state: version {version!r} is not 1 or {_STATE_VERSION}")
         term_memory = state["term_memory"].long().cpu()
-        if len(terms) != term_memory.numel():
-            raise ValueError(f"BM25Index state: {len(terms)} terms but {term_memory.numel()} term_memory entries")
         fresh = BM25Index(k1=state["k1"], b=state["b"], device=self.device)
-        fresh._vocab = [{} for _ in range(int(state["num_memories"]))]
-        for term_id, (token, mem) in enumerate(zip(terms, term_memory.tolist(), strict=True)):
-            fresh._vocab[mem][token] = term_id
-        fresh._term_token = terms
-        fresh._term_memory.extend(term_memory)
-        post_term = state["post_term"].long()
-        row_post_start = state["row_post_start"].long()
-        n_rows = row_post_start.numel()
-        fresh._post_term.extend(post_term)
-        fresh._post_tf.extend(state["post_tf"].int())
-        ends = torch.cat([row_post_start[1:], torch.tensor([post_term.numel()])])
-        fresh._post_row.extend(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
+        if version == 1:  # one token string per term
+            terms: list[str] = list(state["terms"])
+            if len(terms) != term_memory.numel():
+                raise ValueError(f"BM25Index state: {len(terms)} terms but {term_memory.numel()} term_memory entries")
+            table = fresh._token_id
+            term_token = np.fromiter((table.setdefault(t, len(table)) for t in terms), dtype=np.int64, count=len(terms))
+            fresh._token_text = list(table)
+        else:
+            fresh._token_text = list(state["tokens"])
+            fresh._token_id = {t: i for i, t in enumerate(fresh._token_text)}
+            term_token = state["term_token"].long().cpu().numpy()
+            if len(term_token) != term_memory.numel():
+                raise ValueError(f"BM25Index state: {len(term_token)} term tokens but {term_memory.numel()} "
+                                 f"term_memory entries")
+        fresh._num_memories = int(state["num_memories"])
+        keys = (term_memory.numpy() << _TOKEN_BITS) | term_token
+        fresh._new_terms(keys, term_memory.numpy(), term_token)
+        fresh._post_term.extend(state["post_term"])
+        fresh._post_tf.extend(state["post_tf"])
         fresh._row_memory.extend(state["row_memory"].long())
         fresh._row_len.extend(state["row_len"].long())
-        fresh._row_post_start.extend(row_post_start)
+        fresh._row_post_start.extend(state["row_post_start"].long())
         fresh._deleted.extend(state["deleted"].bool())
         # live statistics are integers, recomputed exactly from the live rows and postings
         dev = self.device
         live = ~fresh._deleted.view
-        live_terms = fresh._post_term.view[live[fresh._post_row.view]]
-        fresh._df.ensure(len(terms))
-        fresh._df.view.index_add_(0, live_terms, torch.ones_like(live_terms, device=dev))
-        fresh._mem_docs.ensure(len(fresh._vocab))
-        fresh._mem_tokens.ensure(len(fresh._vocab))
+        fresh._df.ensure(fresh.num_terms)
+        for lo in range(0, fresh._post_term.size, _PREPARE_SLICE):
+            hi = min(lo + _PREPARE_SLICE, fresh._post_term.size)
+            terms_t = fresh._post_term.view[lo:hi].long()[live.index_select(0, fresh._posting_rows(lo, hi))]
+            fresh._df.view.index_add_(0, terms_t, torch.ones_like(terms_t, device=dev))
+        fresh._mem_docs.ensure(fresh._num_memories)
+        fresh._mem_tokens.ensure(fresh._num_memories)
         live_mem = fresh._row_memory.view[live]
         fresh._mem_docs.view.index_add_(0, live_mem, torch.ones_like(live_mem))
         fresh._mem_tokens.view.index_add_(0, live_mem, fresh._row_len.view[live])
         self.__dict__.update(fresh.__dict__)
 
+    def _buffers(self) -> tuple[GrowableTensor, ...]:
+        return (self._post_term, self._post_tf, self._row_memory, self._row_len, self._row_post_start, self._deleted,
+                self._term_memory, self._df, self._mem_docs, self._mem_tokens)
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held by the postings, the per-row and per-term columns, and the search cache."""
+        cache = self._cache or {}
+        terms = self._term_token.view.nbytes + self._key_sorted.nbytes + self._key_term.nbytes
+        terms += sum(b.view.numel() * b.view.element_size() for b in (self._term_memory, self._df))
+        return {
+            "postings": sum(b.view.numel() * b.view.element_size() for b in (self._post_term, self._post_tf)),
+            "rows": sum(b.view.numel() * b.view.element_size()
+                        for b in (self._row_memory, self._row_len, self._row_post_start, self._deleted)),
+            "terms": int(terms),
+            "search_cache": sum(t.numel() * t.element_size() for t in cache.values() if isinstance(t, torch.Tensor)),
+        }
+
     def to(self, device: str | torch.device) -> BM25Index:
         """Move every tensor to ``device`` (in place; returns self)."""
         self.device = torch.device(device)
-        for buf in (
-            self._post_term, self._post_row, self._post_tf, self._row_memory, self._row_len,
-            self._row_post_start, self._deleted, self._term_memory, self._df, self._mem_docs, self._mem_tokens,
-        ):
+        for buf in self._buffers():
             buf.to(self.device)
         self._cache = None
         return self

@@ -1,12 +1,24 @@
 """Dense episode index on FAISS: inner product over L2-normalised rows (= cosine), one index per memory.
 
 Rows are global integers in add order across all memories (the store's episode or summary rows).
-Each memory owns its own FAISS index, so a query can only ever see its own memory's rows: isolation
-by construction, not by filtering. A batch of queries is grouped by memory and each group is one
-FAISS call.
+Each memory is searched on its own rows only: isolation by construction, not by filtering. Two ways:
 
-Deletion is a tombstone mask, identical for every factory (HNSW and GPU indexes cannot remove ids);
-a search over-fetches by the memory's tombstone count so k live results still come back.
+- **Batched** (a memory searched exactly, with at most `batched_max_rows` rows, i.e. factory "Flat" or
+  a trained factory still below its training minimum): no FAISS index at all. The memories of a batch
+  of queries are laid out as padded blocks [memories, rows, dim] and scored with one batched product
+  per block of `_BLOCK_ELEMENTS` (on the GPU when torch sees one and `device` is not "cpu"), in float64
+  from the float32 vectors and rounded once to float32: each score is the correctly rounded inner
+  product (but for float64 rounding, ~2^-29 relative, landing on a float32 tie), whatever the batch shape
+  or machine. LongMemEval has one question per memory, ~500 memories: a handful of products instead
+  of ~500 single-query FAISS calls, and the vectors are held once (no FAISS copy).
+- **FAISS** (larger memories, or a trained/approximate factory): one FAISS index per memory, one call
+  per memory present in the batch. FAISS computes in float32 with its own summation order, so its
+  scores can differ from the batched ones in the last bit (rankings agree but for such near-ties).
+
+Deletion is a tombstone mask, identical for every factory (HNSW and GPU indexes cannot remove ids).
+The batched product scores every row and drops tombstones before the top-k. A FAISS search over-fetches
+by the memory's tombstone count so k live results still come back; where GPU FAISS's cap on k
+(`_GPU_MAX_K`) stops the over-fetch short, the memory is searched exactly over its stored vectors.
 
 Ties are broken deterministically (score descending, then row ascending). FAISS itself does not
 promise that order, so a search fetches until the k-th score is strictly above the last fetched one
@@ -41,6 +53,11 @@ DEVICES = ("auto", "cpu", "gpu")
 # Fetch this many extra neighbours beyond k + tombstones before checking for ties at the cut.
 _TIE_MARGIN = 8
 _GPU_MAX_K = 2048
+# Memories with at most this many rows are searched by the batched product (index.dense_batched_max_rows).
+BATCHED_MAX_ROWS = 65_536
+# Elements of one padded block [memories, rows, dim + queries] of the batched product (128 MiB in float64).
+_BLOCK_ELEMENTS = 1 << 24
+_NPY_BLOCK_ROWS = 1 << 16  # rows per read/write of vectors.npy (snapshots stream, never hold a copy)
 
 
 def _as_float32_matrix(vectors: np.ndarray | torch.Tensor, dim: int, what: str) -> np.ndarray:
@@ -63,12 +80,13 @@ def _as_index_array(values: Sequence[int] | np.ndarray | torch.Tensor, n: int, w
 
 @dataclass
 class _MemoryPart:
-    """One memory's FAISS index; FAISS labels are local positions 0..n-1 mapped to global rows."""
+    """One memory's rows and vectors, and its FAISS index (None: searched by the batched product); FAISS
+    labels and batched columns are local positions 0..n-1 mapped to global rows."""
 
-    index: faiss.Index
-    kind: str  # the factory actually built: the configured one, or "Flat" when too few vectors to train
+    index: faiss.Index | None
+    kind: str  # the factory in effect: the configured one, or "Flat" when too few vectors to train
     rows: GrowableArray = field(default_factory=lambda: GrowableArray(np.int64))
-    vectors: list[np.ndarray] = field(default_factory=list)  # kept so a Flat fallback can be retrained
+    vectors: list[np.ndarray] = field(default_factory=list)  # the stored vectors (batched search, retraining)
     deleted: int = 0  # tombstoned rows of this memory: the over-fetch margin
 
     @property
@@ -114,10 +132,16 @@ class DenseIndex:
     device: "auto" = GPU FAISS when this faiss build has GPU support and a GPU is visible, else the
     CPU; "gpu" = GPU FAISS or an error saying what is missing; "cpu". Where it went is logged at INFO
     (`placement` holds it). gpu_id: the GPU that holds the indexes.
+    batched_max_rows: a memory searched exactly with at most this many rows has no FAISS index and is
+    searched by the batched product (see the module doc); 0 = every memory has a FAISS index.
     """
 
     def __init__(self, dim: int, factory: str = "Flat", device: str = "auto", nprobe: int = 16,
-                 gpu_id: int = 0):
+                 gpu_id: int = 0, batched_max_rows: int = BATCHED_MAX_ROWS):
+        if batched_max_rows < 0:
+            raise ValueError(f"DenseIndex: batched_max_rows must be >= 0, got {batched_max_rows} "
+                             f"(index.dense_batched_max_rows)")
+        self.batched_max_rows = int(batched_max_rows)
         self.dim = int(dim)
         self.factory = factory
         self.nprobe = int(nprobe)
@@ -125,7 +149,11 @@ class DenseIndex:
         self.gpu_id = int(gpu_id)
         self.use_gpu, self.placement = faiss_placement(device, self.gpu_id)
         self._gpu_resources = faiss.StandardGpuResources() if self.use_gpu else None
+        # where the batched product runs: the GPU when torch sees one, unless device is "cpu"
+        self.product_device = torch.device(
+            f"cuda:{self.gpu_id}" if device != "cpu" and torch.cuda.is_available() else "cpu")
         self._parts: dict[int, _MemoryPart] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # the batched product's host workspaces
         self._row_memory = GrowableArray(np.int64, -1)
         self._row_local = GrowableArray(np.int64, -1)
         self._deleted = GrowableArray(np.bool_, False)
@@ -187,6 +215,28 @@ class DenseIndex:
             index.add(vectors)
         return index, kind
 
+    def _wanted_kind(self, size: int) -> str:
+        """The factory a memory of `size` vectors uses: the configured one, or exact Flat below its
+        training minimum."""
+        return "Flat" if self._needs_training and size < self._min_train else self.factory
+
+    def _place(self, part: _MemoryPart, chunk: np.ndarray | None) -> None:
+        """Bring a memory's search structure up to date after `chunk` (None: everything) was stored:
+        batched (no FAISS) while exact and small, else a FAISS index, built or rebuilt from the stored
+        vectors when the memory changes kind, or appended to."""
+        kind = self._wanted_kind(part.size)
+        if kind == "Flat" and part.size <= self.batched_max_rows:
+            if self._needs_training:
+                log.debug("DenseIndex: memory has %d vectors, %s needs %d to train: using exact Flat",
+                          part.size, self.factory, self._min_train)
+            part.index, part.kind = None, "Flat"
+        elif part.index is None or chunk is None or (kind != part.kind and self._needs_training):
+            if part.index is not None and part.kind != kind:
+                log.debug("DenseIndex: a memory reached %d vectors, now %s", part.size, kind)
+            part.index, part.kind = self._build_part(self._stacked_part(part))
+        else:
+            part.index.add(chunk)
+
     def _set_nprobe(self, index: faiss.Index) -> None:
         try:
             faiss.extract_index_ivf(index).nprobe = self.nprobe
@@ -217,6 +267,19 @@ class DenseIndex:
         part = self._parts.get(int(memory_idx))
         return None if part is None else part.kind
 
+    def memory_search(self, memory_idx: int) -> str | None:
+        """How this memory is searched: "batched" (the padded product), "faiss", or None (no rows)."""
+        part = self._parts.get(int(memory_idx))
+        return None if part is None else ("batched" if part.index is None else "faiss")
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of the stored vectors and of the per-row maps (FAISS's own copies not counted)."""
+        vectors = sum(v.nbytes for part in self._parts.values() for v in part.vectors)
+        maps = self._row_memory.view.nbytes + self._row_local.view.nbytes + self._deleted.view.nbytes
+        maps += sum(part.rows.view.nbytes for part in self._parts.values())
+        return {"vectors": int(vectors), "row_maps": int(maps),
+                "faiss_memories": sum(1 for part in self._parts.values() if part.index is not None)}
+
     def vectors(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Stored vectors of the given rows, [len(rows), dim] float32."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -232,7 +295,9 @@ class DenseIndex:
         return out
 
     def _stacked(self, memory_idx: int) -> np.ndarray:
-        part = self._parts[memory_idx]
+        return self._stacked_part(self._parts[memory_idx])
+
+    def _stacked_part(self, part: _MemoryPart) -> np.ndarray:
         if len(part.vectors) > 1:
             part.vectors[:] = [np.concatenate(part.vectors)]
         return part.vectors[0] if part.vectors else np.empty((0, self.dim), np.float32)
@@ -247,26 +312,17 @@ class DenseIndex:
         first = self.size
         rows = np.arange(first, first + len(vectors), dtype=np.int64)
         local = np.empty(len(vectors), dtype=np.int64)
-        # One FAISS add per memory present in the batch, rows in input order within it.
+        # One FAISS add (or none: batched memories) per memory present in the batch, rows in input order.
         for memory in np.unique(memories):
             mask = memories == memory
-            chunk = vectors[mask]
+            chunk = np.ascontiguousarray(vectors[mask]) if not mask.all() else vectors.copy()
             part = self._parts.get(int(memory))
-            start = 0 if part is None else part.size
-            local[mask] = np.arange(start, start + len(chunk))
             if part is None:
-                index, kind = self._build_part(chunk)
-                part = _MemoryPart(index=index, kind=kind)
-                self._parts[int(memory)] = part
-            elif part.kind != self.factory and self._needs_training and part.size + len(chunk) >= self._min_train:
-                # The memory has grown enough to train the configured factory: rebuild from stored vectors.
-                all_vectors = np.concatenate([self._stacked(int(memory)), chunk])
-                part.index, part.kind = self._build_part(all_vectors)
-                log.debug("DenseIndex: memory %d reached %d vectors, now %s", memory, len(all_vectors), part.kind)
-            else:
-                part.index.add(chunk)
+                part = self._parts[int(memory)] = _MemoryPart(index=None, kind=self._wanted_kind(0))
+            local[mask] = np.arange(part.size, part.size + len(chunk))
             part.rows.extend(rows[mask])
-            part.vectors.append(chunk.copy())
+            part.vectors.append(chunk)
+            self._place(part, chunk)
         self._row_memory.extend(memories)
         self._row_local.extend(local)
         self._deleted.extend(np.zeros(len(vectors), dtype=np.bool_))
@@ -306,34 +362,115 @@ class DenseIndex:
         if k <= 0 or n_queries == 0:
             return torch.from_numpy(scores_out), torch.from_numpy(rows_out)
         deleted = self._deleted.view
+        batched: list[tuple[_MemoryPart, np.ndarray]] = []
         for memory in np.unique(memories):
             part = self._parts.get(int(memory))
             if part is None or part.size == part.deleted:
                 continue
             query_ids = np.flatnonzero(memories == memory)
-            # GPU FAISS answers at most 2048 neighbours per query
-            most = part.size if not self._on_gpu(part) else min(part.size, _GPU_MAX_K)
-            fetch = min(most, k + part.deleted + _TIE_MARGIN)
-            while True:
-                distances, labels = part.index.search(queries[query_ids], fetch)
-                rows, scores, live = self._live(distances, labels, part, deleted, min_score)
-                # Fetch again, wider, only when the cut at k could split a run of equal scores (or when
-                # fewer than k live rows came back although the last fetched one was still live).
-                if fetch >= most or not self._cut_may_split_ties(scores, labels, live, k, min_score):
-                    break
-                fetch = min(most, 2 * fetch)
-            if self._in_final_order(scores, live):
-                rows, scores, live = rows[:, :k], scores[:, :k], live[:, :k]
-            else:
-                order = np.lexsort((np.where(live, rows, np.iinfo(np.int64).max), np.where(live, -scores, np.inf)),
-                                   axis=-1)[:, :k]
-                live = np.take_along_axis(live, order, axis=1)
-                rows = np.take_along_axis(rows, order, axis=1)
-                scores = np.take_along_axis(scores, order, axis=1)
+            if part.index is None:
+                batched.append((part, query_ids))
+                continue
+            found = self._search_faiss(part, queries[query_ids], k, min_score, deleted)
+            if found is None:  # GPU FAISS's k cap stopped the over-fetch short: exact over the stored vectors
+                batched.append((part, query_ids))
+                continue
+            rows, scores, live = found
             width = rows.shape[1]
             rows_out[query_ids, :width] = np.where(live, rows, -1)
             scores_out[query_ids, :width] = np.where(live, scores, 0.0)
+        if batched:
+            self._search_batched(batched, queries, k, min_score, scores_out, rows_out)
         return torch.from_numpy(scores_out), torch.from_numpy(rows_out)
+
+    def _search_faiss(
+        self, part: _MemoryPart, queries: np.ndarray, k: int, min_score: float, deleted: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(rows, scores, live) [q, <=k] of one memory's FAISS index, in final order; None when GPU FAISS
+        cannot fetch enough to be sure of the top k (the caller searches exactly instead)."""
+        assert part.index is not None
+        # GPU FAISS answers at most _GPU_MAX_K neighbours per query
+        most = part.size if not self._on_gpu(part) else min(part.size, _GPU_MAX_K)
+        fetch = min(most, k + part.deleted + _TIE_MARGIN)
+        while True:
+            distances, labels = part.index.search(queries, fetch)
+            rows, scores, live = self._live(distances, labels, part, deleted, min_score)
+            # Fetch again, wider, only when the cut at k could split a run of equal scores (or when
+            # fewer than k live rows came back although the last fetched one was still live).
+            if not self._cut_may_split_ties(scores, labels, live, k, min_score):
+                break
+            if fetch >= most:
+                if most < part.size:  # capped, not exhausted: the answer may lie beyond the cap
+                    return None
+                break
+            fetch = min(most, 2 * fetch)
+        if self._in_final_order(scores, live):
+            return rows[:, :k], scores[:, :k], live[:, :k]
+        order = np.lexsort((np.where(live, rows, np.iinfo(np.int64).max), np.where(live, -scores, np.inf)),
+                           axis=-1)[:, :k]
+        return (np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1),
+                np.take_along_axis(live, order, axis=1))
+
+    def _workspace(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        """A reusable host buffer viewed as `shape` (grown when too small; at most a block's worth)."""
+        need = int(np.prod(shape))
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < need:
+            buffer = self._buffers[name] = np.empty(need, dtype=dtype)
+        return buffer[:need].reshape(shape)
+
+    def _search_batched(self, groups: list[tuple[_MemoryPart, np.ndarray]], queries: np.ndarray, k: int,
+                        min_score: float, scores_out: np.ndarray, rows_out: np.ndarray) -> None:
+        """Exact top-k of each group's queries over its memory: padded blocks [memories, rows, dim] and
+        [memories, queries, dim], one batched float64 product per block, rounded once to float32; then
+        tombstones and scores <= min_score dropped, a stable sort by score (ties: lower local position =
+        lower row) and the first k kept. Writes into scores_out / rows_out."""
+        dev = self.product_device
+        deleted = self._deleted.view
+        # a memory asked by many queries is split so that its [queries, rows] scores fit a block too
+        pieces: list[tuple[_MemoryPart, np.ndarray]] = []
+        for part, ids in groups:
+            step = max(1, _BLOCK_ELEMENTS // (2 * part.size))
+            pieces.extend((part, ids[i : i + step]) for i in range(0, len(ids), step))
+        groups = sorted(pieces, key=lambda g: g[0].size)  # similar sizes share a block: less padding
+        start = 0
+        while start < len(groups):
+            stop, widest, most = start, 0, 0
+            while stop < len(groups):
+                wider, more = max(widest, groups[stop][0].size), max(most, len(groups[stop][1]))
+                if stop > start and (stop - start + 1) * wider * (self.dim + more) > _BLOCK_ELEMENTS:
+                    break
+                widest, most, stop = wider, more, stop + 1
+            block = groups[start:stop]
+            start = stop
+            n_q = most
+            # Laid out on the host with numpy into a kept workspace (no per-memory torch op, and no fresh
+            # pages to fault in on every search), in float64 on the CPU (the product's precision) or
+            # float32 for the GPU (widened there); then one product.
+            dtype = np.float64 if dev.type == "cpu" else np.float32
+            vectors_np = self._workspace("vectors", (len(block), widest, self.dim), dtype)
+            asked_np = self._workspace("asked", (len(block), n_q, self.dim), dtype)
+            usable_np = np.zeros((len(block), widest), dtype=np.bool_)
+            for b, (part, ids) in enumerate(block):
+                vectors_np[b, : part.size] = self._stacked_part(part)
+                vectors_np[b, part.size :] = 0.0
+                asked_np[b, : len(ids)] = queries[ids]
+                asked_np[b, len(ids) :] = 0.0
+                usable_np[b, : part.size] = ~deleted[part.rows.view]
+            vectors = torch.from_numpy(vectors_np).to(dev, torch.float64)
+            asked = torch.from_numpy(asked_np).to(dev, torch.float64)
+            usable = torch.from_numpy(usable_np).to(dev)
+            scores = torch.bmm(asked, vectors.transpose(1, 2)).float()  # [memories, queries, rows]
+            del vectors, asked
+            scores = torch.where(usable[:, None, :] & (scores > min_score), scores, -torch.inf)
+            kk = min(k, widest)
+            top, local = torch.sort(scores, dim=2, descending=True, stable=True)
+            top, local = top[:, :, :kk].cpu().numpy(), local[:, :, :kk].cpu().numpy()
+            for b, (part, ids) in enumerate(block):
+                hit = np.isfinite(top[b, : len(ids)])
+                rows = part.rows.view[np.minimum(local[b, : len(ids)], part.size - 1)]
+                rows_out[ids, :kk] = np.where(hit, rows, -1)
+                scores_out[ids, :kk] = np.where(hit, top[b, : len(ids)], 0.0)
 
     @staticmethod
     def _in_final_order(scores: np.ndarray, live: np.ndarray) -> bool:
@@ -378,16 +515,21 @@ class DenseIndex:
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> None:
-        """Vectors of every row (.npy), row -> memory, tombstones, and each trained FAISS index."""
+        """Vectors of every row (.npy, written block by block in row order: no full copy is made),
+        row -> memory, tombstones, and each trained FAISS index."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        vectors = self.vectors(np.arange(self.size)) if self.size else np.empty((0, self.dim), np.float32)
-        np.save(directory / "vectors.npy", vectors)
+        with open(directory / "vectors.npy", "wb") as handle:
+            np.lib.format.write_array_header_1_0(
+                handle, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                         "shape": (self.size, self.dim)})
+            for lo in range(0, self.size, _NPY_BLOCK_ROWS):
+                handle.write(self.vectors(np.arange(lo, min(lo + _NPY_BLOCK_ROWS, self.size))).tobytes())
         np.save(directory / "row_memory.npy", self.row_memory)
         np.save(directory / "deleted.npy", self.deleted)
         trained = {}
         for memory, part in self._parts.items():
-            if part.kind != "Flat":  # a trained index is saved as is; Flat is rebuilt exactly from vectors
+            if part.index is not None and part.kind != "Flat":  # saved as is; Flat is rebuilt exactly from vectors
                 index = part.index
                 if self.use_gpu:
                     try:
@@ -401,49 +543,62 @@ class DenseIndex:
         (directory / "dense.json").write_text(json.dumps(meta, indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path, device: str = "auto", gpu_id: int = 0) -> DenseIndex:
+    def load(cls, directory: str | Path, device: str = "auto", gpu_id: int = 0,
+             batched_max_rows: int = BATCHED_MAX_ROWS) -> DenseIndex:
+        """The index `save` wrote; vectors.npy is read block by block straight into each memory's store."""
         directory = Path(directory)
         meta_path = directory / "dense.json"
         if not meta_path.exists():
             raise FileNotFoundError(f"DenseIndex.load: {meta_path} not found")
         meta = json.loads(meta_path.read_text())
-        index = cls(meta["dim"], meta["factory"], device=device, nprobe=meta["nprobe"], gpu_id=gpu_id)
-        vectors = np.load(directory / "vectors.npy")
-        row_memory = np.load(directory / "row_memory.npy")
-        deleted = np.load(directory / "deleted.npy")
-        if not (len(vectors) == len(row_memory) == len(deleted) == meta["rows"]):
-            raise ValueError(
-                f"DenseIndex.load: {directory}: vectors ({len(vectors)}), row_memory ({len(row_memory)}), "
-                f"deleted ({len(deleted)}) and dense.json rows ({meta['rows']}) disagree"
-            )
+        index = cls(meta["dim"], meta["factory"], device=device, nprobe=meta["nprobe"], gpu_id=gpu_id,
+                    batched_max_rows=batched_max_rows)
+        row_memory = np.load(directory / "row_memory.npy").astype(np.int64)
+        deleted = np.load(directory / "deleted.npy").astype(np.bool_)
+        with open(directory / "vectors.npy", "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(handle)
+            if fortran or dtype != np.float32 or len(shape) != 2 or shape[1] != index.dim:
+                raise ValueError(f"DenseIndex.load: {directory / 'vectors.npy'} holds {dtype} {shape}, "
+                                 f"expected float32 [rows, {index.dim}]")
+            if not (shape[0] == len(row_memory) == len(deleted) == meta["rows"]):
+                raise ValueError(
+                    f"DenseIndex.load: {directory}: vectors ({shape[0]}), row_memory ({len(row_memory)}), "
+                    f"deleted ({len(deleted)}) and dense.json rows ({meta['rows']}) disagree"
+                )
+            rows = np.arange(len(row_memory), dtype=np.int64)
+            local = np.empty(len(row_memory), dtype=np.int64)
+            for lo in range(0, len(row_memory), _NPY_BLOCK_ROWS):
+                hi = min(lo + _NPY_BLOCK_ROWS, len(row_memory))
+                block = np.fromfile(handle, dtype=np.float32, count=(hi - lo) * index.dim).reshape(hi - lo, index.dim)
+                if len(block) != hi - lo:
+                    raise ValueError(f"DenseIndex.load: {directory / 'vectors.npy'} is cut short")
+                memories = row_memory[lo:hi]
+                for memory in np.unique(memories):
+                    mask = memories == memory
+                    part = index._parts.get(int(memory))
+                    if part is None:
+                        part = index._parts[int(memory)] = _MemoryPart(index=None, kind="Flat")
+                    local[lo:hi][mask] = np.arange(part.size, part.size + int(mask.sum()))
+                    part.rows.extend(rows[lo:hi][mask])
+                    part.vectors.append(np.ascontiguousarray(block[mask]))
         trained = meta["trained"]
-        rows = np.arange(len(vectors), dtype=np.int64)
-        local = np.empty(len(vectors), dtype=np.int64)
-        for memory in np.unique(row_memory):
-            mask = row_memory == memory
-            chunk = np.ascontiguousarray(vectors[mask])
-            local[mask] = np.arange(len(chunk))
+        for memory, part in index._parts.items():
+            part.deleted = int(deleted[part.rows.view].sum())
             saved = trained.get(str(int(memory)))
             if saved is None:
-                faiss_index = index._to_device(index._new_faiss("Flat"))
-                faiss_index.add(chunk)
-                kind = "Flat"
-            else:
-                faiss_index = faiss.read_index(str(directory / saved["file"]))
-                index._set_nprobe(faiss_index)
-                faiss_index = index._to_device(faiss_index)
-                kind = saved["kind"]
-                if faiss_index.ntotal != len(chunk):
-                    raise ValueError(
-                        f"DenseIndex.load: {directory / saved['file']} holds {faiss_index.ntotal} vectors, "
-                        f"memory {int(memory)} has {len(chunk)}"
-                    )
-            part = _MemoryPart(index=faiss_index, kind=kind)
-            part.rows.extend(rows[mask])
-            part.vectors.append(chunk)
-            part.deleted = int(deleted[mask].sum())
-            index._parts[int(memory)] = part
-        index._row_memory.extend(row_memory.astype(np.int64))
+                index._place(part, None)
+                continue
+            faiss_index = faiss.read_index(str(directory / saved["file"]))
+            index._set_nprobe(faiss_index)
+            part.index, part.kind = index._to_device(faiss_index), saved["kind"]
+            if faiss_index.ntotal != part.size:
+                raise ValueError(
+                    f"DenseIndex.load: {directory / saved['file']} holds {faiss_index.ntotal} vectors, "
+                    f"memory {int(memory)} has {part.size}"
+                )
+        index._row_memory.extend(row_memory)
         index._row_local.extend(local)
-        index._deleted.extend(deleted.astype(np.bool_))
+        index._deleted.extend(deleted)
         return index

@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-_TOKEN = re.compile(r"\w+")
+TOKEN_PATTERN = re.compile(r"\w+")
+_TOKEN = TOKEN_PATTERN
 
 
 def tokenize(text: str) -> list[str]:

@@ -106,10 +106,13 @@ class _ChunkColumns:
     def __init__(self, cands: Candidates, final: torch.Tensor, rerank: torch.Tensor | None, turn_ids: Any):
         self.cands, self.final, self.rerank, self.turn_ids = cands, final, rerank, turn_ids
         self.table: torch.Tensor | None = None
+        self.counts: list[int] | None = None  # valid candidates per question, once per batch
 
     def question(self, i: int) -> list[dict[str, Any]]:
         c = self.cands
-        n = int(c.valid[i].sum())
+        if self.counts is None:
+            self.counts = c.valid.sum(1).tolist()
+        n = self.counts[i]
         kinds, rows = c.kind[i, :n].tolist(), c.row[i, :n].tolist()
         rerank = self.rerank[i, :n].tolist() if self.rerank is not None else [None] * n
         ref = c.ref[i, :n]

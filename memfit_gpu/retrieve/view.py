@@ -41,8 +41,8 @@ class ReadView:
     ep_position: np.ndarray  # int64, turn order within the memory
     ep_time: np.ndarray  # datetime64[s]
     ep_speaker: list[str]
-    ep_text: list[str]
-    ep_turn_id: list[str]
+    ep_text: Sequence[str]  # a list, or the store's TextColumn (UTF-8 bytes, decoded per row)
+    ep_turn_id: Sequence[str]
     ep_deleted: np.ndarray  # bool
     ep_bm25: LexicalIndex
     ep_dense: DenseSearch
@@ -88,7 +88,8 @@ class ReadView:
         # on index.device's first device, like the store's (EpisodeStore._bm25_device)
         bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=first_device(cfg.index.device))
         bm25.add(tokenize_many(texts), mem)
-        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device)
+        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device,
+                           batched_max_rows=cfg.index.dense_batched_max_rows)
         dense.add(embeddings, mem)
         info = encoder.info() if hasattr(encoder, "info") else {}
         return cls(
@@ -128,7 +129,7 @@ class ReadView:
             ep_memory=mem, ep_session=np.asarray(col("session_idx"), dtype=np.int64),
             ep_position=np.asarray(col("position"), dtype=np.int64),
             ep_time=np.asarray(col("timestamp"), dtype="datetime64[s]"),
-            ep_speaker=list(speaker_of), ep_text=list(col("text")), ep_turn_id=list(col("turn_id")),
+            ep_speaker=list(speaker_of), ep_text=col("text"), ep_turn_id=col("turn_id"),
             ep_deleted=np.asarray(col("deleted"), dtype=bool),
             ep_bm25=col("episode_bm25"), ep_dense=col("episode_dense"),
             sm_memory=np.asarray([s.memory_idx for s in sums], dtype=np.int64),

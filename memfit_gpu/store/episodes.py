@@ -20,6 +20,14 @@ came first.
 
 Nothing stored is rewritten, re-encoded or re-summarised, except what a user deletion demands, and
 `compact()`, which rewrites the store without its deleted turns (see there).
+
+Bounded memory (LongMemEval-M: 2.75M turns on a 24 GiB machine): `add_memories` takes any iterable of
+memories and works in chunks of about `store.write_budget_mb` (records, texts, token ids, vectors):
+each chunk is encoded (or its precomputed embeddings taken), logged, applied to the metadata and
+indexed before the next is built, and the batch's one commit record and snapshot come after the last.
+Chunking changes nothing stored: the log, the BM25 state (term ids included) and the vectors are the
+same bytes as a one-chunk build. The columns are compact: texts and turn ids are `TextColumn`s (UTF-8
+bytes and offsets), the rest numpy; the record log keeps offsets only and is streamed on open.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +43,7 @@ import numpy as np
 import torch
 
 from memfit_gpu import faults
-from memfit_gpu.buffers import GrowableArray
+from memfit_gpu.buffers import GrowableArray, TextColumn
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.devices import first_device
@@ -56,6 +64,12 @@ from memfit_gpu.store.text import episode_prefix, episode_text
 log = logging.getLogger(__name__)
 
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
+# What one pending episode costs a write chunk, for store.write_budget_mb: its record (a dict), its text
+# (several copies: record, log line, column), its token ids and their sort (per character, tokens being
+# shorter than 4 characters on average) and its vector (float32, and the torch copy).
+_RECORD_BYTES = 1500
+_BYTES_PER_CHAR = 20
+_BYTES_PER_DIM = 8
 
 
 def _timestamp(value: str | None) -> np.datetime64:
@@ -88,8 +102,8 @@ class EpisodeStore:
         self.session_ids: list[str] = []  # global session index -> the benchmark's session id
         self.session_memory: list[int] = []  # global session index -> memory_idx
         self._session_index: list[dict[str, int]] = []
-        self._memory_rows: list[list[int]] = []
-        self._turn_rows: list[dict[str, list[int]]] = []
+        self._memory_rows: list[GrowableArray] = []  # per memory: its rows in append order
+        self._turn_index: dict[int, dict[str, list[int]]] = {}  # per memory, built on first use: turn id -> rows
 
         # episode columns (row-indexed)
         self._memory_idx = GrowableArray(np.int32)
@@ -98,11 +112,10 @@ class EpisodeStore:
         self._speaker_id = GrowableArray(np.int16)
         self._timestamp = GrowableArray("datetime64[s]", np.datetime64("NaT", "s"))
         self._deleted = GrowableArray(np.bool_, False)
-        self._text: list[str] = []
-        self._prefix_len: list[int] = []
-        self._turn_id: list[str] = []
-        self._speaker_name: list[str] = []
-        self._image_ids: list[tuple[str, ...]] = []
+        self._prefix_len = GrowableArray(np.int32)
+        self._text = TextColumn()
+        self._turn_id = TextColumn()
+        self._image_ids: dict[int, tuple[str, ...]] = {}  # only rows with images
         self._object_cache: dict[str, np.ndarray] = {}
 
         self.summaries = SummaryTable()
@@ -126,13 +139,14 @@ class EpisodeStore:
 
     def _new_dense(self) -> DenseIndex:
         ic = self.cfg.index
-        return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe)
+        return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe,
+                          batched_max_rows=ic.dense_batched_max_rows)
 
     # ------------------------------------------------------------------ read-side columns
     @property
     def size(self) -> int:
         """Episode rows ever stored (deleted rows keep their number)."""
-        return len(self._text)
+        return self._memory_idx.size
 
     @property
     def memory_idx(self) -> np.ndarray:
@@ -151,9 +165,18 @@ class EpisodeStore:
 
     @property
     def speaker(self) -> np.ndarray:
-        """Speaker name per row, object array."""
-        names = self._objects("speaker", self._speaker_name)
-        return names
+        """Speaker name per row, object array (built from the memories' speaker lists and speaker_id)."""
+        cached = self._object_cache.get("speaker")
+        if cached is None or len(cached) != self.size:
+            cached = np.empty(self.size, dtype=object)
+            memory_idx, speaker_id = self.memory_idx, self.speaker_id
+            for memory in np.unique(memory_idx):
+                rows = np.flatnonzero(memory_idx == memory)
+                names = np.empty(len(self.memory_speakers[memory]), dtype=object)
+                names[:] = self.memory_speakers[memory]
+                cached[rows] = names[speaker_id[rows]]
+            self._object_cache["speaker"] = cached
+        return cached
 
     @property
     def position(self) -> np.ndarray:
@@ -173,38 +196,46 @@ class EpisodeStore:
     def deleted(self) -> np.ndarray:
         return self._deleted.view
 
-    def _objects(self, name: str, source: list[Any]) -> np.ndarray:
-        cached = self._object_cache.get(name)
-        if cached is None or len(cached) != len(source):
-            cached = np.empty(len(source), dtype=object)
-            cached[:] = source
-            self._object_cache[name] = cached
-        return cached
+    @property
+    def text(self) -> TextColumn:
+        """Episode texts (what was encoded and BM25-indexed): `text[row]` is a str, `text[rows]` an object
+        array (UTF-8 bytes underneath, see buffers.TextColumn)."""
+        return self._text
 
     @property
-    def text(self) -> np.ndarray:
-        """Episode texts (what was encoded and BM25-indexed), object array."""
-        return self._objects("text", self._text)
-
-    @property
-    def turn_id(self) -> np.ndarray:
-        return self._objects("turn_id", self._turn_id)
+    def turn_id(self) -> TextColumn:
+        return self._turn_id
 
     @property
     def image_ids(self) -> np.ndarray:
         """Tuple of image ids per row (empty when none or when the benchmark has no ids)."""
-        return self._objects("image_ids", self._image_ids)
+        cached = self._object_cache.get("image_ids")
+        if cached is None or len(cached) != self.size:
+            cached = np.empty(self.size, dtype=object)
+            cached[:] = [()] * self.size
+            for row, ids in self._image_ids.items():
+                cached[row] = ids
+            self._object_cache["image_ids"] = cached
+        return cached
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of the episode columns (texts and turn ids as UTF-8 and offsets, numpy columns)."""
+        columns = (self._memory_idx, self._session_idx, self._position, self._speaker_id, self._timestamp,
+                   self._deleted, self._prefix_len)
+        return {"text": self._text.nbytes, "turn_id": self._turn_id.nbytes,
+                "columns": int(sum(c.view.nbytes for c in columns)),
+                "memory_rows": int(sum(r.view.nbytes for r in self._memory_rows))}
 
     def body(self, row: int) -> str:
         """The episode text without its `DATE: ... says: ` prefix."""
-        return self._text[row][self._prefix_len[row] :]
+        return self._text[row][int(self._prefix_len.view[row]) :]
 
     def speaker_name(self, row: int) -> str:
         return self.memory_speakers[int(self.memory_idx[row])][int(self.speaker_id[row])]
 
     def memory_rows(self, memory_idx: int, live: bool = True) -> np.ndarray:
         """Rows of one memory in conversation order."""
-        rows = np.asarray(self._memory_rows[memory_idx], dtype=np.int64)
+        rows = self._memory_rows[memory_idx].view.copy()
         return rows[~self.deleted[rows]] if live else rows
 
     def memory_of(self, memory_id: str) -> int:
@@ -216,7 +247,12 @@ class EpisodeStore:
     def row_of(self, memory_id: str, turn_id: str) -> int:
         """The live row of a turn. Unknown or ambiguous turn ids are errors that name both ids."""
         memory = self.memory_of(memory_id)
-        rows = [r for r in self._turn_rows[memory].get(turn_id, []) if not self.deleted[r]]
+        index = self._turn_index.get(memory)
+        if index is None:
+            index = self._turn_index[memory] = {}
+            for row in self._memory_rows[memory].view.tolist():
+                index.setdefault(self._turn_id[row], []).append(row)
+        rows = [r for r in index.get(turn_id, []) if not self.deleted[r]]
         if not rows:
             raise KeyError(f"EpisodeStore: memory {memory_id!r} has no live turn {turn_id!r}")
         if len(rows) > 1:
@@ -233,8 +269,7 @@ class EpisodeStore:
         self.memory_speakers.append([])
         self._speaker_index.append({})
         self._session_index.append({})
-        self._memory_rows.append([])
-        self._turn_rows.append({})
+        self._memory_rows.append(GrowableArray(np.int64))
         for name in record.get("speakers", []):
             self._apply_speaker({"memory": memory, "name": name})
 
@@ -249,33 +284,53 @@ class EpisodeStore:
         self._speaker_index[memory][name] = speaker
 
     def _apply_episode(self, record: dict[str, Any]) -> None:
-        row, memory = int(record["row"]), int(record["memory"])
-        if row != self.size:
-            raise ValueError(f"{self._where()}: episode record row {row} out of order (expected {self.size})")
-        self._apply_speaker({"memory": memory, "name": record["speaker"]})
-        sessions = self._session_index[memory]
-        session = sessions.get(record["session"])
-        if session is None:
-            session = sessions[record["session"]] = len(self.session_ids)
-            self.session_ids.append(record["session"])
-            self.session_memory.append(memory)
-        text = record["text"]
-        prefix = episode_prefix(record["date"], record["speaker"])
-        if not text.startswith(prefix):
-            raise ValueError(f"{self._where()}: episode row {row} text does not start with {prefix!r}")
-        self._memory_idx.extend([memory])
-        self._session_idx.extend([session])
-        self._position.extend([len(self._memory_rows[memory])])
-        self._speaker_id.extend([self._speaker_index[memory][record["speaker"]]])
-        self._timestamp.extend([_timestamp(record.get("ts"))])
-        self._deleted.extend([False])
-        self._text.append(text)
-        self._prefix_len.append(len(prefix))
-        self._turn_id.append(record["turn"])
-        self._speaker_name.append(record["speaker"])
-        self._image_ids.append(tuple(record.get("images", ())))
-        self._memory_rows[memory].append(row)
-        self._turn_rows[memory].setdefault(record["turn"], []).append(row)
+        self._apply_episodes([record])
+
+    def _apply_episodes(self, records: Sequence[dict[str, Any]]) -> None:
+        """Episode records (rows in order) to the columns: checked one by one, appended column by column."""
+        first = self.size
+        memories, sessions_of, positions, speakers, times, texts, prefixes, turns = [], [], [], [], [], [], [], []
+        new_rows: dict[int, list[int]] = {}
+        for offset, record in enumerate(records):
+            row, memory = int(record["row"]), int(record["memory"])
+            if row != first + offset:
+                raise ValueError(f"{self._where()}: episode record row {row} out of order (expected {first + offset})")
+            self._apply_speaker({"memory": memory, "name": record["speaker"]})
+            sessions = self._session_index[memory]
+            session = sessions.get(record["session"])
+            if session is None:
+                session = sessions[record["session"]] = len(self.session_ids)
+                self.session_ids.append(record["session"])
+                self.session_memory.append(memory)
+            text = record["text"]
+            prefix = episode_prefix(record["date"], record["speaker"])
+            if not text.startswith(prefix):
+                raise ValueError(f"{self._where()}: episode row {row} text does not start with {prefix!r}")
+            pending = new_rows.setdefault(memory, [])
+            memories.append(memory)
+            sessions_of.append(session)
+            positions.append(self._memory_rows[memory].size + len(pending))
+            speakers.append(self._speaker_index[memory][record["speaker"]])
+            times.append(_timestamp(record.get("ts")))
+            texts.append(text)
+            prefixes.append(len(prefix))
+            turns.append(record["turn"])
+            images = record.get("images")
+            if images:
+                self._image_ids[row] = tuple(images)
+            pending.append(row)
+        self._memory_idx.extend(memories)
+        self._session_idx.extend(sessions_of)
+        self._position.extend(positions)
+        self._speaker_id.extend(speakers)
+        self._timestamp.extend(np.asarray(times, dtype="datetime64[s]"))
+        self._deleted.extend(np.zeros(len(records), dtype=np.bool_))
+        self._prefix_len.extend(prefixes)
+        self._text.extend(texts)
+        self._turn_id.extend(turns)
+        for memory, rows in new_rows.items():
+            self._memory_rows[memory].extend(rows)
+            self._turn_index.pop(memory, None)
 
     def _apply_delete(self, record: dict[str, Any]) -> None:
         self._deleted.view[int(record["row"])] = True
@@ -309,6 +364,26 @@ class EpisodeStore:
         "summary_delete": _apply_summary_delete,
         "summarised": _apply_summarised,
     }
+
+    def _apply_all(self, records: Iterable[dict[str, Any]]) -> int:
+        """Apply records in order, runs of episode records column by column; returns how many there were."""
+        run: list[dict[str, Any]] = []
+        count = 0
+        for record in records:
+            count += 1
+            if record.get("t") == "episode":
+                run.append(record)
+                if len(run) >= 1 << 14:
+                    self._apply_episodes(run)
+                    run = []
+                continue
+            if run:
+                self._apply_episodes(run)
+                run = []
+            self._apply(record)
+        if run:
+            self._apply_episodes(run)
+        return count
 
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record.get("t")
@@ -361,7 +436,8 @@ class EpisodeStore:
             )
             expected = [int(r["row"]) for r in run]
             t0 = time.perf_counter()
-            bm25_rows = bm25.add(tokenize_many([r["text"] for r in run]), memories)
+            bm25_rows = bm25.add_texts([r["text"] for r in run], memories) if isinstance(bm25, BM25Index) else \
+                bm25.add(tokenize_many([r["text"] for r in run]), memories)
             t1 = time.perf_counter()
             dense_rows = dense.add(vectors, memories)  # one FAISS add per memory inside
             t2 = time.perf_counter()
@@ -399,34 +475,51 @@ class EpisodeStore:
         self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True,
         embeddings: torch.Tensor | None = None,
     ) -> None:
-        """Encode (unless `embeddings` are given), then log, then apply to the metadata and the indexes,
-        then (persistent stores) snapshot.
+        """One write batch in one chunk: encode (unless `embeddings` are given), then log, then apply to the
+        metadata and the indexes, then (persistent stores) snapshot.
 
         Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
+        self._write_chunk(records, embeddings, progress, commit=len(records))
+        self._end_batch(None, snapshot)
+
+    def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool,
+                     commit: int | None = None) -> None:
+        """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
+        batch's record count when this is its last chunk (its commit record goes in the same write)."""
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
+        else:
+            self.last_timings.setdefault("encode_s", 0.0)
         started = time.perf_counter()
         if self._log is not None:
-            self._log.append([*records, {"t": "commit", "records": len(records)}] if self._commits else records)
-        self.last_timings["log_s"] = time.perf_counter() - started
-        for record in records:
-            self._apply(record)
-        self.last_timings["metadata_s"] = time.perf_counter() - started - self.last_timings["log_s"]
+            closing = [{"t": "commit", "records": commit}] if commit is not None and self._commits else []
+            self._log.append([*records, *closing])
+        logged = time.perf_counter()
+        self._apply_all(records)
+        applied = time.perf_counter()
         self._index_records(records, embeddings)
+        for key, seconds in (("log_s", logged - started), ("metadata_s", applied - logged)):
+            self.last_timings[key] = self.last_timings.get(key, 0.0) + seconds
+
+    def _end_batch(self, count: int | None, snapshot: bool = True) -> None:
+        """The commit record of a batch of `count` records (format-2 logs; None: written with its last
+        chunk), then the snapshot."""
+        if self._log is not None and self._commits and count is not None:
+            self._log.append([{"t": "commit", "records": count}])
         if snapshot:
             t0 = time.perf_counter()
             self.snapshot()
-            self.last_timings["snapshot_s"] = time.perf_counter() - t0
+            self.last_timings["snapshot_s"] = self.last_timings.get("snapshot_s", 0.0) + time.perf_counter() - t0
 
     # ------------------------------------------------------------------ writes
     def _memory_records(self, memory_id: str, speakers: Sequence[str], pending: dict[str, int]) -> tuple[int, list[dict[str, Any]]]:
+        if memory_id in pending:  # created earlier in this batch (maybe applied already, by an earlier chunk)
+            return pending[memory_id], []
         if memory_id in self._memory_index:
             memory = self._memory_index[memory_id]
             known = self._speaker_index[memory]
             return memory, [{"t": "speaker", "memory": memory, "name": name} for name in dict.fromkeys(speakers) if name not in known]
-        if memory_id in pending:
-            return pending[memory_id], []
-        memory = len(self.memory_ids) + len(pending)
+        memory = max(len(self.memory_ids), max(pending.values(), default=-1) + 1)
         pending[memory_id] = memory
         return memory, [{"t": "memory", "memory": memory, "id": memory_id, "speakers": list(dict.fromkeys(speakers))}]
 
@@ -445,33 +538,115 @@ class EpisodeStore:
             "text": episode_text(turn),
         }
 
-    def add_memories(self, memories: Sequence[Memory], progress: bool = True) -> np.ndarray:
-        """Store whole memories (a benchmark) in one batch: one encoder pass over every new turn.
+    def _chunk_cost(self, record: dict[str, Any]) -> int:
+        return _RECORD_BYTES + _BYTES_PER_CHAR * len(record["text"]) + _BYTES_PER_DIM * self.dim
 
-        A memory id already in the store gets the turns appended. Returns the new episode rows.
-        """
-        started = time.perf_counter()
-        self.last_timings = {}
-        records: list[dict[str, Any]] = []
+    def _chunks(self, memories: Iterable[Memory], precomputed: bool
+                ) -> Iterator[tuple[list[dict[str, Any]], torch.Tensor | None, bool]]:
+        """The batch's records (and precomputed vectors) in chunks of about store.write_budget_mb, built
+        lazily: a memory's turns may span chunks; nothing of a later chunk exists before it is asked for.
+        The flag marks the chunk known to be the last (the memories ran out while it was being filled)."""
+        budget = self.cfg.store.write_budget_mb * (1 << 20)
         pending: dict[str, int] = {}
         row = self.size
-        first = row
+        records: list[dict[str, Any]] = []
+        vectors: list[np.ndarray] = []
+        used = 0
+
+        def cut(last: bool) -> tuple[list[dict[str, Any]], torch.Tensor | None, bool]:
+            nonlocal records, vectors, used
+            given: torch.Tensor | None = None
+            if precomputed:
+                given = torch.from_numpy(np.concatenate(vectors)) if vectors else torch.empty((0, self.dim))
+            out = records, given, last
+            records, vectors, used = [], [], 0
+            return out
+
         for memory in memories:
             memory_idx, created = self._memory_records(memory.memory_id, memory.speakers, pending)
             records.extend(created)
+            given = self._precomputed(memory) if precomputed else None
+            taken = 0  # turns of this memory whose vectors are in `vectors`
+            position = 0
             for session in memory.sessions:
                 for turn in session.turns:
-                    records.append(self._episode_record(row, memory_idx, session.session_id, turn))
+                    record = self._episode_record(row, memory_idx, session.session_id, turn)
+                    records.append(record)
                     row += 1
+                    position += 1
+                    used += self._chunk_cost(record)
+                    if used >= budget:
+                        if given is not None:
+                            vectors.append(given[taken:position])
+                            taken = position
+                        yield cut(False)
+            if given is not None and taken < position:
+                vectors.append(given[taken:position])
         if records:
-            self._commit(records, progress=progress)
+            yield cut(True)
+
+    def _precomputed(self, memory: Memory) -> np.ndarray:
+        vectors = memory.extra.get("embeddings")
+        turns = sum(len(s.turns) for s in memory.sessions)
+        if vectors is None:
+            raise ValueError(f"EpisodeStore.add_memories(precomputed=True): memory {memory.memory_id!r} has no "
+                             f"extra['embeddings'] (memfit_gpu.data.synth writes them with embedding_dim)")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.shape != (turns, self.dim):
+            raise ValueError(f"EpisodeStore.add_memories(precomputed=True): memory {memory.memory_id!r} has "
+                             f"embeddings of shape {vectors.shape}, expected ({turns}, {self.dim})")
+        return vectors
+
+    def add_memories(self, memories: Iterable[Memory], progress: bool = True, precomputed: bool = False) -> np.ndarray:
+        """Store whole memories (a benchmark) as one write batch, in chunks of about store.write_budget_mb:
+        one encoder pass per chunk (one in all when everything fits). `memories` may be any iterable (a
+        generator streams LongMemEval-M: only the current chunk's memories are held).
+
+        A memory id already in the store gets the turns appended. precomputed: take each memory's vectors
+        from `memory.extra["embeddings"]` [turns, dim] instead of encoding. Returns the new episode rows.
+
+        A failure while writing a later chunk leaves nothing of the batch: a persistent store drops the
+        batch's records from its log and reopens itself (then raises); an in-memory store keeps the chunks
+        written before the failure (logged at ERROR)."""
+        started = time.perf_counter()
+        self.last_timings = {}
+        first = self.size
+        batch_start = len(self._log) if self._log is not None else 0
+        count = chunks = 0
+        committed = False
+        try:
+            for records, embeddings, last in self._chunks(memories, precomputed):
+                count += len(records)
+                self._write_chunk(records, embeddings, progress, commit=count if last else None)
+                committed = last
+                chunks += 1
+        except BaseException:
+            if chunks:
+                self._undo_batch(batch_start)
+            raise
+        if count:
+            self._end_batch(None if committed else count)
+        self.last_timings["chunks"] = chunks
         self.last_timings["total_s"] = time.perf_counter() - started
         log.info(
-            "EpisodeStore: stored %d episodes of %d memories in %.1f s (%s)",
-            row - first, len(memories), self.last_timings["total_s"],
-            ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k != "total_s"),
+            "EpisodeStore: stored %d episodes in %d chunk(s) in %.1f s (%s)",
+            self.size - first, chunks, self.last_timings["total_s"],
+            ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k not in ("total_s", "chunks")),
         )
-        return np.arange(first, row, dtype=np.int64)
+        return np.arange(first, self.size, dtype=np.int64)
+
+    def _undo_batch(self, batch_start: int) -> None:
+        """After a failed multi-chunk batch: drop its uncommitted records and reload the store from disk."""
+        if self._log is None:
+            log.error("EpisodeStore: a write batch failed after some of its chunks were applied; this in-memory "
+                      "store keeps them (%d episodes in all now)", self.size)
+            return
+        log.error("EpisodeStore: %s: a write batch failed after some of its chunks were logged: dropping them "
+                  "and reopening the store", self.path)
+        self._log.drop_records(batch_start)
+        self._log.close()
+        self._log = None
+        self.__init__(self.path, self.cfg, self.encoder)  # type: ignore[misc]
 
     def append_turn(self, memory_id: str, turn: Turn, session_id: str | None = None, speakers: Sequence[str] = ()) -> int:
         """A live agent's one new turn: logged (fsync with store.fsync) and indexed; returns its row.
@@ -597,7 +772,8 @@ class EpisodeStore:
         """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
         assert self._log is not None
         loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
-                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device)
+                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device,
+                             self.cfg.index.dense_batched_max_rows)
         if loaded is None:
             return 0
         self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])
@@ -610,7 +786,7 @@ class EpisodeStore:
         """How many records of a format-2 log belong to committed batches (the header is its own batch)."""
         assert self._log is not None
         committed = start = 1
-        for number, record in enumerate(self._log.records[1:], 1):
+        for number, record in enumerate(self._log.iter_records(1), 1):
             if record.get("t") != "commit":
                 continue
             if record.get("records") != number - start:
@@ -628,11 +804,10 @@ class EpisodeStore:
         self.path.mkdir(parents=True, exist_ok=True)
         clear_staging(self._snapshot_dir())  # a snapshot interrupted while being written
         self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
-        records = self._log.records
-        if not records:
+        if not len(self._log):
             self._log.append([{"t": "header", "format": LOG_FORMAT, "encoder": self.cfg.index.encoder, "dim": self.dim}])
             return
-        header = records[0]
+        header = next(self._log.iter_records(0, 1))
         if header.get("t") != "header":
             raise ValueError(f"{self._log.path}: first record is not a store header")
         if header.get("format") not in (1, LOG_FORMAT):
@@ -646,30 +821,55 @@ class EpisodeStore:
         self._commits = header.get("format") == LOG_FORMAT
         if self._commits:
             committed = self._committed_records()
-            if committed < len(records):
+            if committed < len(self._log):
                 log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
-                            "killed): dropping them whole", self._log.path, len(records) - committed)
+                            "killed): dropping them whole", self._log.path, len(self._log) - committed)
                 self._log.drop_records(committed)
-                records = self._log.records
-        for record in records:
-            self._apply(record)
         covered = self._load_snapshot()
         self._snapshot_records = covered
-        expected = sum(1 for r in records[:covered] if r.get("t") == "episode")
+        # the metadata of every record, streamed; the episodes the snapshot covers are counted on the way
+        expected = 0
+
+        def counted(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            nonlocal expected
+            for number, record in enumerate(records):
+                if number < covered and record.get("t") == "episode":
+                    expected += 1
+                yield record
+
+        self._apply_all(counted(self._log.iter_records()))
         if int(self.episode_bm25.num_rows) != expected or self.episode_dense.size != expected:
             raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
                              f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")
-        tail = records[covered:]
-        texts = len(self._texts_to_encode(tail))
+        tail = len(self._log) - covered
+        texts = sum(1 for r in self._log.iter_records(covered) if r.get("t") in ("episode", "summary"))
         if texts:
             log.log(logging.WARNING if covered == 0 else logging.INFO,
                     "EpisodeStore: %s: replaying %d log records after %s (re-encoding %d texts)", self.path,
-                    len(tail), f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
-        self._index_records(tail)
+                    tail, f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
+        for chunk in self._replay_chunks(covered):
+            self._index_records(chunk)
         if tail:  # so that the next open loads everything from a snapshot and encodes nothing
             self.snapshot()
         log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
                  self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
+
+    def _replay_chunks(self, start: int) -> Iterator[list[dict[str, Any]]]:
+        """The log's records from `start` on, in chunks of about store.write_budget_mb (one chunk, so one
+        encoder pass, when they fit)."""
+        assert self._log is not None
+        budget = self.cfg.store.write_budget_mb * (1 << 20)
+        chunk: list[dict[str, Any]] = []
+        used = 0
+        for record in self._log.iter_records(start):
+            chunk.append(record)
+            if "text" in record:
+                used += self._chunk_cost(record)
+                if used >= budget:
+                    yield chunk
+                    chunk, used = [], 0
+        if chunk:
+            yield chunk
 
     # ------------------------------------------------------------------ compaction
     def _compacted(self) -> tuple[list[dict[str, Any]], torch.Tensor]:

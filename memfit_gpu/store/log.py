@@ -14,6 +14,10 @@ file, the record and the byte offset, and the file is left exactly as it was.
 
 Appends never rewrite bytes already written: the file only grows (or is cut back as above, or by
 `drop_records` for a batch its owner never committed).
+
+Records are not kept in memory: the log holds each record's end offset and running CRC32 (two int64
+arrays), and `iter_records` streams records back from the file block by block (LongMemEval-M's log,
+~2.75M records and ~2 GB, is never read whole).
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import json
 import logging
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import numpy as np
 
 from memfit_gpu import faults
+from memfit_gpu.buffers import GrowableArray
 from memfit_gpu.data.schema import DataError
 
 log = logging.getLogger(__name__)
@@ -43,85 +50,149 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return b"%08x %08x " % (len(payload), zlib.crc32(payload)) + payload + b"\n"
 
 
-def _parse(data: bytes) -> tuple[list[dict[str, Any]], list[int], int, str | None]:
-    """Records, the end offset of each, the offset of the last good byte, and why parsing stopped early."""
-    records: list[dict[str, Any]] = []
-    ends: list[int] = []
-    offset = 0
-    total = len(data)
-    while offset < total:
-        header = data[offset : offset + _HEADER]
-        if len(header) < _HEADER:
-            return records, ends, offset, "short header"
+_READ_BYTES = 1 << 24  # the log is read in blocks of this many bytes (never whole)
+
+
+class _Stop(Exception):
+    """Parsing stopped before the end of the file: at `offset`, for `reason`."""
+
+    def __init__(self, offset: int, reason: str):
+        super().__init__(reason)
+        self.offset, self.reason = offset, reason
+
+
+def _frames(handle: BinaryIO, offset: int = 0) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """(end offset, the record's bytes, the record) of every valid record from `offset` (a record
+    boundary) on, read block by block; raises _Stop at the first bad one."""
+    handle.seek(offset)
+    buffer, at = b"", 0  # bytes read ahead, and where the next record starts in them
+
+    def fill(need: int) -> bool:
+        nonlocal buffer, at
+        while len(buffer) - at < need:
+            more = handle.read(max(_READ_BYTES, need))
+            if not more:
+                return False
+            buffer, at = buffer[at:] + more, 0
+        return True
+
+    while fill(1):
+        if not fill(_HEADER):
+            raise _Stop(offset, "short header")
+        header = buffer[at : at + _HEADER]
         try:
             if header[8:9] != b" " or header[17:18] != b" ":
                 raise ValueError("bad separators")
             length = int(header[0:8], 16)
             crc = int(header[9:17], 16)
         except ValueError:
-            return records, ends, offset, "malformed header"
-        start = offset + _HEADER
-        end = start + length
-        if end + 1 > total:
-            return records, ends, offset, "record cut short"
-        payload = data[start:end]
-        if data[end : end + 1] != b"\n":
-            return records, ends, offset, "missing newline"
+            raise _Stop(offset, "malformed header") from None
+        if not fill(_HEADER + length + 1):
+            raise _Stop(offset, "record cut short")
+        payload = buffer[at + _HEADER : at + _HEADER + length]
+        if buffer[at + _HEADER + length : at + _HEADER + length + 1] != b"\n":
+            raise _Stop(offset, "missing newline")
         if zlib.crc32(payload) != crc:
-            return records, ends, offset, "checksum mismatch"
+            raise _Stop(offset, "checksum mismatch")
         try:
             record = json.loads(payload.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return records, ends, offset, "checksum matches but JSON does not parse"
+            raise _Stop(offset, "checksum matches but JSON does not parse") from None
         if not isinstance(record, dict):
-            return records, ends, offset, "record is not a JSON object"
-        records.append(record)
-        offset = end + 1
-        ends.append(offset)
-    return records, ends, offset, None
+            raise _Stop(offset, "record is not a JSON object")
+        size = _HEADER + length + 1
+        frame = buffer[at : at + size]
+        at += size
+        offset += size
+        yield offset, frame, record
 
 
 class RecordLog:
-    """One append-only file of records. `records` holds every valid record, in order."""
+    """One append-only file of records, never held in memory: `len(log)` records, `ends` (byte offset
+    past each), `iter_records` streams them from the file (`records` reads them all, for small logs)."""
 
     def __init__(self, path: str | Path, fsync: bool = False):
         self.path = Path(path)
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.records: list[dict[str, Any]] = []
-        self.ends: list[int] = []  # byte offset just past each record
-        self._chain: list[int] = []  # CRC32 of the file's bytes up to the end of each record
+        self._ends = GrowableArray(np.int64)  # byte offset just past each record
+        self._chain = GrowableArray(np.int64)  # CRC32 of the file's bytes up to the end of each record
         self.dropped_bytes = 0
         if self.path.exists():
             self._recover()
         self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
 
-    def _recover(self) -> None:
-        data = self.path.read_bytes()
-        records, ends, good, reason = _parse(data)
-        self.records, self.ends = records, ends
-        start = 0
-        for end in ends:
-            self._chain.append(zlib.crc32(data[start:end], self._chain[-1] if self._chain else 0))
-            start = end
-        if reason is None:
+    @property
+    def ends(self) -> np.ndarray:
+        """Byte offset just past each record (read-only view)."""
+        return self._ends.view
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every record, read from the file (a list: for small logs and tests; stream with iter_records)."""
+        return list(self.iter_records())
+
+    def iter_records(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+        """Records start..stop-1 (default: to the last), streamed from the file."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        if start >= stop:
             return
-        tail = data[good:]
-        # Every whole record ends in the only newline it holds. A tail without one is what a killed writer
-        # (or a size extended before its data reached the disk) leaves: part of one record, nothing valid after.
-        # A byte present where the frame puts the newline, but not a newline, was changed, not left unwritten.
-        if b"\n" in tail or reason == "missing newline":
+        if not self._file.closed:
+            self._file.flush()
+        with open(self.path, "rb") as handle:
+            offset = int(self._ends.view[start - 1]) if start else 0
+            number = start
+            for _, _, record in _frames(handle, offset):
+                yield record
+                number += 1
+                if number >= stop:
+                    return
+
+    def _recover(self) -> None:
+        size = self.path.stat().st_size
+        good, reason, chain = 0, None, 0
+        with open(self.path, "rb") as handle:
+            ends: list[int] = []
+            chains: list[int] = []
+            try:
+                for end, frame, _ in _frames(handle):
+                    chain = zlib.crc32(frame, chain)
+                    ends.append(end)
+                    chains.append(chain)
+                    good = end
+                    if len(ends) >= 1 << 16:
+                        self._ends.extend(ends)
+                        self._chain.extend(chains)
+                        ends, chains = [], []
+            except _Stop as stop:
+                good, reason = stop.offset, stop.reason
+            self._ends.extend(ends)
+            self._chain.extend(chains)
+            if reason is None:
+                return
+            # Every whole record ends in the only newline it holds. A tail without one is what a killed writer
+            # (or a size extended before its data reached the disk) leaves: part of one record, nothing valid
+            # after. A byte present where the frame puts the newline, but not a newline, was changed, not
+            # left unwritten.
+            handle.seek(good)
+            newline = False
+            while block := handle.read(_READ_BYTES):
+                if b"\n" in block:
+                    newline = True
+                    break
+        tail = size - good
+        if newline or reason == "missing newline":
             raise StoreCorruptError(
-                str(self.path), f"record {len(records) + 1} (line {len(records) + 1}, byte {good})", None,
-                f"{reason}, {len(tail)} bytes before the end of the file: damage inside the log, not a record torn "
+                str(self.path), f"record {len(self) + 1} (line {len(self) + 1}, byte {good})", None,
+                f"{reason}, {tail} bytes before the end of the file: damage inside the log, not a record torn "
                 f"by a killed writer; the file was left unmodified (restore it from a copy, or move the store "
                 f"aside to build it again)",
             )
-        self.dropped_bytes = len(tail)
+        self.dropped_bytes = tail
         log.warning(
             "%s: torn last record (%s) at byte %d after %d good records, left by a killed writer: dropping its "
             "%d bytes and truncating the file back to the last good record",
-            self.path, reason, good, len(records), self.dropped_bytes,
+            self.path, reason, good, len(self), self.dropped_bytes,
         )
         self._truncate(good)
 
@@ -132,41 +203,45 @@ class RecordLog:
             os.fsync(handle.fileno())
 
     def drop_records(self, count: int) -> None:
-        """Cut the log back to its first `count` records (the owner's uncommitted tail); before any append."""
-        if count >= len(self.records):
+        """Cut the log back to its first `count` records (the owner's uncommitted tail)."""
+        if count >= len(self):
             return
-        size = self.ends[count - 1] if count else 0
+        size = int(self._ends.view[count - 1]) if count else 0
         self.dropped_bytes += self.size_bytes - size
         self._file.close()
         self._truncate(size)
-        del self.records[count:], self.ends[count:], self._chain[count:]
+        self._ends.truncate(count)
+        self._chain.truncate(count)
         self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
 
     def __len__(self) -> int:
-        return len(self.records)
+        return self._ends.size
 
     @property
     def size_bytes(self) -> int:
-        return self.ends[-1] if self.ends else 0
+        return int(self._ends.view[-1]) if self._ends.size else 0
 
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Append records in one write; returns how many records the log holds now."""
-        batch = list(records)
-        if not batch:
-            return len(self.records)
-        blobs = [encode_record(r) for r in batch]
+        blobs = [encode_record(r) for r in records]
+        if not blobs:
+            return len(self)
         position = self.size_bytes
+        chain = int(self._chain.view[-1]) if self._chain.size else 0
+        ends, chains = [], []
         for blob in blobs:
             position += len(blob)
-            self.ends.append(position)
-            self._chain.append(zlib.crc32(blob, self._chain[-1] if self._chain else 0))
+            chain = zlib.crc32(blob, chain)
+            ends.append(position)
+            chains.append(chain)
         self._file.write(b"".join(blobs))
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())
         faults.point("store.log")
-        self.records.extend(batch)
-        return len(self.records)
+        self._ends.extend(ends)
+        self._chain.extend(chains)
+        return len(self)
 
     def fingerprint(self, count: int) -> dict[str, int]:
         """What a snapshot covering the first `count` records stores to prove it belongs to this log: the
@@ -174,7 +249,8 @@ class RecordLog:
         of the same size written in its place does not match)."""
         if count == 0:
             return {"records": 0, "bytes": 0, "prefix_crc": 0}
-        return {"records": count, "bytes": self.ends[count - 1], "prefix_crc": self._chain[count - 1]}
+        return {"records": count, "bytes": int(self._ends.view[count - 1]),
+                "prefix_crc": int(self._chain.view[count - 1])}
 
     def close(self) -> None:
         if not self._file.closed:
