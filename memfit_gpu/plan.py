@@ -66,7 +66,8 @@ except ImportError:  # pragma: no cover - memfit's install always has one of the
     faiss = None
 
 __all__ = ["GIB", "Gpu", "ModelSize", "Node", "Part", "Plan", "Problem", "Workload", "describe_node",
-           "described_node", "estimate_workload", "make_plan", "model_size", "render", "workload_of"]
+           "bm25_bytes", "described_node", "estimate_workload", "make_plan", "model_size", "render", "vector_bytes",
+           "workload_of"]
 
 log = logging.getLogger(__name__)
 
@@ -640,6 +641,27 @@ class Plan:
         }
 
 
+def bm25_bytes(postings: int, rows: int, terms: int, dense_terms: int = 0, width: int = 0) -> dict[str, int]:
+    """Predicted bytes of one BM25Index: `state` (its state_dict tensors), `live` (its tensors, with growth
+    slack), `cache` (the search cache), `peak` (the first search's preparation, above live + cache) and
+    `host` (the vocabulary, in Python wherever the tensors are)."""
+    return {
+        "state": postings * BM25_STATE_BYTES_PER_POSTING + rows * BM25_STATE_BYTES_PER_ROW
+        + terms * BM25_STATE_BYTES_PER_TERM,
+        "live": int((postings * BM25_LIVE_BYTES_PER_POSTING + rows * BM25_STATE_BYTES_PER_ROW
+                     + terms * BM25_LIVE_BYTES_PER_TERM) * BM25_GROWTH_SLACK),
+        "cache": postings * BM25_CACHE_BYTES_PER_POSTING + terms * BM25_CACHE_BYTES_PER_TERM
+        + rows * BM25_CACHE_BYTES_PER_ROW + dense_terms * width * 8,
+        "peak": postings * BM25_PREPARE_PEAK_BYTES_PER_POSTING,
+        "host": terms * BM25_HOST_BYTES_PER_TERM,
+    }
+
+
+def vector_bytes(rows: int, dim: int) -> int:
+    """One copy of a dense index's vectors (float32 rows)."""
+    return rows * dim * VECTOR_BYTES_PER_DIM
+
+
 def _dtype_bytes(dtype: torch.dtype) -> int:
     return _DTYPE_BYTES.get(dtype, 4)
 
@@ -858,12 +880,8 @@ class _Builder:
         ):
             if label == "summaries" and not rows:
                 continue
-            live = (postings * BM25_LIVE_BYTES_PER_POSTING + rows * BM25_STATE_BYTES_PER_ROW
-                    + terms * BM25_LIVE_BYTES_PER_TERM) * BM25_GROWTH_SLACK
-            cache = (postings * BM25_CACHE_BYTES_PER_POSTING + terms * BM25_CACHE_BYTES_PER_TERM
-                     + rows * BM25_CACHE_BYTES_PER_ROW + dense_terms * width * 8)
-            peak = postings * BM25_PREPARE_PEAK_BYTES_PER_POSTING
-            vocab = terms * BM25_HOST_BYTES_PER_TERM
+            sizes = bm25_bytes(postings, rows, terms, dense_terms, width)
+            live, cache, peak, vocab = sizes["live"], sizes["cache"], sizes["peak"], sizes["host"]
             g = _gpu_of(bm25)
             part = Part(f"BM25 {label}", bm25, "index.device=cpu" if g is not None else "index.device",
                         host=vocab + (int(live + cache) if g is None else 0), host_peak=int(peak) if g is None else 0,
@@ -877,7 +895,7 @@ class _Builder:
         for label, rows in (("episodes", w.episodes), ("summaries", w.summaries)):
             if label == "summaries" and not rows:
                 continue
-            vectors = rows * dim * VECTOR_BYTES_PER_DIM
+            vectors = vector_bytes(rows, dim)
             part = Part(f"dense {label} (FAISS {cfg.index.dense_factory})", _span([] if dense_gpu is None else [dense_gpu]),
                         "index.dense_device=cpu" if dense_gpu is not None else "index.dense_device",
                         host=vectors + rows * DENSE_HOST_BYTES_PER_ROW, note=f"{rows:,} x {dim} float32",
