@@ -455,12 +455,17 @@ def estimate_workload(cfg: MemFitConfig, sample_episodes: int = SAMPLE_EPISODES,
 class ModelSize:
     name: str
     weight_bytes: int | None  # in the dtype it runs in; None = unknown
-    source: str  # "weights on disk: PATH" | "known-model table" | "UNKNOWN"
+    source: str  # "on disk (PATH)" | "from the known-model table ..." | "UNKNOWN ..."
     shape: dict[str, Any] = field(default_factory=dict)  # config.json fields (hidden_size, num_hidden_layers, ...)
 
     @property
     def known(self) -> bool:
         return self.weight_bytes is not None
+
+    @property
+    def origin(self) -> str:
+        """Where the size came from, in a word: disk | table | UNKNOWN."""
+        return "disk" if self.source.startswith("on disk") else "table" if self.known else "UNKNOWN"
 
     def get(self, key: str, default: int = 0) -> int:
         value = self.shape.get(key)
@@ -753,8 +758,8 @@ class _Builder:
             roles.append(("judge", "eval.judge", reader_config_for_judge(self.cfg.eval.judge, self.cfg.reader)))
         for role, key, reader in roles:
             if reader.backend == "openai":
-                self.notes.append(f"{role}: OpenAI-compatible server(s) {', '.join(reader.base_urls)}: not memfit's "
-                                  "memory, not counted (a server on this node must use GPUs memfit does not see)")
+                self.notes.append(f"{role}: OpenAI server {', '.join(reader.base_urls)}, not counted (on this node: "
+                                  "keep it on GPUs memfit does not see)")
             elif reader.backend == "vllm":
                 self._vllm(role, key, reader)
             else:
@@ -773,7 +778,7 @@ class _Builder:
             kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KV_DEFAULT_GIB)) * GIB
             self.add(Part(f"vLLM {role} engine, CPU ({reader.model})", "cpu", "reader.backend",
                           host=int((model.weight_bytes or 0) + kv + VLLM_HOST_BYTES_PER_GPU),
-                          note=f"weights {model.source}; VLLM_CPU_KVCACHE_SPACE={kv / GIB:g} GiB",
+                          note=f"weights {_size(model)}; VLLM_CPU_KVCACHE_SPACE={kv / GIB:g} GiB",
                           unknown=not model.known))
             return
         groups = self._engine_groups(role, reader)
@@ -781,8 +786,10 @@ class _Builder:
         claim = {g: int(reader.gpu_memory_utilization * gpus[g].total_bytes) for group in groups for g in group}
         self.add(Part(label, f"{len(groups)} x {reader.tensor_parallel_size} GPU: {_span(sorted(claim))}",
                       "reader.gpu_memory_utilization", host=VLLM_HOST_BYTES_PER_GPU * len(claim), claim=claim,
-                      note=f"claims {reader.gpu_memory_utilization:g} of each GPU; weights {model.source}",
-                      unknown=not model.known))
+                      note=f"claims {reader.gpu_memory_utilization:g} of each GPU; weights {_size(model)}"))
+        if not model.known:
+            self.notes.append(f"{key}.model={reader.model}: size UNKNOWN, so whether its weights and KV cache fit the "
+                              "engine's claim is not checked (the claim itself is counted)")
         if role == "judge" and self.cfg.reader.backend == "vllm":
             self.notes.append("eval.judge.backend=vllm starts a second set of engines on the reader's GPUs: two "
                               "claims of reader.gpu_memory_utilization each")
@@ -809,7 +816,7 @@ class _Builder:
         kv = model.kv_bytes_per_token(dtype_bytes) * reader.batch_size * (context + reader.max_new_tokens)
         weights = model.weight_bytes or 0
         name = f"transformers {role} ({reader.model})"
-        note = f"weights {model.source}; KV for {reader.batch_size} x {context} tokens"
+        note = f"weights {_size(model)}; KV for {reader.batch_size} x {context} tokens"
         if not gpus:
             self.add(Part(name, "cpu", "reader.batch_size", host=weights, host_peak=kv, note=note,
                           unknown=not model.known))
@@ -855,10 +862,11 @@ class _Builder:
         max_len = encoder.get("max_seq_length", encoder.get("max_position_embeddings", 512))
         act = self._activations(encoder, cfg.index.encode_batch_size, max_len, cfg.index.dtype)
         weights = encoder.weight_bytes or 0
-        self.add(Part(f"bi-encoder x{len(devices)} ({cfg.index.encoder})", ",".join(devices), "index.encode_batch_size",
+        self.add(Part(f"bi-encoder x{len(devices)}", ",".join(devices), "index.encode_batch_size",
                       host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
                       gpu={g: weights for g in gpus}, gpu_peak={g: act for g in gpus},
-                      note=f"weights {encoder.source}; activations of {cfg.index.encode_batch_size} texts",
+                      note=f"{cfg.index.encoder}, weights {_size(encoder)}; activations of "
+                      f"{cfg.index.encode_batch_size} texts",
                       unknown=not encoder.known))
         wordpieces = min(w.tokens * WORDPIECES_PER_TOKEN, w.episodes * max_len)
         write = (w.episodes * (WRITE_RECORD_BYTES_PER_EPISODE + dim * VECTOR_BYTES_PER_DIM) + w.tokens * PY_TOKEN_BYTES
@@ -916,10 +924,10 @@ class _Builder:
             ce = self._model(cfg.rerank.model, _encoder_dtype(cfg.rerank.dtype))
             act = self._activations(ce, cfg.rerank.batch_size, cfg.rerank.max_length, cfg.rerank.dtype)
             weights = ce.weight_bytes or 0
-            self.add(Part(f"cross-encoder x{len(devices)} ({cfg.rerank.model})", ",".join(devices), "rerank.batch_size",
+            self.add(Part(f"cross-encoder x{len(devices)}", ",".join(devices), "rerank.batch_size",
                           host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
                           gpu={g: weights for g in gpus}, gpu_peak={g: act for g in gpus},
-                          note=f"weights {ce.source}; activations of {cfg.rerank.batch_size} pairs",
+                          note=f"{cfg.rerank.model}, weights {_size(ce)}; activations of {cfg.rerank.batch_size} pairs",
                           unknown=not ce.known))
 
     def _activations(self, model: ModelSize, batch: int, length: int, dtype: str) -> int:
@@ -1052,6 +1060,12 @@ def render(plan: Plan) -> str:
         lines.append("verdict: DOES NOT FIT")
         lines.extend(f"  - {p.message}" for p in plan.problems)
     return "\n".join(lines)
+
+
+def _size(model: ModelSize) -> str:
+    if not model.known:
+        return "UNKNOWN (not counted)"
+    return f"{model.weight_bytes / GIB:.2f} GiB ({model.origin})"
 
 
 def _gib(value: int, unknown: bool) -> str:
