@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,11 +307,15 @@ def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_ro
 
 def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
             packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool) -> None:
-    """One answer call per question, appended to predictions.jsonl a chunk at a time.
+    """One answer call per question, appended to predictions.jsonl a batch at a time.
 
-    Per chunk: the reader commits its calls to the response cache, the ledger is saved, then the rows
-    are appended. A kill before the rows are complete loses only rows the rerun re-serves from the
-    cache, which the ledger does not count twice (Ledger.accounted_keys)."""
+    Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
+    keeps as many requests in flight as it allows, and reader.flush_every only sets how many answers
+    are committed together. The judge runs on its own thread behind the answers, a batch at a time, so
+    the reader never waits for it. Per batch: the reader has committed its calls to the response cache,
+    the ledger is saved, then the rows (with their verdicts) are appended, in batch order. A kill before
+    the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
+    count twice (Ledger.accounted_keys)."""
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
     turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
@@ -335,33 +341,46 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
     _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
                       ledger, ledger_path)
     judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
+    judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
+    waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any]]] | None]] = deque()
+    bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
+
+    def write(rows: list[dict[str, Any]], verdicts: Future[list[dict[str, Any]]] | None) -> None:
+        if verdicts is not None:
+            for row, verdict in zip(rows, verdicts.result(), strict=True):
+                row["judge"] = verdict
+        ledger.save(ledger_path)
+        faults.point("answer.ledger")
+        append_jsonl(pred_path, rows)
+        faults.point("predictions")
+        bar.update(len(rows))
+
     try:
-        bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
-        step = max(1, cfg.reader.flush_every)
-        for start in range(0, len(todo), step):
-            chunk = todo[start:start + step]
-            requests, prompt_cuts = zip(*[request_for(q) for q in chunk], strict=True)
-            responses = reader.generate(list(requests))
+        requests, prompt_cuts = zip(*[request_for(q) for q in todo], strict=True) if todo else ((), ())
+        for batch in reader.generate_batches(list(requests), max(1, cfg.reader.flush_every)):
+            chunk = [todo[i] for i, _ in batch]
+            responses = [response for _, response in batch]
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
-            verdicts = judge(chunk, [c.text for c in cleaned]) if judge is not None else [None] * len(chunk)
             rows = []
-            for q, resp, clean, score, verdict, cut in zip(chunk, responses, cleaned, scores, verdicts, prompt_cuts,
-                                                           strict=True):
+            for (i, resp), q, clean, score in zip(batch, chunk, cleaned, scores, strict=True):
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
-                             "abstained": clean.abstained, "scores": score, "judge": verdict,
-                             "retrieval": packs[q.question_id].get("retrieval"), **cut,
+                             "abstained": clean.abstained, "scores": score, "judge": None,
+                             "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})
-            ledger.save(ledger_path)
-            faults.point("answer.ledger")
-            append_jsonl(pred_path, rows)
-            faults.point("predictions")
-            bar.update(len(chunk))
+            verdicts = judging.submit(judge, chunk, [c.text for c in cleaned]) if judging and judge else None
+            waiting.append((rows, verdicts))
+            while waiting and (waiting[0][1] is None or waiting[0][1].done()):
+                write(*waiting.popleft())
+        while waiting:
+            write(*waiting.popleft())
         bar.close()
     finally:
+        if judging is not None:
+            judging.shutdown(wait=True, cancel_futures=True)
         if judge is not None:
             judge.close()
 
