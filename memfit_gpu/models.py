@@ -263,6 +263,44 @@ def resolve(kind: str, name: str) -> ResolvedModel:
     return resolved
 
 
+def find_local(name: str) -> Path | None:
+    """Where `name`'s weights are on disk right now, or None: a local folder or .gguf file, the Hugging
+    Face cache, a package's bundled folder, or memfit's converted copy of a packaged GGUF (else the GGUF
+    file itself). Never downloads and never converts, so it answers at once (the device plan sizes
+    models with it before anything loads)."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if _has_weights(local):
+            return local.resolve()
+        ggufs = sorted(local.glob("*.gguf"))
+        return _converted_or_gguf(name, ggufs[0].resolve()) if len(ggufs) == 1 else None
+    if local.is_file() and local.suffix == ".gguf":
+        return _converted_or_gguf(name, local.resolve())
+    hub_id = _ALIASES.get(name, name)
+    if hub_id.count("/") == 1 and not hub_id.startswith(("/", ".", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(hub_id, local_files_only=True, ignore_patterns=_HUB_IGNORE))
+            if _has_weights(folder):
+                return folder
+        except Exception:  # noqa: BLE001 - not in the cache (or no huggingface_hub): look further
+            pass
+    packaged = PACKAGED.get(hub_id)
+    pkg_dir = _package_dir(packaged.package) if packaged is not None else None
+    if packaged is None or pkg_dir is None:
+        return None
+    weights = packaged.locate(pkg_dir)
+    if weights.suffix == ".gguf":
+        return _converted_or_gguf(name, weights) if weights.is_file() else None
+    return weights if weights.is_dir() and _has_weights(weights) else None
+
+
+def _converted_or_gguf(name: str, gguf: Path) -> Path:
+    target = _converted_folder(name, gguf)
+    return target if target.is_dir() and _marker_matches(target, gguf) else gguf
+
+
 def _resolve(kind: str, name: str, looked: list[str]) -> ResolvedModel | None:
     local = Path(name).expanduser()
     if local.is_dir():

@@ -154,17 +154,19 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
             log.info("%s is finished (DONE exists): nothing to do", out)
             return json.loads((out / "metrics.json").read_text())
         # before config.yaml: a run refused here leaves the directory free for the corrected one
-        check_can_start(cfg)
+        plan = check_can_start(cfg)
         _check_config(cfg, out)
-        return _run_locked(cfg, out, progress)
+        # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
+        # keeps the configuration as given, so a resume on another node plans again
+        return _run_locked(cfg, out, progress, plan.placed(cfg))
 
 
-def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
+def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConfig) -> dict[str, Any]:
     timer = StageTimer.load(out / "timings.json")
 
     tracker = Tracker.start(cfg, out)
     try:
-        metrics = _run_stages(cfg, out, timer, progress)
+        metrics = _run_stages(cfg, out, timer, progress, placed)
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
@@ -175,7 +177,8 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
     return metrics
 
 
-def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
+def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig) -> dict[str, Any]:
+    """The stages; `placed` is `cfg` with index.device as the device plan placed retrieval (encoders, BM25)."""
     with timer.stage("load"):
         bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
         selected = select_from_config(bench, cfg.data)
@@ -185,7 +188,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
 
     # Load the cross-encoder before hours of work, so missing weights fail at once.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend)
+    reranker = load_reranker(cfg.rerank, device=placed.index.device, encoder_backend=cfg.index.encoder_backend)
     ledger_path = out / "ledger.json"
     try:
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
@@ -201,8 +204,8 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
 
     try:
         with timer.stage("build"):
-            encoder = load_bi_encoder(cfg.index)
-            store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, cfg, encoder)
+            encoder = load_bi_encoder(placed.index)
+            store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, placed, encoder)
             new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
             if new:
                 store.add_memories(new, progress=progress)

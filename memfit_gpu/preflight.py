@@ -7,7 +7,11 @@ directory as it was, so the corrected command works in the same --out directory.
 - weights are on disk for the encoder, the cross-encoder (rerank.backend=cross-encoder) and every
   in-process reader (reader.model; eval.judge.model when the judge is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
+- the device plan fits (plan.py): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
+  fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
 - every OpenAI-compatible server answers (reader.base_urls; eval.judge.base_urls when the judge is on).
+
+The plan it returns says where the run puts retrieval (`Plan.placed`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from memfit_gpu.data import resolve_data_path
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.models import resolve
+from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import load_prompt
 
 
-def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> None:
-    """Raise (ConfigError, DataNotFoundError, MissingWeightsError, PromptError) when `cfg` cannot run here.
-    readers=False skips the reader and judge checks (retrieval alone)."""
+def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
+    """Raise (ConfigError, DataNotFoundError, MissingWeightsError, PromptError) when `cfg` cannot run here;
+    else return its device plan. readers=False skips the reader and judge checks (retrieval alone)."""
     resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
     try:
         visible_devices(cfg.index.device)
@@ -34,11 +39,12 @@ def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> None:
     if cfg.rerank.backend == "cross-encoder":
         resolve("cross-encoder", cfg.rerank.model)
     if not readers:
-        return
+        return _fitting_plan(cfg, readers=False)
     template = load_prompt(cfg.reader.prompt)
     if len(template) >= cfg.reader.max_prompt_chars:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
                           f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
+    plan = _fitting_plan(cfg, readers=True)
     roles = [("reader", cfg.reader)]
     if cfg.eval.judge.enabled:
         roles.append(("eval.judge", reader_config_for_judge(cfg.eval.judge, cfg.reader)))
@@ -50,3 +56,11 @@ def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> None:
                             timeout_s=min(reader.timeout_s, PROBE_TIMEOUT_S))
         else:
             resolve("reader", reader.model)
+    return plan
+
+
+def _fitting_plan(cfg: MemFitConfig, readers: bool) -> Plan:
+    """The run's device plan on this machine; ConfigError naming the key to change when it does not fit."""
+    plan = make_plan(cfg, readers=readers)
+    plan.check()
+    return plan

@@ -6,9 +6,13 @@
    (the store's bi-encoder pass), the store's BM25 and FAISS appends, summaries, the retrieval stages
    (query encoding, BM25, dense, fusion + boosts, summary search, pool + expansion, PRF, rerank, pack)
    and the reader (answer and judge calls). Each stage gets wall seconds, items/s and share of the total.
-2. Samples GPU memory and utilisation through NVML while it runs (absent GPU: recorded, not an error).
+2. Samples GPU memory and utilisation through NVML while it runs, on the GPUs this process sees
+   (CUDA_VISIBLE_DEVICES, mapped by index or UUID as the variable spells them): whole-device numbers
+   (vLLM engines included) next to memfit's own (NVML's per-process figure, and torch's peak reserved per
+   visible GPU for the pipeline and for the sweep). Absent GPU or NVML: recorded, not an error.
 3. Scaling sweep: one synthetic memory of N episodes (1k ... 1M; Zipf-distributed tokens, random unit
-   vectors, fixed seed) searched by a batch of questions with the real BM25Index (on index.device),
+   vectors, fixed seed) searched by a batch of questions with the real BM25Index (on index.device's
+   first device, recorded per row),
    DenseIndex and fusion; retrieve.kernels picks the torch or the Triton path (recorded per row).
 Writes DIR/profile.json and DIR/profile.png (stacked stage bars + scaling curves); logs both to W&B
 when tracking.wandb.enabled.
@@ -18,8 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,38 +50,130 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 RETRIEVAL_STAGES = ("query_encode", "bm25", "dense", "fuse", "summary_search", "expand", "prf", "rerank", "pack")
 
 
-class GpuSampler:
-    """Peak memory and mean utilisation of every visible GPU, sampled by NVML in a thread."""
+@dataclass(frozen=True)
+class VisibleGpu:
+    """One GPU this process sees, as NVML knows it."""
 
-    def __init__(self, interval_s: float = 0.5):
+    index: int  # torch's cuda:<index>: the position in CUDA_VISIBLE_DEVICES (or NVML's order when unset)
+    spelled: str  # how CUDA_VISIBLE_DEVICES names it ("" when unset)
+    nvml_index: int
+    uuid: str
+    name: str
+    handle: Any
+
+
+def _nvml_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible_gpus(nvml: Any, environ: Mapping[str, str] | None = None) -> tuple[list[VisibleGpu], str]:
+    """The NVML devices this process may use, in torch's order, and a note on how they were mapped.
+
+    CUDA_VISIBLE_DEVICES as the variable spells each entry: an integer is NVML's index (CUDA numbers GPUs
+    fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML by PCI bus: on a mixed node set the order, or
+    use UUIDs), `GPU-...` / `MIG-...` a UUID or a unique prefix of one. Like CUDA, the list ends at the
+    first entry that names no device; "-1" or an empty value hides every GPU. Unset: every NVML device."""
+    env = os.environ if environ is None else environ
+    count = int(nvml.nvmlDeviceGetCount())
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    uuids = [_nvml_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        chosen = [(str(i), i) for i in range(count)]
+        note = "CUDA_VISIBLE_DEVICES unset: every NVML device"
+    else:
+        chosen = []
+        for entry in (e.strip() for e in spec.split(",")):
+            if not entry:
+                break
+            if entry.lstrip("-").isdigit():
+                found = int(entry) if 0 <= int(entry) < count else None
+            else:
+                matches = [i for i, u in enumerate(uuids) if u.startswith(entry) or u.startswith(f"GPU-{entry}")]
+                found = matches[0] if len(matches) == 1 else None
+            if found is None or found in {c[1] for c in chosen}:
+                break  # CUDA ignores this entry and every one after it
+            chosen.append((entry, found))
+        note = f"CUDA_VISIBLE_DEVICES={spec}: {len(chosen)} of {count} NVML devices"
+        if any(e.isdigit() for e, _ in chosen) and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            note += " (indices read as NVML's PCI order; CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA agree)"
+    gpus = [VisibleGpu(position, entry if spec is not None else "", i, uuids[i],
+                       _nvml_text(nvml.nvmlDeviceGetName(handles[i])), handles[i])
+            for position, (entry, i) in enumerate(chosen)]
+    return gpus, note
+
+
+def memfit_gpu_memory() -> list[dict[str, Any]]:
+    """This process's own GPU memory per visible device, from torch's caching allocator: the peak reserved
+    since the last reset (what memfit's tensors held, CUDA context and FAISS's own allocations not
+    included). Empty when this process never initialised CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return []
+    return [{"index": i, "max_reserved_gib": torch.cuda.max_memory_reserved(i) / 2**30,
+             "max_allocated_gib": torch.cuda.max_memory_allocated(i) / 2**30} for i in range(torch.cuda.device_count())]
+
+
+def reset_memfit_gpu_memory() -> None:
+    """Start a new peak for `memfit_gpu_memory` (only where CUDA is already initialised: no new contexts)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+
+
+class GpuSampler:
+    """Peak memory and mean utilisation of the GPUs this process sees (CUDA_VISIBLE_DEVICES), sampled by
+    NVML in a thread. NVML's numbers are whole-device (every process: vLLM engines included); this
+    process's own use is NVML's per-process figure (when NVML reports our pid) and torch's peak reserved
+    (`memfit_gpu_memory`). A device NVML refuses (a SLURM cgroup) is skipped and counted, not fatal."""
+
+    def __init__(self, interval_s: float = 0.5, nvml: Any = None):
         self.interval_s = interval_s
         self.available = False
         self.reason = ""
-        self._samples: list[list[tuple[float, float]]] = []
+        self.mapping = ""
+        self.gpus: list[VisibleGpu] = []
+        self._samples: list[list[tuple[float, float, float | None] | None]] = []
+        self._errors: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            self.names = [str(pynvml.nvmlDeviceGetName(h)) for h in self._handles]
-            self.available = bool(self._handles)
-            self.reason = "" if self.available else "NVML reports no GPU"
+            if nvml is None:
+                import pynvml as nvml
+            nvml.nvmlInit()
+            self._nvml = nvml
+            self.gpus, self.mapping = visible_gpus(nvml)
+            self._errors = [0] * len(self.gpus)
+            self.available = bool(self.gpus)
+            self.reason = "" if self.available else f"NVML shows no visible GPU ({self.mapping})"
         except ImportError:
             self.reason = "nvidia-ml-py is not installed"
         except Exception as exc:  # NVMLError_LibraryNotFound and friends: no GPU here
             self.reason = f"NVML unavailable ({type(exc).__name__})"
 
+    def _own_gib(self, handle: Any) -> float | None:
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:  # noqa: BLE001 - per-process accounting is optional (MIG, containers)
+            return None
+        used = [p.usedGpuMemory for p in processes if p.pid == os.getpid() and p.usedGpuMemory is not None]
+        return sum(used) / 2**30 if used else None
+
+    def sample(self) -> None:
+        """One sample of every visible GPU."""
+        row: list[tuple[float, float, float | None] | None] = []
+        for position, gpu in enumerate(self.gpus):
+            try:
+                mem = self._nvml.nvmlDeviceGetMemoryInfo(gpu.handle)
+                util = self._nvml.nvmlDeviceGetUtilizationRates(gpu.handle)
+                row.append((mem.used / 2**30, float(util.gpu), self._own_gib(gpu.handle)))
+            except Exception:  # noqa: BLE001 - e.g. NVML_ERROR_NO_PERMISSION under a cgroup: skip this one
+                self._errors[position] += 1
+                row.append(None)
+        self._samples.append(row)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            row = []
-            for handle in self._handles:
-                mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-                util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-                row.append((mem.used / 2**30, float(util.gpu)))
-            self._samples.append(row)
+            self.sample()
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> GpuSampler:
@@ -92,12 +191,18 @@ class GpuSampler:
         if not self.available:
             return {"available": False, "reason": self.reason}
         per_gpu = []
-        for i, name in enumerate(self.names):
-            mem = [s[i][0] for s in self._samples] or [0.0]
-            util = [s[i][1] for s in self._samples] or [0.0]
-            per_gpu.append({"index": i, "name": name, "peak_memory_gib": max(mem), "mean_utilisation_pct": float(np.mean(util)),
-                            "samples": len(self._samples)})
-        return {"available": True, "gpus": per_gpu}
+        for i, gpu in enumerate(self.gpus):
+            rows = [s[i] for s in self._samples if s[i] is not None]
+            own = [r[2] for r in rows if r[2] is not None]
+            per_gpu.append({
+                "index": gpu.index, "visible_as": gpu.spelled, "nvml_index": gpu.nvml_index, "uuid": gpu.uuid,
+                "name": gpu.name,
+                "device_used_peak_gib": max((r[0] for r in rows), default=0.0),  # whole device, every process
+                "memfit_process_used_peak_gib": max(own) if own else None,  # NVML, this pid (context included)
+                "mean_utilisation_pct": float(np.mean([r[1] for r in rows])) if rows else 0.0,
+                "samples": len(rows), "errors": self._errors[i],
+            })
+        return {"available": True, "mapping": self.mapping, "gpus": per_gpu}
 
 
 def stage_table(run_dir: Path) -> dict[str, dict[str, float]]:
@@ -176,7 +281,8 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
         else:
             fuse(b_scores.cpu(), b_rows.cpu(), d_scores.cpu(), d_rows.cpu(), cfg.retrieve.alpha)
         t6 = time.perf_counter()
-        row = {"episodes": n_docs, "questions": n_queries, "kernels": kernels, "bm25_append_s": t1 - t0,
+        row = {"episodes": n_docs, "questions": n_queries, "kernels": kernels, "bm25_device": str(bm25.device),
+               "dense_placement": dense.placement, "bm25_append_s": t1 - t0,
                "dense_append_s": t2 - t1,
                "bm25_weights_s": t3 - t2, "bm25_search_s": t4 - t3, "dense_search_s": t5 - t4, "fuse_s": t6 - t5}
         row["search_s"] = row["bm25_search_s"] + row["dense_search_s"] + row["fuse_s"]
@@ -245,16 +351,23 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     with GpuSampler() as sampler:
+        reset_memfit_gpu_memory()
         started = time.perf_counter()
         metrics = pipeline.run(cfg, run_dir, progress=progress)
         pipeline_s = time.perf_counter() - started
+        memfit_memory = {"pipeline": memfit_gpu_memory()}
+        reset_memfit_gpu_memory()
         scaling = scaling_sweep(cfg, sizes, n_queries, progress) if sizes else []
+        memfit_memory["scaling"] = memfit_gpu_memory()
     build = json.loads((run_dir / "build_timings.json").read_text()) if (run_dir / "build_timings.json").exists() else {}
     result = {
         "benchmark": metrics.get("benchmark"), "questions": metrics.get("questions"), "episodes": build.get("episodes"),
         "device": _device_name(), "pipeline_wall_s": pipeline_s,
         "note": "a resumed or finished run directory reports the clocks of the run that did the work",
         "stages": stage_table(run_dir), "scaling": scaling, "gpu": sampler.summary(),
+        # this process's torch peak reserved per visible GPU and phase (empty: CUDA never initialised here);
+        # the vLLM engines are other processes: only NVML's whole-device numbers include them
+        "memfit_gpu_memory": memfit_memory,
         "run_dir": str(run_dir),
     }
     (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")

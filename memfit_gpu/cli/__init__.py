@@ -14,13 +14,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from memfit_gpu.cli import aggregate, compare, data, profile, retrieve, run, store, sweep
+from memfit_gpu.cli import aggregate, compare, data, plan, profile, retrieve, run, store, sweep
 from memfit_gpu.cli.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Interrupted, one_line, user_errors, where
 
 # name -> module with register(subparsers), in `memfit --help` order.
 SUBCOMMANDS: dict[str, str] = {
     "data": data.__name__,
     "run": run.__name__,
+    "plan": plan.__name__,
     "profile": profile.__name__,
     "retrieve": retrieve.__name__,
     "compare": compare.__name__,
@@ -28,7 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "aggregate": aggregate.__name__,
     "store": store.__name__,
 }
-_MODULES = (data, run, profile, retrieve, compare, sweep, aggregate, store)
+_MODULES = (data, run, plan, profile, retrieve, compare, sweep, aggregate, store)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 
