@@ -80,12 +80,12 @@ MIB = 2**20
 # library named, and says so. tests/test_plan.py checks the BM25 and vector numbers against real
 # structures built from LoCoMo.
 
-# BM25Index (index/bm25.py, state format 1): its state_dict tensors, what a snapshot holds.
-BM25_STATE_BYTES_PER_POSTING = 8 + 4  # post_term int64 + post_tf int32
+# BM25Index (index/bm25.py, state format 2): its state_dict tensors, what a snapshot holds.
+BM25_STATE_BYTES_PER_POSTING = 4 + 4  # post_term int32 + post_tf int32
 BM25_STATE_BYTES_PER_ROW = 8 + 8 + 8 + 1  # row_memory, row_len, row_post_start int64 + deleted bool
-BM25_STATE_BYTES_PER_TERM = 8  # term_memory int64
-# The live index adds post_row (int64 per posting) and df (int64 per term) to the state's tensors ...
-BM25_LIVE_BYTES_PER_POSTING = BM25_STATE_BYTES_PER_POSTING + 8
+BM25_STATE_BYTES_PER_TERM = 4 + 8  # term_token int32 + term_memory int64
+# The live index keeps no per-posting row column; it adds df (int64 per term) to the state's tensors ...
+BM25_LIVE_BYTES_PER_POSTING = BM25_STATE_BYTES_PER_POSTING
 BM25_LIVE_BYTES_PER_TERM = BM25_STATE_BYTES_PER_TERM + 8
 # ... in GrowableTensor buffers whose capacity runs ahead of their size: one big append (today's one-batch
 # write) leaves none, growth by doubling up to 2x; 1.25 is branch scale's growth step for large buffers.
@@ -101,6 +101,9 @@ BM25_DENSE_FACTOR = 8
 # rows, float64 tf / idf / norm / weight intermediates. Measured: RSS peak over RSS before `_prepare` on a
 # 5.3M-posting synthetic index on the CPU was 77.7 B per posting, of which 19 B the cache it keeps.
 BM25_PREPARE_PEAK_BYTES_PER_POSTING = 60
+# ... and since state format 2 `_prepare` works in slices of this many postings (bm25.py _PREPARE_SLICE),
+# so the transient is bounded by a slice, whatever the index's size.
+BM25_PREPARE_SLICE_POSTINGS = 1 << 22
 # Host side of BM25, always: the vocabulary (a dict per memory + the term -> token list). Measured with
 # tracemalloc on LoCoMo: 64 B per term of dict and list entries, plus the token's own str (49 B header +
 # ~6 characters).
@@ -657,7 +660,7 @@ def bm25_bytes(postings: int, rows: int, terms: int, dense_terms: int = 0, width
                      + terms * BM25_LIVE_BYTES_PER_TERM) * BM25_GROWTH_SLACK),
         "cache": postings * BM25_CACHE_BYTES_PER_POSTING + terms * BM25_CACHE_BYTES_PER_TERM
         + rows * BM25_CACHE_BYTES_PER_ROW + dense_terms * width * 8,
-        "peak": postings * BM25_PREPARE_PEAK_BYTES_PER_POSTING,
+        "peak": min(postings, BM25_PREPARE_SLICE_POSTINGS) * BM25_PREPARE_PEAK_BYTES_PER_POSTING,
         "host": terms * BM25_HOST_BYTES_PER_TERM,
     }
 
@@ -899,7 +902,7 @@ class _Builder:
                 part.gpu, part.gpu_peak = {g: int(live + cache)}, {g: int(peak)}
             self.add(part)
         # dense indexes
-        dense_gpu = self.dense_gpu()
+        dense_gpu = self.dense_gpu(devices)
         for label, rows in (("episodes", w.episodes), ("summaries", w.summaries)):
             if label == "summaries" and not rows:
                 continue
@@ -916,9 +919,6 @@ class _Builder:
                 part.host += FAISS_PINNED_HOST_BYTES
                 part.note += f" + FAISS temporary pool {temp / GIB:.1f} GiB"
             self.add(part)
-        if dense_gpu is not None and gpus and dense_gpu not in gpus:
-            self.notes.append(f"dense indexes on cuda:{dense_gpu}, not on the retrieval GPU: EpisodeStore builds GPU "
-                              "FAISS on GPU 0 (DenseIndex gets no gpu_id), counted there")
         # cross-encoder
         if cfg.rerank.backend == "cross-encoder":
             ce = self._model(cfg.rerank.model, _encoder_dtype(cfg.rerank.dtype))
@@ -936,13 +936,16 @@ class _Builder:
         per_token = ENCODER_LIVE_HIDDEN * hidden + ENCODER_LIVE_INTERMEDIATE * intermediate
         return int(batch * length * per_token * _dtype_bytes(_encoder_dtype(dtype)))
 
-    def dense_gpu(self) -> int | None:
+    def dense_gpu(self, devices: list[str]) -> int | None:
+        """GPU FAISS sits on the GPU of the BM25 index (the first retrieval device; the store passes it as
+        DenseIndex's gpu_id), GPU 0 when retrieval is on the CPU; None for CPU FAISS."""
         if self.cfg.index.dense_device == "cpu" or not self.node.gpus or not self.node.faiss_gpu:
             if self.cfg.index.dense_device == "gpu" and (not self.node.gpus or not self.node.faiss_gpu):
                 self.problems.append(Problem("index.dense_device=gpu needs GPU FAISS and a GPU on the node: set "
                                              "index.dense_device=auto or cpu", "index.dense_device", rank=0))
             return None
-        return 0
+        first = _gpu_of(devices[0]) if devices else None
+        return 0 if first is None else first
 
     def contexts_part(self) -> None:
         if self.contexts:

@@ -137,10 +137,15 @@ class EpisodeStore:
         kind: type[BM25Index] | type[ReferenceBM25] = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
         return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
 
+    def _dense_gpu_id(self) -> int:
+        """The GPU of GPU FAISS: the BM25 index's (the retrieval device the plan chose), else GPU 0."""
+        device = self._bm25_device()
+        return (device.index or 0) if device.type == "cuda" else 0
+
     def _new_dense(self) -> DenseIndex:
         ic = self.cfg.index
         return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe,
-                          batched_max_rows=ic.dense_batched_max_rows)
+                          gpu_id=self._dense_gpu_id(), batched_max_rows=ic.dense_batched_max_rows)
 
     # ------------------------------------------------------------------ read-side columns
     @property
@@ -773,7 +778,7 @@ class EpisodeStore:
         assert self._log is not None
         loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
                              ("episode_dense", "summary_dense"), self.cfg.index.dense_device,
-                             self.cfg.index.dense_batched_max_rows)
+                             self.cfg.index.dense_batched_max_rows, self._dense_gpu_id())
         if loaded is None:
             return 0
         self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])

@@ -151,7 +151,8 @@ def _checked_meta(folder: Path, record_log: RecordLog) -> dict[str, Any] | None:
 
 
 def load_newest(root: Path, record_log: RecordLog, dim: int, bm25_names: tuple[str, ...],
-                dense_names: tuple[str, ...], dense_device: str, batched_max_rows: int = BATCHED_MAX_ROWS
+                dense_names: tuple[str, ...], dense_device: str, batched_max_rows: int = BATCHED_MAX_ROWS,
+                dense_gpu_id: int = 0
                 ) -> Snapshot | None:
     """The newest snapshot under `root` that matches `record_log` and its checksums, loaded; None when
     there is none (the store then rebuilds its indexes from the log).
@@ -172,7 +173,8 @@ def load_newest(root: Path, record_log: RecordLog, dim: int, bm25_names: tuple[s
             log.error("%s: a BM25 file holds more than tensors and plain values: snapshot ignored, never loaded; "
                       "the indexes come from an older snapshot or are rebuilt from the log", folder)
             continue
-        dense = {name: DenseIndex.load(folder / name, device=dense_device, batched_max_rows=batched_max_rows)
+        dense = {name: DenseIndex.load(folder / name, device=dense_device, gpu_id=dense_gpu_id,
+                                       batched_max_rows=batched_max_rows)
                  for name in dense_names}
         return Snapshot(folder=folder, records=meta["records"], bm25=states, dense=dense)
     return None
