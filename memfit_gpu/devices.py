@@ -9,6 +9,7 @@
     warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
     synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
+    is_oom(exc)                      a device out of memory (torch's error or a CUDA library's)
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
 fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 __all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype", "resolve_dtype",
-           "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
+           "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,3 +176,16 @@ def synchronize(device: torch.device | None) -> None:
     reader engines."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# What CUDA libraries raise instead of torch.OutOfMemoryError when an allocation fails.
+_OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+              "cudnn_status_not_initialized", "cuda error: out of memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc` is a device running out of memory (torch's own error or a CUDA library's)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)

@@ -259,6 +259,78 @@ def test_chunked_search_equals_one_block(monkeypatch, scoring_path):
     assert_same_results(index, build(ReferenceBM25, docs, mems), queries, qmems, k=7)
 
 
+def _oom_docs() -> tuple[BM25Index, list[list[str]], list[int]]:
+    rng = random.Random(2)
+    words = [f"w{i}" for i in range(30)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(0, 8))] for _ in range(120)]
+    index = build(BM25Index, docs, [rng.randrange(4) for _ in docs])
+    queries = [[rng.choice(words) for _ in range(rng.randint(1, 4))] for _ in range(40)]
+    return index, queries, [rng.randrange(4) for _ in queries]
+
+
+def test_out_of_memory_halves_the_question_block(monkeypatch, caplog):
+    """Issue 14.2: BM25 died on OOM. A block of questions that does not fit is halved until it does
+    (provoked: any block of more than 5 questions raises torch.OutOfMemoryError); same bits as one block."""
+    index, queries, qmems = _oom_docs()
+    whole = index.search(queries, qmems, k=7)
+    real = BM25Index._score_block
+    sizes: list[int] = []
+
+    def tight(self, cache, pair_query, pair_term, n_queries, width):
+        sizes.append(n_queries)
+        if n_queries > 5:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, cache, pair_query, pair_term, n_queries, width)
+
+    monkeypatch.setattr(BM25Index, "_score_block", tight)
+    with caplog.at_level(logging.WARNING, logger="memfit_gpu.index.bm25"):
+        halved = index.search(queries, qmems, k=7)
+    assert torch.equal(whole[0], halved[0]) and torch.equal(whole[1], halved[1])
+    assert sizes[0] == 40 and max(sizes[sizes.index(5):]) == 5 and "5 at a time now" in caplog.text
+    monkeypatch.setattr(BM25Index, "_score_block", lambda *a: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: out of memory")))
+    with pytest.raises(RuntimeError, match="out of memory"):  # one question does not fit either: not hidden
+        index.search(queries[:3], qmems[:3], k=7)
+
+
+def test_out_of_memory_on_the_gpu_moves_the_index_to_the_cpu(monkeypatch, caplog):
+    """When even one question does not fit on the GPU the index moves to the CPU for good, says so, and
+    answers there with the torch path (the device is described as CUDA; the OOM is provoked)."""
+    index, queries, qmems = _oom_docs()
+    expected = index.search(queries, qmems, k=7, kernels="torch")
+    real = BM25Index._search_pairs
+    calls: list[str] = []
+
+    def first_fails(self, pair_query, pair_term, mems, k, kernels="torch"):
+        calls.append(f"{self.device.type}/{kernels}")
+        if self.device.type == "cuda":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(self, pair_query, pair_term, mems, k, kernels)
+
+    real_encode = BM25Index._encode_queries
+
+    def encode_here(self, queries, mems):  # the query pairs are made on the CPU, where the tensors are
+        believed, self.device = self.device, torch.device("cpu")
+        try:
+            return real_encode(self, queries, mems)
+        finally:
+            self.device = believed
+
+    monkeypatch.setattr(BM25Index, "_search_pairs", first_fails)
+    monkeypatch.setattr(BM25Index, "_encode_queries", encode_here)
+    index.device = torch.device("cuda", 1)  # what the index believes; its tensors are on the CPU here
+    with caplog.at_level(logging.WARNING, logger="memfit_gpu.index.bm25"):
+        got = index.search(queries, qmems, k=7, kernels="triton")
+    assert calls == ["cuda/triton", "cpu/torch"] and index.device == torch.device("cpu")
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert "out of memory on cuda:1" in caplog.text and "moves to the CPU" in caplog.text
+    index.device = torch.device("cpu")
+    monkeypatch.setattr(BM25Index, "_search_pairs", lambda *a, **kw: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("DefaultCPUAllocator: can't allocate memory")))
+    with pytest.raises(torch.OutOfMemoryError):  # on the CPU there is nowhere to go: the error stands
+        index.search(queries, qmems, k=7)
+
+
 # ---------------------------------------------------------------- isolation
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(

@@ -13,6 +13,7 @@ import torch
 
 from memfit_gpu.cli import main
 from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig, load_config
+from memfit_gpu.devices import is_oom
 from memfit_gpu.index.encoders import (
     BiEncoder,
     CrossEncoderModule,
@@ -25,7 +26,7 @@ from memfit_gpu.index.encoders import (
     onednn,
     random_cross_encoder,
 )
-from memfit_gpu.index.encoders.batching import is_oom, plan_batches
+from memfit_gpu.index.encoders.batching import plan_batches
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
 from memfit_gpu.store import episode_prefix
 

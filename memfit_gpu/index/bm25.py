@@ -36,13 +36,15 @@ path nor the first search holds a full-size temporary per posting beyond the CSR
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from memfit_gpu.buffers import GrowableArray, GrowableTensor
+from memfit_gpu.devices import is_oom
 from memfit_gpu.index.protocols import (
     as_int_list,
     check_batch,
@@ -58,6 +60,9 @@ from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmente
 __all__ = ["BM25Index"]
 
 # Cap on the padded score matrix built per chunk of queries (elements); bounds search memory.
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
 _CHUNK_ELEMENTS = 1 << 24
 # Cap on the ragged float64 scores of one kernel launch (`search(kernels="triton")`), in elements.
 _RAGGED_ELEMENTS = 1 << 25
@@ -627,7 +632,9 @@ class BM25Index:
         if not mems:
             return self._search_pairs(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), mems, k)
         pair_query, pair_term = self._encode_queries(queries, mems)
-        return self._search_pairs(pair_query, pair_term, mems, k, kernels)
+        return self._on_cpu_after_oom(
+            lambda backend: self._search_pairs(pair_query, pair_term, mems, k, backend),
+            kernels)
 
     def search_encoded(
         self, pair_query: torch.Tensor, pair_term: torch.Tensor, memory_idx: Sequence[int] | torch.Tensor, k: int,
@@ -646,13 +653,36 @@ class BM25Index:
             mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
             if bool((self._term_memory.view[pair_term] != mem_t[pair_query]).any()):
                 raise ValueError("BM25 search_encoded: a term id belongs to another memory than its query")
-        return self._search_pairs(pair_query, pair_term, mems, k, kernels)
+        return self._on_cpu_after_oom(
+            lambda backend: self._search_pairs(pair_query, pair_term, mems, k, backend),
+            kernels)
+
+    def _on_cpu_after_oom(self, search: Callable[[str], T], kernels: str) -> T:
+        """Run `search(kernels)`; when the GPU runs out of memory even for one question at a time (the
+        torch path halves its blocks first), move the index to the CPU for good, loudly, and search
+        there with the torch path: same bits (the sums are order-independent and both paths agree),
+        slower, instead of a run that dies."""
+        try:
+            return search(kernels)
+        except Exception as exc:
+            if self.device.type != "cuda" or not is_oom(exc):
+                raise
+            where = self.device
+            self._cache = None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            log.warning("BM25Index: out of memory on %s (%s): the index moves to the CPU for the rest of this "
+                        "process (index.device=cpu starts it there; memfit plan shows what each GPU holds)",
+                        where, str(exc).splitlines()[0][:200])
+            self.to("cpu")
+            return search("torch")
 
     def _search_pairs(
         self, pair_query: torch.Tensor, pair_term: torch.Tensor, mems: list[int], k: int, kernels: str = "torch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_queries = len(mems)
         dev = self.device
+        pair_query, pair_term = pair_query.to(dev), pair_term.to(dev)  # after a move to the CPU (OOM)
         top_scores = torch.zeros((n_queries, k), dtype=torch.float32, device=dev)
         top_rows = torch.full((n_queries, k), -1, dtype=torch.long, device=dev)
         if n_queries == 0:
@@ -667,16 +697,25 @@ class BM25Index:
             return self._search_ragged(cache, pair_query, pair_term, q_docs, q_start, k)
         kk = min(k, width)
         chunk = max(1, _CHUNK_ELEMENTS // width)
-        bounds = torch.searchsorted(pair_query, torch.arange(0, n_queries + chunk, chunk, device=dev)).tolist()
-        for i, q0 in enumerate(range(0, n_queries, chunk)):
+        q0 = 0
+        while q0 < n_queries:
             q1 = min(q0 + chunk, n_queries)
-            lo, hi = bounds[i], bounds[i + 1]
-            block = self._score_block(cache, pair_query[lo:hi] - q0, pair_term[lo:hi], q1 - q0, width)
-            vals, cols = padded_topk(block, kk)
+            lo, hi = torch.searchsorted(pair_query, torch.tensor([q0, q1], device=dev)).tolist()
+            try:
+                block = self._score_block(cache, pair_query[lo:hi] - q0, pair_term[lo:hi], q1 - q0, width)
+                vals, cols = padded_topk(block, kk)
+            except Exception as exc:
+                if not is_oom(exc) or q1 - q0 == 1:
+                    raise
+                chunk = (q1 - q0) // 2  # a smaller block of questions, same bits (each question's row is its own)
+                log.warning("BM25Index: out of memory on %s scoring %d questions at once: %d at a time now",
+                            dev, q1 - q0, chunk)
+                continue
             rows = self._rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
             hit = vals > 0
             top_scores[q0:q1, :kk] = torch.where(hit, vals, 0.0)
             top_rows[q0:q1, :kk] = torch.where(hit, rows, -1)
+            q0 = q1
         return top_scores, top_rows
 
     def _search_ragged(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from memfit_gpu.devices import is_oom
 from memfit_gpu.models import ResolvedModel
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,6 @@ logger = logging.getLogger(__name__)
 CPU_BATCH_TOKENS = 2048
 
 # Allocation failures surface from cuBLAS / cuDNN handles as plain RuntimeErrors with these texts.
-_OOM_TEXTS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
-              "cudnn_status_not_initialized", "cuda error: out of memory")
 
 Tokens = dict[str, list[list[int]]]
 Forward = Callable[[torch.nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -63,14 +62,6 @@ def padding_mask(lengths: Sequence[int], width: int, right: bool) -> torch.Tenso
     n = torch.tensor(lengths).unsqueeze(1)
     mask = positions < n if right else positions >= (width - n)
     return mask.long()
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Whether `exc` is a device running out of memory (torch's own error or a CUDA library's)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
 
 
 class BatchedEncoder(torch.nn.Module):
