@@ -99,7 +99,9 @@ class FaultServer:
                     return self._send(200, {**reply, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
                 if mode == "ok-partial" and question == "please refuse":
                     return self._send(400, {"error": "refused"})
-                time.sleep(0.2)
+                # ok-wide: long enough that every call the client allows is in flight before one returns,
+                # however loaded the machine
+                time.sleep(2.0 if mode == "ok-wide" else 0.2)
                 return self._send(200, {**reply, "usage": {"prompt_tokens": 7, "completion_tokens": 2}})
 
         class Server(ThreadingHTTPServer):
