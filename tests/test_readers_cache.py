@@ -132,7 +132,7 @@ def test_prices_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # builds the wheel (a few seconds)
-def test_an_installed_memfit_reads_its_prices_and_prompts_as_package_data(tmp_path: Path) -> None:
+def test_an_installed_memfit_reads_its_prices_and_prompts_as_package_data(tmp_path: Path, shared_data: Path) -> None:
     """A non-editable install has no configs/ folder: the price table and the prompts are package data read
     with importlib.resources, whatever the working directory (the wheel is built from a copy of the tree,
     so no build/ folder is left in the checkout)."""
@@ -158,6 +158,19 @@ def test_an_installed_memfit_reads_its_prices_and_prompts_as_package_data(tmp_pa
     assert module == str(tmp_path / "site" / "memfit_gpu" / "readers" / "ledger.py")
     assert prices == load_prices() and prices["gpt-4o"] == {"input": 2.5, "output": 10.0}
     assert answer_prompt == (REPO / "memfit_gpu" / "prompts" / "answer.txt").read_text(encoding="utf-8")
+    # every package of the tree is in the wheel (pyproject lists them by hand), the kernels included
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "memfit_gpu").rglob("__init__.py")
+                if "__pycache__" not in p.parts}
+    installed = {p.parent.relative_to(tmp_path / "site").as_posix()
+                 for p in (tmp_path / "site" / "memfit_gpu").rglob("__init__.py")}
+    assert packages <= installed, f"missing from the wheel: {sorted(packages - installed)}"
+    # and the smoke run works from that install, in another folder (prices, prompts, kernels as package data)
+    run = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(REPO / "configs" / "smoke.yaml"),
+                          "--out", str(elsewhere / "run"), "--quiet"], cwd=elsewhere, capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "PYTHONPATH": str(tmp_path / "site"),
+                                           "MEMFIT_DATA_DIR": str(shared_data)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (elsewhere / "run" / "DONE").exists() and json.loads((elsewhere / "run" / "metrics.json").read_text())["questions"] == 6
 
 
 def test_request_validation_names_the_key() -> None:
