@@ -91,8 +91,7 @@ class Reader:
         step = max(1, int(batch_size))
         try:
             served = [(i, _served_again(found[key])) for i, key in enumerate(keys) if key in found]
-            for b in range(0, len(served), step):
-                yield self._recorded(requests, served[b:b + step])
+            yield from self._recorded_batches(requests, served, step)
             # Identical requests are generated once: the others are served that response as cached.
             todo = [key for key in positions if key not in found]
             bar = tqdm(total=len(todo), desc=f"{self.backend.name} {role}", unit="call", disable=not progress)
@@ -135,10 +134,12 @@ class Reader:
 
     def _recorded_batches(self, requests: Sequence[Request], ready: list[tuple[int, Response]],
                           step: int) -> Iterator[list[tuple[int, Response]]]:
-        """`ready` in position order, `step` at a time, each recorded in the ledger as it is handed out."""
-        ready = sorted(ready, key=lambda item: item[0])
+        """All of `ready` recorded in the ledger at once (as the cache holds them: a ledger saved after the
+        first batch accounts for every call made, so a rerun re-served the rest counts none twice), then
+        handed out in position order, `step` at a time."""
+        ready = self._recorded(requests, ready)
         for b in range(0, len(ready), step):
-            yield self._recorded(requests, ready[b:b + step])
+            yield ready[b:b + step]
 
     def _recorded(self, requests: Sequence[Request], batch: list[tuple[int, Response]]) -> list[tuple[int, Response]]:
         batch = sorted(batch, key=lambda item: item[0])
