@@ -20,6 +20,8 @@ from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for
 from omegaconf.errors import OmegaConfBaseException
 
 from memfit_gpu.data.schema import HUGE_TURN_CHARS
+from memfit_gpu.methods import settings as method_settings
+from memfit_gpu.methods.settings import FullContextConfig, LightMemConfig, NaiveRAGConfig
 
 
 @dataclass
@@ -203,6 +205,7 @@ class TrackingConfig:
 class MemFitConfig:
     name: str = "memfit"
     seed: int = 0
+    method: str = "memfit"  # the memory system under test (memfit_gpu/methods): memfit | plain | naive_rag | ...
     data: DataConfig = field(default_factory=DataConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -214,6 +217,10 @@ class MemFitConfig:
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # issue 15: settings of the other memory systems (memfit_gpu/methods/settings.py); each reads only its own
+    naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
+    full_context: FullContextConfig = field(default_factory=FullContextConfig)
+    lightmem: LightMemConfig = field(default_factory=LightMemConfig)
 
 
 class ConfigError(ValueError):
@@ -236,6 +243,7 @@ _CHOICES = {
     "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
+    **method_settings.CHOICES,
 }
 
 
@@ -337,6 +345,7 @@ _RANGES: dict[str, _Range] = {
     "eval.bootstrap_samples": _AT_LEAST_1,
     "eval.permutation_samples": _AT_LEAST_1,
     "eval.seed": _Range(),
+    **{key: _Range(**spec) for key, spec in method_settings.RANGES.items()},
 }
 
 
@@ -382,6 +391,9 @@ def _check_together(cfg: MemFitConfig, source: str) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"{source}: rerank.summary_suffix={cfg.rerank.summary_suffix!r} is not a format string "
                           f"with only a {{date}} slot ({type(exc).__name__}: {exc})") from None
+    wrong = method_settings.check_together(cfg, source)
+    if wrong is not None:
+        raise ConfigError(wrong)
 
 
 def _base_of(data: Any, path: Path) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from memfit_gpu.readers.base import (
     BACKENDS,
+    ROLE_PHASES,
     ROLES,
     Backend,
     MissingBackendError,
@@ -22,7 +23,7 @@ from memfit_gpu.readers.clean import NOT_FOUND, CleanAnswer, clean_answer, clean
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 
 __all__ = [
-    "BACKENDS", "ROLES", "Backend", "MissingBackendError", "Reader", "ReaderError", "Request", "Response",
-    "make_backend", "make_reader", "reader_config_for_judge", "NOT_FOUND", "CleanAnswer", "clean_answer",
+    "BACKENDS", "ROLE_PHASES", "ROLES", "Backend", "MissingBackendError", "Reader", "ReaderError", "Request",
+    "Response", "make_backend", "make_reader", "reader_config_for_judge", "NOT_FOUND", "CleanAnswer", "clean_answer",
     "clean_answers", "Ledger", "LedgerCheckError",
 ]

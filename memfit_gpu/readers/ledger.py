@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.readers.base import ROLES, Response
+from memfit_gpu.readers.base import ROLE_PHASES, ROLES, Response
 
 LOCAL_BACKENDS = ("transformers", "vllm")
 DEFAULT_PRICES = Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"
+PHASES = ("write", "read", "eval")  # ROLE_PHASES' values: ledger.json totals its roles per phase
 
 
 class LedgerCheckError(AssertionError):
@@ -133,9 +134,20 @@ class Ledger:
         return {"usd": total, "by_model": by_model, "unpriced_models": sorted(set(unpriced)),
                 "gpu_seconds": gpu_seconds}
 
+    def phases(self) -> dict[str, RoleStats]:
+        """The roles' stats summed per phase (ROLE_PHASES: write, read, eval); a role no phase names (from
+        a ledger another version wrote) is summed under its own name."""
+        out = {phase: RoleStats() for phase in PHASES}
+        for role, stats in self.roles.items():
+            total = out.setdefault(ROLE_PHASES.get(role, role), RoleStats())
+            for name, value in asdict(stats).items():
+                setattr(total, name, getattr(total, name) + value)
+        return out
+
     def to_dict(self, prices_path: str | Path | None = None) -> dict[str, Any]:
         return {
             "roles": {r: asdict(s) for r, s in self.roles.items()},
+            "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
             "models": {k: asdict(m) for k, m in self.models.items()},
             "answer_calls": len(self.answer_keys),
             "answer_keys": list(self.answer_keys),
