@@ -25,7 +25,11 @@ The episode store is built in memory from the benchmark (one encoder pass). Summ
 this command runs WITHOUT summaries unless --store names an existing store directory that holds
 them (built by `memfit run` with summary.enabled and a reader). rerank.backend=cross-encoder needs
 the cross-encoder weights (no PyPI package ships them); rerank.backend=none keeps the first-stage
-order. Any config key can be overridden as key=value, e.g. retrieve.scan_top_k=30 pack.k=5."""
+order. Any config key can be overridden as key=value, e.g. retrieve.scan_top_k=30 pack.k=5.
+
+method=plain | naive_rag | full_context writes that method's packs instead (memfit_gpu/methods;
+full_context bounds the history by reader.max_prompt_chars and full_context.context_tokens only, as no
+reader is loaded here); method=lightmem_slm is refused: its retrieval calls small language models."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +61,47 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"data.limit_questions={args.limit_questions}")
     cfg = load_config(args.config, overrides)
     check_can_start(cfg, readers=False)
-    return _run(cfg, Path(args.out), args.store, to_dict(cfg))
+    # --- issue 15: the method's packs (memfit_gpu/methods); plain is MemFit's path with its switches ---
+    from memfit_gpu.config import ConfigError
+    from memfit_gpu.methods.registry import NEEDS_READER_TO_RETRIEVE, memfit_path_config
+
+    if cfg.method in NEEDS_READER_TO_RETRIEVE:
+        raise ConfigError(f"method={cfg.method} retrieves with LLM calls (small language models): "
+                          "use `memfit run`, which makes and accounts for them")
+    memfit_cfg = memfit_path_config(cfg)
+    if memfit_cfg is None:
+        return _run_method(cfg, Path(args.out), to_dict(cfg))
+    # --- end of the issue 15 seam ---
+    return _run(memfit_cfg, Path(args.out), args.store, to_dict(cfg))
+
+
+def _run_method(cfg, out: Path, cfg_dict: dict) -> int:
+    """packs.jsonl and diagnostics.json of an LLM-free method with its own path, built in memory."""
+    from memfit_gpu.data import load_benchmark, select_from_config
+    from memfit_gpu.methods.base import MethodRun
+    from memfit_gpu.methods.registry import make_method
+
+    started = time.perf_counter()
+    benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
+    questions = [q for q in benchmark.questions() if q.evaluated]
+    method = make_method(cfg.method)
+    run = MethodRun(cfg, None, benchmark, benchmark.memories, questions, progress=True)
+    try:
+        method.write(run)
+        rows, diagnostics = method.read(run)
+    finally:
+        method.close()
+    diagnostics["timings"] = {"total_s": time.perf_counter() - started}
+    diagnostics["config"] = cfg_dict
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "packs.jsonl", "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2) + "\n")
+    overall = diagnostics["overall"]
+    print(json.dumps({"questions": overall["questions"], "method": cfg.method,
+                      **{k: overall[k] for k in ("pack_hit", "pack_hit_window", "mrr")}, "out": str(out)}))
+    return 0
 
 
 def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
