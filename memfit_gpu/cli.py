@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "memfit_gpu.profile",
     "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
+    "efficiency": "memfit_gpu.evaluate.efficiency",
     "sweep": "memfit_gpu.sweep_cli",
     "aggregate": "memfit_gpu.sweep_cli",
     "store": "memfit_gpu.store.cli",
