@@ -37,6 +37,7 @@ from memfit_gpu.methods.naive_rag import chunk_history, chunk_starts
 from memfit_gpu.methods.plain import SWITCHES, plain_config
 from memfit_gpu.readers import ROLE_PHASES, Ledger, Request, Response
 from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars
+from memfit_gpu.sweep import load_sweep, point_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -440,3 +441,12 @@ def test_turn_table_rows_follow_the_conversation():
     table = TurnTable.from_memories([alpine, urban])
     assert table.memory_rows(1) == [5, 6, 7, 8] and table.ep_turn_id[5] == "B1"
     assert table.recorded(3) == "2 May 2023" and table.memory_index("urban") == 1
+
+
+def test_baselines_sweep_runs_every_method_with_one_reader():
+    spec = load_sweep(REPO / "configs" / "sweeps" / "baselines_locomo_qwen3_8b.yaml")
+    configs = [load_config(spec.config, point_overrides(spec.name, spec.fixed, p)) for p in spec.points]
+    assert [p.point_id for p in spec.points] == [c.method for c in configs] == [
+        "memfit", "plain", "naive_rag", "full_context", "lightmem_slm"]
+    assert {(c.reader.backend, c.reader.model) for c in configs} == {("vllm", "Qwen/Qwen3-8B")}
+    assert [c.reader.max_model_len for c in configs] == [16384, 16384, 16384, 32768, 16384]
