@@ -26,10 +26,14 @@ import yaml
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.common import TurnTable
+from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
 from memfit_gpu.pipeline import _retrieve, read_jsonl, run
 from memfit_gpu.readers import Ledger, make_reader
 from memfit_gpu.readers.prompts import build_answer_messages
+from memfit_gpu.retrieve.pack import excerpt_tail
 from memfit_gpu.store import EpisodeStore, RecordLog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,26 +146,59 @@ def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path
             assert plain[qid][field] == expected[qid][field], (qid, field)
 
 
+def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable) -> dict:
+    """The pack holds the newest turns of its memory and exactly the fewest oldest ones are dropped for its
+    answer prompt to fit `room` tokens; returns its truncation record."""
+    truncation = pack["method_notes"]["truncation"]
+    rows = table.memory_rows(table.memory_index(pack["memory_id"]))
+    tails = [excerpt_tail(table, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0] for r in rows]
+
+    def tokens(first_kept: int) -> int:
+        text = "\n".join(f"EXCERPT {i} {t}" for i, t in enumerate(tails[first_kept:], start=1))
+        return count(build_answer_messages(pack["question"], text))
+
+    dropped = truncation["turns_dropped"]
+    assert truncation["turns"] == len(rows) == 419 and 0 < dropped < 419
+    assert pack["excerpts"] == "\n".join(f"EXCERPT {i} {t}" for i, t in enumerate(tails[dropped:], start=1))
+    assert tokens(dropped) <= room < tokens(dropped - 1)
+    assert truncation["first_kept_turn"] == pack["pack"]["episodes"][0]["turn_id"] == table.ep_turn_id[rows[dropped]]
+    assert pack["pack"]["episodes"][-1]["turn_id"] == "D19:15"  # the last turn of the conversation stays
+    return truncation
+
+
 @pytest.mark.slow
-def test_full_context_drops_the_oldest_turns_to_fit_the_readers_context(runs: dict[str, Path]):
+def test_full_context_run_records_its_truncation(runs: dict[str, Path], shared_data: Path):
+    """The demo bounds the prompt by full_context.context_tokens (CPU-sized), counted by the reader."""
     cfg = load_config(DEMO, ["method=full_context", "data.limit_questions=5"])
     reader = make_reader(cfg.reader, None, progress=False)
-    context, count = reader.prompt_token_limit()  # type: ignore[misc]
+    _, count = reader.prompt_token_limit()  # type: ignore[misc]
     reader.close()
-    room = context - cfg.reader.max_new_tokens
+    table = TurnTable.from_memories(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json").memories[:1])
     packs = {r["question_id"]: r for r in read_jsonl(runs["full_context"] / "packs.jsonl")}
     for prediction in read_jsonl(runs["full_context"] / "predictions.jsonl"):
-        truncation = prediction["method_notes"]["truncation"]
         pack = packs[prediction["question_id"]]
-        assert pack["method_notes"]["truncation"] == truncation
-        # conv-26 is ~25k tokens: SmolLM2's 8,192 hold its newest turns only
-        assert truncation["turns"] == 419 and 0 < truncation["turns_dropped"] < 419
-        assert truncation["bound"] == f"the reader's context of {context:,} tokens less reader.max_new_tokens=32"
-        assert truncation["first_kept_turn"] == pack["pack"]["episodes"][0]["turn_id"]
-        assert pack["pack"]["episodes"][-1]["turn_id"] == "D19:15"  # the last turn of the conversation
-        question = prediction["question"]
-        assert count(build_answer_messages(question, pack["excerpts"])) <= room
+        truncation = check_oldest_dropped(pack, cfg, count, 2048 - 32, table)
+        assert prediction["method_notes"] == pack["method_notes"]
+        assert truncation["bound"] == "full_context.context_tokens of 2,048 tokens less reader.max_new_tokens=32"
         assert "prompt_chars_cut" not in prediction and "truncated_tokens" not in prediction["reader_notes"]
+
+
+@pytest.mark.slow
+def test_full_context_fits_the_readers_own_context(shared_data: Path):
+    """full_context.context_tokens null: the transformers reader's own context (SmolLM2: 8,192 tokens)."""
+    cfg = load_config(DEMO, ["method=full_context", "data.limit_questions=5", "full_context.context_tokens=null"])
+    bench = select_from_config(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json"), cfg.data)
+    reader = make_reader(cfg.reader, None, progress=False)
+    context, count = reader.prompt_token_limit()  # type: ignore[misc]
+    method = FullContext()
+    run_ = MethodRun(cfg, None, bench, bench.memories, bench.questions(), reader=lambda: reader)
+    method.write(run_)
+    rows, diagnostics = method.read(run_)
+    reader.close()
+    assert context == 8192 and diagnostics["method"]["questions_truncated"] == 5
+    for row in rows:
+        truncation = check_oldest_dropped(row, cfg, count, context - 32, method.table)  # type: ignore[arg-type]
+        assert truncation["bound"] == "the reader's context of 8,192 tokens less reader.max_new_tokens=32"
 
 
 @pytest.mark.slow

@@ -80,7 +80,8 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
         "latency_s_per_question": round(read_s / questions, 4) if questions else None,
         "gpu_seconds": round(write.gpu_seconds + read.gpu_seconds, 3),
         "ledger_usd": (data.get("cost") or {}).get("usd"),
-        "est_usd": None if price is None else tokens_in / 1e6 * price["input"] + tokens_out / 1e6 * price["output"],
+        "est_usd": None if price is None else round(tokens_in / 1e6 * price["input"]
+                                                    + tokens_out / 1e6 * price["output"], 6),
     }
 
 
