@@ -134,10 +134,11 @@ class FullContext:
             rows = table.memory_rows(m_idx)
             kept = rows[dropped:]
             kept_rows.append(kept)
-            bound = None
-            if dropped:
-                over_chars = prompt_chars(messages(dropped - 1)) > cfg.reader.max_prompt_chars
-                bound = f"reader.max_prompt_chars={cfg.reader.max_prompt_chars:,}" if over_chars else budget[2]  # type: ignore[index]
+            bound = None  # what forced the cut: one more turn would break the character bound, else the tokens
+            if dropped and prompt_chars(messages(dropped - 1)) > cfg.reader.max_prompt_chars:
+                bound = f"reader.max_prompt_chars={cfg.reader.max_prompt_chars:,}"
+            elif dropped and budget is not None:
+                bound = budget[2]
             truncation = {"turns": len(rows), "turns_kept": len(kept), "turns_dropped": dropped,
                           "chars_dropped": sum(len(t) for t in tails[:dropped]),
                           "first_kept_turn": table.ep_turn_id[kept[0]] if kept else None, "bound": bound}

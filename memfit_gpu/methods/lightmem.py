@@ -96,6 +96,8 @@ _NODE_LINE = re.compile(r"^\W*(entity|concept)\s*[:\-]\s*(.+)$", re.IGNORECASE)
 _EDGE_LINE = re.compile(r"^\W*(.+?)\s*\|\s*([A-Za-z ]+?)\s*\|\s*(.+)$")
 _HQ_LINE = re.compile(r"^[\s\-*\d.)]*\b(MTM|LTM)\b[\s*]*[:\-]\s*(.+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"\d+")
+Item = tuple[str, int]  # (tier, id): an MTM entry number or an LTM node id, within its user
+Scored = tuple[Item, float]  # an item and its cosine to an HQ
 
 
 # ---------------------------------------------------------------------------------------------- write side
@@ -269,7 +271,8 @@ class LightMemLog:
         elif kind == "ltm":
             memory = self.user(record["user"])
             entries = [int(e) for e in record["entries"]]
-            parsed = ParsedGraph([tuple(n) for n in record["nodes"]], [tuple(e) for e in record["edges"]])  # type: ignore[misc]
+            parsed = ParsedGraph([(str(n), str(k)) for n, k in record["nodes"]],
+                                 [(str(h), str(r), str(t)) for h, r, t in record["edges"]])
             memory.graph.merge(parsed, entries)
             memory.ltm_done.add(int(record["batch"]))
             memory.dropped += int(record.get("dropped", 0))
@@ -358,16 +361,16 @@ class LightMem:
                 window = [rows[p] for p in positions]
                 if entry in done:
                     if done[entry]["rows"] != window:
-                        raise StoreCorruptError(str(self.memlog.log.path), None, "rows",
-                                                f"MTM entry {entry} of {memory.memory_id} covers rows {done[entry]['rows']}, "
-                                                f"the store's window is {window}")
+                        raise StoreCorruptError(
+                            str(self.memlog.log.path), None, "rows", f"MTM entry {entry} of {memory.memory_id} covers "
+                            f"rows {done[entry]['rows']}, the store's window is {window}")
                     continue
                 speakers = list(dict.fromkeys(view.ep_speaker[r] for r in window))
                 lines = [f"- {view.ep_speaker[r]}: {quote_lines(self.store.body(r)[:cfg.lightmem.turn_chars])}"
                          for r in window]
                 first, last = view.recorded(window[0]), view.recorded(window[-1])
-                prompt = fill(template, speakers=_speakers(speakers), date=first if first == last else f"{first} to {last}",
-                              turns="\n".join(lines))
+                prompt = fill(template, speakers=_speakers(speakers), turns="\n".join(lines),
+                              date=first if first == last else f"{first} to {last}")
                 jobs.append({"t": "mtm", "user": memory.memory_id, "entry": entry,
                              "session": self.store.session_ids[int(view.ep_session[window[0]])],
                              "turns": [view.ep_turn_id[r] for r in window], "rows": window, "date": last,
@@ -463,7 +466,8 @@ class LightMem:
             selected.append(list(dict.fromkeys(stm + provenance)))
             score = {c: s for hq_cands in cands for c, s in hq_cands}
             rows_out.append((q, plan, picks, stm, score))
-        method = {"name": self.name, **self.stats, "users": len(users),
+        # what the memory holds, the same however many runs wrote it (a resumed run's own work is logged only)
+        method = {"name": self.name, "users": len(users),
                   "mtm_entries": sum(len(self.memlog.user(u).mtm) for u in users),
                   "ltm_nodes": sum(len(self.memlog.user(u).graph.names) for u in users),
                   "ltm_edges": sum(len(self.memlog.user(u).graph.edges) for u in users),
@@ -473,13 +477,13 @@ class LightMem:
         for (q, plan, picks, stm, score), rows, record in zip(rows_out, selected, records, strict=True):
             hqs = [{"text": hq.text, "tier": hq.tier, "budget": hq.budget} for hq in plan]
             items = [{"tier": tier, "id": item, "score": score.get((tier, item))} for tier, item in picks]
-            out.append(pack_row(q, self._excerpts(cfg, q.memory_id, stm, picks, tiers), pack_json(rows, rows, view.ep_turn_id),
-                                record, self.name, lightmem={"hqs": hqs, "candidates": len(score), "items": items},
+            excerpts = self._excerpts(cfg, q.memory_id, stm, picks, tiers)
+            out.append(pack_row(q, excerpts, pack_json(rows, rows, view.ep_turn_id), record, self.name, lightmem={"hqs": hqs, "candidates": len(score), "items": items},
                                 method_notes={"hqs": [[hq.tier, hq.text] for hq in plan]}))
         return out, diagnostics
 
-    def _rerank(self, run: MethodRun, reader: Any, questions: list[Question],
-                candidates: list[list[list[tuple[tuple[str, int], float]]]], tiers: TierIndex) -> list[list[tuple[str, int]]]:
+    def _rerank(self, run: MethodRun, reader: Any, questions: list[Question], candidates: list[list[list[Scored]]],
+                tiers: TierIndex) -> list[list[Item]]:
         """Each question's candidates (union over its HQs, coarse order) in SLM-2's order."""
         lm = run.cfg.lightmem
         unions = [list(dict.fromkeys(c for hq_cands in cands for c, _ in hq_cands)) for cands in candidates]
@@ -502,7 +506,7 @@ class LightMem:
             orders[i] = rerank_order(reply.text, unions[i])
         return orders
 
-    def _excerpts(self, cfg: MemFitConfig, user: str, stm: list[int], picks: list[tuple[str, int]],
+    def _excerpts(self, cfg: MemFitConfig, user: str, stm: list[int], picks: list[Item],
                   tiers: TierIndex) -> str:
         assert self.view is not None
         parts = []
@@ -510,7 +514,8 @@ class LightMem:
             lines = [f"EXCERPT {i} {excerpt_tail(self.view, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0]}"
                      for i, r in enumerate(stm, start=1)]
             parts.append("RECENT TURNS:\n" + "\n".join(lines))
-        notes = [f"- (recorded {tiers.date(user, c)}) {quote_lines(tiers.note(user, c))}" for c in picks if c[0] == "mtm"]
+        notes = [f"- (recorded {tiers.date(user, c)}) {quote_lines(tiers.note(user, c))}"
+                 for c in picks if c[0] == "mtm"]
         if notes:
             parts.append("MEMORY NOTES:\n" + "\n".join(notes))
         facts = [f"- {quote_lines(tiers.text(user, c))}" for c in picks if c[0] == "ltm"]
@@ -633,30 +638,30 @@ class TierIndex:
         u = self.users.index(user)
         return {tier: any(owner == u for owner, _, _ in self.docs[tier]) for tier in TIERS}
 
-    def text(self, user: str, item: tuple[str, int]) -> str:
+    def text(self, user: str, item: Item) -> str:
         tier, ident = item
         if tier == "ltm":
             return self.ltm_texts[(user, ident)]
         return f"({self.date(user, item)}) {self.note(user, item)}"
 
-    def note(self, user: str, item: tuple[str, int]) -> str:
+    def note(self, user: str, item: Item) -> str:
         return str(self.memlog.user(user).mtm[item[1]]["text"])
 
-    def date(self, user: str, item: tuple[str, int]) -> str:
+    def date(self, user: str, item: Item) -> str:
         return str(self.memlog.user(user).mtm[item[1]]["date"])
 
-    def rows_of(self, user: str, item: tuple[str, int]) -> list[int]:
+    def rows_of(self, user: str, item: Item) -> list[int]:
         """Store rows behind an item: an MTM entry's window; an LTM node's source entries' windows."""
         memory = self.memlog.user(user)
         entries = [item[1]] if item[0] == "mtm" else memory.graph.sources[item[1]]
         return [int(r) for e in entries for r in memory.mtm[e]["rows"]]
 
     def search(self, plans: list[list[HQ]], questions: Sequence[Question], speakers: dict[str, list[str]],
-               cfg: MemFitConfig) -> list[list[list[tuple[tuple[str, int], float]]]]:
+               cfg: MemFitConfig) -> list[list[list[Scored]]]:
         """Per question, per HQ: ((tier, id), cosine) candidates, coarse_factor x budget of them."""
         lm = cfg.lightmem
         flat = [(qi, hi, hq) for qi, plan in enumerate(plans) for hi, hq in enumerate(plan)]
-        out: list[list[list[tuple[tuple[str, int], float]]]] = [[[] for _ in plan] for plan in plans]
+        out: list[list[list[Scored]]] = [[[] for _ in plan] for plan in plans]
         if not flat:
             return out
         encoder_input = [hq.text for _, _, hq in flat]
