@@ -31,7 +31,7 @@ from memfit_gpu.methods.common import TurnTable
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
 from memfit_gpu.pipeline import _retrieve, read_jsonl, run
-from memfit_gpu.readers import Ledger, make_reader
+from memfit_gpu.readers import ROLE_PHASES, ROLES, Ledger, make_reader
 from memfit_gpu.readers.prompts import build_answer_messages
 from memfit_gpu.retrieve.pack import excerpt_tail
 from memfit_gpu.store import EpisodeStore, RecordLog
@@ -107,8 +107,9 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
     again = demo_run(run_dir, method, shared_data)  # a finished run only reports
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / "ledger.json").read_bytes() == before[0] and cache_rows(run_dir) == before[1]
-    # Without its packs, predictions and ledger the run is made again from what it kept (store, method
-    # log, response cache): every call is a cache hit, the predictions are the same.
+    # Without its packs, predictions and ledger the run is made again from what it kept: the write-time
+    # state (store, summaries, LightMem's log) asks for nothing, every read-time call is a cache hit, and
+    # the predictions are the same.
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
     for name in ("DONE", "packs.jsonl", "diagnostics.json", "predictions.jsonl", "metrics.json", "results.md",
@@ -117,9 +118,9 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
     run(load_config(DEMO, [f"method={method}", "data.limit_questions=5"]), copy, progress=False)
     first, second = Ledger.load(run_dir / "ledger.json"), Ledger.load(copy / "ledger.json")
-    assert {r: s.calls for r, s in second.roles.items()} == {r: 0 for r in second.roles}
-    assert {r: s.cached for r, s in second.roles.items()} == {r: s.calls + s.cached for r, s in first.roles.items()
-                                                               if r != "judge"} | {"judge": 0}
+    assert {r: s.calls for r, s in second.roles.items()} == {r: 0 for r in ROLES}
+    assert {r: s.cached for r, s in second.roles.items()} == {
+        r: s.calls + s.cached if ROLE_PHASES[r] == "read" else 0 for r, s in first.roles.items()}
     assert cache_rows(copy) == before[1]
     assert read_jsonl(copy / "predictions.jsonl") == read_jsonl(run_dir / "predictions.jsonl")
 
