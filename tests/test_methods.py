@@ -33,10 +33,11 @@ from memfit_gpu.methods.lightmem import (
     route,
     select,
 )
-from memfit_gpu.methods.naive_rag import chunk_history, chunk_starts
+from memfit_gpu.methods.naive_rag import NaiveRAG, chunk_history, chunk_starts
 from memfit_gpu.methods.plain import SWITCHES, plain_config
 from memfit_gpu.readers import ROLE_PHASES, Ledger, Request, Response
 from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars
+from memfit_gpu.retrieve.pack import QUOTE_INDENT
 from memfit_gpu.sweep import load_sweep, point_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,6 +181,42 @@ def test_full_context_names_max_prompt_chars_when_it_is_the_bound():
     messages = build_answer_messages("Q?", rows[0]["excerpts"])
     assert prompt_chars(messages) <= 2000
     assert truncation["turns_kept"] == rows[0]["excerpts"].count("EXCERPT ") and truncation["turns_kept"] < 10
+
+
+def test_naive_rag_searches_only_its_memorys_chunks_by_cosine(bi_encoder, monkeypatch: pytest.MonkeyPatch):
+    """Dense top-k over the question's own memory's chunks, best cosine first, no rerank: two memories
+    that both talk about an Alex never lend each other a chunk."""
+    monkeypatch.setattr("memfit_gpu.methods.naive_rag.load_encoder", lambda cfg: bi_encoder)
+    alpine, urban = _two_users()
+    cfg = load_config(REPO / "configs" / "demo.yaml", [
+        "method=naive_rag", "naive_rag.chunk_tokens=12", "naive_rag.overlap_tokens=4", "naive_rag.top_k=2",
+        "index.device=cpu", "retrieve.dense_min_cosine=-1.0"])
+    run = MethodRun(cfg, None, _bench(alpine, urban), [alpine, urban], alpine.questions + urban.questions)
+    method = NaiveRAG()
+    method.write(run)
+    rows, diagnostics = method.read(run)
+    chunks = method.chunks
+    # each history re-chunked by hand: the same chunks, memory by memory
+    table = TurnTable.from_memories([alpine, urban])
+    expected_chunks = [c for m in (0, 1) for c in chunk_history(
+        [table.ep_text[r] for r in table.memory_rows(m)], table.memory_rows(m), m, 12, 4)]
+    assert chunks == expected_chunks and {c.memory_idx for c in chunks} == {0, 1}
+    vectors = bi_encoder.encode([c.text for c in chunks])
+    assert diagnostics["method"] == {"name": "naive_rag", "chunks": len(chunks), "chunk_tokens": 12,
+                                     "overlap_tokens": 4, "top_k": 2}
+    for m_idx, (row, question) in enumerate(zip(rows, run.questions, strict=True)):
+        own = [i for i, c in enumerate(chunks) if c.memory_idx == m_idx]
+        cosine = (vectors[own] @ bi_encoder.encode([question.question])[0]).tolist()
+        best = [own[i] for i in sorted(range(len(own)), key=lambda i: -cosine[i])[:2]]
+        assert [c["chunk"] for c in row["chunks"]] == best
+        assert [c["score"] for c in row["chunks"]] == pytest.approx(sorted(cosine, reverse=True)[:2], abs=1e-5)
+        dates = [sorted({table.recorded(r) for r in chunks[c].rows}, key=lambda d: int(d.split()[0])) for c in best]
+        assert row["excerpts"] == "\n".join(
+            f"EXCERPT {rank} (recorded {' to '.join(d)}): " + chunks[c].text.replace("\n", "\n" + QUOTE_INDENT)
+            for rank, (c, d) in enumerate(zip(best, dates, strict=True), start=1))
+        turn_ids = {p["turn_id"] for p in row["pack"]["episodes"]}
+        assert turn_ids == {table.ep_turn_id[r] for c in best for r in chunks[c].rows}
+        assert {t[0] for t in turn_ids} == {"AB"[m_idx]}
 
 
 # ---------------------------------------------------------------------------------------------- LightMem units
