@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memfit-installed
 
-.PHONY: setup demo test lint bench clean-venv
+.PHONY: setup demo test lint bench clean-venv gpu-check
 
 setup: $(STAMP)
 
@@ -36,6 +36,15 @@ test: $(STAMP)
 	@cache=$$(mktemp -d -t memfit-test-cache.XXXXXX); \
 	echo "make test: MEMFIT_CACHE=$$cache (new, empty)"; \
 	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf $(PY) -m pytest -q tests; rc=$$?; rm -rf "$$cache"; exit $$rc
+
+# The GPU check (experiments/gpu_check.py, docs/benchmarks.md "GPU check"): assets prepared once into
+# gpu_assets/ (ignored), then every stage on the GPU within GPU_CHECK_BUDGET seconds; gpu_check.json in
+# GPU_CHECK_OUT. Exit 0 only on the verdict "pass".
+GPU_CHECK_OUT ?= runs/gpu_check
+GPU_CHECK_BUDGET ?= 420
+gpu-check: $(STAMP)
+	test -f gpu_assets/manifest.json || $(PY) experiments/prepare_gpu_check.py --out gpu_assets
+	$(PY) experiments/gpu_check.py --device cuda --assets gpu_assets --out $(GPU_CHECK_OUT) --budget-s $(GPU_CHECK_BUDGET)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from memfit_gpu.data import load_benchmark, select_questions
-from memfit_gpu.index.bm25 import BM25Index, tokenize_many
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.store import episode_text
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"

@@ -23,23 +23,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
-from memfit_gpu.index.encoders import BiEncoder, _onednn_gemm  # noqa: E402
+from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.index.encoders import BiEncoder, onednn  # noqa: E402
+from memfit_gpu.store import episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
 
 
 def locomo_turns(path: Path) -> list[str]:
-    texts = []
-    for conv in json.loads(path.read_text()):
-        body = conv["conversation"]
-        for key, session in body.items():
-            if key.startswith("session_") and isinstance(session, list):
-                for turn in session:
-                    image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
-                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: "
-                                 f"{image}{turn['text']}")
-    return texts
+    """Every LoCoMo turn as the store keeps it (SPEC episode text)."""
+    return [episode_text(turn) for memory in load_benchmark("locomo", path).memories for turn in memory.turns()]
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -76,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
-        "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",
         "batch_size": args.batch_size,
         **rate_fields(n, seconds, "tps"),
         "max_abs_diff": float((ours_vectors - st_vectors.float().cpu()).abs().max()),

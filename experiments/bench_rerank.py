@@ -30,7 +30,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
-from memfit_gpu.index.encoders import CrossEncoderModule, _onednn_gemm, random_cross_encoder  # noqa: E402
+from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.index.encoders import CrossEncoderModule, onednn, random_cross_encoder  # noqa: E402
+from memfit_gpu.store import episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
@@ -38,22 +40,15 @@ DEFAULT_LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
 
 def locomo_pairs(path: Path, questions: int, candidates: int, seed: int) -> list[tuple[str, str]]:
     """`questions` questions spread over the conversations, each with `candidates` of its own turns."""
-    conversations = json.loads(path.read_text())
+    memories = load_benchmark("locomo", path).memories
     rng = random.Random(seed)
-    per_conv = -(-questions // len(conversations))
+    per_conv = -(-questions // len(memories))
     pairs: list[tuple[str, str]] = []
-    for conv in conversations:
-        body = conv["conversation"]
-        turns = []
-        for key, session in body.items():
-            if key.startswith("session_") and isinstance(session, list):
-                date = body.get(f"{key}_date_time", "")
-                for turn in session:
-                    image = f"[Image: {turn['blip_caption']}] " if turn.get("blip_caption") else ""
-                    turns.append(f"DATE: {date} | Speaker {turn['speaker']} says: {image}{turn['text']}")
-        for qa in rng.sample(conv["qa"], min(per_conv, len(conv["qa"]))):
+    for memory in memories:
+        turns = [episode_text(turn) for turn in memory.turns()]
+        for question in rng.sample(memory.questions, min(per_conv, len(memory.questions))):
             for turn in rng.sample(turns, min(candidates, len(turns))):
-                pairs.append((str(qa["question"]), turn))
+                pairs.append((question.question, turn))
     rng.shuffle(pairs)  # a rerank batch arrives in no particular length order
     return pairs[: questions * candidates]
 
@@ -95,7 +90,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                                       convert_to_tensor=True))
 
     n = len(pairs)
-    lengths = [len(ids) for ids in ours._tokenize([p[0] for p in pairs], [p[1] for p in pairs])["input_ids"]]
+    # token counts of the pairs as the module truncates them (its tokenizer and max_length)
+    lengths = [len(ids) for ids in ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], padding=False,
+                                                  truncation="longest_first", max_length=ours.max_length)["input_ids"]]
     result = {
         "pairs": n,
         "mean_tokens": round(sum(lengths) / n, 1),
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "device": str(ours.device),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
-        "cpu_gemm": "onednn" if ours.device.type == "cpu" and _onednn_gemm() else "aten",
+        "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",
         "batch_size": args.batch_size,
         "st_batch_size": args.st_batch_size,
         **rate_fields(n, seconds, "pps"),

@@ -25,7 +25,18 @@ import os
 import time
 from pathlib import Path
 
-import torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from memfit_gpu.config import load_config  # noqa: E402
+from memfit_gpu.data import load_benchmark, select_questions  # noqa: E402
+from memfit_gpu.index.encoders import BiEncoder  # noqa: E402
+from memfit_gpu.retrieve.batched import retrieve_batch  # noqa: E402
+from memfit_gpu.retrieve.diagnostics import compute_diagnostics  # noqa: E402
+from memfit_gpu.retrieve.reference import retrieve_one  # noqa: E402
+from memfit_gpu.retrieve.view import ReadView  # noqa: E402
+from memfit_gpu.store import EpisodeStore  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo10.json"
 
@@ -48,17 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="torch intra-op threads while timing (0 = torch's default: every core)")
     parser.add_argument("overrides", nargs="*", help="config overrides (rerank.backend is forced to none)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
-
-    from memfit_gpu.config import load_config
-    from memfit_gpu.data import load_benchmark, select_questions
-    from memfit_gpu.index.encoders import BiEncoder
-    from memfit_gpu.retrieve.batched import retrieve_batch
-    from memfit_gpu.retrieve.diagnostics import compute_diagnostics
-    from memfit_gpu.retrieve.reference import retrieve_one
-    from memfit_gpu.retrieve.view import ReadView
-    from memfit_gpu.store import EpisodeStore
 
     cfg = load_config(args.config, list(args.overrides) + ["rerank.backend=none", "retrieve.summaries=false"])
     benchmark = select_questions(load_benchmark("locomo", args.data), exclude_categories=["5"],

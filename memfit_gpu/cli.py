@@ -21,8 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
     "retrieve": "memfit_gpu.retrieve.cli",
     "compare": "memfit_gpu.evaluate.cli",
     "efficiency": "memfit_gpu.evaluate.efficiency",
-    "sweep": "memfit_gpu.sweep_cli",
-    "aggregate": "memfit_gpu.sweep_cli",
+    "sweep": "memfit_gpu.sweep.cli",
+    "aggregate": "memfit_gpu.sweep.aggregate",
     "store": "memfit_gpu.store.cli",
 }
 
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from memfit_gpu.config import ConfigError
     from memfit_gpu.data.schema import DataError
     from memfit_gpu.models import MissingWeightsError
-    from memfit_gpu.readers.base import MissingBackendError
+    from memfit_gpu.readers.types import MissingBackendError
 
     try:
         return int(args.func(args) or 0)

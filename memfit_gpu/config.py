@@ -48,6 +48,7 @@ class IndexConfig:
     encode_batch_size: int = 128  # per device; halved automatically on OOM
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
     dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
+    encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
     bm25_backend: str = "torch"  # torch (sparse, batched) | reference (readable, slow)
@@ -155,6 +156,9 @@ class ReaderConfig:
     flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
     max_model_len: int = 8192  # vllm: context length
     dtype: str = "auto"  # model weights dtype
+    # transformers: None = the whole model on one device; auto = accelerate spreads its layers over the GPUs
+    # (then the CPU), for a reader too large for one GPU
+    device_map: Optional[str] = None
     images: str = "none"  # none | question | retrieved (multimodal reader input, SPEC step 9)
     max_images: int = 16  # vllm: images per prompt (the question's first); extras dropped and counted
     max_pixels: Optional[int] = None  # vllm: Qwen2.5-VL resizes images to at most this many pixels
@@ -231,12 +235,14 @@ _CHOICES = {
     "data.benchmark": ("locomo", "longmemeval", "memgallery"),
     "data.split": (None, "s", "m", "oracle"),
     "index.bm25_backend": ("torch", "reference"),
+    "index.encoder_backend": ("packed", "sentence-transformers"),
     "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
     "retrieve.boosts.speaker_match": ("speaker", "mention"),
     "retrieve.kernels": ("torch", "triton", "auto"),
     "rerank.backend": ("cross-encoder", "none"),
     "reader.backend": ("transformers", "vllm", "openai"),
+    "reader.device_map": (None, "auto"),
     "reader.images": ("none", "question", "retrieved"),
     "reader.protocol": ("auto", "paper", "memgallery"),
     "eval.judge.backend": ("transformers", "vllm", "openai"),

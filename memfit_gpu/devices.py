@@ -1,23 +1,44 @@
-"""Device strings of the config (`index.device`) -> torch devices: the one parser every user shares.
+"""Devices and dtypes: the one module that turns the config's device and dtype strings into torch's.
 
     visible_devices("auto")          every visible GPU, else [cpu]
     visible_devices("cuda:0,cuda:1") [cuda:0, cuda:1];  "cuda" / "gpu": every GPU (an error without one)
     first_device(spec)               where a single-device structure (the BM25 index) lives: the first one
+    visible_gpu_ids()                GPU ids as CUDA_VISIBLE_DEVICES spells them (vLLM engine groups)
+    resolve_dtype(dtype, devices)    encoders: "auto" = float32 everywhere; bf16 only where it is native
+    reader_dtype(dtype, device)      generation: "auto" = bf16 on a GPU (fp16 where torch has no bf16), fp32 on CPU
+    warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
+
+The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
+fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["device_guard", "first_device", "visible_devices"]
+__all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype", "resolve_dtype",
+           "visible_devices", "visible_gpu_ids", "warn_tf32"]
+
+logger = logging.getLogger(__name__)
+
+# Every spelling the config accepts for a dtype ("auto" aside).
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
+    """GPUs torch can use in this process (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -34,7 +55,7 @@ def visible_devices(device: str | torch.device | Sequence[str] = "auto") -> list
     if "," in spec:
         return [d for item in spec.split(",") if item.strip() for d in visible_devices(item)]
     if spec in ("auto", "cuda", "gpu"):
-        count = _gpu_count()
+        count = gpu_count()
         if count:
             return [torch.device("cuda", i) for i in range(count)]
         if spec != "auto":
@@ -42,7 +63,7 @@ def visible_devices(device: str | torch.device | Sequence[str] = "auto") -> list
         return [torch.device("cpu")]
     parsed = torch.device(spec)
     if parsed.type == "cuda":
-        count = _gpu_count()
+        count = gpu_count()
         index = 0 if parsed.index is None else parsed.index
         if index >= count:
             raise RuntimeError(f"device={device!r}: torch sees {count} GPU(s)")
@@ -59,6 +80,83 @@ def first_device(device: str | torch.device | Sequence[str] = "auto") -> torch.d
     if not devices:
         raise RuntimeError(f"device={device!r} names no device")
     return devices[0]
+
+
+def visible_gpu_ids() -> list[str]:
+    """GPU ids this process may use, as CUDA_VISIBLE_DEVICES spells them (empty without CUDA).
+
+    A child process given CUDA_VISIBLE_DEVICES=<some of these> sees exactly those GPUs."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = None
+    if env is not None:
+        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+        if not ids:
+            return []
+    try:
+        count = gpu_count()
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
+        count = 0
+    if count == 0:
+        return []
+    return ids[:count] if ids is not None else [str(i) for i in range(count)]
+
+
+def parse_dtype(dtype: str | torch.dtype, setting: str = "dtype") -> torch.dtype | None:
+    """`dtype` as a torch dtype; None for "auto" (the caller's policy decides).
+
+    Raises ValueError naming `setting` (e.g. "index.dtype") for a name that is not a float dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).strip().lower()
+    if key == "auto":
+        return None
+    if key not in DTYPES:
+        raise ValueError(f"{setting}={dtype!r} is not a dtype: use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def _native_bf16(device: torch.device) -> bool:
+    with torch.cuda.device(device):
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], setting: str = "dtype") -> torch.dtype:
+    """The encoders' compute dtype: "auto" = float32 on every device; bf16 / fp16 only when asked.
+
+    fp32 keeps GPU packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
+    cross-encoder logits in [4, 8) are 1/32 apart, so rounding alone ties or reorders top-10 lists,
+    and identical texts in different batches differ by bf16's 2^-8 steps instead of fp32's ~2e-7 (GEMM
+    blocking depends on the batch shape even in fp32, so bit equality across batches is not promised).
+    bf16 is refused on GPUs that only emulate it (V100, T4): use fp16 there."""
+    chosen = parse_dtype(dtype, setting)
+    if chosen is None:
+        return torch.float32
+    if chosen == torch.bfloat16:
+        for device in devices:
+            if device.type == "cuda" and not _native_bf16(device):
+                raise ValueError(f"{setting} bf16: {torch.cuda.get_device_name(device)} ({device}) has no native "
+                                 "bf16 (it would be emulated, slowly); use fp16 or float32")
+    return chosen
+
+
+def reader_dtype(dtype: str | torch.dtype, device: str | torch.device, setting: str = "reader.dtype") -> torch.dtype:
+    """An in-process reader's weights dtype: "auto" = bf16 on a GPU where torch runs it (fp16 where it
+    does not), float32 on the CPU (CPU matmuls are fastest and exact in fp32 for small models)."""
+    chosen = parse_dtype(dtype, setting)
+    if chosen is not None:
+        return chosen
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def warn_tf32(dtype: torch.dtype, devices: Sequence[torch.device]) -> None:
+    """fp32 on a GPU with TF32 matmuls on is not fp32: say so (the process-wide setting is left alone)."""
+    if dtype == torch.float32 and any(d.type == "cuda" for d in devices) and (
+            torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32):
+        logger.warning("float32 encoders with TF32 matmuls enabled (torch.set_float32_matmul_precision=%r): "
+                       "vectors and scores will differ from the CPU's beyond the last bits and packs may change",
+                       torch.get_float32_matmul_precision())
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,9 @@ from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
+from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.registry import make_method, memfit_path_config, method_info
 from memfit_gpu.preflight import check_can_start
@@ -74,14 +75,8 @@ class StageTimer:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            _atomic_write(self.path, json.dumps(self.seconds, indent=2))
+            atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
             faults.point("timings")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _check_config(cfg: MemFitConfig, out: Path) -> None:
@@ -89,56 +84,17 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
     resolved = out / "config.yaml"
     text = to_yaml(cfg)
     if not resolved.exists():
-        _atomic_write(resolved, text)
+        atomic_write_text(resolved, text)
         faults.point("config")
         return
     before = load_config(resolved)
     if before != cfg:
-        flat_a, flat_b = _flatten(to_dict(before)), _flatten(to_dict(cfg))
+        flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
         diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
         raise RunError(
             f"{out} was started with a different configuration ({', '.join(diff[:8])}"
             f"{' ...' if len(diff) > 8 else ''}); use a new --out directory for a different configuration"
         )
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Lines of a JSONL file; a torn last line (killed mid-write) is cut off the file and dropped."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    good_end = data.rfind(b"\n") + 1
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(data[:good_end].splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise RunError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-    if good_end < len(data):
-        log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
-        with open(path, "r+b") as handle:
-            handle.truncate(good_end)
-    return rows
-
-
-def _append_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _question_payload(q: Any) -> dict[str, Any]:
@@ -148,7 +104,7 @@ def _question_payload(q: Any) -> dict[str, Any]:
 
 def summary_generate(reader: Any, cfg: MemFitConfig):
     """The store's `generate(list_of_prompts) -> list_of_texts`, through the run's cached reader."""
-    from memfit_gpu.readers.base import Request
+    from memfit_gpu.readers.types import Request
 
     def generate(prompts: list[str]) -> list[str]:
         requests = [Request([{"role": "user", "content": p}], role="summary",
@@ -187,15 +143,15 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
     finally:
         tracker.finish()
-    _atomic_write(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    atomic_write_text(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     faults.point("DONE")
     return metrics
 
 
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
     from memfit_gpu.data import load_benchmark, select_from_config
-    from memfit_gpu.index.encoders import BiEncoder
-    from memfit_gpu.readers.base import make_reader
+    from memfit_gpu.index.encoders import load_bi_encoder
+    from memfit_gpu.readers.reader import make_reader
     from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
     from memfit_gpu.store.episodes import EpisodeStore
 
@@ -208,7 +164,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
 
     # Load the cross-encoder before hours of work, so missing weights fail at once.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device)
+    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend)
     ledger_path = out / "ledger.json"
     try:
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
@@ -225,13 +181,13 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
     def memfit_packs(cfg: MemFitConfig) -> dict[str, dict[str, Any]]:
         """MemFit's own path (method memfit, and plain with its switches): store, summaries, retrieval."""
         with timer.stage("build"):
-            encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+            encoder = load_bi_encoder(cfg.index)
             store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, cfg, encoder)
             new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
             if new:
                 store.add_memories(new, progress=progress)
                 build = {**store.last_timings, "episodes": int(store.size), "memories": len(store.memory_ids)}
-                _atomic_write(out / "build_timings.json", json.dumps(build, indent=2))
+                atomic_write_text(out / "build_timings.json", json.dumps(build, indent=2))
                 faults.point("build_timings")
             # A reopened store that replayed its log's tail keeps that work: the next open loads it.
             store.snapshot()
@@ -321,9 +277,9 @@ def _saved_packs(out: Path, questions: list[Any]) -> dict[str, dict[str, Any]] |
 
 def _save_packs(out: Path, rows: list[dict[str, Any]], diagnostics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """diagnostics.json, then packs.jsonl (what marks the stage done), each written atomically."""
-    _atomic_write(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
+    atomic_write_text(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
     faults.point("diagnostics")
-    _atomic_write(out / "packs.jsonl", "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n")
+    atomic_write_text(out / "packs.jsonl", "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n")
     faults.point("packs")
     return {row["question_id"]: row for row in rows}
 
@@ -380,9 +336,9 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
     are appended. A kill before the rows are complete loses only rows the rerun re-serves from the
     cache, which the ledger does not count twice (Ledger.accounted_keys)."""
     from memfit_gpu.evaluate.metrics import score_all
-    from memfit_gpu.readers.base import Request
     from memfit_gpu.readers.clean import clean_answer
     from memfit_gpu.readers.prompts import bounded_answer_messages, resolve_protocol
+    from memfit_gpu.readers.types import Request
 
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
@@ -436,7 +392,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
                              "reader_notes": resp.notes, "reader_error": resp.error})
             ledger.save(ledger_path)
             faults.point("answer.ledger")
-            _append_jsonl(pred_path, rows)
+            append_jsonl(pred_path, rows)
             faults.point("predictions")
             bar.update(len(chunk))
         bar.close()
@@ -485,23 +441,20 @@ class _Judge:
     yes/no prompts (abstention for `_abs`), the paper's CORRECT/WRONG judge otherwise."""
 
     def __init__(self, cfg: MemFitConfig, out: Path, ledger: Any, progress: bool, bench: Any):
-        from memfit_gpu.readers.base import make_reader, reader_config_for_judge
+        from memfit_gpu.evaluate.judge import reader_config_for_judge
+        from memfit_gpu.readers.prompts import judge_kind
+        from memfit_gpu.readers.reader import make_reader
 
         self.cfg = cfg
-        prompt = cfg.eval.judge.prompt
-        if prompt == "auto":
-            prompt = bench.name if bench.name in ("memgallery", "longmemeval") else "paper"
-        if prompt not in ("paper", "memgallery", "longmemeval"):
-            raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, paper, memgallery, longmemeval")
-        self.kind = prompt
-        self.memgallery_dir = _memgallery_dir(bench) if prompt == "memgallery" else None
+        self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
+        self.memgallery_dir = _memgallery_dir(bench) if self.kind == "memgallery" else None
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 
     def __call__(self, questions: list[Any], predictions: list[str]) -> list[dict[str, Any]]:
         from memfit_gpu.evaluate.judge import empty_verdict, is_empty_prediction, parse_judge_reply
-        from memfit_gpu.readers.base import Request
         from memfit_gpu.readers.prompts import build_judge_messages
+        from memfit_gpu.readers.types import Request
 
         verdicts: list[dict[str, Any] | None] = [None] * len(questions)
         requests, where = [], []
@@ -549,12 +502,12 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     metrics["reranker"] = reranker
     metrics["timings"] = dict(timer.seconds)
     metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
-    _atomic_write(out / "metrics.json", json.dumps(metrics, indent=2))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     faults.point("metrics")
     ledger.save(out / "ledger.json")
     faults.point("score.ledger")
     table = render_markdown(metrics, benchmark=bench.name)
-    _atomic_write(out / "results.md", table)
+    atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.data import resolve_data_path
-from memfit_gpu.index.encoders import visible_devices
+from memfit_gpu.devices import visible_devices
+from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.models import resolve
-from memfit_gpu.readers.base import reader_config_for_judge
-from memfit_gpu.readers.openai_http import PROBE_TIMEOUT_S, probe_base_urls
+from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import load_prompt
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.devices import first_device, gpu_count
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,6 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
     """Retrieval cost vs episodes per memory: real BM25Index + DenseIndex + fusion, batched questions."""
     import torch
 
-    from memfit_gpu.devices import first_device
     from memfit_gpu.index.bm25 import BM25Index
     from memfit_gpu.index.dense import DenseIndex
     from memfit_gpu.kernels import resolve_backend
@@ -274,9 +274,8 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
 def _device_name() -> str:
     import torch
 
-    if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return "cpu"
+    count = gpu_count()
+    return f"{count} x {torch.cuda.get_device_name(0)}" if count else "cpu"
 
 
 def register(subparsers: Any) -> None:

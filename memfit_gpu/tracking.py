@@ -3,7 +3,7 @@
 ```python
 tracker = Tracker.start(cfg, run_dir)      # no-op object unless tracking.wandb.enabled
 tracker.log_timings({"build": 12.3, "retrieve": 4.5})
-tracker.log_metrics(flatten(metrics_json))
+tracker.log_metrics(metrics_json)        # nested: logged as `overall/paper/f1`, ...
 tracker.log_predictions(rows, run_dir / "predictions.jsonl")
 tracker.finish()
 ```
@@ -12,7 +12,7 @@ The W&B run id is fixed per run directory (stored in `RUN_DIR/wandb_run_id`, fir
 directory's path), and runs start with `resume="allow"`: a resumed `memfit run` continues the same
 W&B run instead of opening a second one. A sweep passes `tracking.wandb.group=<sweep name>`, so its
 points show up together. W&B's own files go to `$WANDB_DIR` when set, else into the run directory.
-`read_offline_run` reads back what an offline run recorded (tests and debugging, no network).
+(tests/wandb_offline.py reads back what an offline run recorded, without a server.)
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import json
 import logging
 import os
 import re
-import struct
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from memfit_gpu.config import MemFitConfig
+from memfit_gpu.config import MemFitConfig, to_dict
+from memfit_gpu.mappings import flatten
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +36,10 @@ RUN_ID_FILE = "wandb_run_id"
 TABLE_FIELDS = ("question_id", "memory_id", "category", "question", "gold", "prediction", "abstained")
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict[str, Any]:
-    """{"overall": {"paper": {"f1": .5}}} -> {"overall/paper/f1": .5}; non-numeric leaves are dropped
-    except strings (W&B summaries hold them fine), None is dropped."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{sep}{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, name, sep))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
-    return flat
+def summary_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """{"overall": {"paper": {"f1": .5}, "judge": None}} -> {"overall/paper/f1": .5}: the leaves a W&B
+    summary holds (numbers, booleans and strings) under slash-joined names; None and lists are dropped."""
+    return {k: v for k, v in flatten(metrics, sep="/").items() if isinstance(v, (bool, int, float, str))}
 
 
 def run_id_for(run_dir: str | Path) -> str:
@@ -121,8 +111,6 @@ class WandbTracker(Tracker):
     def __init__(self, cfg: MemFitConfig, run_dir: Path):
         import wandb
 
-        from memfit_gpu.config import to_dict
-
         settings = cfg.tracking.wandb
         self.run_dir = run_dir
         self.run_id = run_id_for(run_dir)
@@ -151,7 +139,7 @@ class WandbTracker(Tracker):
         self.run.summary.update(flat)
 
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
-        flat = flatten(metrics)
+        flat = summary_values(metrics)
         numeric = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if numeric:
             self.run.log(numeric)
@@ -200,114 +188,3 @@ def _table_cell(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return json.dumps(value)
-
-
-# ---------------------------------------------------------------------------------------- read back
-
-
-@dataclass
-class OfflineRun:
-    """What a `run-<id>.wandb` file holds, decoded: enough to check a run without a server."""
-
-    run_id: str = ""
-    project: str = ""
-    group: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    artifacts: list[dict[str, Any]] = field(default_factory=list)  # name, type, files (manifest paths)
-    files: list[str] = field(default_factory=list)
-    exited: bool = False
-
-
-def _records(data: bytes) -> Iterable[bytes]:
-    """LevelDB-log framing of W&B's transaction log: 7-byte file header (`:W&B`, magic, version), then
-    32 KiB blocks of chunks [crc32c:4][length:2][type:1][payload]; types 1 full, 2 first, 3 middle, 4 last."""
-    if data[:4] != b":W&B":
-        raise ValueError("not a W&B transaction log (missing ':W&B' header)")
-    block = 32768
-    pos, pending = 7, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:  # block trailer padding
-            pos += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:
-            pos += left
-            continue
-        payload = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 1:
-            yield payload
-        elif kind == 2:
-            pending = payload
-        elif kind == 3:
-            pending += payload
-        elif kind == 4:
-            yield pending + payload
-            pending = b""
-
-
-def _set_nested(target: dict[str, Any], item: Any) -> None:
-    keys = list(item.nested_key) or [item.key]
-    node = target
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = json.loads(item.value_json)
-
-
-def read_offline_run(path: str | Path, wait_s: float = 0.0) -> OfflineRun:
-    """Decode an offline W&B run: `path` is the `.wandb` file or its `offline-run-*` folder.
-
-    `run.finish()` returns before W&B's service process has flushed the log; `wait_s` > 0 re-reads
-    until the exit record is there (or the time is up).
-    """
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(path.glob("run-*.wandb"))
-        if not found:
-            raise FileNotFoundError(f"{path}: no run-*.wandb file")
-        path = found[0]
-    deadline = time.monotonic() + wait_s
-    while True:
-        out = _decode(path)
-        if out.exited or time.monotonic() >= deadline:
-            return out
-        time.sleep(0.1)
-
-
-def _decode(path: Path) -> OfflineRun:
-    from wandb.proto import wandb_internal_pb2
-
-    out = OfflineRun()
-    for payload in _records(path.read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            out.run_id, out.project, out.group = record.run.run_id, record.run.project, record.run.run_group
-            for item in record.run.config.update:
-                out.config[item.key] = json.loads(item.value_json)
-        elif kind == "config":
-            for item in record.config.update:
-                out.config[item.key] = json.loads(item.value_json)
-        elif kind == "history":
-            row: dict[str, Any] = {}
-            for item in record.history.item:
-                _set_nested(row, item)
-            out.history.append(row)
-        elif kind == "summary":
-            for item in record.summary.update:
-                _set_nested(out.summary, item)
-        elif kind == "artifact":
-            art = record.artifact
-            out.artifacts.append(
-                {"name": art.name, "type": art.type, "files": [e.path for e in art.manifest.contents],
-                 "digests": {e.path: e.digest for e in art.manifest.contents}}
-            )
-        elif kind == "files":
-            out.files += [f.path for f in record.files.files]
-        elif kind == "exit":
-            out.exited = True
-    return out

@@ -7,6 +7,10 @@ pytest process cannot switch it on for itself). Not collected by pytest (no test
 Random ragged batches with the edge cases named by issue 16: empty memories, one-episode memories,
 questions with no known term, all-tied scores, k larger than the candidates. "ok" means bit-identical
 results; "checked" counts what was compared, so a case that compared nothing cannot pass.
+
+The kernel cases (KERNEL_CASES) also take `device` and `repeats`: the inputs are built on the CPU, the
+torch reference runs there, and the Triton kernel runs `repeats` times on `device`, every run compared
+bit for bit with the reference. experiments/gpu_check.py runs them compiled on a GPU, 10 runs each.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
-from memfit_gpu.kernels.segment_topk import segment_topk_torch, segment_topk_triton
-from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add_torch, segmented_scatter_add_triton
 
 import memfit_gpu.index.bm25 as bm25_module
 from memfit_gpu.config import BoostConfig, load_config
-from memfit_gpu.index.bm25 import BM25Index, _on_grid, tokenize
+from memfit_gpu.index.bm25 import BM25Index, _on_grid
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.tokenize import tokenize
+from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
+from memfit_gpu.kernels.segment_topk import segment_topk_torch, segment_topk_triton
+from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add_torch, segmented_scatter_add_triton
 from memfit_gpu.retrieve.boosts import add_boosts
 from memfit_gpu.retrieve.hybrid import fuse
 
@@ -48,10 +53,11 @@ def _csr(rng: torch.Generator, n_terms: int, width: int, max_len: int) -> tuple[
     return term_ptr, cols, weights
 
 
-def case_scatter() -> dict:
+def case_scatter(device: str = "cpu", repeats: int = 1) -> dict:
     """Ragged per-question segments (some empty) and padded rows; pairs permuted; bits equal."""
     rng = torch.Generator().manual_seed(0)
     term_ptr, cols, weights = _csr(rng, 30, 200, 260)
+    on = _mover(device)
     checked, ok = 0, True
     for layout in ("padded", "ragged"):
         n_q = 11
@@ -70,17 +76,18 @@ def case_scatter() -> dict:
         base = seg[pair_q]
         ref = segmented_scatter_add_torch(torch.zeros(int(seg[-1]), dtype=torch.float64), base, pair_t, term_ptr,
                                           cols, weights)
-        got = segmented_scatter_add_triton(torch.zeros(int(seg[-1]), dtype=torch.float64), base, pair_t, term_ptr,
-                                           cols, weights)
         perm = torch.randperm(pair_q.numel(), generator=rng)
-        shuffled = segmented_scatter_add_triton(torch.zeros(int(seg[-1]), dtype=torch.float64), base[perm],
-                                                pair_t[perm], term_ptr, cols, weights)
-        ok &= torch.equal(ref, got) and torch.equal(ref, shuffled)
+        for _ in range(repeats):
+            got = segmented_scatter_add_triton(*on(torch.zeros(int(seg[-1]), dtype=torch.float64), base, pair_t,
+                                                   term_ptr, cols, weights))
+            shuffled = segmented_scatter_add_triton(*on(torch.zeros(int(seg[-1]), dtype=torch.float64), base[perm],
+                                                        pair_t[perm], term_ptr, cols, weights))
+            ok &= torch.equal(ref, got.cpu()) and torch.equal(ref, shuffled.cpu())
         checked += int((ref != 0).sum())
     return {"ok": bool(ok), "checked": checked, "detail": f"{checked} nonzero sums compared"}
 
 
-def case_topk() -> dict:
+def case_topk(device: str = "cpu", repeats: int = 1) -> dict:
     """Segments: empty, one document, all tied, longer than a block; k = 1 .. beyond every segment."""
     rng = torch.Generator().manual_seed(1)
     lengths = [0, 1, 7, 64, 65, 300, 0, 130, 2]
@@ -93,12 +100,24 @@ def case_topk() -> dict:
     row_start = torch.tensor([0, 5, 9, 100, 200, 300, 700, 800, 1000])
     rows = torch.arange(2000) * 3 + 1
     checked, ok = 0, True
+    on = _mover(device)
     for k in (1, 3, 64, 65, 301):
         ref = segment_topk_torch(acc, seg, row_start, rows, k)
-        got = segment_topk_triton(acc, seg, row_start, rows, k)
-        ok &= torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+        for _ in range(repeats):
+            got = segment_topk_triton(*on(acc, seg, row_start, rows), k)
+            ok &= torch.equal(ref[0], got[0].cpu()) and torch.equal(ref[1], got[1].cpu())
         checked += int((ref[1] >= 0).sum())
     return {"ok": bool(ok), "checked": checked, "detail": f"{checked} selected rows compared"}
+
+
+def _mover(device: str):
+    """Tensors -> the same tensors on `device` (the kernels' side; the references stay on the CPU)."""
+    target = torch.device(device)
+
+    def on(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        return [t.to(target) for t in tensors]
+
+    return on
 
 
 def _bm25_corpus(seed: int) -> tuple[BM25Index, list[list[str]], list[int]]:
@@ -119,10 +138,12 @@ def _bm25_corpus(seed: int) -> tuple[BM25Index, list[list[str]], list[int]]:
     return index, words, [m for m in range(10)]
 
 
-def case_bm25_search() -> dict:
-    """BM25Index.search / search_encoded with kernels=triton against kernels=torch, bit for bit."""
+def case_bm25_search(device: str = "cpu", repeats: int = 1) -> dict:
+    """BM25Index.search / search_encoded with kernels=triton (on `device`) against kernels=torch (on the
+    CPU), bit for bit."""
     rng = random.Random(2)
     index, words, memories = _bm25_corpus(2)
+    on_device = _bm25_corpus(2)[0].to(device)
     queries, mems = [], []
     for _ in range(90):
         mem = rng.choice(memories)  # 9 was never added
@@ -131,22 +152,30 @@ def case_bm25_search() -> dict:
     queries += [["tied"], ["same", "tied"], ["zebra"], [], ["gone"], ["w1", "w1", "w1"]]
     mems += [7, 7, 4, 3, 8, 6]
     checked, ok = 0, True
+
+    def same(ref: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> bool:
+        return torch.equal(ref[0], got[0].cpu()) and torch.equal(ref[1], got[1].cpu())
+
     for k in (1, 4, 60, 400):
         ref = index.search(queries, mems, k, kernels="torch")
-        got = index.search(queries, mems, k, kernels="triton")
-        ok &= torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+        for _ in range(repeats):
+            ok &= same(ref, on_device.search(queries, mems, k, kernels="triton"))
         checked += int((ref[1] >= 0).sum())
     # chunked launches (a few questions per chunk) give the same
+    ragged_elements = bm25_module._RAGGED_ELEMENTS
     bm25_module._RAGGED_ELEMENTS = 300
-    got = index.search(queries, mems, 60, kernels="triton")
+    try:
+        got = on_device.search(queries, mems, 60, kernels="triton")
+    finally:
+        bm25_module._RAGGED_ELEMENTS = ragged_elements
     ref = index.search(queries, mems, 60, kernels="torch")
-    ok &= torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+    ok &= same(ref, got)
     # the PRF form: encoded (query, term) pairs
     rows = ref[1][:, :2]
     pair_q, pair_t = index.feedback_terms(rows, 1, 5, "idf")
-    ok &= all(torch.equal(a, b) for a, b in zip(index.search_encoded(pair_q, pair_t, mems, 30, kernels="torch"),
-                                                 index.search_encoded(pair_q, pair_t, mems, 30, kernels="triton"),
-                                                 strict=True))
+    encoded = index.search_encoded(pair_q, pair_t, mems, 30, kernels="torch")
+    for _ in range(repeats):
+        ok &= same(encoded, on_device.search_encoded(pair_q, pair_t, mems, 30, kernels="triton"))
     tied = got[1][len(queries) - 6].tolist()
     return {"ok": bool(ok), "checked": checked, "detail": f"{checked} hits compared; tied rows {tied[:6]}"}
 
@@ -163,12 +192,13 @@ def _lists(rng: torch.Generator, n_q: int, k: int, n_rows: int, tie: float | Non
     return scores, rows
 
 
-def case_hybrid() -> dict:
+def case_hybrid(device: str = "cpu", repeats: int = 1) -> dict:
     """hybrid_topk against fuse -> add_boosts -> ranked -> head: random ragged lists, ties, boosts."""
     rng = torch.Generator().manual_seed(3)
     np_rng = np.random.default_rng(3)
     n_q, n_rows = 14, 50
     checked, ok, failures = 0, True, []
+    on = _mover(device)
     for kb, kd, tie_b, tie_d in ((8, 8, None, None), (12, 5, 0.5, None), (5, 9, 0.5, 0.5), (1, 1, None, None)):
         b_scores, b_rows = _lists(rng, n_q, kb, n_rows, tie_b)
         d_scores, d_rows = _lists(rng, n_q, kd, n_rows, tie_d)
@@ -186,12 +216,16 @@ def case_hybrid() -> dict:
             base = fuse(b_scores, b_rows, d_scores, d_rows, alpha)
             meta = [np.zeros(0, dtype=np.int64)] * 3 if empty_meta else row_meta
             ref = add_boosts(base, cfg, bits, years, months, *meta) if boosted else base
-            inputs = BoostInputs(cfg.speaker, cfg.month, cfg.year, bits, years, months,
-                                 *(torch.from_numpy(a) for a in meta)) if boosted else None
+            inputs = BoostInputs(cfg.speaker, cfg.month, cfg.year, *on(bits, years, months,
+                                                                       *(torch.from_numpy(a) for a in meta))
+                                 ) if boosted else None
             ref = ref if by_row else ref.ranked()
             ref = ref if k is None else ref.head(k)
-            got = hybrid_topk_triton(b_scores, b_rows, d_scores, d_rows, alpha, k=k, by_row=by_row, boosts=inputs)
-            same = all(torch.equal(g, getattr(ref, name)) for g, name in zip(got, HITS, strict=True))
+            same = True
+            for _ in range(repeats):
+                got = hybrid_topk_triton(*on(b_scores, b_rows, d_scores, d_rows), alpha, k=k, by_row=by_row,
+                                         boosts=inputs)
+                same &= all(torch.equal(g.cpu(), getattr(ref, name)) for g, name in zip(got, HITS, strict=True))
             if not same:
                 failures.append((kb, kd, alpha, boosted, empty_meta, k, by_row))
             ok &= same
@@ -205,7 +239,7 @@ def _view_with_summaries(n_questions: int):
     from memfit_gpu.data import load_benchmark, select_questions
     from memfit_gpu.retrieve.view import ReadView
 
-    cfg = load_config(REPO / "configs" / "memfit.yaml", ["rerank.backend=none"])
+    cfg = load_config(REPO / "configs" / "memfit.yaml", ["rerank.backend=none", "index.device=cpu"])
     bench = select_questions(load_benchmark("locomo", LOCOMO), exclude_categories=["5"], limit_memories=1)
     memory = bench.memories[0]
     n_turns = len(memory.turns())
@@ -297,6 +331,7 @@ def case_profile() -> dict:
     return {"ok": got == {"torch": ["torch"], "triton": ["triton"]}, "checked": 2, "detail": str(got)}
 
 
+KERNEL_CASES = ("scatter", "topk", "bm25_search", "hybrid")  # take (device, repeats)
 CASES = {"scatter": case_scatter, "topk": case_topk, "bm25_search": case_bm25_search, "hybrid": case_hybrid,
          "retrieve_batch": case_retrieve_batch, "cli": case_cli, "profile": case_profile}
 

@@ -14,7 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memfit_gpu.index.bm25 as bm25_module
-from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25, tokenize, tokenize_many
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.bm25_reference import ReferenceBM25
+from memfit_gpu.index.protocols import LexicalIndex
+from memfit_gpu.index.tokenize import tokenize, tokenize_many
+from memfit_gpu.store import episode_prefix
 
 BACKENDS = [BM25Index, ReferenceBM25]
 # three documents of memory 0 used by the hand-computed cases: N = 3, avgdl = (2 + 3 + 1) / 3 = 2
@@ -44,7 +48,7 @@ def locomo_memories(path, limit: int | None = None) -> tuple[list[list[str]], li
         talk = conv["conversation"]
         numbers = sorted(int(m.group(1)) for key in talk if (m := re.fullmatch(r"session_(\d+)", key)))
         texts = [
-            f"DATE: {talk[f'session_{n}_date_time']} | Speaker {turn['speaker']} says: {turn['text']}"
+            episode_prefix(talk[f"session_{n}_date_time"], turn["speaker"]) + turn["text"]
             for n in numbers
             for turn in talk[f"session_{n}"]
         ]
@@ -297,7 +301,7 @@ def test_state_dict_round_trip(tmp_path):
     before = index.search(queries, qmems, k=10)
     torch.save(index.state_dict(), tmp_path / "bm25.pt")
     reopened = BM25Index(k1=0.1, b=0.1)  # the state's k1 and b win
-    reopened.load_state_dict(torch.load(tmp_path / "bm25.pt"))
+    reopened.load_state_dict(torch.load(tmp_path / "bm25.pt", weights_only=True))
     after = reopened.search(queries, qmems, k=10)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
     assert reopened.idf(queries, qmems) == index.idf(queries, qmems)
@@ -329,15 +333,17 @@ def _plain_feedback_terms(index, rows, mem, min_chars, terms, order):
     return sorted(pool, key=lambda t: (-idf[t], t))[:terms]
 
 
+@pytest.mark.parametrize("cls", BACKENDS)
 @pytest.mark.parametrize("order", ["idf", "alphabetical"])
-def test_feedback_terms_equal_the_plain_rule(order, scoring_path):
+def test_feedback_terms_equal_the_plain_rule(cls, order, scoring_path):
     rng = random.Random(3)
     words = ["alpha", "be", "cedar", "delta", "echo", "fig", "grape", "hazelnut", "ice", "juniper", "kiwi"]
     docs = [[rng.choice(words) for _ in range(rng.randint(0, 9))] for _ in range(160)]
     mems = [rng.randrange(5) for _ in docs]
-    index = build(BM25Index, docs, mems)
-    index.delete(rng.sample(range(len(docs)), 20))  # df and N change; deleted rows are not asked for
-    live = [r for r in range(len(docs)) if not index._deleted.view[r]]
+    index = build(cls, docs, mems)
+    deleted = set(rng.sample(range(len(docs)), 20))
+    index.delete(sorted(deleted))  # df and N change; deleted rows are not asked for
+    live = [r for r in range(len(docs)) if r not in deleted]
     by_memory = {m: [r for r in live if mems[r] == m] for m in range(5)}
     asks = []
     for _ in range(60):
@@ -360,18 +366,90 @@ def test_feedback_terms_equal_the_plain_rule(order, scoring_path):
         assert torch.equal(by_pairs[0], by_tokens[0]) and torch.equal(by_pairs[1], by_tokens[1])
 
 
-def test_feedback_terms_and_search_encoded_errors():
-    index = build(BM25Index, [["apple", "pear"], ["plum"]], [0, 1])
+@pytest.mark.parametrize("order", ["idf", "alphabetical"])
+def test_feedback_terms_are_the_same_pairs_on_both_backends(order, scoring_path):
+    """Term ids are numbered alike (per (memory, token), first appearance), so the pairs match exactly."""
+    rng = random.Random(4)
+    words = [f"w{i:02d}x" for i in range(25)]
+    docs = [[rng.choice(words) for _ in range(rng.randint(0, 7))] for _ in range(120)]
+    mems = [rng.randrange(3) for _ in docs]
+    fast, slow = build(BM25Index, docs, mems), build(ReferenceBM25, docs, mems)
+    for index in (fast, slow):
+        index.delete([1, 7, 30])
+    asks = [[r for r in rng.sample(range(len(docs)), 8) if mems[r] == m][:4] for m in (0, 1, 2, 0, 1)]
+    rows = torch.tensor([a + [-1] * (4 - len(a)) for a in asks])
+    qm = [0, 1, 2, 0, 1]
+    pairs_fast = fast.feedback_terms(rows, 1, 5, order)
+    pairs_slow = slow.feedback_terms(rows, 1, 5, order)
+    assert pairs_fast[0].tolist() == pairs_slow[0].tolist() and pairs_fast[1].tolist() == pairs_slow[1].tolist()
+    assert len(set(pairs_fast[0].tolist())) >= 4  # most queries got terms
+    assert fast.term_tokens(pairs_fast[1]) == slow.term_tokens(pairs_slow[1])
+    fs, fr = fast.search_encoded(*pairs_fast, qm, k=10)
+    ss, sr = slow.search_encoded(*pairs_slow, qm, k=10)
+    assert torch.equal(fr, sr)
+    torch.testing.assert_close(fs, ss, atol=1e-5, rtol=1e-5)
+
+
+def _term_id(index, row: int, token: str) -> int:
+    """The term id of a token of one row, through the public API."""
+    query, term = index.feedback_terms(torch.tensor([[row]]), 1, 100, "alphabetical")
+    return dict(zip(index.term_tokens(term), term.tolist(), strict=True))[token]
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_feedback_terms_and_search_encoded_errors(cls):
+    index = build(cls, [["apple", "pear"], ["plum"]], [0, 1])
     with pytest.raises(ValueError, match="term_order"):
         index.feedback_terms(torch.tensor([[0]]), 1, 3, "random")
     with pytest.raises(IndexError, match="row 5"):
         index.feedback_terms(torch.tensor([[5]]), 1, 3, "idf")
     empty_q, empty_t = index.feedback_terms(torch.tensor([[-1]]), 1, 3, "idf")
     assert empty_q.numel() == empty_t.numel() == 0
-    plum = index._vocab[1]["plum"]
+    plum = _term_id(index, 1, "plum")
+    assert plum == 2  # (0, apple), (0, pear), (1, plum)
     with pytest.raises(ValueError, match="another memory"):
         index.search_encoded(torch.tensor([0]), torch.tensor([plum]), [0], k=2)
     with pytest.raises(ValueError, match="ascending"):
         index.search_encoded(torch.tensor([1, 0]), torch.tensor([plum, plum]), [1, 1], k=2)
+    with pytest.raises(ValueError, match="term id 3 does not exist"):
+        index.search_encoded(torch.tensor([0]), torch.tensor([3]), [1], k=2)
+    with pytest.raises(ValueError, match="term id -1 does not exist"):
+        index.search_encoded(torch.tensor([0]), torch.tensor([-1]), [1], k=2)
+    with pytest.raises(ValueError, match="2 query indexes but 1 term ids"):
+        index.search_encoded(torch.tensor([0, 0]), torch.tensor([plum]), [1], k=2)
     scores, rows = index.search_encoded(torch.tensor([1]), torch.tensor([plum]), [0, 1], k=2)
     assert rows.tolist() == [[-1, -1], [1, -1]]  # a query without pairs scores nothing
+
+
+def test_reference_has_no_kernels():
+    index = build(ReferenceBM25, DOCS, [0, 0, 0])
+    assert not ReferenceBM25.has_kernels and BM25Index.has_kernels
+    with pytest.raises(ValueError, match="ReferenceBM25 has no Triton kernels"):
+        index.search([["a"]], [0], k=2, kernels="triton")
+    with pytest.raises(ValueError, match="ReferenceBM25 has no Triton kernels"):
+        index.search_encoded(torch.tensor([0]), torch.tensor([0]), [0], k=2, kernels="triton")
+    with pytest.raises(ValueError, match="kernels='cuda' is not one of torch, triton"):
+        index.search([["a"]], [0], k=2, kernels="cuda")
+    assert index.search([["a"]], [0], k=2, kernels="torch")[1].tolist() == [[0, 1]]
+
+
+def test_both_backends_implement_the_lexical_protocol():
+    members = {name for name in vars(LexicalIndex) if not name.startswith("_")} | set(LexicalIndex.__annotations__)
+    assert {"search", "search_encoded", "feedback_terms", "term_tokens", "idf", "doc_tokens", "has_kernels",
+            "device", "state_dict"} <= members
+    for cls in BACKENDS:
+        index = cls()
+        assert not [name for name in members if not hasattr(index, name)], cls
+
+
+def test_reference_state_round_trip_keeps_term_ids(tmp_path):
+    index = build(ReferenceBM25, [["apple", "pear"], ["plum", "apple"], ["fig"]], [0, 1, 0])
+    index.delete([2])
+    torch.save(index.state_dict(), tmp_path / "ref.pt")
+    reopened = ReferenceBM25(k1=0.1, b=0.1)
+    reopened.load_state_dict(torch.load(tmp_path / "ref.pt", weights_only=True))  # plain values only
+    rows = torch.tensor([[0, -1], [1, -1], [2, 0]])
+    for a, b in zip(index.feedback_terms(rows, 1, 5, "idf"), reopened.feedback_terms(rows, 1, 5, "idf"), strict=True):
+        assert a.tolist() == b.tolist()
+    assert reopened.search([["apple"]], [1], k=2)[1].tolist() == index.search([["apple"]], [1], k=2)[1].tolist() == [[1, -1]]
+    assert (reopened.k1, reopened.b) == (1.5, 0.75)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from memfit_gpu.cli import main
-from memfit_gpu.pipeline import read_jsonl
+from memfit_gpu.files import read_jsonl
 from memfit_gpu.readers.prompts import bounded_answer_messages, prompt_chars
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
-from memfit_gpu.pipeline import read_jsonl, run_lock
-from memfit_gpu.readers.base import Response
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.pipeline import run_lock
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
+from memfit_gpu.readers.types import Response
 from memfit_gpu.store.log import RecordLog
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,14 +1,20 @@
-"""memfit_gpu.devices: every index.device string the config accepts, on a CPU machine posing as two GPUs."""
+"""memfit_gpu.devices: every device and dtype string the config accepts, on a CPU machine posing as two GPUs;
+and every structure that picks a device picks it there."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
-from memfit_gpu.config import MemFitConfig
-from memfit_gpu.devices import first_device, visible_devices
+from memfit_gpu import devices
+from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.data import load_benchmark, select_questions
+from memfit_gpu.devices import first_device, reader_dtype, resolve_dtype, visible_devices, visible_gpu_ids
+from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -45,3 +51,72 @@ def test_store_puts_bm25_on_the_first_listed_gpu(two_gpus, setting, expected):
     cfg = MemFitConfig()
     cfg.index.device = setting
     assert EpisodeStore._bm25_device(SimpleNamespace(cfg=cfg)) == torch.device("cuda", expected)
+
+
+def test_visible_devices_on_this_machine() -> None:
+    assert visible_devices("cpu") == [torch.device("cpu")]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    expected = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
+    assert visible_devices("auto") == expected
+    assert visible_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2
+    if gpus == 0:
+        with pytest.raises(RuntimeError, match="sees none"):
+            visible_devices("cuda")
+        with pytest.raises(RuntimeError, match="sees 0 GPU"):
+            visible_devices("cuda:1")
+
+
+def test_gpu_ids_follow_cuda_visible_devices(two_gpus, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpu_ids() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert visible_gpu_ids() == ["4", "6"]  # a child given "4" sees the GPU this process calls cuda:0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert visible_gpu_ids() == []
+
+
+def test_encoder_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch) -> None:
+    gpu = torch.device("cuda", 0)
+    assert resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
+    assert resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == torch.float32
+    assert resolve_dtype("fp16", [gpu]) == torch.float16
+    # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path
+    monkeypatch.setattr(devices, "_native_bf16", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(ValueError, match="Tesla T4 .* no native bf16"):
+        resolve_dtype("bf16", [gpu])
+    assert resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
+    monkeypatch.setattr(devices, "_native_bf16", lambda device: True)
+    assert resolve_dtype("bf16", [gpu]) == torch.bfloat16
+
+
+def test_reader_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch) -> None:
+    assert reader_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert reader_dtype("auto", "cuda") == reader_dtype("auto", "cuda:0") == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert reader_dtype("auto", torch.device("cuda", 1)) == torch.float16
+    # an explicit dtype is taken as asked, on any device: the table the encoders read
+    assert reader_dtype("bfloat16", "cpu") == torch.bfloat16 and reader_dtype("float32", "cuda") == torch.float32
+    assert reader_dtype("half", "cpu") == torch.float16 and reader_dtype("float64", "cpu") == torch.float64
+
+
+@pytest.mark.parametrize("setting, call", [
+    ("reader.dtype", lambda: reader_dtype("int8", "cpu")),
+    ("index.dtype", lambda: resolve_dtype("fp8", [torch.device("cpu")], "index.dtype")),
+])
+def test_bad_dtype_names_the_setting(setting, call) -> None:
+    with pytest.raises(ValueError, match=rf"^{setting}='(int8|fp8)' is not a dtype: use auto or one of float32, "):
+        call()
+
+
+def test_read_view_puts_bm25_on_the_configured_device(locomo_path: Path) -> None:
+    # issue 12.5: ReadView.from_memories built its BM25 on the CPU whatever index.device said. "cpu:0" is
+    # a device this machine has that differs from the default torch.device("cpu"), so the test can fail.
+    cfg = load_config("configs/memfit.yaml", ["index.device=cpu:0", "index.dense_device=cpu"])
+    memory = select_questions(load_benchmark("locomo", locomo_path), limit_memories=1).memories[0]
+    vectors = np.random.default_rng(0).standard_normal((len(memory.turns()), 384)).astype(np.float32)
+    view = ReadView.from_memories([memory], None, cfg, embeddings=torch.from_numpy(vectors))
+    assert view.ep_bm25.device == first_device(cfg.index.device) == torch.device("cpu", 0)
+    scores, rows = view.ep_bm25.search([["caroline"]], [0], 3)
+    assert rows.device.type == "cpu" and int(rows[0, 0]) >= 0

@@ -6,17 +6,28 @@ import json
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from memfit_gpu.cli import main
+from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig, load_config
 from memfit_gpu.index.encoders import (
     BiEncoder,
     CrossEncoderModule,
-    _plan_batches,
+    EncoderBackend,
+    PairScorer,
+    ReferenceBiEncoder,
+    ReferenceCrossEncoder,
+    TextEncoder,
+    load_bi_encoder,
+    onednn,
     random_cross_encoder,
-    visible_devices,
 )
+from memfit_gpu.index.encoders.batching import is_oom, plan_batches
+from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
+from memfit_gpu.store import episode_prefix
 
 
 def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
@@ -26,7 +37,7 @@ def _locomo_turns(locomo_path: Path, conversations: int = 2) -> list[str]:
         for key, session in body.items():
             if key.startswith("session_") and isinstance(session, list):
                 for turn in session:
-                    texts.append(f"DATE: {body[key + '_date_time']} | Speaker {turn['speaker']} says: {turn['text']}")
+                    texts.append(episode_prefix(body[key + "_date_time"], turn["speaker"]) + turn["text"])
     return texts
 
 
@@ -47,26 +58,13 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return random_cross_encoder(tmp_path_factory.mktemp("ce") / "identity", seed=3)
 
 
-def test_visible_devices() -> None:
-    assert visible_devices("cpu") == [torch.device("cpu")]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    expected = [torch.device("cuda", i) for i in range(gpus)] or [torch.device("cpu")]
-    assert visible_devices("auto") == expected
-    assert visible_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2
-    if gpus == 0:
-        with pytest.raises(RuntimeError, match="sees none"):
-            visible_devices("cuda")
-        with pytest.raises(RuntimeError, match="sees 0 GPU"):
-            visible_devices("cuda:1")
-
-
 def test_plan_batches_caps_rows_and_tokens() -> None:
     lengths = [10, 50, 30, 30, 20, 5, 40]
     order = sorted(range(len(lengths)), key=lambda r: -lengths[r])  # 1, 6, 2, 3, 4, 0, 5
-    assert _plan_batches(order, lengths, 3, None) == [[1, 6, 2], [3, 4, 0], [5]]
+    assert plan_batches(order, lengths, 3, None) == [[1, 6, 2], [3, 4, 0], [5]]
     # 100 padded tokens: width 50 holds 2 rows, width 30 holds 3, a row over budget goes alone.
-    assert _plan_batches(order, lengths, 8, 100) == [[1, 6], [2, 3, 4], [0, 5]]
-    assert _plan_batches([1, 0], [10, 500], 8, 100) == [[1], [0]]
+    assert plan_batches(order, lengths, 8, 100) == [[1, 6], [2, 3, 4], [0, 5]]
+    assert plan_batches([1, 0], [10, 500], 8, 100) == [[1], [0]]
 
 
 def test_minilm_layout(minilm: BiEncoder) -> None:
@@ -221,49 +219,28 @@ def test_cross_encoder_rejects_bad_pairs(cross_encoder_dir: Path) -> None:
 def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
     import copy
 
-    from memfit_gpu.index.encoders import _linear, _onednn_gemm
-
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 8)
     x = torch.randn(5, 16)
     with torch.inference_mode():
-        torch.testing.assert_close(_linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
-    if _onednn_gemm():  # this torch build packs weights: the pack is cached and reused
+        torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
+    if onednn.available():  # this torch build packs weights: the pack is cached and reused
         first = layer.__dict__["_memfit_gemm"]["w"]
-        _linear(layer, "w", x, layer.weight, layer.bias)
+        onednn.linear(layer, "w", x, layer.weight, layer.bias)
         assert layer.__dict__["_memfit_gemm"]["w"] is first
     with torch.no_grad():
         layer.weight.mul_(2.0)  # an in-place change bumps the version: the pack is rebuilt
-    torch.testing.assert_close(_linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
     twin = copy.deepcopy(layer)  # packed tensors cannot be copied: the copy starts without them
     assert not twin.__dict__.get("_memfit_gemm")
-    torch.testing.assert_close(_linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
+    torch.testing.assert_close(onednn.linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
 
 
 def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
-    from memfit_gpu.index.encoders import _linear
-
     layer = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4, requires_grad=True)
-    _linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
+    onednn.linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
-
-
-def test_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memfit_gpu.index import encoders
-
-    gpu = torch.device("cuda", 0)
-    assert encoders.resolve_dtype("auto", [torch.device("cpu")]) == torch.float32
-    assert encoders.resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == torch.float32
-    assert encoders.resolve_dtype("fp16", [gpu]) == torch.float16
-    # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path
-    monkeypatch.setattr(encoders, "_native_bf16", lambda device: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    with pytest.raises(ValueError, match="Tesla T4 .* no native bf16"):
-        encoders.resolve_dtype("bf16", [gpu])
-    assert encoders.resolve_dtype("bf16", [torch.device("cpu")]) == torch.bfloat16
-    monkeypatch.setattr(encoders, "_native_bf16", lambda device: True)
-    assert encoders.resolve_dtype("bf16", [gpu]) == torch.bfloat16
 
 
 @pytest.mark.parametrize("message", [
@@ -272,21 +249,120 @@ def test_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(monkeypa
     "CUDA error: out of memory",
 ])
 def test_library_allocation_failures_count_as_oom(message: str) -> None:
-    from memfit_gpu.index.encoders import _is_oom
-
-    assert _is_oom(RuntimeError(message))
-    assert not _is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
+    assert is_oom(RuntimeError(message))
+    assert not is_oom(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED"))
 
 
 def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> None:
     info = minilm.info()
     assert info["dtype"] == "float32" and info["devices"] == ["cpu"] and info["source"].startswith("package:")
-    from memfit_gpu.config import RerankConfig
-    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
-
     cfg = RerankConfig(model=str(cross_encoder_dir), dtype="auto")
     module = load_reranker(cfg, device="cpu")
     recorded = reranker_info(cfg, module)
     assert recorded["weights"]["dtype"] == "float32" and recorded["weights"]["path"] == str(cross_encoder_dir)
     bf16 = load_reranker(RerankConfig(model=str(cross_encoder_dir), dtype="bf16"), device="cpu")
     assert bf16.info()["dtype"] == "bfloat16"
+
+
+@pytest.fixture(scope="module")
+def st_minilm() -> TextEncoder:
+    return load_bi_encoder(IndexConfig(device="cpu", encoder_backend="sentence-transformers"))
+
+
+@pytest.mark.slow
+def test_sentence_transformers_backend_encodes_like_packed(st_minilm: TextEncoder, minilm: BiEncoder,
+                                                           locomo_turns: list[str]) -> None:
+    """index.encoder_backend=sentence-transformers: SentenceTransformer.encode behind the same interface."""
+    assert isinstance(st_minilm, ReferenceBiEncoder) and isinstance(st_minilm, TextEncoder)
+    assert isinstance(load_bi_encoder(IndexConfig(device="cpu")), BiEncoder)  # packed is the default
+    texts = locomo_turns[:100] + ["x " * 400]  # one text beyond max_seq_length: truncated alike
+    reference = st_minilm.encode(texts, batch_size=32)
+    assert st_minilm.dim == 384 and reference.shape == (len(texts), 384) and reference.dtype == torch.float32
+    assert reference.device.type == "cpu"
+    torch.testing.assert_close(reference, minilm.encode(texts, batch_size=64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(reference.norm(dim=1), torch.ones(len(texts)), atol=1e-5, rtol=0)
+    # recorded in outputs: the packed module's keys, and which backend ran
+    assert st_minilm.info() == {**minilm.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    empty = st_minilm.encode([])
+    assert empty.shape == (0, 384) and empty.dtype == torch.float32
+    with pytest.raises(TypeError, match=r"ReferenceBiEncoder.encode: texts\[1\] is int, not str"):
+        st_minilm.encode(["ok", 3])  # type: ignore[list-item]
+
+
+@pytest.mark.slow
+def test_sentence_transformers_backend_scores_like_packed(cross_encoder_dir: Path,
+                                                          locomo_pairs: list[tuple[str, str]]) -> None:
+    cfg = RerankConfig(model=str(cross_encoder_dir))
+    packed = load_reranker(cfg, device="cpu")
+    reference = load_reranker(cfg, device="cpu", encoder_backend="sentence-transformers")
+    assert isinstance(packed, CrossEncoderModule) and isinstance(reference, ReferenceCrossEncoder)
+    assert isinstance(reference, PairScorer)
+    pairs = locomo_pairs + [(locomo_pairs[0][0], "long " * 600)]  # truncated at 384 tokens alike
+    expected = packed.score(pairs, batch_size=32)
+    scores = reference.score(pairs, batch_size=16)
+    assert scores.shape == (len(pairs),) and scores.dtype == torch.float32
+    assert float(expected.std()) > 1e-3  # the seeded head separates pairs: the comparison is not vacuous
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    recorded = reranker_info(cfg, reference)
+    assert recorded["weights"] == {**packed.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    assert reference.score([]).shape == (0,)
+    with pytest.raises(TypeError, match=r"ReferenceCrossEncoder.score: pairs\[1\]"):
+        reference.score([("q", "p"), ("q",)])  # type: ignore[list-item]
+
+
+def test_encoder_backend_and_dtype_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="index.encoder_backend"):
+        load_config("configs/memfit.yaml", ["index.encoder_backend=onnx"])
+    with pytest.raises(ConfigError, match=r"index.encoder_backend='onnx' is not one of packed, sentence-transformers"):
+        EncoderBackend.parse("onnx")
+    assert EncoderBackend.parse("sentence-transformers") is EncoderBackend.SENTENCE_TRANSFORMERS
+    with pytest.raises(ValueError, match=r"^index.dtype='fp8' is not a dtype"):
+        load_bi_encoder(IndexConfig(device="cpu", dtype="fp8"))
+
+
+def test_packed_path_without_the_private_ops_uses_the_public_ones(minilm: BiEncoder, locomo_turns: list[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch build without torch.ops.mkldnn's private linear ops: the probe says so and every layer
+    runs through F.linear, with the same embeddings."""
+    texts = locomo_turns[:40]
+    with_private_ops = minilm.encode(texts, batch_size=16)
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16)
+    onednn.available.cache_clear()
+    monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace())  # the ops are gone: AttributeError
+    try:
+        assert not onednn.available()
+        with torch.inference_mode():
+            assert torch.equal(onednn.linear(layer, "w", x, layer.weight, layer.bias),
+                               torch.nn.functional.linear(x, layer.weight, layer.bias))
+        torch.testing.assert_close(minilm.encode(texts, batch_size=16), with_private_ops, atol=1e-5, rtol=0)
+    finally:
+        monkeypatch.undo()
+        onednn.available.cache_clear()
+
+
+@pytest.mark.slow
+def test_retrieval_with_the_sentence_transformers_backend(tmp_path: Path, locomo_path: Path,
+                                                          cross_encoder_dir: Path) -> None:
+    """`memfit retrieve` with both encoders from sentence-transformers ranks like the packed backend and
+    records which backend ran."""
+    runs = {}
+    for backend in ("packed", "sentence-transformers"):
+        out = tmp_path / backend
+        rc = main(["retrieve", "--config", "configs/memfit.yaml", "--benchmark", "locomo", "--data", str(locomo_path),
+                   "--out", str(out), "--limit-memories", "1", "--limit-questions", "12", "index.device=cpu",
+                   f"index.encoder_backend={backend}", f"rerank.model={cross_encoder_dir}", "rerank.rerank_pool=20"])
+        assert rc == 0
+        runs[backend] = ([json.loads(line) for line in (out / "packs.jsonl").read_text().splitlines()],
+                         json.loads((out / "diagnostics.json").read_text()))
+    (packed_rows, packed_diag), (st_rows, st_diag) = runs["packed"], runs["sentence-transformers"]
+    assert len(st_rows) == 12
+    for a, b in zip(packed_rows, st_rows, strict=True):
+        assert a["question_id"] == b["question_id"] and a["excerpts"] == b["excerpts"]
+        assert [(c["kind"], c["turn_id"]) for c in a["ranked"]] == [(c["kind"], c["turn_id"]) for c in b["ranked"]]
+        assert [c["rerank"] for c in a["ranked"]] == pytest.approx([c["rerank"] for c in b["ranked"]], abs=1e-4)
+    assert st_diag["overall"] == packed_diag["overall"]
+    assert st_diag["encoder"]["encoder_backend"] == "sentence-transformers"
+    assert "encoder_backend" not in packed_diag["encoder"]  # the packed record is what it was
+    assert st_diag["reranker"]["weights"]["encoder_backend"] == "sentence-transformers"
+    assert st_diag["config"]["index"]["encoder_backend"] == "sentence-transformers"

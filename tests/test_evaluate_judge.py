@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from memfit_gpu.config import JudgeConfig, ReaderConfig
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     empty_verdict,
-    fill_memgallery_prompt,
     is_empty_prediction,
     needs_judge,
     parse_judge_reply,
     parse_longmemeval_reply,
     parse_memgallery_reply,
     parse_paper_reply,
+    reader_config_for_judge,
     snap_memgallery_grade,
 )
+from memfit_gpu.readers.prompts import fill_memgallery_prompt
 
 # ----------------------------------------------------------------------------- paper judge
 
@@ -183,3 +185,13 @@ def test_fill_memgallery_prompt_with_the_official_template(shared_data):
 def test_unknown_kind():
     with pytest.raises(ValueError, match="unknown judge kind"):
         parse_judge_reply("yes", kind="squad")
+
+
+def test_judge_reader_config_takes_the_judge_model_and_keeps_transport_settings() -> None:
+    reader = ReaderConfig(backend="vllm", model="Qwen/Qwen2.5-VL-7B-Instruct", base_urls=["http://a/v1"],
+                          max_retries=9, temperature=0.3, images="question")
+    judge = reader_config_for_judge(JudgeConfig(backend="openai", model="gpt-4o-mini", max_new_tokens=128), reader)
+    assert (judge.backend, judge.model, judge.max_new_tokens, judge.temperature, judge.images) == (
+        "openai", "gpt-4o-mini", 128, 0.0, "none")
+    assert judge.base_urls == ["http://a/v1"] and judge.max_retries == 9
+    assert reader.model == "Qwen/Qwen2.5-VL-7B-Instruct"  # the reader's own config is untouched

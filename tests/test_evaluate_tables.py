@@ -6,6 +6,7 @@ import csv
 
 import pytest
 
+from memfit_gpu.evaluate.render import csv_text, markdown_table
 from memfit_gpu.evaluate.tables import render_markdown, summarize, write_csv
 
 
@@ -98,14 +99,18 @@ def test_render_markdown_paper_layout():
     text = render_markdown(m)
     assert "### LoCoMo: 6 questions" in text
     assert "Metric variant: `paper`" in text and "mean of the 3 category means" in text
-    assert "| Category | n | F1 | BLEU-1 | Judge |" in text
-    assert "| multi-hop (1) | 2 | 50.00 | 50.00 | 50.00 |" in text
-    assert "| temporal (2) | 1 | 50.00 | 25.00 | 100.00 |" in text
-    assert "| single-hop (4) | 3 | 80.00 | 70.00 | 66.67 |" in text
-    assert "| **Average** | 6 | 60.00 | 48.33 | 72.22 |" in text
-    assert "| **Overall** | 6 | 65.00 | 55.83 | 66.67 |" in text
+    # the table itself, as render.markdown_table lays it out: numbers right-aligned, padded to width
+    assert (
+        "| Category       |   n |    F1 |   BLEU-1 |   Judge |\n"
+        "|:---------------|----:|------:|---------:|--------:|\n"
+        "| multi-hop (1)  |   2 | 50.00 |    50.00 |   50.00 |\n"
+        "| temporal (2)   |   1 | 50.00 |    25.00 |  100.00 |\n"
+        "| single-hop (4) |   3 | 80.00 |    70.00 |   66.67 |\n"
+        "| **Average**    |   6 | 60.00 |    48.33 |   72.22 |\n"
+        "| **Overall**    |   6 | 65.00 |    55.83 |   66.67 |\n"
+    ) in text
     assert "adversarial" not in text
-    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + 3 + 2  # header, three categories, Average and Overall
 
 
@@ -120,3 +125,17 @@ def test_write_csv(tmp_path):
     assert float(table[3]["judge"]) == pytest.approx(13 / 18)
     assert float(table[4]["locomo_f1"]) == pytest.approx(3.4 / 6)
     assert {r["averaging"] for r in table} == {"category_mean"}
+
+
+def test_one_renderer_pads_aligns_escapes_and_keeps_number_text():
+    text = markdown_table(["run", "F1"], [["a|b", "5.50"], ["long name", "100.00"]], align=["left", "right"])
+    assert text == (
+        "| run       |     F1 |\n"
+        "|:----------|-------:|\n"
+        "| a\\|b      |   5.50 |\n"
+        "| long name | 100.00 |\n"
+    )
+    assert markdown_table(["x"], []) == "| x   |\n|-----|\n"  # no rows: the header alone
+    with pytest.raises(ValueError, match="2 columns"):
+        markdown_table(["a", "b"], [["1"]])
+    assert csv_text(["a", "b"], [[None, 0.25], ["x,y", 3]]) == 'a,b\n,0.25\n"x,y",3\n'

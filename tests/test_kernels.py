@@ -13,20 +13,20 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+import torch
+
+import memfit_gpu.index.bm25 as bm25_module
 import memfit_gpu.kernels.hybrid_topk as hybrid_module
 import memfit_gpu.kernels.segment_topk as topk_module
 import memfit_gpu.kernels.segmented_scatter as scatter_module
-import pytest
-import torch
+from memfit_gpu.config import ConfigError, load_config
+from memfit_gpu.devices import device_guard
+from memfit_gpu.index.bm25 import BM25Index, _on_grid
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels._launch import launch_device
 from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_torch
 from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmented_scatter_add_torch
-
-import memfit_gpu.index.bm25 as bm25_module
-from memfit_gpu.config import ConfigError, load_config
-from memfit_gpu.devices import device_guard
-from memfit_gpu.index.bm25 import BM25Index, _on_grid
 
 REPO = Path(__file__).resolve().parents[1]
 # 3 terms in CSR: term 0 -> cols (1, 3) weights (0.5, 2.0); term 1 -> nothing; term 2 -> col 0 weight 4.0
@@ -292,7 +292,7 @@ def test_profiler_scaling_sweep_honours_the_kernels_switch():
 
 
 def test_kernel_backend_of_a_view_follows_its_bm25_index(monkeypatch):
-    from memfit_gpu.index.bm25 import ReferenceBM25
+    from memfit_gpu.index.bm25_reference import ReferenceBM25
     from memfit_gpu.retrieve.batched import kernel_backend
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -35,10 +35,11 @@ from memfit_gpu.methods.lightmem import (
 )
 from memfit_gpu.methods.naive_rag import NaiveRAG, chunk_history, chunk_starts
 from memfit_gpu.methods.plain import SWITCHES, plain_config
-from memfit_gpu.readers import ROLE_PHASES, Ledger, Request, Response
+from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars
+from memfit_gpu.readers.types import ROLE_PHASES, Request, Response
 from memfit_gpu.retrieve.pack import QUOTE_INDENT
-from memfit_gpu.sweep import load_sweep, point_overrides
+from memfit_gpu.sweep.spec import load_sweep, point_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

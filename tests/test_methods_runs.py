@@ -26,13 +26,16 @@ import yaml
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import TurnTable
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
-from memfit_gpu.pipeline import _retrieve, read_jsonl, run
-from memfit_gpu.readers import ROLE_PHASES, ROLES, Ledger, make_reader
+from memfit_gpu.pipeline import _retrieve, run
+from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_answer_messages
+from memfit_gpu.readers.reader import make_reader
+from memfit_gpu.readers.types import ROLE_PHASES, ROLES
 from memfit_gpu.retrieve.pack import excerpt_tail
 from memfit_gpu.store import EpisodeStore, RecordLog
 
@@ -233,10 +236,10 @@ def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], share
         assert proc.returncode == 0, proc.stderr[-2000:]
     proc = memfit("efficiency", *(str(runs[m]) for m in METHODS), shared_data=shared_data, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("| run | method | reader | questions | write_calls | read_calls |")
-    assert [line.split(" | ")[1] for line in lines[2:]] == list(METHODS)
-    write_calls = {line.split(" | ")[1]: int(line.split(" | ")[4]) for line in lines[2:]}
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in proc.stdout.splitlines()]
+    assert cells[0][:6] == ["run", "method", "reader", "questions", "write_calls", "read_calls"]
+    assert [row[1] for row in cells[2:]] == list(METHODS)
+    write_calls = {row[1]: int(row[4]) for row in cells[2:]}
     assert write_calls["plain"] == write_calls["naive_rag"] == write_calls["full_context"] == 0
     assert write_calls["memfit"] > 0 and write_calls["lightmem_slm"] > 0
 

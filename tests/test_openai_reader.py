@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,13 +19,17 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ConfigError, ReaderConfig
-from memfit_gpu.readers.base import ReaderError, Request, make_reader, with_image_parts
-from memfit_gpu.readers.openai_http import probe_base_urls
+from memfit_gpu.readers.images import with_image_parts
+from memfit_gpu.readers.openai import probe_base_urls
+from memfit_gpu.readers.reader import make_reader
+from memfit_gpu.readers.registry import make_backend
+from memfit_gpu.readers.types import ReaderError, Request
 
 
 class FaultServer:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self.bodies: dict[str, list[dict]] = defaultdict(list)  # the request bodies each mode received
         self.in_flight: Counter[str] = Counter()
         self.max_in_flight: Counter[str] = Counter()
         self.lock = threading.Lock()
@@ -49,6 +53,7 @@ class FaultServer:
                 mode = self.path.split("/")[1]
                 with server.lock:
                     server.calls[mode] += 1
+                    server.bodies[mode].append(body)
                     n = server.calls[mode]
                     server.in_flight[mode] += 1
                     server.max_in_flight[mode] = max(server.max_in_flight[mode], server.in_flight[mode])
@@ -135,6 +140,17 @@ def test_503_twice_then_answer_with_estimated_tokens(server: FaultServer) -> Non
     # No usage in the reply and no tokenizer for "test-model": chars / 4, rounded up (30 -> 8, 5 -> 2).
     assert (out[0].input_tokens, out[0].output_tokens, out[0].tokens_estimated) == (8, 2, True)
     assert reader.ledger.roles["answer"].estimated_token_calls == 1
+
+
+def test_a_request_without_sampling_settings_gets_the_readers_config(server: FaultServer) -> None:
+    """Called directly (no Reader to fill them), the backend sends reader.max_new_tokens and reader.temperature,
+    the one default there is, not numbers of its own."""
+    backend = make_backend(ReaderConfig(backend="openai", model="test-model", base_urls=[server.url("ok-defaults")],
+                                        max_new_tokens=7, temperature=0.25))
+    backend.generate([Request([{"role": "user", "content": "Hi"}], "answer", key="q1"),
+                      Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=3, temperature=0.0)])
+    sent = sorted((body["max_tokens"], body["temperature"]) for body in server.bodies["ok-defaults"])
+    assert sent == [(3, 0.0), (7, 0.25)]
 
 
 def test_timeout_is_retried(server: FaultServer) -> None:

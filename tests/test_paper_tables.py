@@ -1,4 +1,4 @@
-"""Paper experiment configs and experiments/paper_tables.py.
+"""Paper experiment configs and the paper's tables (memfit_gpu.evaluate.paper_tables, experiments/paper_tables.py).
 
 Configs: every configs/experiments/ file loads; every configs/sweeps/paper_* point loads with its overrides and
 changes exactly what its configs/ablations/ file changes. Tables: small run directories written here (their
@@ -9,7 +9,6 @@ of configs/smoke.yaml.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,10 +19,12 @@ from typing import Any
 import pytest
 
 from memfit_gpu.config import load_config, to_dict, to_yaml
+from memfit_gpu.evaluate import paper_tables as pt
 from memfit_gpu.evaluate.tables import summarize
+from memfit_gpu.mappings import flatten
 from memfit_gpu.readers.ledger import Ledger, RoleStats
 from memfit_gpu.readers.prompts import JUDGE_KINDS
-from memfit_gpu.sweep import load_sweep, point_overrides
+from memfit_gpu.sweep.spec import load_sweep, point_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "configs" / "experiments"
@@ -31,32 +32,11 @@ ABLATIONS = REPO / "configs" / "ablations"
 PAPER_SWEEPS = sorted((REPO / "configs" / "sweeps").glob("paper_*.yaml"))
 
 
-def _load_tables_module():
-    spec = importlib.util.spec_from_file_location("paper_tables", REPO / "experiments" / "paper_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["paper_tables"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-pt = _load_tables_module()
-
-
 # ------------------------------------------------------------------------------------------- configs
 
 
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _diff(changed, base) -> dict[str, Any]:
-    a, b = _flat(to_dict(changed)), _flat(to_dict(base))
+    a, b = flatten(to_dict(changed)), flatten(to_dict(base))
     return {k: a[k] for k in a if a[k] != b.get(k) and k not in ("name", "tracking.wandb.group")}
 
 
@@ -191,6 +171,11 @@ def sweep_dir(tmp_path: Path) -> Path:
 EXACT = pt.PairedTests(method="exact")
 
 
+def _markdown_rows(text: str) -> list[list[str]]:
+    """The rows of the Markdown tables in `text` as cells without their padding (header and rule included)."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+
+
 def test_table1_locomo_cells(sweep_dir: Path):
     table = pt.locomo_main(pt.expand(str(sweep_dir)))
     # full: multi-hop F1 (1.0 + 0.4) / 2 = 70.00, BLEU-1 (0.9 + 0.3) / 2 = 60.00, judge 1 of 2 = 50.00
@@ -204,7 +189,7 @@ def test_table1_locomo_cells(sweep_dir: Path):
     assert table.cell("plain_retrieval", "Average F1") == "40.00"
     assert table.cell("plain_retrieval", "temporal Judge") == "50.00"
     assert table.cell("full", "Reader") == "reader/A" and table.cell("full", "n") == "8"
-    assert "| full | reader/A | 8 | 70.00 | 60.00 | 50.00 |" in table.markdown()
+    assert _markdown_rows(table.markdown())[2][:6] == ["full", "reader/A", "8", "70.00", "60.00", "50.00"]
 
 
 def test_table6_plain_vs_memfit_paired_test(sweep_dir: Path):
@@ -323,6 +308,12 @@ def test_errors_name_the_directory(tmp_path: Path, sweep_dir: Path):
         pt.locomo_main([pt.load_run(mg)])
     with pytest.raises(pt.TablesError, match="no run labelled 'default'"):
         pt.sensitivity(pt.expand(str(sweep_dir)), EXACT)
+    # a sweep.json is read as the sweep itself reads it: a point in no known state is named
+    state = json.loads((sweep_dir / "sweep.json").read_text())
+    state["points"][1]["state"] = "half-done"
+    (sweep_dir / "sweep.json").write_text(json.dumps(state))
+    with pytest.raises(pt.TablesError, match=r"sweep.json: points\[1\] \(point no_prf\): state 'half-done'"):
+        pt.expand(str(sweep_dir))
 
 
 def test_cli_writes_markdown_and_csv(tmp_path: Path, sweep_dir: Path):
@@ -337,7 +328,8 @@ def test_cli_writes_markdown_and_csv(tmp_path: Path, sweep_dir: Path):
     assert summary["tables"] == ["table1_locomo", "table6_plain_vs_memfit", "table7_ablation"]
     rows = list(csv.DictReader((out / "table6_plain_vs_memfit.csv").open()))
     assert float(rows[0]["Judge diff"]) == pytest.approx(37.5) and float(rows[0]["p"]) == pytest.approx(0.25)
-    assert "| reader/A | 8 | 37.50 | 75.00 | +37.50 | 0.2500 | 3 | 0 |" in (out / "tables.md").read_text()
+    assert ["reader/A", "8", "37.50", "75.00", "+37.50", "0.2500", "3", "0"] in [
+        row[:8] for row in _markdown_rows((out / "tables.md").read_text())]
     bad = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out", str(out),
                           "--ablation", str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert bad.returncode == 2 and "nowhere: not a run directory" in bad.stderr

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.readers.base import Request, Response
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
+from memfit_gpu.readers.types import Request, Response
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _req(content: str = "What is the capital of France?", **kw: object) -> Request:
@@ -119,6 +126,35 @@ def test_prices_file(tmp_path: Path) -> None:
         load_prices(tmp_path / "nowhere.yaml")
 
 
+@pytest.mark.slow  # builds the wheel (a few seconds)
+def test_an_installed_memfit_reads_its_prices_and_prompts_as_package_data(tmp_path: Path) -> None:
+    """A non-editable install has no configs/ folder: the price table and the prompts are package data read
+    with importlib.resources, whatever the working directory (the wheel is built from a copy of the tree,
+    so no build/ folder is left in the checkout)."""
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("memfit_gpu", "kernels"):
+        shutil.copytree(REPO / folder, source / folder, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "wheel"), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "wheel").glob("memfit_gpu-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path / "site")  # a pure-Python wheel unpacked is an install
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import json; from memfit_gpu.readers import ledger, prompts; "
+            "print(json.dumps([ledger.__file__, ledger.load_prices(), prompts.load_prompt('answer.txt')]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    module, prices, answer_prompt = json.loads(done.stdout)
+    assert module == str(tmp_path / "site" / "memfit_gpu" / "readers" / "ledger.py")
+    assert prices == load_prices() and prices["gpt-4o"] == {"input": 2.5, "output": 10.0}
+    assert answer_prompt == (REPO / "memfit_gpu" / "prompts" / "answer.txt").read_text(encoding="utf-8")
+
+
 def test_request_validation_names_the_key() -> None:
     with pytest.raises(ValueError, match=r"key='q9'.*role 'reader'"):
         Request([{"role": "user", "content": "x"}], "reader", key="q9")
@@ -126,23 +162,7 @@ def test_request_validation_names_the_key() -> None:
         Request([{"content": "x"}], "answer", key="q9")
 
 
-def test_judge_reader_config_takes_the_judge_model_and_keeps_transport_settings() -> None:
-    from memfit_gpu.config import JudgeConfig, ReaderConfig
-    from memfit_gpu.readers import reader_config_for_judge
-
-    reader = ReaderConfig(backend="vllm", model="Qwen/Qwen2.5-VL-7B-Instruct", base_urls=["http://a/v1"],
-                          max_retries=9, temperature=0.3, images="question")
-    judge = reader_config_for_judge(JudgeConfig(backend="openai", model="gpt-4o-mini", max_new_tokens=128), reader)
-    assert (judge.backend, judge.model, judge.max_new_tokens, judge.temperature, judge.images) == (
-        "openai", "gpt-4o-mini", 128, 0.0, "none")
-    assert judge.base_urls == ["http://a/v1"] and judge.max_retries == 9
-    assert reader.model == "Qwen/Qwen2.5-VL-7B-Instruct"  # the reader's own config is untouched
-
-
 def test_chat_template_kwargs_are_part_of_the_cache_key():
-    from memfit_gpu.readers.base import Request
-    from memfit_gpu.readers.cache import request_key
-
     request = Request([{"role": "user", "content": "When?"}], role="answer", max_new_tokens=8, temperature=0.0, key="q")
     plain = request_key("vllm", "Qwen/Qwen3-8B", request)
     assert request_key("vllm", "Qwen/Qwen3-8B", request, {}) == plain  # no option: the key made before it existed

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from memfit_gpu.config import ConfigError, MemFitConfig
+from memfit_gpu.data.schema import Memory, Session, Turn
 from memfit_gpu.readers.prompts import (
     LONGMEMEVAL_JUDGE_FILES,
     PROMPT_DIR,
@@ -90,7 +92,7 @@ def test_resolve_protocol() -> None:
     assert resolve_protocol("auto", "memgallery") == "memgallery"
     assert resolve_protocol("auto", "locomo") == "paper"
     assert resolve_protocol("paper", "memgallery") == "paper"
-    with pytest.raises(ValueError, match="official"):
+    with pytest.raises(ConfigError, match="reader.protocol='official'"):
         resolve_protocol("official", "locomo")
 
 
@@ -110,7 +112,7 @@ def test_judge_messages() -> None:
     assert "cannot be answered" in abstain and "Why it is unanswerable: never said" in abstain
     with pytest.raises(ValueError, match="question type 'trivia'"):
         build_judge_messages("q", "g", "p", "trivia", "longmemeval")
-    assert set(LONGMEMEVAL_JUDGE_FILES.values()) <= {p.name for p in PROMPT_DIR.glob("judge_longmemeval_*.txt")}
+    assert set(LONGMEMEVAL_JUDGE_FILES.values()) <= {p.name for p in PROMPT_DIR.iterdir()}
 
 
 def test_memgallery_judge_fills_its_double_brace_slots(shared_data: Path) -> None:
@@ -120,11 +122,64 @@ def test_memgallery_judge_fills_its_double_brace_slots(shared_data: Path) -> Non
     assert "{{" not in text
 
 
+def test_memgallery_judge_fills_each_slot_once(shared_data: Path, tmp_path: Path) -> None:
+    """One filler for Mem-Gallery's judge template (evaluate/judge.py had a second): a question, gold or
+    answer that itself holds a `{{...}}` slot name stays verbatim, and a template without its slots is a
+    PromptError naming the file (exit code 2), not a prompt sent without the answer in it."""
+    text = build_judge_messages("Is {{model_output}} a slot?", "a {{ground_truth}} gold", "a dog {{question}}", "FR",
+                                "memgallery", memgallery_dir=shared_data / "memgallery")[0]["content"]
+    assert ("Question: Is {{model_output}} a slot?\nGround Truth: a {{ground_truth}} gold\n"
+            "Assistant Answer: a dog {{question}}") in text
+    shutil.copytree(shared_data / "memgallery" / "prompt", tmp_path / "prompt")
+    (tmp_path / "prompt" / "llm_judge.txt").write_text("Question: {{question}}\nAnswer: {{answer}}\n")
+    with pytest.raises(PromptError, match=r"llm_judge.txt in .*: MemGallery judge template lacks "
+                                          r"\{\{ground_truth\}\}, \{\{model_output\}\}"):
+        build_judge_messages("q", "g", "p", "FR", "memgallery", memgallery_dir=tmp_path)
+
+
 def test_judge_kind() -> None:
     assert [judge_kind(b) for b in ("locomo", "longmemeval", "memgallery")] == ["paper", "longmemeval", "memgallery"]
     assert judge_kind("memgallery", "paper") == "paper"
-    with pytest.raises(ValueError, match="eval.judge.prompt='graded'"):
+    with pytest.raises(ConfigError, match="eval.judge.prompt='graded'"):
         judge_kind("locomo", "graded")
+
+
+def test_prompts_are_package_data_read_from_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The package's prompts/ folder comes from importlib.resources, not from the working directory; a
+    name that is a file path (absolute, or relative to the working directory) is read as that file."""
+    monkeypatch.chdir(tmp_path)
+    assert PROMPT_DIR.is_dir() and {"answer.txt", "judge.txt", "summary.txt"} <= {p.name for p in PROMPT_DIR.iterdir()}
+    assert load_prompt("summary.txt") == PROMPT_DIR.joinpath("summary.txt").read_text(encoding="utf-8")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "summary.txt").write_text("Mine: {excerpts}\n")
+    assert load_prompt("mine/summary.txt") == "Mine: {excerpts}\n"
+    with pytest.raises(PromptError, match=r"'absent.txt' not found in .*prompts \(have: answer.txt, "):
+        load_prompt("absent.txt")
+
+
+@pytest.mark.slow  # the store embeds its turns with the packaged MiniLM
+def test_summary_prompts_come_through_the_same_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      bi_encoder) -> None:
+    """store/summaries.py reads summary.prompt with `load_prompt` (it had a loader of its own): a custom
+    template given as a path is used, and one without `{excerpts}` is a PromptError naming the setting."""
+    from memfit_gpu.store import EpisodeStore
+    from memfit_gpu.store.summaries import summary_prompt
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "short.txt").write_text("Summarise:\n{excerpts}\n")
+    (tmp_path / "broken.txt").write_text("Summarise the conversation.\n")
+    turns = [Turn("D1:1", "Ann", "I adopted a cat.", "2023-05-08T13:56:00", "8 May 2023"),
+             Turn("D1:2", "Bob", "What is its name?", "2023-05-08T13:57:00", "8 May 2023")]
+    cfg = MemFitConfig()
+    cfg.summary.prompt = "short.txt"
+    store = EpisodeStore(None, cfg, bi_encoder)
+    store.add_memories([Memory("m", [Session("s1", "8 May 2023", "2023-05-08T13:56:00", turns)],
+                               speakers=["Ann", "Bob"])], progress=False)
+    assert summary_prompt(store, [0, 1]) == "Summarise:\n- Ann: I adopted a cat.\n- Bob: What is its name?\n"
+    cfg.summary.prompt = "broken.txt"
+    with pytest.raises(PromptError, match=r"summary.prompt='broken.txt': a summary prompt must contain the "
+                                          r"\{excerpts\} placeholder"):
+        summary_prompt(store, [0, 1])
 
 
 def test_a_prompt_that_fits_is_left_alone() -> None:

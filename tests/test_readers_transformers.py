@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ReaderConfig
-from memfit_gpu.readers.base import (
-    Backend,
-    MissingBackendError,
-    Reader,
-    Request,
-    Response,
-    make_backend,
-    make_reader,
-    require,
-)
+from memfit_gpu.config import ConfigError, ReaderConfig, load_config
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import bounded_answer_messages, build_answer_messages
+from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.registry import BACKENDS, REGISTRY, BackendEntry, backend_class, make_backend, require
+from memfit_gpu.readers.types import Backend, MissingBackendError, Request, Response
 
+SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 QUESTIONS = [
     "What is the capital of France?",
     "Answer in one word. Which planet do we live on? Please keep the answer very short and do not explain.",
@@ -156,3 +152,74 @@ def test_missing_backend_package_is_named() -> None:
         make_backend(ReaderConfig(backend="openai", base_urls=[]))
     with pytest.raises(ValueError, match="'llama' is not one of transformers, vllm, openai"):
         make_backend(ReaderConfig(backend="llama"))
+
+
+@pytest.mark.slow
+def test_a_request_without_sampling_settings_gets_the_readers_config(smollm_reader: Reader) -> None:
+    """Called directly (no Reader to fill it), the backend takes reader.max_new_tokens (8 in this config), the
+    one default there is, not a number of its own: a long count stops at exactly 8 tokens."""
+    backend = smollm_reader.backend
+    ask = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
+    assert backend.sampling(Request(ask, "answer")) == (8, 0.0)
+    assert backend.sampling(Request(ask, "answer", max_new_tokens=3, temperature=0.5)) == (3, 0.5)
+    out = backend.generate([Request(ask, "answer", key="count")])
+    assert out[0].output_tokens == 8
+    assert out[0].text == backend.generate([Request(ask, "answer", max_new_tokens=8, temperature=0.0)])[0].text
+
+
+@pytest.mark.slow
+def test_device_map_auto_places_the_reader_with_accelerate_and_answers_the_same(smollm_reader: Reader) -> None:
+    """reader.device_map=auto hands placement to accelerate (here, without a GPU, all of it lands on the CPU,
+    so no dispatch hooks are needed); the greedy answers are those of the reader placed whole on one device."""
+    mapped = make_backend(ReaderConfig(backend="transformers", batch_size=2, max_new_tokens=8, device_map="auto"))
+    try:
+        assert (mapped.placement, mapped.device, mapped.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
+        whole = smollm_reader.backend
+        assert (whole.placement, whole.device, whole.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
+        requests = _requests()
+        assert [r.text for r in mapped.generate(requests)] == [r.text for r in whole.generate(requests)]
+    finally:
+        mapped.close()
+    with pytest.raises(ValueError, match="places the model itself: pass no device"):
+        make_backend(ReaderConfig(backend="transformers", device_map="auto"), device="cpu")
+
+
+def test_device_map_is_a_checked_choice() -> None:
+    assert load_config(SMOKE, ["reader.device_map=auto"]).reader.device_map == "auto"
+    assert load_config(SMOKE).reader.device_map is None
+    with pytest.raises(ConfigError, match=r"reader\.device_map='balanced' is not one of null, auto"):
+        load_config(SMOKE, ["reader.device_map=balanced"])
+
+
+def test_registry_imports_each_backend_by_name() -> None:
+    assert BACKENDS == ("transformers", "vllm", "openai")
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assert issubclass(cls, Backend) and cls.name == name and cls.__module__ == f"memfit_gpu.readers.{name}"
+
+
+def test_choosing_a_backend_imports_only_its_module() -> None:
+    """The registry is lazy: choosing openai loads neither torch, transformers, vLLM nor the other backends."""
+    code = ("import sys; from memfit_gpu.readers.registry import backend_class; backend_class('openai'); "
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm') "
+            "or m.startswith('memfit_gpu.readers.'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["memfit_gpu.readers.images", "memfit_gpu.readers.openai",
+                                   "memfit_gpu.readers.registry", "memfit_gpu.readers.types"]
+
+
+def test_a_registered_backend_whose_library_is_missing_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY, "llama", BackendEntry("memfit_gpu.readers.llama:LlamaBackend",
+                                                        "llama_cpp_not_installed", "pip install llama-cpp-python"))
+    with pytest.raises(MissingBackendError, match=r"reader backend 'llama' needs the Python package "
+                                                  r"'llama_cpp_not_installed', which is not installed: pip install "
+                                                  r"llama-cpp-python"):
+        make_backend(ReaderConfig(backend="llama"))
+
+
+def test_a_backend_must_implement_generate() -> None:
+    class NoGenerate(Backend):
+        name = "none"
+
+    with pytest.raises(TypeError, match="abstract method 'generate'|abstract methods? generate"):
+        NoGenerate(ReaderConfig())  # type: ignore[abstract]

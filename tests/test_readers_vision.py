@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ReaderConfig
-from memfit_gpu.readers.base import Reader, Request, make_reader
+from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.types import Request
 
 # Renders list content (image parts as <image>, then text) the way real VLM chat templates do.
 TEMPLATE = (

@@ -124,10 +124,11 @@ def test_cross_encoder_rerank_batched_equals_reference(setup, tmp_path) -> None:
 
 
 def test_batched_equals_reference_on_the_reference_bm25_backend(setup) -> None:
-    """PRF terms then come from ReferenceBM25's doc_tokens and idf instead of BM25Index's postings."""
+    """PRF terms then come from ReferenceBM25's plain feedback_terms instead of BM25Index's postings."""
     import dataclasses
 
-    from memfit_gpu.index.bm25 import ReferenceBM25, tokenize_many
+    from memfit_gpu.index.bm25_reference import ReferenceBM25
+    from memfit_gpu.index.tokenize import tokenize_many
 
     store, questions, embed = setup
     base = ReadView.from_store(store)

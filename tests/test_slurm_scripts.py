@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.sweep import SweepError, check_slurm_gpus, load_sweep, sbatch_args
+from memfit_gpu.sweep.slurm import check_slurm_gpus, sbatch_args
+from memfit_gpu.sweep.spec import SweepError, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

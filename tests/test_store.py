@@ -3,6 +3,8 @@ persistence (reopen, torn tails, append-only bytes), deletion, isolation across 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import shutil
@@ -14,9 +16,11 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Image, Memory, Session, Turn
-from memfit_gpu.index.bm25 import tokenize
-from memfit_gpu.store import EpisodeStore, episode_text
+from memfit_gpu.index.tokenize import tokenize
+from memfit_gpu.retrieve.view import ReadView
+from memfit_gpu.store import EpisodeStore, compaction, episode_text
 from memfit_gpu.store.log import StoreCorruptError
+from memfit_gpu.store.snapshot import meta_digest
 
 pytestmark = pytest.mark.slow  # real model weights (the session's bi_encoder)
 
@@ -95,8 +99,9 @@ def test_columns_and_one_encoder_pass(bi_encoder):
     assert store.speaker_id.tolist() == [0, 1, 0, 1, 0, 0, 1]
     assert store.speaker.tolist() == ["Caroline", "Melanie", "Caroline", "Melanie", "Caroline", "user", "assistant"]
     assert store.timestamp[3] == np.datetime64("2023-06-27T10:37:00")
-    assert store.year.tolist() == [2023] * 5 + [2024] * 2
-    assert store.month.tolist() == [5, 5, 5, 6, 6, 1, 1]
+    years, months = ReadView.from_store(store).ep_year_month  # what the boosts read
+    assert years.tolist() == [2023] * 5 + [2024] * 2
+    assert months.tolist() == [5, 5, 5, 6, 6, 1, 1]
     assert store.image_ids.tolist() == [(), (), (), (), (), ("img_7",), ()]
     assert store.text[2] == "DATE: 1:56 pm on 8 May, 2023 | Speaker Caroline says: [Image: a photo of a rainbow flag] It was powerful."
     assert store.body(2) == "[Image: a photo of a rainbow flag] It was powerful."
@@ -423,6 +428,51 @@ def test_a_damaged_snapshot_is_never_loaded_and_the_rebuilt_store_is_identical(t
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
 
 
+UNPICKLED: list[str] = []
+
+
+def _record_unpickling() -> str:
+    UNPICKLED.append("a pickled callable ran")
+    return "ran"
+
+
+class _PickledCode:
+    """What a tampered snapshot could hold: unpickling it calls a function."""
+
+    def __reduce__(self):
+        return (_record_unpickling, ())
+
+
+def test_a_snapshot_holding_pickled_code_is_never_unpickled(tmp_path, bi_encoder, caplog):
+    """BM25 state files are read with torch.load(weights_only=True): a file whose checksums hold (rewritten
+    with its meta.json) but that holds a pickled object is refused, not run, and the store is rebuilt."""
+    cfg = MemFitConfig()
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    store.close()
+    memories = [0, 0, 1, 0]
+    clean = _search_all(EpisodeStore(tmp_path, cfg, bi_encoder), bi_encoder, QUERIES, memories)
+    snapshot = _newest_snapshot(tmp_path)
+    bm25_path = snapshot / "episode_bm25.pt"
+    state = torch.load(bm25_path, weights_only=True)
+    torch.save({**state, "note": _PickledCode()}, bm25_path)
+    meta = json.loads((snapshot / "meta.json").read_text())
+    meta["files"]["episode_bm25.pt"] = hashlib.sha256(bm25_path.read_bytes()).hexdigest()
+    meta["meta_sha256"] = meta_digest(meta)
+    (snapshot / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    UNPICKLED.clear()
+    spy = EncodeSpy(bi_encoder)
+    with caplog.at_level(logging.WARNING):
+        reopened = EpisodeStore(tmp_path, cfg, spy)
+    assert UNPICKLED == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "holds more than tensors and plain values" in errors[0] and "never loaded" in errors[0]
+    assert spy.calls == [7]  # rebuilt from the log
+    for x, y in zip(clean, _search_all(reopened, bi_encoder, QUERIES, memories), strict=True):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+
+
 def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(tmp_path, bi_encoder, caplog):
     cfg = MemFitConfig()
     store = EpisodeStore(tmp_path, cfg, bi_encoder)
@@ -545,15 +595,13 @@ def test_compact_forgets_deleted_turns_everywhere_and_searches_the_same(tmp_path
 
 def _fail_at(monkeypatch, point: str) -> None:
     """Provoke a kill at one step of compact(): raise there, leaving the disk as a killed process would."""
-    from memfit_gpu.store import episodes
-
     class Killed(RuntimeError):
         pass
 
     if point == "building":
-        monkeypatch.setattr(episodes, "_fsync_tree", lambda root: (_ for _ in ()).throw(Killed(point)))
+        monkeypatch.setattr(compaction, "fsync_tree", lambda root: (_ for _ in ()).throw(Killed(point)))
         return
-    real = episodes._rename_durably
+    real = compaction.rename_durably
     calls = []
 
     def rename(source, target):
@@ -564,7 +612,7 @@ def _fail_at(monkeypatch, point: str) -> None:
         if point == "between renames" and len(calls) == 1 or point == "after renames" and len(calls) == 2:
             raise Killed(point)
 
-    monkeypatch.setattr(episodes, "_rename_durably", rename)
+    monkeypatch.setattr(compaction, "rename_durably", rename)
 
 
 @pytest.mark.parametrize("point,compacted", [("building", False), ("first rename", False),

@@ -10,7 +10,8 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import load_benchmark
-from memfit_gpu.index.bm25 import tokenize
+from memfit_gpu.index.tokenize import tokenize
+from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import EpisodeStore, episode_text
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,8 @@ def test_locomo_store_contents(locomo, locomo_store):
         n_docs, avgdl = store.episode_bm25.memory_stats(m)
         assert n_docs == len(turns) and avgdl == pytest.approx(sum(lengths) / len(turns))
         assert store.episode_dense.memory_size(m) == len(turns)
-    assert int((store.year >= 2022).sum()) == 5882  # every LoCoMo session is dated 2022-2023
+    years, _ = ReadView.from_store(store).ep_year_month
+    assert int((years >= 2022).sum()) == 5882  # every LoCoMo session is dated 2022-2023
     assert store.image_ids[0] == ()
 
 

@@ -8,11 +8,18 @@ import pytest
 import torch
 from test_store import _memories  # the same hand-built memories (tests/ is on sys.path)
 
-from memfit_gpu.config import MemFitConfig
+from memfit_gpu.config import MemFitConfig, SegmentConfig, SummaryConfig
 from memfit_gpu.data.schema import Memory, Session, Turn
-from memfit_gpu.index.bm25 import tokenize
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.store import EpisodeStore
-from memfit_gpu.store.summaries import excerpt_positions, load_prompt, summary_prompt
+from memfit_gpu.store.summaries import (
+    SummaryJob,
+    excerpt_positions,
+    load_prompt,
+    plan_segments,
+    summary_prompt,
+    summary_records,
+)
 
 pytestmark = pytest.mark.slow  # real encoder weights (and SmolLM2 in the last test)
 
@@ -34,7 +41,7 @@ def test_prompt_is_exact(bi_encoder):
         "- Melanie: I painted a sunrise by the lake last week.\n"
         "- Caroline: Melanie, that sounds lovely! Send me a picture.\n\n" + INSTRUCTION_TAIL
     )
-    assert summary_prompt(store, [0, 1, 2, 3, 4]) == expected
+    assert summary_prompt(store.summary_job(0, [0, 1, 2, 3, 4]), store.cfg.summary) == expected
     assert "{excerpts}" in load_prompt("summary.txt")
 
 
@@ -47,11 +54,40 @@ def test_excerpts_are_evenly_spaced_and_cut(bi_encoder):
     store = EpisodeStore(None, MemFitConfig(), bi_encoder)
     store.add_memories([Memory("long", [Session("s1", "1 May 2023", "2023-05-01T00:00:00", turns)], speakers=["Alexandra"])],
                        progress=False)
-    bullets = [line for line in summary_prompt(store, np.arange(30)).splitlines() if line.startswith("- ")]
+    prompt = summary_prompt(store.summary_job(0, np.arange(30)), store.cfg.summary)
+    bullets = [line for line in prompt.splitlines() if line.startswith("- ")]
     assert len(bullets) == 14
     assert [int(b.split()[2]) for b in bullets] == [0, 2, 4, 7, 9, 11, 13, 16, 18, 20, 22, 25, 27, 29]
     assert all(len(b) == 2 + 220 for b in bullets)  # "- " + the excerpt cut to 220 characters
     assert bullets[0] == "- " + ("Alexandra: 0 " + long_text)[:220]
+
+
+def test_planning_needs_no_store_records_come_from_jobs():
+    """Summary planning is pure: jobs in, records out (the store commits them)."""
+    nat = np.datetime64("NaT", "s")
+    jobs = [
+        SummaryJob(0, np.array([3, 4, 5]), ["Ann", "Bob", "Ann"], ["hi", "hello  there", "bye"],
+                   np.datetime64("2023-05-08T13:56:00", "s"), np.datetime64("2023-05-09T08:00:00", "s")),
+        SummaryJob(1, np.array([9, 10]), ["Cy", "Cy"], ["a", "b"], nat, nat),  # below min_segment: no prompt
+        SummaryJob(2, np.array([11, 12, 13]), ["Cy", "Cy", "Cy"], ["a", "b", "c"], nat, nat, replaces=4),
+    ]
+    asked: list[list[str]] = []
+
+    def generate(prompts):
+        asked.append(prompts)
+        return ["too short", "  Cy lists a, b and c in one breath.  "]
+
+    records = summary_records(jobs, generate, SummaryConfig(), first_row=7)
+    assert len(asked) == 1 and len(asked[0]) == 2
+    assert "- Ann: hi\n- Bob: hello there\n- Ann: bye\n" in asked[0][0]
+    assert records == [{"t": "summary", "row": 7, "memory": 2, "text": "Cy lists a, b and c in one breath.",
+                        "members": [11, 12, 13], "event": None, "recorded": None, "replaces": 4}]
+    assert summary_records(jobs[1:2], generate, SummaryConfig(), first_row=0) == [] and len(asked) == 1
+
+    vectors = np.eye(4, 384, dtype=np.float32)
+    planned = plan_segments([np.array([10, 11, 12, 13]), np.array([20, 21]), np.zeros(0, dtype=np.int64)],
+                            [vectors, vectors[:2], vectors[:0]], SegmentConfig(), SummaryConfig())
+    assert [[segment.tolist() for segment in memory] for memory in planned] == [[[10, 11, 12, 13]], [], []]
 
 
 def test_one_generate_batch_drops_short_outputs_and_keeps_provenance(bi_encoder):

@@ -9,18 +9,18 @@ import pytest
 
 from memfit_gpu.cli import main as memfit_main
 from memfit_gpu.config import load_config
-from memfit_gpu.sweep import (
+from memfit_gpu.sweep import slurm, watch
+from memfit_gpu.sweep.aggregate import aggregate, to_csv, to_markdown
+from memfit_gpu.sweep.spec import (
     SweepError,
-    aggregate,
     find_point,
     load_sweep,
     override_arg,
     pin_data_location,
     point_command,
     point_ids,
-    to_csv,
-    to_markdown,
 )
+from memfit_gpu.sweep.state import JobRecord, PointState, SweepState, read_sweep_record, state_after_stop
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "configs" / "memfit.yaml"
@@ -151,11 +151,11 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
     assert columns == ["point", "pack.k", "status", "metric", "f1", "bleu1", "judge", "pack_hit", "questions"]
     assert rows[1]["pack_hit"] == pytest.approx(2 / 3)
     expected_md = (
-        "| point | pack.k | status | metric | f1 % | bleu1 % | judge % | pack_hit % | questions |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
-        "| k=5 | 5 | done | paper | 25.00 | 12.50 | 50.00 | 75.00 | 4 |\n"
-        "| k=10 | 10 | done | locomo | 50.00 | 37.50 |  | 66.67 | 3 |\n"
-        "| k=20 | 20 | failed |  |  |  |  |  |  |\n"
+        "| point   | pack.k   | status   | metric   |   f1 % |   bleu1 % |   judge % |   pack_hit % |   questions |\n"
+        "|:--------|:---------|:---------|:---------|-------:|----------:|----------:|-------------:|------------:|\n"
+        "| k=5     | 5        | done     | paper    |  25.00 |     12.50 |     50.00 |        75.00 |           4 |\n"
+        "| k=10    | 10       | done     | locomo   |  50.00 |     37.50 |           |        66.67 |           3 |\n"
+        "| k=20    | 20       | failed   |          |        |           |           |              |             |\n"
     )
     assert to_markdown(columns, rows) == expected_md
     assert to_csv(columns, rows).splitlines()[1] == "k=5,5,done,paper,0.25,0.125,0.5,0.75,4"
@@ -173,23 +173,48 @@ def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> Non
     assert memfit_main(["aggregate", str(tmp_path)]) == 2
 
 
+class FrozenClock:
+    """A monotonic clock that moves only when the test says so (the watcher's settle time)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _running_state(tmp_path: Path) -> tuple[SweepState, object]:
+    spec = load_sweep(write_sweep(tmp_path, "name: settle\nconfig: BASE\npoints:\n  - {pack.k: 5}\n"))
+    (tmp_path / "out").mkdir()
+    state = SweepState(spec, tmp_path / "out", "slurm")
+    point = spec.points[0]
+    record = state.points[point.point_id]
+    record.state, record.attempts = PointState.RUNNING, 1
+    record.jobs = [JobRecord("7_0", "RUNNING", 1, "log", None)]
+    return state, point
+
+
+def _write_result(state: SweepState, task_id: str, outcome: tuple[str, str]) -> None:
+    """The result file submitit's task runner leaves when the submitted function returned or raised."""
+    import pickle
+
+    import submitit
+
+    path = submitit.SlurmJob(folder=slurm.submitit_folder(state), job_id=task_id).paths.result_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(outcome))
+
+
 def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SLURM shows a task requeued on its preemption signal as FAILED for a moment: the sweep waits for
     the state to settle instead of starting the point a second time beside the requeued task."""
-    from memfit_gpu import sweep as sweep_module
-
-    spec = load_sweep(write_sweep(tmp_path, "name: settle\nconfig: BASE\npoints:\n  - {pack.k: 5}\n"))
-    (tmp_path / "out").mkdir()
-    state = sweep_module.SweepState(spec, tmp_path / "out", "slurm")
-    point = spec.points[0]
+    state, point = _running_state(tmp_path)
     record = state.points[point.point_id]
-    record["state"], record["attempts"] = "running", 1
-    record["jobs"] = [{"job_id": "7_0", "state": "RUNNING", "attempt": 1, "log": "log", "status": None}]
     script = iter(["FAILED", "REQUEUED", "PENDING", "RUNNING", "COMPLETED"])
 
     def squeue(task_ids: list[str]) -> dict[str, str]:
-        now = next(script)
+        now = next(script)  # StopIteration here: the sweep kept polling a task that had ended
         if now == "COMPLETED":
             state.point_dir(point).mkdir(parents=True, exist_ok=True)
             (state.point_dir(point) / "DONE").write_text("")
@@ -198,22 +223,123 @@ def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp
     def resubmit(*args: object) -> None:
         raise AssertionError("the point was submitted a second time")
 
-    monkeypatch.setattr(sweep_module, "squeue_states", squeue)
-    monkeypatch.setattr(sweep_module, "submit_slurm", resubmit)
-    sweep_module.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1})
-    assert record["state"] == "done" and [j["job_id"] for j in record["jobs"]] == ["7_0"]
-    assert record["jobs"][0]["state"] == "COMPLETED"
+    monkeypatch.setattr(watch, "squeue_states", squeue)
+    monkeypatch.setattr(slurm, "submit_slurm", resubmit)
+    watcher = watch.TaskWatcher(slurm.submitit_folder(state), clock=FrozenClock())
+    slurm.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1}, watcher=watcher)
+    assert record.state is PointState.DONE and [j.job_id for j in record.jobs] == ["7_0"]
+    assert record.jobs[0].state == "COMPLETED"
+
+
+def test_a_task_whose_function_ended_is_resubmitted_without_waiting_to_settle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """submitit's result file says the task's function returned or raised, so no requeue follows: the
+    first poll that shows the task ended resubmits the point (the clock never moves here), and the log
+    names what the task raised."""
+    state, point = _running_state(tmp_path)
+    record = state.points[point.point_id]
+    _write_result(state, "7_0", ("error", "Traceback (most recent call last):\n  ...\n"
+                                          "RuntimeError: point k=5: `memfit run` exited with code -15\n"))
+    polls: list[list[str]] = []
+
+    def squeue(task_ids: list[str]) -> dict[str, str]:
+        polls.append(list(task_ids))
+        assert len(polls) <= 3, f"the ended task was not resubmitted: polls {polls}"
+        if task_ids == ["8_0"]:  # the resubmitted task finishes the point
+            state.point_dir(point).mkdir(parents=True, exist_ok=True)
+            (state.point_dir(point) / "DONE").write_text("")
+            return {"8_0": "COMPLETED"}
+        return {"7_0": "CANCELLED"}
+
+    def resubmit(sweep_state: SweepState, todo: list, retries: int) -> list[str]:
+        assert [p.point_id for p in todo] == ["k=5"] and retries == 2
+        again = sweep_state.points["k=5"]
+        again.attempts += 1
+        again.state = PointState.RUNNING
+        again.jobs.append(JobRecord("8_0", "PENDING", again.attempts, "log2", None))
+        return ["8_0"]
+
+    monkeypatch.setattr(watch, "squeue_states", squeue)
+    monkeypatch.setattr(slurm, "submit_slurm", resubmit)
+    watcher = watch.TaskWatcher(slurm.submitit_folder(state), clock=FrozenClock())
+    with caplog.at_level("WARNING", logger="memfit_gpu.sweep.state"):
+        slurm.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1}, watcher=watcher)
+    assert polls == [["7_0"], ["8_0"]]
+    assert [(j.job_id, j.state) for j in record.jobs] == [("7_0", "CANCELLED"), ("8_0", "COMPLETED")]
+    assert record.state is PointState.DONE and record.attempts == 2
+    assert "task 7_0 CANCELLED: RuntimeError: point k=5: `memfit run` exited with code -15" in caplog.text
+
+
+def test_watcher_settles_an_end_without_a_result_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FrozenClock()
+    listing = {"3_0": "FAILED", "3_1": "RUNNING", "3_2": "COMPLETED"}
+    monkeypatch.setattr(watch, "squeue_states", lambda ids: {i: listing[i] for i in ids if i in listing})
+    folder = tmp_path / "slurm" / "%j"
+    watcher = watch.TaskWatcher(folder, settle_s=10.0, clock=clock)
+    last = {"3_0": "RUNNING", "3_1": "PENDING", "3_2": "RUNNING", "3_3": "RUNNING", "3_4": "FAILED"}
+    views = watcher.poll(last)
+    assert views["3_1"] == watch.TaskView("RUNNING", active=True, ended=False)
+    assert views["3_0"] == watch.TaskView("FAILED", active=False, ended=False)  # may be on its way back
+    assert views["3_3"] == watch.TaskView(watch.FORGOTTEN, active=False, ended=False)  # purged by squeue
+    assert views["3_4"] == watch.TaskView("FAILED", active=False, ended=False)  # ended before: kept state
+    clock.now += 9.5
+    assert not watcher.poll(last)["3_0"].ended
+    clock.now += 0.5
+    assert watcher.poll(last)["3_0"].ended
+    # a live state in between starts the settle time again
+    listing["3_0"] = "PENDING"
+    assert watcher.poll(last)["3_0"].active
+    listing["3_0"] = "FAILED"
+    assert not watcher.poll(last)["3_0"].ended
 
 
 def test_squeue_states_prefer_a_live_record_of_a_task_listed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    from memfit_gpu import sweep as sweep_module
-
     listing = "5_0 PENDING\n5_1 FAILED\n5_1 PENDING\n5_2 RUNNING\n5_2 FAILED\n"
-    monkeypatch.setattr(sweep_module.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
-    assert sweep_module.squeue_states(["5_0", "5_1", "5_2", "5_3"]) == {"5_0": "PENDING", "5_1": "PENDING",
-                                                                         "5_2": "RUNNING"}
+    monkeypatch.setattr(watch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert watch.squeue_states(["5_0", "5_1", "5_2", "5_3"]) == {"5_0": "PENDING", "5_1": "PENDING",
+                                                                 "5_2": "RUNNING"}
+
+
+def test_sweep_json_round_trips_typed_records(tmp_path: Path) -> None:
+    """sweep.json keeps its layout (a local start has no status file, a SLURM one does); a later command
+    reads back attempts, jobs and states, and a state outside PointState is an error naming the point."""
+    state, point = _running_state(tmp_path)
+    record = state.points[point.point_id]
+    record.jobs.append(JobRecord("local:41", "FAILED(rc=1)", 2, "log2"))
+    record.state = PointState.FAILED
+    state.save()
+    saved = json.loads(state.path.read_text())
+    assert list(saved["points"][0]) == ["id", "overrides", "dir", "args", "attempts", "jobs", "state"]
+    assert saved["points"][0]["jobs"] == [
+        {"job_id": "7_0", "state": "RUNNING", "attempt": 1, "log": "log", "status": None},
+        {"job_id": "local:41", "state": "FAILED(rc=1)", "attempt": 2, "log": "log2"}]
+    assert (saved["points"][0]["state"], saved["state"]) == ("failed", "incomplete")
+    again = SweepState(state.spec, state.out_dir, "local").points["k=5"]
+    assert again == record
+    saved["points"][0]["state"] = "finished"
+    state.path.write_text(json.dumps(saved))
+    with pytest.raises(SweepError, match=r"sweep.json: points\[0\] \(point k=5\): state 'finished' is not one of"):
+        read_sweep_record(state.path)
+    del saved["points"][0]["jobs"][1]["job_id"]
+    saved["points"][0]["state"] = "failed"
+    state.path.write_text(json.dumps(saved))
+    with pytest.raises(SweepError, match=r"points\[0\] \(point k=5\) jobs\[1\]: field 'job_id' missing"):
+        SweepState(state.spec, state.out_dir, "local")
+
+
+def test_each_subcommand_module_registers_only_its_own_parser() -> None:
+    """`memfit sweep` and `memfit aggregate` each have one module that adds exactly that subcommand."""
+    import argparse
+    import importlib
+
+    from memfit_gpu.cli import SUBCOMMANDS
+
+    for name in ("sweep", "aggregate"):
+        subparsers = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(SUBCOMMANDS[name]).register(subparsers)
+        assert list(subparsers.choices) == [name]
 
 
 def test_points_get_the_data_location_explicitly(tmp_path: Path, shared_data: Path,
@@ -240,12 +366,12 @@ def test_a_start_refused_because_another_process_runs_the_point_is_busy_not_an_e
     """`memfit run` exits 2 when the point's directory is locked by a run still going (e.g. a duplicate
     SLURM task): that is not the point's configuration error, and it must not be marked as one."""
     from memfit_gpu.locks import exclusive, lock_path
-    from memfit_gpu.sweep import _after_failure
 
     point_dir = tmp_path / "points" / "k=5"
     point_dir.mkdir(parents=True)
     with exclusive(lock_path(point_dir), "test"):
-        assert _after_failure("k=5", "exit code 2", 2, 1, 0, "log", point_dir) == "busy"
+        assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.BUSY
     # once nobody holds it, exit code 2 is the point's own error again
-    assert _after_failure("k=5", "exit code 2", 2, 1, 0, "log", point_dir) == "error"
-    assert _after_failure("k=5", "exit code 1", 1, 1, 1, "log", point_dir) == "retry"
+    assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.ERROR
+    assert state_after_stop("k=5", "exit code 1", 1, 1, 1, "log", point_dir) is PointState.RETRY
+    assert state_after_stop("k=5", "exit code 1", 1, 2, 1, "log", point_dir) is PointState.FAILED

@@ -16,7 +16,8 @@ import pytest
 from memfit_gpu.cli import main
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.synth import LIKES, iter_memories, synth_benchmark, write_longmemeval
-from memfit_gpu.index.bm25 import BM25Index, tokenize, tokenize_many
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.tokenize import tokenize, tokenize_many
 
 REPO = Path(__file__).resolve().parents[1]
 

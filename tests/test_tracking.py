@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from wandb_offline import read_offline_run  # tests/wandb_offline.py (tests/ is on sys.path)
 
 from memfit_gpu.config import load_config
-from memfit_gpu.tracking import RUN_ID_FILE, Tracker, WandbTracker, flatten, read_offline_run, run_id_for
+from memfit_gpu.mappings import flatten
+from memfit_gpu.tracking import RUN_ID_FILE, Tracker, WandbTracker, run_id_for, summary_values
 
 ROWS = [
     {"question_id": "conv-26:q0", "memory_id": "conv-26", "category": "2", "evaluated": True,
@@ -45,9 +47,13 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wandb_dir
 
 
-def test_flatten_keeps_numbers_and_text_drops_none() -> None:
-    assert flatten({"overall": {"paper": {"f1": 0.5}, "judge": None}, "questions": 3, "metric_variant": "paper"}) == {
-        "overall/paper/f1": 0.5, "questions": 3, "metric_variant": "paper"}
+def test_summary_values_keep_numbers_and_text_drop_none() -> None:
+    metrics = {"overall": {"paper": {"f1": 0.5}, "judge": None}, "questions": 3, "metric_variant": "paper",
+               "variants": ["paper"]}
+    assert summary_values(metrics) == {"overall/paper/f1": 0.5, "questions": 3, "metric_variant": "paper"}
+    # the one flattener keeps every leaf; the W&B summary is its scalar part
+    assert flatten(metrics, sep="/") == {"overall/paper/f1": 0.5, "overall/judge": None, "questions": 3,
+                                         "metric_variant": "paper", "variants": ["paper"]}
 
 
 def test_run_id_is_stable_per_directory_and_distinct_across_sweeps(tmp_path: Path) -> None:

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ReaderConfig
-from memfit_gpu.readers.base import Request, make_reader
-from memfit_gpu.readers.vllm_engine import gpu_groups, split_even, visible_gpus
+from memfit_gpu.devices import visible_gpu_ids
+from memfit_gpu.readers.reader import make_reader
+from memfit_gpu.readers.types import Request
+from memfit_gpu.readers.vllm import gpu_groups, split_even
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTIONS = ["What is the capital of France?", "Say hello.", "What is the capital of France?"]
@@ -38,7 +40,7 @@ def test_gpu_groups_are_disjoint_and_checked() -> None:
 
 def test_no_visible_gpu_when_cuda_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert visible_gpus() == []
+    assert visible_gpu_ids() == []
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,8 @@ def _prompt_len(model_dir: str, question: str) -> int:
 ENGINE_SCRIPT = textwrap.dedent('''
     import json, sys
     from memfit_gpu.config import ReaderConfig
-    from memfit_gpu.readers.base import Request, make_reader
+    from memfit_gpu.readers.reader import make_reader
+    from memfit_gpu.readers.types import Request
 
     def main():
         run_dir, questions = sys.argv[1], json.loads(sys.argv[2])

@@ -13,31 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.data.schema import HUGE_TURN_CHARS, DataError, Memory, unique_turn_id
+from memfit_gpu.months import MONTH_NUMBER
 
 _MISSING = object()
-
-# English month names as LoCoMo writes them; parsed by hand so the result never depends on locale.
-_MONTHS = {
-    name: number
-    for number, name in enumerate(
-        [
-            "january",
-            "february",
-            "march",
-            "april",
-            "may",
-            "june",
-            "july",
-            "august",
-            "september",
-            "october",
-            "november",
-            "december",
-        ],
-        start=1,
-    )
-}
-_MONTHS.update({name[:3]: number for name, number in list(_MONTHS.items())})
 
 _LOCOMO_DATE = re.compile(
     r"^\s*(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})\s*$", re.IGNORECASE
@@ -168,7 +146,7 @@ def parse_locomo_date(text: str) -> str | None:
     if not match:
         return None
     hour, minute, half, day, month_name, year = match.groups()
-    month = _MONTHS.get(month_name.lower())
+    month = MONTH_NUMBER.get(month_name.lower())
     hour_24 = int(hour) % 12 + (12 if half.lower() == "p" else 0)
     if month is None or int(hour) > 12:
         return None

@@ -2,6 +2,8 @@
 
 metrics.py  token F1 / BLEU-1: `paper`, official `locomo`, `memgallery` variants (score, score_all)
 tables.py   summarize(rows) -> metrics.json; render_markdown (the paper's table); write_csv
+render.py   the package's one Markdown/CSV table renderer (results.md, `memfit aggregate`, paper tables)
+paper_tables.py  the paper's tables from finished run / sweep directories (experiments/paper_tables.py)
 stats.py    seeded percentile bootstrap (mean, mean of category means); paired sign-flip permutation test
 judge.py    judge reply parsers (paper CORRECT/WRONG, MemGallery graded, LongMemEval yes/no)
 compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`, parser in cli.py)

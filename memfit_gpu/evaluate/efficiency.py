@@ -26,9 +26,8 @@ from typing import Any
 
 import yaml
 
-from memfit_gpu.readers import Ledger
-from memfit_gpu.readers.ledger import load_prices
-from memfit_gpu.sweep import to_csv, to_markdown
+from memfit_gpu.evaluate.render import csv_text, markdown_table
+from memfit_gpu.readers.ledger import Ledger, load_prices
 
 COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
            "write_output_tokens", "read_input_tokens", "read_output_tokens", "cached", "build_s",
@@ -113,7 +112,8 @@ def register(subparsers: Any) -> None:
 
 def _cli(args: argparse.Namespace) -> int:
     rows = efficiency_table(args.runs, args.price_model, args.prices)
-    print(to_markdown(COLUMNS, rows), end="")
+    cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]
+    print(markdown_table(COLUMNS, cells, align=["left"] * 3 + ["right"] * (len(COLUMNS) - 3)), end="")
     if args.csv:
-        Path(args.csv).write_text(to_csv(COLUMNS, rows))
+        Path(args.csv).write_text(csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
     return 0

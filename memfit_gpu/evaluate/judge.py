@@ -1,4 +1,5 @@
-"""Reading LLM-judge replies into {"verdict": bool, "reason": str, "score": float}.
+"""The LLM judge: the reader config it runs with, and its replies read into {"verdict": bool, "reason": str,
+"score": float}. (Its prompts are built in readers/prompts.py: `judge_kind`, `build_judge_messages`.)
 
 Three judges, three reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
@@ -28,9 +29,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-JUDGE_KINDS: tuple[str, ...] = ("paper", "memgallery", "longmemeval")
+from memfit_gpu.config import JudgeConfig, ReaderConfig
+from memfit_gpu.readers.prompts import JUDGE_KINDS
 
 _LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
 _REASON_KEYS = ("reason", "reasoning", "explanation", "rationale", "justification")
@@ -47,6 +50,14 @@ class JudgeParseError(ValueError):
         super().__init__(f"{kind} judge reply: {why}: {snippet!r}")
         self.kind = kind
         self.reply = reply
+
+
+def reader_config_for_judge(judge: JudgeConfig, reader: ReaderConfig) -> ReaderConfig:
+    """The judge's own backend/model/URLs (the reader's URLs when it has none), greedy, text only; the
+    rest (timeouts, retries, batch size, instances) from the reader config, which is left untouched."""
+    return replace(reader, backend=judge.backend, model=judge.model,
+                   base_urls=list(judge.base_urls) or list(reader.base_urls),
+                   max_new_tokens=judge.max_new_tokens, temperature=0.0, images="none", instances=reader.instances)
 
 
 def is_empty_prediction(prediction: str | None) -> bool:
@@ -183,15 +194,3 @@ def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **op
         if strict:
             raise
         return {"verdict": False, "reason": f"unparseable judge reply ({exc})", "score": 0.0}
-
-
-def fill_memgallery_prompt(template: str, question: str, gold: str, prediction: str) -> str:
-    """Mem-Gallery's llm_judge.txt with its {{question}}, {{ground_truth}}, {{model_output}} filled."""
-    missing = [
-        slot for slot in ("{{question}}", "{{ground_truth}}", "{{model_output}}") if slot not in template
-    ]
-    if missing:
-        raise ValueError(f"MemGallery judge template lacks {', '.join(missing)}")
-    # One pass over the slots, so a prediction that itself contains "{{question}}" stays verbatim.
-    values = {"question": str(question), "ground_truth": str(gold), "model_output": str(prediction)}
-    return re.sub(r"\{\{(question|ground_truth|model_output)\}\}", lambda m: values[m.group(1)], template)

@@ -8,13 +8,14 @@ question weighs the same). "Overall" is always the question-weighted mean.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memfit_gpu.evaluate import render
+from memfit_gpu.evaluate.metrics import VARIANTS
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci
 
 AVERAGING_RULES: tuple[str, ...] = ("category_mean", "question_mean")
@@ -62,8 +63,6 @@ def _variants_of(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         names = set((row.get("scores") or {}).keys())
         common = names if common is None else common & names
-    from memfit_gpu.evaluate.metrics import VARIANTS
-
     return [v for v in VARIANTS if v in (common or set())] + sorted((common or set()) - set(VARIANTS))
 
 
@@ -241,20 +240,21 @@ def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) ->
         rule = f"Average = unweighted mean of the {len(metrics['by_category'])} category means; Overall = question-weighted"
     else:
         rule = "Average = question-weighted mean over all questions"
+    cells = []
+    for cat, name, n, f1, b1, jd in _table_rows(metrics):
+        label = name if cat in ("average", "overall") else (name if name == cat else f"{name} ({cat})")
+        if cat in ("average", "overall"):
+            label = f"**{label}**"
+        cells.append([label, str(n), _pct(f1), _pct(b1), _pct(jd)])
     lines = [
         f"### {title}: {metrics['questions']} questions",
         "",
         f"Metric variant: `{variant}` (F1 and BLEU-1 x100). {rule}. Judge = accuracy x100 "
         "(- when not judged).",
         "",
-        "| Category | n | F1 | BLEU-1 | Judge |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        render.markdown_table(["Category", "n", "F1", "BLEU-1", "Judge"], cells,
+                              align=["left", "right", "right", "right", "right"]).rstrip("\n"),
     ]
-    for cat, name, n, f1, b1, jd in _table_rows(metrics):
-        label = name if cat in ("average", "overall") else (name if name == cat else f"{name} ({cat})")
-        if cat in ("average", "overall"):
-            label = f"**{label}**"
-        lines.append(f"| {label} | {n} | {_pct(f1)} | {_pct(b1)} | {_pct(jd)} |")
     ci = metrics.get("ci95")
     if ci:
         avg_f1 = ci["average"][variant]["f1"]
@@ -268,7 +268,6 @@ def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) ->
 
 def write_csv(metrics: Mapping[str, Any], path: str | Path) -> Path:
     """One row per category plus average (and overall): every variant's F1/BLEU-1, judge, n."""
-    path = Path(path)
     variants = metrics["variants"]
     header = ["benchmark", "metric_variant", "averaging", "category", "name", "n"]
     header += [f"{v}_{m}" for v in variants for m in ("f1", "bleu1")] + ["judge", "judge_score", "judged"]
@@ -276,22 +275,13 @@ def write_csv(metrics: Mapping[str, Any], path: str | Path) -> Path:
         ("average", metrics["average"]),
         ("overall", metrics["overall"]),
     ]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        for cat, block in blocks:
-            name = block.get("name", cat)
-            row = [
-                metrics.get("benchmark") or "",
-                metrics["metric_variant"],
-                metrics["averaging"],
-                cat,
-                name,
-                block["n"],
-            ]
-            row += [f"{block[v][m]:.6f}" for v in variants for m in ("f1", "bleu1")]
-            for key in ("judge", "judge_score", "judged"):
-                value = block.get(key)
-                row.append("" if value is None else (f"{value:.6f}" if isinstance(value, float) else value))
-            writer.writerow(row)
-    return path
+    rows = []
+    for cat, block in blocks:
+        row = [metrics.get("benchmark") or "", metrics["metric_variant"], metrics["averaging"], cat,
+               block.get("name", cat), block["n"]]
+        row += [f"{block[v][m]:.6f}" for v in variants for m in ("f1", "bleu1")]
+        for key in ("judge", "judge_score", "judged"):
+            value = block.get(key)
+            row.append("" if value is None else (f"{value:.6f}" if isinstance(value, float) else value))
+        rows.append(row)
+    return render.write_csv(path, header, rows)

@@ -22,26 +22,33 @@ scores do not depend on the order of the additions (see _GRID_BITS). `search(ker
 scores each question over its own memory only (ragged, no padded block) and keeps a running top-k
 per question (`memfit_gpu.kernels.segment_topk`): the same bits.
 
-`ReferenceBM25` is the readable oracle: plain dict postings, one query at a time.
+`ReferenceBM25` (index/bm25_reference.py) is the readable oracle; both implement
+`index.protocols.LexicalIndex`.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from memfit_gpu.buffers import GrowableTensor
+from memfit_gpu.index.protocols import (
+    as_int_list,
+    check_batch,
+    check_k,
+    check_kernels,
+    check_pairs,
+    check_term_order,
+)
 from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_triton
 from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add, segmented_scatter_add_triton
 
-__all__ = ["BM25Index", "ReferenceBM25", "tokenize", "tokenize_many"]
+__all__ = ["BM25Index"]
 
-_TOKEN = re.compile(r"\w+")
 # Cap on the padded score matrix built per chunk of queries (elements); bounds search memory.
 _CHUNK_ELEMENTS = 1 << 24
 # Cap on the ragged float64 scores of one kernel launch (`search(kernels="triton")`), in elements.
@@ -58,47 +65,7 @@ _DENSE_FACTOR = 8
 # move by < 2^-33, far below the float32 rounding of any score they join.
 _GRID_BITS = 32
 _MAX_QUERY_PAIRS = 1 << 16
-_KERNELS = ("torch", "triton")
 _STATE_VERSION = 1
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercase ``\\w+`` runs (unicode), no stop words, no stemming (SPEC write path 2)."""
-    return _TOKEN.findall(text.lower())
-
-
-def tokenize_many(texts: Sequence[str]) -> list[list[str]]:
-    """`tokenize` over a batch of texts."""
-    findall = _TOKEN.findall
-    return [findall(text.lower()) for text in texts]
-
-
-def _as_int_list(values: Sequence[int] | torch.Tensor, name: str) -> list[int]:
-    if isinstance(values, torch.Tensor):
-        return [int(v) for v in values.reshape(-1).tolist()]
-    return [int(v) for v in values]
-
-
-def _check_batch(items: Sequence[Any], memory_idx: Sequence[int] | torch.Tensor, what: str) -> list[int]:
-    mems = _as_int_list(memory_idx, "memory_idx")
-    if len(mems) != len(items):
-        raise ValueError(f"BM25: {len(items)} {what} but {len(mems)} memory_idx entries; give one memory per item")
-    bad = [i for i, m in enumerate(mems) if m < 0]
-    if bad:
-        raise ValueError(f"BM25: memory_idx must be >= 0; item {bad[0]} has {mems[bad[0]]}")
-    return mems
-
-
-def _check_k(k: int) -> int:
-    if int(k) < 1:
-        raise ValueError(f"BM25 search: k must be >= 1, got {k}")
-    return int(k)
-
-
-def _check_kernels(kernels: str) -> str:
-    if kernels not in _KERNELS:
-        raise ValueError(f"BM25 search: kernels={kernels!r} is not one of {', '.join(_KERNELS)}")
-    return kernels
 
 
 def _on_grid(weight: torch.Tensor) -> torch.Tensor:
@@ -118,42 +85,14 @@ def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
                          f"supports up to {_MAX_QUERY_PAIRS} per query")
 
 
-class _Growable:
-    """1-D tensor with amortised doubling: appends copy only the new entries (plus rare regrowth)."""
-
-    def __init__(self, dtype: torch.dtype, device: torch.device, fill: int | float | bool = 0):
-        self.fill = fill
-        self.data = torch.full((16,), fill, dtype=dtype, device=device)
-        self.size = 0
-
-    def append(self, values: torch.Tensor) -> None:
-        need = self.size + values.numel()
-        if need > self.data.numel():
-            grown = torch.full((max(need, 2 * self.data.numel()),), self.fill, dtype=self.data.dtype, device=self.data.device)
-            grown[: self.size] = self.data[: self.size]
-            self.data = grown
-        self.data[self.size : need] = values.to(self.data.device, self.data.dtype)
-        self.size = need
-
-    def ensure(self, size: int) -> None:
-        """Grow (with the fill value) to at least ``size`` entries."""
-        if size > self.size:
-            self.append(torch.full((size - self.size,), self.fill, dtype=self.data.dtype))
-
-    @property
-    def view(self) -> torch.Tensor:
-        return self.data[: self.size]
-
-    def to(self, device: torch.device) -> None:
-        self.data = self.data.to(device)
-
-
 class BM25Index:
     """Batched BM25 over many memories; rows are global, sequential and never reused.
 
     Tensors live on ``device``; the vocabulary (strings) stays in Python dicts, one per memory.
     `add` returns new row ids on the CPU; `search` and `scores` return tensors on ``device``.
     """
+
+    has_kernels = True  # search(kernels="triton"): the ragged path of retrieve.kernels
 
     def __init__(self, k1: float = 1.5, b: float = 0.75, device: str | torch.device = "cpu"):
         self.k1 = float(k1)
@@ -163,19 +102,19 @@ class BM25Index:
         self._term_token: list[str] = []  # term id -> token
         dev = self.device
         # postings, appended row by row: a row's postings are contiguous, in first-occurrence order
-        self._post_term = _Growable(torch.long, dev)
-        self._post_row = _Growable(torch.long, dev)
-        self._post_tf = _Growable(torch.int32, dev)
+        self._post_term = GrowableTensor(torch.long, dev)
+        self._post_row = GrowableTensor(torch.long, dev)
+        self._post_tf = GrowableTensor(torch.int32, dev)
         # per row
-        self._row_memory = _Growable(torch.long, dev)
-        self._row_len = _Growable(torch.long, dev)
-        self._row_post_start = _Growable(torch.long, dev)
-        self._deleted = _Growable(torch.bool, dev, fill=False)
+        self._row_memory = GrowableTensor(torch.long, dev)
+        self._row_len = GrowableTensor(torch.long, dev)
+        self._row_post_start = GrowableTensor(torch.long, dev)
+        self._deleted = GrowableTensor(torch.bool, dev, fill=False)
         # per term / per memory live statistics, kept current on add and delete
-        self._term_memory = _Growable(torch.long, dev)
-        self._df = _Growable(torch.long, dev)
-        self._mem_docs = _Growable(torch.long, dev)
-        self._mem_tokens = _Growable(torch.long, dev)
+        self._term_memory = GrowableTensor(torch.long, dev)
+        self._df = GrowableTensor(torch.long, dev)
+        self._mem_docs = GrowableTensor(torch.long, dev)
+        self._mem_tokens = GrowableTensor(torch.long, dev)
         self._cache: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ write
@@ -190,7 +129,7 @@ class BM25Index:
 
     def add(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Append one document per token list to its memory; returns the new row ids (CPU LongTensor)."""
-        mems = _check_batch(tokens, memory_idx, "token lists")
+        mems = check_batch(tokens, memory_idx, "token lists")
         first_row = self.num_rows
         if not mems:
             return torch.empty(0, dtype=torch.long)
@@ -221,14 +160,14 @@ class BM25Index:
         term_t = torch.tensor(post_term, dtype=torch.long)
         starts = self._post_term.size + torch.cumsum(counts_t, 0) - counts_t
 
-        self._row_post_start.append(starts)
-        self._row_memory.append(mem_t)
-        self._row_len.append(len_t)
+        self._row_post_start.extend(starts)
+        self._row_memory.extend(mem_t)
+        self._row_len.extend(len_t)
         self._deleted.ensure(self.num_rows)
-        self._post_term.append(term_t)
-        self._post_row.append(torch.repeat_interleave(rows, counts_t))
-        self._post_tf.append(torch.tensor(post_tf, dtype=torch.int32))
-        self._term_memory.append(torch.tensor(term_memory_new, dtype=torch.long))
+        self._post_term.extend(term_t)
+        self._post_row.extend(torch.repeat_interleave(rows, counts_t))
+        self._post_tf.extend(torch.tensor(post_tf, dtype=torch.int32))
+        self._term_memory.extend(torch.tensor(term_memory_new, dtype=torch.long))
         self._df.ensure(len(self._term_token))
         self._mem_docs.ensure(len(self._vocab))
         self._mem_tokens.ensure(len(self._vocab))
@@ -241,7 +180,7 @@ class BM25Index:
 
     def delete(self, rows: Sequence[int] | torch.Tensor) -> None:
         """Tombstone rows: they leave results and their memory's N, df and avgdl. Repeats are no-ops."""
-        row_list = _as_int_list(rows, "rows")
+        row_list = as_int_list(rows)
         bad = [r for r in row_list if not 0 <= r < self.num_rows]
         if bad:
             raise IndexError(f"BM25 delete: row {bad[0]} does not exist (rows 0..{self.num_rows - 1})")
@@ -283,7 +222,7 @@ class BM25Index:
 
     def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
         """idf of arbitrary tokens within each list's memory (a token the memory lacks has df = 0)."""
-        mems = _check_batch(tokens, memory_idx, "token lists")
+        mems = check_batch(tokens, memory_idx, "token lists")
         flat_terms = [
             (self._vocab[m].get(t, -1) if m < len(self._vocab) else -1)
             for toks, m in zip(tokens, mems, strict=True)
@@ -319,7 +258,7 @@ class BM25Index:
 
     def doc_tokens(self, rows: Sequence[int] | torch.Tensor) -> list[list[str]]:
         """Distinct tokens of each row, in first-occurrence order (tombstoned rows keep theirs)."""
-        row_list = _as_int_list(rows, "rows")
+        row_list = as_int_list(rows)
         bad = [r for r in row_list if not 0 <= r < self.num_rows]
         if bad:
             raise IndexError(f"BM25 doc_tokens: row {bad[0]} does not exist (rows 0..{self.num_rows - 1})")
@@ -333,7 +272,7 @@ class BM25Index:
         return out
 
     def _term_orders(self) -> dict[str, torch.Tensor]:
-        """Every term id in PRF order (SPEC read path 6), cached with the scoring layout.
+        """Every term id in each `feedback_terms` order, cached with the scoring layout.
 
         "alphabetical": by token text. "idf": idf descending, ties by token text; inside one memory
         idf falls strictly as df rises, so the order is (live df ascending, token) and needs no float."""
@@ -356,14 +295,14 @@ class BM25Index:
 
     def feedback_terms(self, rows: torch.Tensor, min_chars: int, terms: int,
                        term_order: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """PRF terms of a batch from its feedback rows [Q, D] (-1 pads), as the indexed postings hold them.
+        """Per query, the first `terms` distinct terms of its rows [Q, D] (-1 pads) with at least
+        `min_chars` characters, in `term_order` (see `_term_orders`), read from the postings in one
+        tensor pass (tombstoned rows keep theirs).
 
-        Per query: the distinct terms of its rows with at least `min_chars` characters, in `term_order`
-        (see `_term_orders`), the first `terms` of them. Returns (query index, term id) pairs, query by
-        query, each query's terms in that order: the PRF queries already encoded for `search_encoded`.
-        The rows must belong to their query's memory (a term id is a (memory, token) pair)."""
-        if term_order not in ("idf", "alphabetical"):
-            raise ValueError(f"retrieve.prf.term_order={term_order!r} is not one of idf, alphabetical")
+        Returns (query index, term id) pairs, query by query, each query's terms in that order: the
+        queries already encoded for `search_encoded`. The rows must belong to their query's memory (a
+        term id is a (memory, token) pair). PRF (retrieve/prf.py) asks it for its expansion terms."""
+        check_term_order(term_order)
         dev = self.device
         rows = torch.as_tensor(rows, dtype=torch.long).to(dev)
         owner, slot = torch.nonzero(rows >= 0, as_tuple=True)
@@ -535,7 +474,7 @@ class BM25Index:
         Returns (scores [Q, D] float32, rows [Q, D] long) with D the most live docs of any queried
         memory; columns past a query's own memory are padded with score 0 and row -1.
         """
-        mems = _check_batch(queries, memory_idx, "queries")
+        mems = check_batch(queries, memory_idx, "queries")
         cache = self._prepare()
         if not mems:
             return torch.zeros((0, 0), device=self.device), torch.zeros((0, 0), dtype=torch.long, device=self.device)
@@ -558,9 +497,9 @@ class BM25Index:
         running top-k, `memfit_gpu.kernels`; CUDA tensors, or CPU ones under TRITON_INTERPRET=1).
         Both give the same bits.
         """
-        k = _check_k(k)
-        _check_kernels(kernels)
-        mems = _check_batch(queries, memory_idx, "queries")
+        k = check_k(k)
+        check_kernels(kernels)
+        mems = check_batch(queries, memory_idx, "queries")
         if not mems:
             return self._search_pairs(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), mems, k)
         pair_query, pair_term = self._encode_queries(queries, mems)
@@ -573,16 +512,13 @@ class BM25Index:
         """`search` for queries given as (query index, term id) pairs, query indexes ascending (as
         `feedback_terms` returns them); a query with no pair scores nothing. Same results as `search`
         on the term tokens in the same order."""
-        k = _check_k(k)
-        _check_kernels(kernels)
-        mems = _as_int_list(memory_idx, "memory_idx")
+        k = check_k(k)
+        check_kernels(kernels)
+        mems = as_int_list(memory_idx)
         pair_query = torch.as_tensor(pair_query, dtype=torch.long).to(self.device)
         pair_term = torch.as_tensor(pair_term, dtype=torch.long).to(self.device)
+        check_pairs(pair_query, pair_term, len(mems), len(self._term_token))
         if pair_query.numel():
-            if bool((pair_query[1:] < pair_query[:-1]).any()) or int(pair_query[-1]) >= len(mems):
-                raise ValueError("BM25 search_encoded: query indexes must be ascending and below the number of queries")
-            if int(pair_term.max()) >= len(self._term_token):
-                raise ValueError(f"BM25 search_encoded: term id {int(pair_term.max())} does not exist")
             mem_t = torch.tensor(mems, dtype=torch.long, device=self.device)
             if bool((self._term_memory.view[pair_term] != mem_t[pair_query]).any()):
                 raise ValueError("BM25 search_encoded: a term id belongs to another memory than its query")
@@ -677,18 +613,18 @@ class BM25Index:
         for term_id, (token, mem) in enumerate(zip(terms, term_memory.tolist(), strict=True)):
             fresh._vocab[mem][token] = term_id
         fresh._term_token = terms
-        fresh._term_memory.append(term_memory)
+        fresh._term_memory.extend(term_memory)
         post_term = state["post_term"].long()
         row_post_start = state["row_post_start"].long()
         n_rows = row_post_start.numel()
-        fresh._post_term.append(post_term)
-        fresh._post_tf.append(state["post_tf"].int())
+        fresh._post_term.extend(post_term)
+        fresh._post_tf.extend(state["post_tf"].int())
         ends = torch.cat([row_post_start[1:], torch.tensor([post_term.numel()])])
-        fresh._post_row.append(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
-        fresh._row_memory.append(state["row_memory"].long())
-        fresh._row_len.append(state["row_len"].long())
-        fresh._row_post_start.append(row_post_start)
-        fresh._deleted.append(state["deleted"].bool())
+        fresh._post_row.extend(torch.repeat_interleave(torch.arange(n_rows), ends - row_post_start))
+        fresh._row_memory.extend(state["row_memory"].long())
+        fresh._row_len.extend(state["row_len"].long())
+        fresh._row_post_start.extend(row_post_start)
+        fresh._deleted.extend(state["deleted"].bool())
         # live statistics are integers, recomputed exactly from the live rows and postings
         dev = self.device
         live = ~fresh._deleted.view
@@ -711,128 +647,4 @@ class BM25Index:
         ):
             buf.to(self.device)
         self._cache = None
-        return self
-
-
-class ReferenceBM25:
-    """The readable oracle: dict postings per memory, one query at a time, float64 arithmetic."""
-
-    def __init__(self, k1: float = 1.5, b: float = 0.75, device: str | torch.device = "cpu"):
-        self.k1 = float(k1)
-        self.b = float(b)
-        self.device = torch.device(device)
-        self._postings: dict[int, dict[str, dict[int, int]]] = {}  # memory -> token -> row -> tf
-        self._row_memory: list[int] = []
-        self._row_len: list[int] = []
-        self._row_tokens: list[list[str]] = []  # distinct tokens, first-occurrence order
-        self._deleted: set[int] = set()
-
-    @property
-    def num_rows(self) -> int:
-        return len(self._row_memory)
-
-    def add(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        mems = _check_batch(tokens, memory_idx, "token lists")
-        new_rows = []
-        for doc_tokens, mem in zip(tokens, mems, strict=True):
-            row = len(self._row_memory)
-            counts = Counter(doc_tokens)
-            memory_postings = self._postings.setdefault(mem, {})
-            for token, tf in counts.items():
-                memory_postings.setdefault(token, {})[row] = tf
-            self._row_memory.append(mem)
-            self._row_len.append(len(doc_tokens))
-            self._row_tokens.append(list(counts))
-            new_rows.append(row)
-        return torch.tensor(new_rows, dtype=torch.long)
-
-    def delete(self, rows: Sequence[int] | torch.Tensor) -> None:
-        for row in _as_int_list(rows, "rows"):
-            if not 0 <= row < self.num_rows:
-                raise IndexError(f"BM25 delete: row {row} does not exist (rows 0..{self.num_rows - 1})")
-            self._deleted.add(row)
-
-    def _live_rows(self, mem: int) -> list[int]:
-        return [r for r, m in enumerate(self._row_memory) if m == mem and r not in self._deleted]
-
-    def memory_stats(self, memory_idx: int) -> tuple[int, float]:
-        rows = self._live_rows(memory_idx)
-        return len(rows), (sum(self._row_len[r] for r in rows) / len(rows) if rows else 0.0)
-
-    def _idf(self, token: str, mem: int, n_docs: int) -> float:
-        rows = self._postings.get(mem, {}).get(token, {})
-        df = sum(1 for r in rows if r not in self._deleted)
-        return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
-
-    def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
-        mems = _check_batch(tokens, memory_idx, "token lists")
-        return [[self._idf(t, m, self.memory_stats(m)[0]) for t in toks] for toks, m in zip(tokens, mems, strict=True)]
-
-    def doc_tokens(self, rows: Sequence[int] | torch.Tensor) -> list[list[str]]:
-        return [list(self._row_tokens[r]) for r in _as_int_list(rows, "rows")]
-
-    def _score_one(self, query: list[str], mem: int) -> dict[int, float]:
-        n_docs, avgdl = self.memory_stats(mem)
-        scores: dict[int, float] = {}
-        postings = self._postings.get(mem, {})
-        for token in query:  # each occurrence counts
-            idf = self._idf(token, mem, n_docs)
-            for row, tf in postings.get(token, {}).items():
-                if row in self._deleted:
-                    continue
-                norm = self.k1 * (1.0 - self.b + self.b * self._row_len[row] / avgdl)
-                scores[row] = scores.get(row, 0.0) + idf * tf / (tf + norm)
-        return scores
-
-    def scores(
-        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        mems = _check_batch(queries, memory_idx, "queries")
-        live = [self._live_rows(m) for m in mems]
-        width = max((len(r) for r in live), default=0)
-        out = torch.zeros((len(queries), width), dtype=torch.float32)
-        rows_out = torch.full((len(queries), width), -1, dtype=torch.long)
-        for qi, (query, mem, rows) in enumerate(zip(queries, mems, live, strict=True)):
-            scored = self._score_one(query, mem)
-            for col, row in enumerate(rows):
-                out[qi, col] = scored.get(row, 0.0)
-                rows_out[qi, col] = row
-        return out.to(self.device), rows_out.to(self.device)
-
-    def search(
-        self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        k = _check_k(k)
-        mems = _check_batch(queries, memory_idx, "queries")
-        out = torch.zeros((len(queries), k), dtype=torch.float32)
-        rows_out = torch.full((len(queries), k), -1, dtype=torch.long)
-        for qi, (query, mem) in enumerate(zip(queries, mems, strict=True)):
-            scored = self._score_one(query, mem)
-            ranked = sorted(((s, r) for r, s in scored.items() if s > 0), key=lambda sr: (-sr[0], sr[1]))[:k]
-            for col, (score, row) in enumerate(ranked):
-                out[qi, col] = score
-                rows_out[qi, col] = row
-        return out.to(self.device), rows_out.to(self.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "k1": self.k1,
-            "b": self.b,
-            "postings": {m: {t: dict(r) for t, r in p.items()} for m, p in self._postings.items()},
-            "row_memory": list(self._row_memory),
-            "row_len": list(self._row_len),
-            "row_tokens": [list(t) for t in self._row_tokens],
-            "deleted": sorted(self._deleted),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.k1, self.b = float(state["k1"]), float(state["b"])
-        self._postings = {int(m): {t: dict(r) for t, r in p.items()} for m, p in state["postings"].items()}
-        self._row_memory = list(state["row_memory"])
-        self._row_len = list(state["row_len"])
-        self._row_tokens = [list(t) for t in state["row_tokens"]]
-        self._deleted = set(state["deleted"])
-
-    def to(self, device: str | torch.device) -> ReferenceBM25:
-        self.device = torch.device(device)
         return self

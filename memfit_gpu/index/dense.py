@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from memfit_gpu.buffers import GrowableArray
+
 try:
     import faiss
 except ImportError as _exc:  # faiss is an either/or extra: [cpu] (faiss-cpu) or [gpu] (faiss-gpu-cu12)
@@ -59,36 +61,13 @@ def _as_index_array(values: Sequence[int] | np.ndarray | torch.Tensor, n: int, w
     return array
 
 
-class _Growable:
-    """A 1-D numpy buffer that doubles its capacity, so appending one row at a time stays O(1) amortised."""
-
-    def __init__(self, dtype: np.dtype | type, fill: object = 0):
-        self._buffer = np.full(64, fill, dtype=dtype)
-        self._fill = fill
-        self.size = 0
-
-    def extend(self, values: np.ndarray) -> None:
-        need = self.size + len(values)
-        if need > len(self._buffer):
-            capacity = max(need, 2 * len(self._buffer))
-            grown = np.full(capacity, self._fill, dtype=self._buffer.dtype)
-            grown[: self.size] = self._buffer[: self.size]
-            self._buffer = grown
-        self._buffer[self.size : need] = values
-        self.size = need
-
-    @property
-    def array(self) -> np.ndarray:
-        return self._buffer[: self.size]
-
-
 @dataclass
 class _MemoryPart:
     """One memory's FAISS index; FAISS labels are local positions 0..n-1 mapped to global rows."""
 
     index: faiss.Index
     kind: str  # the factory actually built: the configured one, or "Flat" when too few vectors to train
-    rows: _Growable = field(default_factory=lambda: _Growable(np.int64))
+    rows: GrowableArray = field(default_factory=lambda: GrowableArray(np.int64))
     vectors: list[np.ndarray] = field(default_factory=list)  # kept so a Flat fallback can be retrained
     deleted: int = 0  # tombstoned rows of this memory: the over-fetch margin
 
@@ -147,9 +126,9 @@ class DenseIndex:
         self.use_gpu, self.placement = faiss_placement(device, self.gpu_id)
         self._gpu_resources = faiss.StandardGpuResources() if self.use_gpu else None
         self._parts: dict[int, _MemoryPart] = {}
-        self._row_memory = _Growable(np.int64, -1)
-        self._row_local = _Growable(np.int64, -1)
-        self._deleted = _Growable(np.bool_, False)
+        self._row_memory = GrowableArray(np.int64, -1)
+        self._row_local = GrowableArray(np.int64, -1)
+        self._deleted = GrowableArray(np.bool_, False)
         try:
             probe = faiss.index_factory(self.dim, factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as exc:
@@ -222,11 +201,11 @@ class DenseIndex:
 
     @property
     def row_memory(self) -> np.ndarray:
-        return self._row_memory.array
+        return self._row_memory.view
 
     @property
     def deleted(self) -> np.ndarray:
-        return self._deleted.array
+        return self._deleted.view
 
     def memory_size(self, memory_idx: int) -> int:
         """Live rows of one memory."""
@@ -245,7 +224,7 @@ class DenseIndex:
         if len(rows) == 0:
             return out
         memories = self.row_memory[rows]
-        locals_ = self._row_local.array[rows]
+        locals_ = self._row_local.view[rows]
         for memory in np.unique(memories):
             mask = memories == memory
             stacked = self._stacked(int(memory))
@@ -301,7 +280,7 @@ class DenseIndex:
         bad = rows[(rows < 0) | (rows >= self.size)]
         if len(bad):
             raise IndexError(f"DenseIndex.delete: rows {bad.tolist()[:5]} do not exist (size {self.size})")
-        deleted = self._deleted.array
+        deleted = self._deleted.view
         fresh = rows[~deleted[rows]]
         deleted[fresh] = True
         for memory, count in zip(*np.unique(self.row_memory[fresh], return_counts=True), strict=True):
@@ -326,7 +305,7 @@ class DenseIndex:
         rows_out = np.full((n_queries, k), -1, dtype=np.int64)
         if k <= 0 or n_queries == 0:
             return torch.from_numpy(scores_out), torch.from_numpy(rows_out)
-        deleted = self._deleted.array
+        deleted = self._deleted.view
         for memory in np.unique(memories):
             part = self._parts.get(int(memory))
             if part is None or part.size == part.deleted:
@@ -373,7 +352,7 @@ class DenseIndex:
         distances: np.ndarray, labels: np.ndarray, part: _MemoryPart, deleted: np.ndarray, min_score: float
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Global rows, scores and the mask of entries that count: a real, untombstoned row above min_score."""
-        rows = np.where(labels >= 0, part.rows.array[np.maximum(labels, 0)], -1)
+        rows = np.where(labels >= 0, part.rows.view[np.maximum(labels, 0)], -1)
         live = (labels >= 0) & (distances > min_score)
         live &= ~deleted[np.maximum(rows, 0)]
         return rows, distances, live

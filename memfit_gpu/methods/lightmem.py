@@ -75,8 +75,8 @@ from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import diagnostics_for, load_encoder, pack_json, pack_row
 from memfit_gpu.names import mentioned, normalise
-from memfit_gpu.readers import Request
 from memfit_gpu.readers.prompts import PROMPT_DIR, fill, load_prompt
+from memfit_gpu.readers.types import Request
 from memfit_gpu.retrieve.pack import excerpt_tail, quote_lines
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import EpisodeStore, RecordLog, StoreCorruptError

@@ -1,29 +1,17 @@
 """Readers: `make_reader(cfg, run_dir).generate(requests) -> responses`, over transformers | vllm | openai.
 
-Heavy libraries (torch, transformers, vllm, httpx) are imported only when a backend is built.
+types.py        Request, Response, the Backend ABC, ReaderError / MissingBackendError, ROLES, ROLE_PHASES
+registry.py     reader.backend name -> "module:Class", imported on first use (make_backend)
+reader.py       Reader: a backend behind the response cache and the ledger (make_reader)
+transformers.py in-process Hugging Face models (text and vision-language; accelerate device maps)
+vllm.py         offline vLLM engines, one subprocess each (vllm_worker.py)
+openai.py       OpenAI-compatible HTTP servers (vLLM serve, hosted APIs)
+images.py       image paths and URLs as OpenAI content parts / data URLs
+cache.py        the SQLite response cache and its request keys
+ledger.py       calls, tokens, GPU-seconds and cost per role (prices.yaml); the one-answer check
+prompts.py      prompt files (memfit_gpu/prompts/) and the chat messages built from them; judge kinds
+clean.py        a reader's raw output -> the answer that is scored
+
+This package imports nothing on its own: a backend's library (torch, transformers, vllm, httpx) loads
+only when that backend is built.
 """
-
-from __future__ import annotations
-
-from memfit_gpu.readers.base import (
-    BACKENDS,
-    ROLE_PHASES,
-    ROLES,
-    Backend,
-    MissingBackendError,
-    Reader,
-    ReaderError,
-    Request,
-    Response,
-    make_backend,
-    make_reader,
-    reader_config_for_judge,
-)
-from memfit_gpu.readers.clean import NOT_FOUND, CleanAnswer, clean_answer, clean_answers
-from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
-
-__all__ = [
-    "BACKENDS", "ROLE_PHASES", "ROLES", "Backend", "MissingBackendError", "Reader", "ReaderError", "Request",
-    "Response", "make_backend", "make_reader", "reader_config_for_judge", "NOT_FOUND", "CleanAnswer", "clean_answer",
-    "clean_answers", "Ledger", "LedgerCheckError",
-]

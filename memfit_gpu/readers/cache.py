@@ -17,7 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.readers.base import Request, Response
+from memfit_gpu.readers.images import is_remote
+from memfit_gpu.readers.types import Request, Response
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -47,14 +48,16 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def image_fingerprint(image: str) -> str:
+    """A local file by the sha256 of its bytes; a URL (or a path that is not a file) as written."""
     path = Path(image)
-    if not image.startswith(("http://", "https://", "data:")) and path.is_file():
+    if not is_remote(image) and path.is_file():
         st = path.stat()
         return "sha256:" + _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
     return image
 
 
 def request_key(backend: str, model: str, request: Request, template_kwargs: dict[str, Any] | None = None) -> str:
+    """The cache key of `request` on `model`: sha256 over everything that determines the output."""
     payload = {
         "backend": backend,
         "model": model,

@@ -16,13 +16,18 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.readers.base import ROLE_PHASES, ROLES, Response
+import yaml
+
+from memfit_gpu.files import atomic_write_text
+from memfit_gpu.readers.types import ROLE_PHASES, ROLES, Response
 
 LOCAL_BACKENDS = ("transformers", "vllm")
-DEFAULT_PRICES = Path(__file__).resolve().parents[2] / "configs" / "prices.yaml"
+# Package data, so an installed (non-editable) memfit finds it too; configs/prices.yaml links to it.
+DEFAULT_PRICES = resources.files(__package__).joinpath("prices.yaml")
 PHASES = ("write", "read", "eval")  # ROLE_PHASES' values: ledger.json totals its roles per phase
 
 
@@ -158,10 +163,7 @@ class Ledger:
         return json.dumps(self.to_dict(prices_path), indent=1)
 
     def save(self, path: str | Path, prices_path: str | Path | None = None) -> None:
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_json(prices_path))
-        tmp.replace(path)
+        atomic_write_text(path, self.to_json(prices_path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Ledger:
@@ -180,17 +182,15 @@ class Ledger:
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, dict[str, float]]:
-    """{model: {"input": usd_per_1m, "output": usd_per_1m}} from configs/prices.yaml (or `path`)."""
-    import yaml
-
-    path = Path(path) if path is not None else DEFAULT_PRICES
-    if not path.is_file():
-        raise FileNotFoundError(f"price table {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    """{model: {"input": usd_per_1m, "output": usd_per_1m}} from the package's prices.yaml (or `path`)."""
+    source = Path(path) if path is not None else DEFAULT_PRICES
+    if not source.is_file():
+        raise FileNotFoundError(f"price table {source} does not exist")
+    data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
     models = data.get("models", {})
     out: dict[str, dict[str, float]] = {}
     for name, price in models.items():
         if not isinstance(price, dict) or not {"input", "output"} <= set(price):
-            raise ValueError(f"{path}: models.{name} needs 'input' and 'output' (USD per 1M tokens)")
+            raise ValueError(f"{source}: models.{name} needs 'input' and 'output' (USD per 1M tokens)")
         out[str(name)] = {"input": float(price["input"]), "output": float(price["output"])}
     return out

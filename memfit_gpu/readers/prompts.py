@@ -1,4 +1,6 @@
-"""Prompt files (memfit_gpu/prompts/*.txt) and the chat messages built from them.
+"""Prompt files (memfit_gpu/prompts/*.txt, package data) and the chat messages built from them.
+
+`load_prompt` is the one reader of the package's prompt files (answer, judge and summary prompts alike).
 
 Templates name their slots `{excerpts}`, `{question}`, ... and only those names are filled, so braces in
 excerpts or in a JSON example stay as they are. A line whose only content was a slot left empty
@@ -14,12 +16,16 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PROMPT_DIR = Path(__file__).resolve().parents[1] / "prompts"
+from memfit_gpu.config import ConfigError
+
+# Package data (importlib.resources), so an installed memfit finds its prompts wherever it runs from.
+PROMPT_DIR = resources.files("memfit_gpu").joinpath("prompts")
 PROTOCOLS = ("paper", "memgallery")
-JUDGE_KINDS = ("paper", "longmemeval", "memgallery")
+JUDGE_KINDS: tuple[str, ...] = ("paper", "longmemeval", "memgallery")  # evaluate/judge.py reads each kind's reply
 LONGMEMEVAL_JUDGE_FILES = {
     "single-session-user": "judge_longmemeval_default.txt",
     "single-session-assistant": "judge_longmemeval_default.txt",
@@ -40,13 +46,18 @@ class PromptError(FileNotFoundError):
 
 @lru_cache(maxsize=64)
 def load_prompt(name: str, prompt_dir: str | None = None) -> str:
-    """A template from memfit_gpu/prompts/ (or `prompt_dir`); `name` may also be a path to a file."""
+    """A template from memfit_gpu/prompts/ (or `prompt_dir`); `name` may also be a path to a file.
+
+    Raises:
+        PromptError: no such file; the message lists the folder's prompts.
+    """
     direct = Path(name)
-    path = direct if direct.is_file() else Path(prompt_dir or PROMPT_DIR) / name
-    if not path.is_file():
-        have = sorted(p.name for p in Path(prompt_dir or PROMPT_DIR).glob("*.txt"))
-        raise PromptError(f"prompt file {name!r} not found in {prompt_dir or PROMPT_DIR} (have: {', '.join(have)})")
-    return path.read_text(encoding="utf-8")
+    folder = Path(prompt_dir) if prompt_dir is not None else PROMPT_DIR
+    source = direct if direct.is_file() else folder.joinpath(name)
+    if not source.is_file():
+        have = sorted(p.name for p in folder.iterdir() if p.name.endswith(".txt")) if folder.is_dir() else []
+        raise PromptError(f"prompt file {name!r} not found in {folder} (have: {', '.join(have)})")
+    return source.read_text(encoding="utf-8")
 
 
 def fill(template: str, **values: Any) -> str:
@@ -94,7 +105,7 @@ def resolve_protocol(protocol: str, benchmark: str) -> str:
     if protocol == "auto":
         return "memgallery" if benchmark == "memgallery" else "paper"
     if protocol not in PROTOCOLS:
-        raise ValueError(f"reader.protocol={protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
+        raise ConfigError(f"reader.protocol={protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
     return protocol
 
 
@@ -104,7 +115,7 @@ def judge_kind(benchmark: str, prompt: str = "auto") -> str:
     if prompt == "auto":
         return {"longmemeval": "longmemeval", "memgallery": "memgallery"}.get(benchmark, "paper")
     if prompt not in JUDGE_KINDS:
-        raise ValueError(f"eval.judge.prompt={prompt!r} is not one of auto, {', '.join(JUDGE_KINDS)}")
+        raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, {', '.join(JUDGE_KINDS)}")
     return prompt
 
 
@@ -222,10 +233,22 @@ def build_judge_messages(question: str, gold: str, prediction: str, category: st
     elif kind == "memgallery":
         if memgallery_dir is None:
             raise PromptError("the MemGallery judge needs memgallery_dir (the MemGallery data folder with prompt/)")
-        judge = MemGalleryPrompts.load(memgallery_dir).judge
-        # The official template uses {{name}} slots; replace exactly those three.
-        text = (judge.replace("{{question}}", question).replace("{{ground_truth}}", gold)
-                .replace("{{model_output}}", prediction))
+        try:
+            text = fill_memgallery_prompt(MemGalleryPrompts.load(memgallery_dir).judge, question, gold, prediction)
+        except ValueError as exc:  # a template edited by hand: name the file, exit code 2 from the CLI
+            raise PromptError(f"{MEMGALLERY_FILES['judge']} in {memgallery_dir}: {exc}") from None
     else:
         raise ValueError(f"judge kind {kind!r} is not one of {', '.join(JUDGE_KINDS)}")
     return [{"role": "user", "content": text}]
+
+
+def fill_memgallery_prompt(template: str, question: str, gold: str, prediction: str) -> str:
+    """Mem-Gallery's llm_judge.txt with its {{question}}, {{ground_truth}}, {{model_output}} filled."""
+    missing = [
+        slot for slot in ("{{question}}", "{{ground_truth}}", "{{model_output}}") if slot not in template
+    ]
+    if missing:
+        raise ValueError(f"MemGallery judge template lacks {', '.join(missing)}")
+    # One pass over the slots, so a value that itself contains "{{question}}" stays verbatim.
+    values = {"question": str(question), "ground_truth": str(gold), "model_output": str(prediction)}
+    return re.sub(r"\{\{(question|ground_truth|model_output)\}\}", lambda m: values[m.group(1)], template)

@@ -26,6 +26,8 @@ import time
 import traceback
 from typing import Any
 
+from memfit_gpu.readers.images import with_image_parts
+
 
 def _engine(settings: dict[str, Any]) -> Any:
     from vllm import LLM
@@ -105,8 +107,6 @@ def _chat_isolated(llm: Any, conversations: list[Any], params: list[Any], templa
 
 def _answer(llm: Any, batch: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
     from vllm import SamplingParams
-
-    from memfit_gpu.readers.base import with_image_parts
 
     template_kwargs = settings.get("chat_template_kwargs")
     tokenizer = llm.get_tokenizer()

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.index.bm25 import BM25Index, tokenize
+from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
 from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
@@ -156,9 +157,7 @@ def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speake
 
 def kernel_backend(view: ReadView, setting: str) -> str:
     """`retrieve.kernels` for this view: "triton" or "torch" (auto = Triton when the BM25 index is on CUDA)."""
-    bm25 = view.ep_bm25
-    device = getattr(bm25, "device", torch.device("cpu"))
-    return resolve_backend(setting, device, supported=isinstance(bm25, BM25Index))
+    return resolve_backend(setting, view.ep_bm25.device, supported=view.ep_bm25.has_kernels)
 
 
 def _row_tables(view: ReadView, key: tuple[Any, ...], mask: np.ndarray, year: np.ndarray, month: np.ndarray,
@@ -172,7 +171,7 @@ def _row_tables(view: ReadView, key: tuple[Any, ...], mask: np.ndarray, year: np
     return tables[key]
 
 
-def _fused_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings: torch.Tensor,
+def _fused_search(bm25: LexicalIndex, dense: DenseSearch, tokens: Sequence[list[str]], embeddings: torch.Tensor,
                   memory_idx: Sequence[int], cfg: MemFitConfig, timings: dict[str, float],
                   boosts: BoostInputs | None = None, k: int | None = None, by_row: bool = False,
                   encoded: tuple[torch.Tensor, torch.Tensor] | None = None, timing_prefix: str = "") -> Hits:
@@ -256,7 +255,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     cons = constraint_tensors(constraints, view.speakers_lower, mems)
 
     kernels = kernel_backend(view, rcfg.kernels)
-    device = getattr(view.ep_bm25, "device", torch.device("cpu"))
+    device = view.ep_bm25.device
 
     clock = _tick(timings, "stage_0_queries", clock)
     # 1-2: episode hybrid + boosts
@@ -295,18 +294,17 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     prf_terms: list[list[str]] = [[] for _ in range(n_q)]
     prf = Candidates.empty(n_q)
     if rcfg.prf.enabled:
-        prf_terms, pairs = feedback_terms_batch(view.ep_bm25, ep.head(rcfg.prf.docs).rows, mems,
-                                                rcfg.prf.min_token_chars, rcfg.prf.terms, rcfg.prf.term_order)
+        prf_terms, pairs = feedback_terms_batch(view.ep_bm25, ep.head(rcfg.prf.docs).rows, rcfg.prf.min_token_chars,
+                                                rcfg.prf.terms, rcfg.prf.term_order)
         asking = [i for i, terms in enumerate(prf_terms) if terms]
         if asking:
             if embed is None:
                 raise ValueError("PRF needs embed to encode its queries (retrieve.prf.enabled=true)")
             asking_t = torch.tensor(asking, dtype=torch.long)
-            encoded = None
-            if pairs is not None:  # renumber the pairs' questions to their place among those asking
-                place = torch.full((n_q,), -1, dtype=torch.long)
-                place[asking_t] = torch.arange(len(asking))
-                encoded = (place[pairs[0].cpu()], pairs[1])
+            # renumber the pairs' questions to their place among those asking
+            place = torch.full((n_q,), -1, dtype=torch.long)
+            place[asking_t] = torch.arange(len(asking))
+            encoded = (place[pairs[0].cpu()], pairs[1])
             part = _tick(timings, "prf_terms", clock)
             prf_emb = torch.as_tensor(embed([" ".join(prf_terms[i]) for i in asking]), dtype=torch.float32).cpu()
             part = _tick(timings, "prf_embed", part)

@@ -108,7 +108,7 @@ def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
     import torch
 
     from memfit_gpu.data import load_benchmark, select_from_config
-    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.index.encoders import load_bi_encoder
     from memfit_gpu.retrieve.batched import retrieve_batch
     from memfit_gpu.retrieve.diagnostics import compute_diagnostics
     from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
@@ -118,13 +118,13 @@ def _run(cfg, out: Path, store_path: str | None, cfg_dict: dict) -> int:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     # The reranker first: a missing cross-encoder fails before any encoding work.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device)
+    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend)
     benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
     questions = [q for q in benchmark.questions() if q.evaluated]
     timings["load_s"] = time.perf_counter() - started
 
     t0 = time.perf_counter()
-    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    encoder = load_bi_encoder(cfg.index)
     if store_path:
         store = EpisodeStore(store_path, cfg, encoder)
         missing = [m.memory_id for m in benchmark.memories if m.memory_id not in store.memory_ids]

@@ -34,17 +34,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
+from memfit_gpu.months import MONTH_NAMES, MONTH_NUMBER
 from memfit_gpu.names import mentioned, mentions, normalise
 
-MONTH_NAMES = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)
-_MONTH_BY_WORD: dict[str, int] = {}
-for _i, _name in enumerate(MONTH_NAMES, start=1):
-    _MONTH_BY_WORD[_name] = _i
-    _MONTH_BY_WORD[_name[:3]] = _i
-_MONTH_BY_WORD["sept"] = 9
+# questions also write September "sept"
+_MONTH_BY_WORD: dict[str, int] = {**MONTH_NUMBER, "sept": 9}
 
 # the lookahead (every month word's first letter) changes nothing matched; it skips positions fast
 _MONTH_WORD_RE = re.compile(r"(?=[jfmasond])\b(" + "|".join(sorted(_MONTH_BY_WORD, key=len, reverse=True)) + r")\b")

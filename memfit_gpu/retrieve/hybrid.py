@@ -15,9 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 
 _BIG = torch.iinfo(torch.long).max
 
@@ -116,13 +117,13 @@ def fuse(bm25_scores: torch.Tensor, bm25_rows: torch.Tensor, dense_scores: torch
                 torch.zeros_like(fused), score)
 
 
-def hybrid_search(bm25: Any, dense: Any, tokens: Sequence[list[str]], embeddings: torch.Tensor,
+def hybrid_search(bm25: LexicalIndex, dense: DenseSearch, tokens: Sequence[list[str]], embeddings: torch.Tensor,
                   memory_idx: Sequence[int], scan_top_k: int, alpha: float, min_cosine: float = 0.0,
                   timings: dict[str, float] | None = None,
                   encoded: tuple[torch.Tensor, torch.Tensor] | None = None, timing_prefix: str = "") -> Hits:
     """One BM25 search and one dense search for all queries, then `fuse` (row order).
 
-    encoded: the BM25 queries as (query index, term id) pairs (`BM25Index.feedback_terms`), used
+    encoded: the BM25 queries as (query index, term id) pairs (`LexicalIndex.feedback_terms`), used
     instead of re-encoding `tokens`. timings: when given, wall seconds of the three parts are added
     under `bm25`, `dense`, `fuse` (each after `timing_prefix`)."""
     start = time.perf_counter()

@@ -15,10 +15,12 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.names import normalise
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
 from memfit_gpu.retrieve.pack import Pack, format_excerpts
+from memfit_gpu.retrieve.prf import choose_terms
 from memfit_gpu.retrieve.rerank import reranker_info
 
 
@@ -81,8 +83,6 @@ def _add_boosts(hits: list[dict[str, Any]], cfg: MemFitConfig, wanted: Any, time
 def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
                  embed: Callable[[list[str]], torch.Tensor], question_embedding: torch.Tensor | None = None,
                  reranker: Any | None = None) -> RetrievalResult:
-    from memfit_gpu.index.bm25 import tokenize
-
     rcfg = cfg.retrieve
     if cfg.rerank.backend == "none":
         reranker = None
@@ -153,15 +153,13 @@ def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
     prf: list[dict[str, Any]] = []
     if rcfg.prf.enabled and episodes:
         feedback_rows = [h["row"] for h in episodes[: rcfg.prf.docs]]
-        candidates = set()
-        for doc in view.ep_bm25.doc_tokens(feedback_rows):
-            candidates.update(t for t in doc if len(t) >= rcfg.prf.min_token_chars)
-        if rcfg.prf.term_order == "alphabetical":
-            terms = sorted(candidates)[: rcfg.prf.terms]
-        else:
-            ordered = sorted(candidates)
-            idf = dict(zip(ordered, view.ep_bm25.idf([ordered], [memory])[0], strict=False)) if ordered else {}
-            terms = sorted(candidates, key=lambda t: (-idf[t], t))[: rcfg.prf.terms]
+        docs = [[t for t in doc if len(t) >= rcfg.prf.min_token_chars]
+                for doc in view.ep_bm25.doc_tokens(feedback_rows)]
+        candidates = sorted({t for doc in docs for t in doc})
+        idf = None
+        if rcfg.prf.term_order == "idf":
+            idf = dict(zip(candidates, view.ep_bm25.idf([candidates], [memory])[0], strict=True)) if candidates else {}
+        terms = choose_terms(docs, idf, rcfg.prf.terms, rcfg.prf.term_order)
         if terms:
             taken = pooled | set(expansion)
             prf_embedding = embed([" ".join(terms)])[0]

@@ -1,7 +1,8 @@
 """Rerank (SPEC read path 7): which candidates, which backend, and the standardisation.
 
 Candidates: pool[:rerank_pool] followed by every expansion (summary members, then PRF).
-Backend "cross-encoder": `CrossEncoderModule.score` over ALL (question, passage) pairs of the batch in
+Backend "cross-encoder": the cross-encoder's `score` (index.encoder_backend: packed `CrossEncoderModule`
+or sentence-transformers' CrossEncoder) over ALL (question, passage) pairs of the batch in
 one call; a summary's passage is its text + summary_suffix; scores are z-scored (population std)
 separately within the episodes and within the summaries of each question, a kind with fewer than
 `zscore_min` items keeps its raw scores (and a kind whose scores are all equal gets 0); then all sort
@@ -18,25 +19,29 @@ from typing import Any
 import torch
 
 from memfit_gpu.config import RerankConfig
+from memfit_gpu.index.encoders import EncoderBackend, PairScorer, load_cross_encoder
 
 log = logging.getLogger(__name__)
 
 
-def load_reranker(cfg: RerankConfig, device: str = "auto") -> Any | None:
-    """The cross-encoder module for backend cross-encoder, None for backend none.
+def load_reranker(cfg: RerankConfig, device: str = "auto",
+                  encoder_backend: str | EncoderBackend = EncoderBackend.PACKED) -> PairScorer | None:
+    """The cross-encoder for rerank.backend=cross-encoder, None for rerank.backend=none.
 
+    Args:
+        device: index.device (the cross-encoder shares the bi-encoder's devices).
+        encoder_backend: index.encoder_backend (packed | sentence-transformers).
     Raises models.MissingWeightsError (with how to get the weights, or to choose
     rerank.backend=none) when the weights are not available."""
     if cfg.backend == "none":
         return None
     if cfg.backend != "cross-encoder":
         raise ValueError(f"rerank.backend={cfg.backend!r} is not one of cross-encoder, none")
-    from memfit_gpu.index.encoders import CrossEncoderModule
+    return load_cross_encoder(cfg.model, device=device, max_length=cfg.max_length, dtype=cfg.dtype,
+                              backend=encoder_backend)
 
-    return CrossEncoderModule.from_pretrained(cfg.model, device=device, max_length=cfg.max_length, dtype=cfg.dtype)
 
-
-def reranker_info(cfg: RerankConfig, module: Any | None) -> dict[str, Any]:
+def reranker_info(cfg: RerankConfig, module: PairScorer | None) -> dict[str, Any]:
     """What ranked the candidates, recorded in every output."""
     if module is None:
         return {"backend": "none", "order": "first-stage (fused + boosts, expansion scores)"}
@@ -63,7 +68,7 @@ def zscore(scores: torch.Tensor, groups: torch.Tensor, min_items: int) -> torch.
     return out
 
 
-def cross_encoder_scores(module: Any, questions: Sequence[str], passages: Sequence[Sequence[str]],
+def cross_encoder_scores(module: PairScorer, questions: Sequence[str], passages: Sequence[Sequence[str]],
                          batch_size: int, progress: bool = False) -> list[list[float]]:
     """Score every (question, passage) pair of the batch in one call; per-question lists back."""
     pairs = [(q, p) for q, ps in zip(questions, passages, strict=False) for p in ps]

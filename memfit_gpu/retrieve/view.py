@@ -12,23 +12,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from memfit_gpu.data.schema import Memory
+from memfit_gpu.devices import first_device
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
+from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
 from memfit_gpu.retrieve.dates import format_date
-
-if TYPE_CHECKING:
-    from memfit_gpu.data.schema import Memory, Turn
-
-
-
-def _episode_text(turn: Turn) -> str:
-    from memfit_gpu.store import episode_text  # the store's formatter: one definition of SPEC "Episode"
-
-    return episode_text(turn)
+from memfit_gpu.store.episodes import EpisodeStore
+from memfit_gpu.store.text import episode_text
 
 
 @dataclass
@@ -44,16 +42,16 @@ class ReadView:
     ep_text: list[str]
     ep_turn_id: list[str]
     ep_deleted: np.ndarray  # bool
-    ep_bm25: Any
-    ep_dense: Any
+    ep_bm25: LexicalIndex
+    ep_dense: DenseSearch
     # summaries, by summary row (empty when the store has none)
     sm_memory: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     sm_text: list[str] = field(default_factory=list)
     sm_members: list[list[int]] = field(default_factory=list)
     sm_time: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="datetime64[s]"))  # event time (boosts)
     sm_recorded: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="datetime64[s]"))  # last member ("as of")
-    sm_bm25: Any = None
-    sm_dense: Any = None
+    sm_bm25: LexicalIndex | None = None
+    sm_dense: DenseSearch | None = None
     encoder_info: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
@@ -63,9 +61,6 @@ class ReadView:
         """Episodes of `memories` in the real BM25Index and DenseIndex; no summaries.
 
         embeddings: precomputed episode embeddings in turn order (else `encoder.encode`)."""
-        from memfit_gpu.index.bm25 import BM25Index, tokenize_many
-        from memfit_gpu.index.dense import DenseIndex
-
         texts, mem, sess, pos, times, spk, tids = [], [], [], [], [], [], []
         memory_ids, speakers = [], []
         session_counter = 0
@@ -76,7 +71,7 @@ class ReadView:
             p = 0
             for session in memory.sessions:
                 for turn in session.turns:
-                    texts.append(_episode_text(turn))
+                    texts.append(episode_text(turn))
                     mem.append(m_idx)
                     sess.append(session_counter)
                     pos.append(p)
@@ -87,7 +82,8 @@ class ReadView:
                 session_counter += 1
         if embeddings is None:
             embeddings = encoder.encode(texts, batch_size=cfg.index.encode_batch_size, progress=progress)
-        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b)
+        # on index.device's first device, like the store's (EpisodeStore._bm25_device)
+        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=first_device(cfg.index.device))
         bm25.add(tokenize_many(texts), mem)
         dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device)
         dense.add(embeddings, mem)
@@ -101,7 +97,7 @@ class ReadView:
         )
 
     @classmethod
-    def from_store(cls, store: Any) -> ReadView:
+    def from_store(cls, store: EpisodeStore) -> ReadView:
         """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/design.md)."""
         def col(name: str) -> Any:
             if not hasattr(store, name):

@@ -107,11 +107,11 @@ def locked(lock: Path) -> Iterator[None]:
 
 
 def _open_store(target: Target) -> Any:
-    from memfit_gpu.index.encoders import BiEncoder
+    from memfit_gpu.index.encoders import load_bi_encoder
     from memfit_gpu.store.episodes import EpisodeStore
 
     cfg = target.cfg
-    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    encoder = load_bi_encoder(cfg.index)
     return EpisodeStore(target.store, cfg, encoder)
 
 
@@ -126,7 +126,7 @@ class _Summariser:
 
     def __call__(self, prompts: list[str]) -> list[str]:
         from memfit_gpu.pipeline import summary_generate
-        from memfit_gpu.readers.base import make_reader
+        from memfit_gpu.readers.reader import make_reader
 
         if self.reader is None:
             self.reader = make_reader(self.target.cfg.reader, self.target.run_dir, progress=False)

@@ -24,55 +24,38 @@ Nothing stored is rewritten, re-encoded or re-summarised, except what a user del
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from memfit_gpu import faults
+from memfit_gpu.buffers import GrowableArray
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.fetch import sha256_of
 from memfit_gpu.data.schema import DataError, Memory, Turn
 from memfit_gpu.devices import first_device
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
+from memfit_gpu.index.protocols import LexicalIndex
+from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
+from memfit_gpu.store import compaction
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
-
-if TYPE_CHECKING:
-    from memfit_gpu.index.encoders import BiEncoder
+from memfit_gpu.store.snapshot import clear_staging, load_newest, write_snapshot
+from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
+from memfit_gpu.store.summary_table import SummaryTable
+from memfit_gpu.store.text import episode_prefix, episode_text
 
 log = logging.getLogger(__name__)
 
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
-SNAPSHOT_FORMAT = 2  # 2: meta.json holds the sha256 of every file and of itself
-_KEEP_SNAPSHOTS = 2
-
-
-def episode_body(turn: Turn) -> str:
-    """What the speaker said: image captions first (SPEC Units), then the text."""
-    images = "".join(
-        f"[Image {image.image_id}: {image.caption}] " if image.image_id else f"[Image: {image.caption}] "
-        for image in turn.images
-    )
-    return images + turn.text
-
-
-def episode_prefix(date_text: str, speaker: str) -> str:
-    return f"DATE: {date_text} | Speaker {speaker} says: "
-
-
-def episode_text(turn: Turn) -> str:
-    """SPEC Units: `DATE: {date} | Speaker {name} says: {[Image ...] }{text}`."""
-    return episode_prefix(turn.date_text, turn.speaker) + episode_body(turn)
 
 
 def _timestamp(value: str | None) -> np.datetime64:
@@ -84,135 +67,13 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64("NaT", "s")
 
 
-def _meta_digest(meta: dict[str, Any]) -> str:
-    """sha256 of a snapshot's meta.json content without its own `meta_sha256` entry."""
-    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Every file and folder under root on disk (before a rename makes it the store)."""
-    for folder, _, files in os.walk(root):
-        for name in files:
-            with open(Path(folder) / name, "rb") as handle:
-                os.fsync(handle.fileno())
-        _fsync_dir(Path(folder))
-
-
-def _rename_durably(source: Path, target: Path) -> None:
-    os.rename(source, target)
-    _fsync_dir(target.parent)
-
-
-def _compaction_dirs(path: Path) -> tuple[Path, Path]:
-    """(the compacted store being built, the old store being retired), beside the store folder."""
-    return path.parent / f".{path.name}.compact-new", path.parent / f".{path.name}.compact-old"
-
-
-def _finish_compaction(path: Path) -> None:
-    """Complete or undo a compaction that was killed: compact() builds the new store beside the old one,
-    makes it durable, then swaps the two with two renames and removes the old one."""
-    new, old = _compaction_dirs(path)
-    if old.exists() and not path.exists():
-        if new.exists():  # killed between the two renames: the new store is complete
-            log.warning("%s: completing a compaction that was interrupted between its two renames", path)
-            _rename_durably(new, path)
-        else:
-            log.warning("%s: restoring the store from %s (a compaction was interrupted)", path, old)
-            _rename_durably(old, path)
-    if old.exists():  # the swap was done: the old store (with the deleted turns) goes
-        log.warning("%s: removing %s left by an interrupted compaction", path, old)
-        shutil.rmtree(old)
-    if new.exists():  # killed before the swap: the store is the old one, untouched
-        log.warning("%s: removing the unfinished compaction %s (the store is unchanged)", path, new)
-        shutil.rmtree(new)
-
-
-class _Column:
-    """Growable numpy column (capacity doubling): one-turn appends stay O(1) amortised."""
-
-    def __init__(self, dtype: Any, fill: Any = 0):
-        self._data = np.full(256, fill, dtype=dtype)
-        self._fill = fill
-        self.size = 0
-
-    def extend(self, values: Sequence[Any] | np.ndarray) -> None:
-        values = np.asarray(values, dtype=self._data.dtype)
-        need = self.size + len(values)
-        if need > len(self._data):
-            grown = np.full(max(need, 2 * len(self._data)), self._fill, dtype=self._data.dtype)
-            grown[: self.size] = self._data[: self.size]
-            self._data = grown
-        self._data[self.size : need] = values
-        self.size = need
-
-    @property
-    def view(self) -> np.ndarray:
-        return self._data[: self.size]
-
-
-@dataclass(frozen=True)
-class Summary:
-    row: int
-    text: str
-    memory_idx: int
-    members: np.ndarray  # episode rows (provenance), time order
-    event_time: np.datetime64  # first member's timestamp
-    recorded_time: np.datetime64  # last member's timestamp
-    deleted: bool  # retired (a member was deleted); its index rows are tombstoned
-    replaces: int  # the summary row this one rebuilt, -1 for none
-
-
-@dataclass
-class SummaryTable:
-    """Summary rows (their own row space; the summary indexes use the same numbers)."""
-
-    text: list[str] = field(default_factory=list)
-    memory_idx: _Column = field(default_factory=lambda: _Column(np.int32))
-    members: list[np.ndarray] = field(default_factory=list)  # episode rows, in time order (provenance)
-    event_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
-    recorded_time: _Column = field(default_factory=lambda: _Column("datetime64[s]", np.datetime64("NaT", "s")))
-    deleted: _Column = field(default_factory=lambda: _Column(np.bool_, False))  # replaced or retired
-    replaces: _Column = field(default_factory=lambda: _Column(np.int64, -1))  # the summary this one rebuilt
-
-    def __len__(self) -> int:
-        return len(self.text)
-
-    def __getitem__(self, row: int) -> Summary:
-        return Summary(
-            row=int(row), text=self.text[row], memory_idx=int(self.memory_idx.view[row]), members=self.members[row],
-            event_time=self.event_time.view[row], recorded_time=self.recorded_time.view[row],
-            deleted=bool(self.deleted.view[row]), replaces=int(self.replaces.view[row]),
-        )
-
-    def __iter__(self) -> Iterator[Summary]:
-        """Every summary row, retired ones included (their index rows are tombstoned)."""
-        return (self[row] for row in range(len(self)))
-
-    def live_rows(self, memory_idx: int | None = None) -> np.ndarray:
-        live = ~self.deleted.view
-        if memory_idx is not None:
-            live &= self.memory_idx.view == memory_idx
-        return np.flatnonzero(live)
-
-
 class EpisodeStore:
     """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them."""
 
-    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: BiEncoder | None = None):
+    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None):
         self.cfg = cfg or MemFitConfig()
         if encoder is None:
-            from memfit_gpu.index.encoders import BiEncoder
-
-            encoder = BiEncoder.from_pretrained(self.cfg.index.encoder, device=self.cfg.index.device, dtype=self.cfg.index.dtype)
+            encoder = load_bi_encoder(self.cfg.index)
         self.encoder = encoder
         self.dim = int(encoder.dim)
         path = path if path is not None else self.cfg.store.path
@@ -231,12 +92,12 @@ class EpisodeStore:
         self._turn_rows: list[dict[str, list[int]]] = []
 
         # episode columns (row-indexed)
-        self._memory_idx = _Column(np.int32)
-        self._session_idx = _Column(np.int32)
-        self._position = _Column(np.int32)
-        self._speaker_id = _Column(np.int16)
-        self._timestamp = _Column("datetime64[s]", np.datetime64("NaT", "s"))
-        self._deleted = _Column(np.bool_, False)
+        self._memory_idx = GrowableArray(np.int32)
+        self._session_idx = GrowableArray(np.int32)
+        self._position = GrowableArray(np.int32)
+        self._speaker_id = GrowableArray(np.int16)
+        self._timestamp = GrowableArray("datetime64[s]", np.datetime64("NaT", "s"))
+        self._deleted = GrowableArray(np.bool_, False)
         self._text: list[str] = []
         self._prefix_len: list[int] = []
         self._turn_id: list[str] = []
@@ -259,10 +120,8 @@ class EpisodeStore:
     def _bm25_device(self) -> torch.device:
         return first_device(self.cfg.index.device)  # "gpu", "cuda:0,cuda:1": the first GPU
 
-    def _new_bm25(self) -> Any:
-        from memfit_gpu.index.bm25 import BM25Index, ReferenceBM25
-
-        kind = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
+    def _new_bm25(self) -> LexicalIndex:
+        kind: type[BM25Index] | type[ReferenceBM25] = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
         return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
 
     def _new_dense(self) -> DenseIndex:
@@ -309,20 +168,6 @@ class EpisodeStore:
     @property
     def timestamp(self) -> np.ndarray:
         return self._timestamp.view
-
-    @property
-    def year(self) -> np.ndarray:
-        """Calendar year of the timestamp (0 when unknown)."""
-        ts = self.timestamp
-        years = ts.astype("datetime64[Y]").astype(np.int64) + 1970
-        return np.where(np.isnat(ts), 0, years).astype(np.int16)
-
-    @property
-    def month(self) -> np.ndarray:
-        """Month 1..12 of the timestamp (0 when unknown)."""
-        ts = self.timestamp
-        months = ts.astype("datetime64[M]").astype(np.int64) % 12 + 1
-        return np.where(np.isnat(ts), 0, months).astype(np.int8)
 
     @property
     def deleted(self) -> np.ndarray:
@@ -496,8 +341,6 @@ class EpisodeStore:
         Every new text (episodes and summaries) is encoded in ONE encoder pass; the episodes of a batch
         (all memories) become one BM25 add and one dense add (one FAISS add per memory inside).
         """
-        from memfit_gpu.index.bm25 import tokenize_many
-
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
         self.last_timings.setdefault("bm25_s", 0.0)
@@ -661,8 +504,6 @@ class EpisodeStore:
 
         Returns counts: episodes deleted, summaries retired and rebuilt. The text stays in the log (a
         tombstone hides it) until `compact()`."""
-        from memfit_gpu.store.summaries import summary_records
-
         memory = self.memory_of(memory_id)
         if not turn_ids:
             raise ValueError(f"EpisodeStore.delete_episodes: no turn ids given for memory {memory_id!r}")
@@ -684,18 +525,54 @@ class EpisodeStore:
             )
         rebuilt: list[dict[str, Any]] = []
         if rebuild and generate is not None:
-            rebuilt = summary_records(self, [(memory, members) for _, members in rebuild], generate,
-                                      first_row=len(self.summaries), replaces=[old for old, _ in rebuild])
+            jobs = [self.summary_job(memory, members, replaces=old) for old, members in rebuild]
+            rebuilt = summary_records(jobs, generate, self.cfg.summary, first_row=len(self.summaries))
         self._commit(records + rebuilt)
         return {"episodes": len(rows), "summaries_retired": len(rebuild), "summaries_rebuilt": len(rebuilt)}
 
     def build_summaries(
         self, generate: Callable[[list[str]], list[str]], memory_ids: Sequence[str] | None = None, progress: bool = True
     ) -> int:
-        """Summarise every segment of every memory that has no summaries yet, in one generate batch."""
-        from memfit_gpu.store.summaries import build_summaries
+        """Summarise the segments of every memory not summarised before, in one generate batch and one
+        committed write batch; returns how many summaries were added.
 
-        return build_summaries(self, generate, memory_ids=memory_ids, progress=progress)
+        Args:
+            generate: prompts -> texts (a reader's summary role, or any function).
+            memory_ids: the memories to consider (default: all).
+        """
+        if not self.cfg.summary.enabled:
+            log.info("summaries: disabled (summary.enabled=false); nothing built")
+            return 0
+        wanted = range(len(self.memory_ids)) if memory_ids is None else [self.memory_of(m) for m in memory_ids]
+        memories = [m for m in wanted if m not in self.summarised]
+        if len(memories) < len(wanted):
+            log.info("summaries: %d memories already have summaries; they are not re-summarised",
+                     len(wanted) - len(memories))
+        if not memories:
+            return 0
+        rows = [self.memory_rows(m) for m in memories]
+        planned = plan_segments(rows, [self.episode_dense.vectors(r) for r in rows], self.cfg.segment, self.cfg.summary)
+        jobs = [self.summary_job(memory, members) for memory, segments in zip(memories, planned, strict=True)
+                for members in segments]
+        records = summary_records(jobs, generate, self.cfg.summary, first_row=len(self.summaries))
+        # Remember which memories were summarised, even where every output was dropped: asking again would
+        # re-summarise the same segments (and at temperature 0 get the same short answers).
+        records.append({"t": "summarised", "memories": [int(m) for m in memories]})
+        self._commit(records, progress=progress)
+        built = len(records) - 1
+        log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
+        return built
+
+    def summary_job(self, memory_idx: int, members: Sequence[int] | np.ndarray, replaces: int | None = None) -> SummaryJob:
+        """What a summary of these member turns (episode rows in time order) is made from."""
+        members = np.asarray(members, dtype=np.int64)
+        times = self.timestamp[members]  # a rebuild may find every member deleted: no times
+        unknown = np.datetime64("NaT", "s")
+        return SummaryJob(
+            memory_idx=int(memory_idx), members=members,
+            speakers=[self.speaker_name(int(row)) for row in members], bodies=[self.body(int(row)) for row in members],
+            event=times[0] if len(times) else unknown, recorded=times[-1] if len(times) else unknown, replaces=replaces,
+        )
 
     # ------------------------------------------------------------------ persistence
     def _snapshot_dir(self) -> Path:
@@ -703,99 +580,31 @@ class EpisodeStore:
         return self.path / "snapshots"
 
     def snapshot(self) -> None:
-        """Write index state covering every record logged so far (no-op in memory or when current).
-
-        meta.json, written last, holds the log fingerprint the snapshot covers and the sha256 of every
-        file (and of itself): a snapshot without it, or with a file that fails it, is never loaded."""
+        """Write index state covering every record logged so far (no-op in memory or when current);
+        see store/snapshot.py."""
         if self._log is None or len(self._log) == self._snapshot_records:
             return
         count = len(self._log)
-        root = self._snapshot_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"{count:012d}"
-        staging = root / f".staging-{count:012d}-{os.getpid()}"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir()
-        torch.save(self.episode_bm25.state_dict(), staging / "episode_bm25.pt")
-        torch.save(self.summary_bm25.state_dict(), staging / "summary_bm25.pt")
-        self.episode_dense.save(staging / "episode_dense")
-        self.summary_dense.save(staging / "summary_dense")
-        files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
-        meta = {"format": SNAPSHOT_FORMAT, **self._log.fingerprint(count), "episodes": self.size,
-                "summaries": len(self.summaries), "dim": self.dim, "files": files}
-        meta["meta_sha256"] = _meta_digest(meta)
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        faults.point("store.snapshot.staged")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        faults.point("store.snapshot")
+        write_snapshot(
+            self._snapshot_dir(), count, self._log.fingerprint(count),
+            {"episodes": self.size, "summaries": len(self.summaries), "dim": self.dim},
+            bm25={"episode_bm25": self.episode_bm25, "summary_bm25": self.summary_bm25},
+            dense={"episode_dense": self.episode_dense, "summary_dense": self.summary_dense},
+        )
         self._snapshot_records = count
-        for old in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))[:-_KEEP_SNAPSHOTS]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    @staticmethod
-    def _snapshot_damage(folder: Path, meta: dict[str, Any]) -> str | None:
-        """Why a snapshot's files cannot be trusted (None: every checksum holds)."""
-        files = meta.get("files")
-        if not isinstance(files, dict) or not files:
-            return "meta.json lists no file checksums"
-        for name, digest in files.items():
-            path = folder / name
-            if not path.is_file():
-                return f"{name} is missing"
-            if sha256_of(path) != digest:
-                return f"{name} fails its sha256 (the bytes on disk changed after it was written)"
-        return None
 
     def _load_snapshot(self) -> int:
         """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
         assert self._log is not None
-        root = self._snapshot_dir()
-        if not root.exists():
+        loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
+                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device)
+        if loaded is None:
             return 0
-        for folder in sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True):
-            meta_path = folder / "meta.json"
-            if not meta_path.exists():
-                continue
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                log.error("%s: unreadable (corrupted on disk?): snapshot ignored", meta_path)
-                continue
-            if not isinstance(meta, dict):
-                log.error("%s: not a JSON object (corrupted on disk?): snapshot ignored", meta_path)
-                continue
-            if meta.get("format") != SNAPSHOT_FORMAT:
-                log.warning("%s: snapshot format %r has no checksums (written by an older memfit_gpu): skipped, the "
-                            "indexes are rebuilt from the log", folder, meta.get("format"))
-                continue
-            if meta.get("meta_sha256") != _meta_digest(meta):
-                log.error("%s: fails its own sha256 (corrupted on disk): snapshot ignored, never loaded", meta_path)
-                continue
-            count = meta.get("records", -1)
-            if not isinstance(count, int) or count < 0 or count > len(self._log) or (
-                self._log.fingerprint(count) != {k: meta.get(k) for k in ("records", "bytes", "prefix_crc")}
-            ):
-                log.warning("%s: covers %s records that do not match the log (%d valid records); skipped",
-                            folder, count, len(self._log))
-                continue
-            damage = self._snapshot_damage(folder, meta)
-            if damage is not None:
-                log.error("%s: %s: snapshot ignored, never loaded; the indexes come from an older snapshot or are "
-                          "rebuilt from the log", folder, damage)
-                continue
-            if meta.get("dim") != self.dim:
-                raise ValueError(f"{meta_path}: embeddings are {meta.get('dim')}-d, the encoder gives {self.dim}-d")
-            self.episode_bm25.load_state_dict(torch.load(folder / "episode_bm25.pt", weights_only=False))
-            self.summary_bm25.load_state_dict(torch.load(folder / "summary_bm25.pt", weights_only=False))
-            device = self.cfg.index.dense_device
-            self.episode_dense = DenseIndex.load(folder / "episode_dense", device=device)
-            self.summary_dense = DenseIndex.load(folder / "summary_dense", device=device)
-            log.info("EpisodeStore: loaded snapshot %s (%d records)", folder, count)
-            return count
-        return 0
+        self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])
+        self.summary_bm25.load_state_dict(loaded.bm25["summary_bm25"])
+        self.episode_dense, self.summary_dense = loaded.dense["episode_dense"], loaded.dense["summary_dense"]
+        log.info("EpisodeStore: loaded snapshot %s (%d records)", loaded.folder, loaded.records)
+        return loaded.records
 
     def _committed_records(self) -> int:
         """How many records of a format-2 log belong to committed batches (the header is its own batch)."""
@@ -815,11 +624,9 @@ class EpisodeStore:
 
     def _open(self) -> None:
         assert self.path is not None
-        _finish_compaction(self.path)
+        compaction.finish_compaction(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
-        if self._snapshot_dir().exists():  # a snapshot interrupted while being written
-            for staging in self._snapshot_dir().glob(".staging-*"):
-                shutil.rmtree(staging, ignore_errors=True)
+        clear_staging(self._snapshot_dir())  # a snapshot interrupted while being written
         self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
         records = self._log.records
         if not records:
@@ -869,35 +676,7 @@ class EpisodeStore:
         """The log's records without deleted episodes, retired summaries and tombstones, rows renumbered
         in the same order, and the stored vector of every text in them (nothing is re-encoded)."""
         assert self._log is not None
-        episode_rows = np.flatnonzero(~self.deleted)
-        summary_rows = self.summaries.live_rows()
-        new_episode = np.full(self.size, -1, dtype=np.int64)
-        new_episode[episode_rows] = np.arange(len(episode_rows))
-        new_summary = np.full(len(self.summaries), -1, dtype=np.int64)
-        new_summary[summary_rows] = np.arange(len(summary_rows))
-        records: list[dict[str, Any]] = []
-        sources: list[tuple[str, int]] = []  # (kind, old row) of each text, in record order
-        for record in self._log.records[1:]:
-            kind = record.get("t")
-            if kind in ("header", "commit", "delete", "summary_delete"):
-                continue
-            if kind == "episode":
-                row = int(record["row"])
-                if new_episode[row] < 0:
-                    continue
-                records.append({**record, "row": int(new_episode[row])})
-                sources.append((kind, row))
-            elif kind == "summary":
-                row = int(record["row"])
-                if new_summary[row] < 0:
-                    continue
-                members = new_episode[np.asarray(record["members"], dtype=np.int64)]
-                # a retired summary is gone, so nothing is left for `replaces` to name
-                records.append({**record, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
-                                "replaces": None})
-                sources.append((kind, row))
-            else:
-                records.append(record)
+        records, sources = compaction.compacted_records(self._log.records, self.deleted, self.summaries.deleted.view)
         vectors = np.empty((len(sources), self.dim), dtype=np.float32)
         for kind, dense in (("episode", self.episode_dense), ("summary", self.summary_dense)):
             where = [i for i, (k, _) in enumerate(sources) if k == kind]
@@ -925,7 +704,7 @@ class EpisodeStore:
                             "remaining vectors, so its approximate results can shift", self.memory_ids[memory], kind)
         before = {"records": len(self._log), "episodes": self.size, "summaries": len(self.summaries)}
         records, vectors = self._compacted()
-        new, old = _compaction_dirs(self.path)
+        new, _ = compaction.compaction_dirs(self.path)
         if new.exists():
             shutil.rmtree(new)
         fresh = EpisodeStore(new, self.cfg, self.encoder)
@@ -933,12 +712,10 @@ class EpisodeStore:
         assert fresh._log is not None
         after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
         fresh.close()
-        _fsync_tree(new)
+        compaction.fsync_tree(new)
         self._log.close()  # no last snapshot: this store is about to go
         self._log = None
-        _rename_durably(self.path, old)
-        _rename_durably(new, self.path)
-        shutil.rmtree(old)
+        compaction.swap(self.path)
         log.info("EpisodeStore.compact: %s rewritten: %s", self.path, after)
         return {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()}}
 

@@ -9,37 +9,40 @@ summary is read alone), cut to `excerpt_chars` characters, as a `- ` bullet. The
 store does not care which LLM runs. Outputs shorter than `min_chars` (after stripping) are dropped.
 A summary's provenance is its member episode rows; event time = the first member's timestamp,
 recorded time = the last member's.
+
+Everything here is planning: which segments get a summary (`plan_segments`), the prompt of one
+(`summary_prompt`) and the records of a batch (`summary_records`). It reads nothing of the store: the
+store hands over each segment as a `SummaryJob` (`EpisodeStore.summary_job`) and commits the records
+it gets back (`EpisodeStore.build_summaries`, `delete_episodes`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from functools import lru_cache
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from memfit_gpu.config import SegmentConfig, SummaryConfig
+from memfit_gpu.readers.prompts import PromptError, load_prompt
 from memfit_gpu.segment import segment_batch, summary_segments
-
-if TYPE_CHECKING:
-    from memfit_gpu.store.episodes import EpisodeStore
 
 log = logging.getLogger(__name__)
 
-PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 
+@dataclass(frozen=True)
+class SummaryJob:
+    """One segment to summarise, as the store hands it over (member turns in time order)."""
 
-@lru_cache(maxsize=8)
-def load_prompt(name: str) -> str:
-    path = PROMPTS / name
-    if not path.exists():
-        raise FileNotFoundError(f"summary prompt {name!r} not found at {path}")
-    text = path.read_text()
-    if "{excerpts}" not in text:
-        raise ValueError(f"{path}: a summary prompt must contain the {{excerpts}} placeholder")
-    return text
+    memory_idx: int
+    members: np.ndarray  # episode rows (the summary's provenance)
+    speakers: list[str]  # per member: the speaker's name
+    bodies: list[str]  # per member: the episode text without its `DATE: ... says: ` prefix
+    event: np.datetime64  # the first member's timestamp
+    recorded: np.datetime64  # the last member's timestamp
+    replaces: int | None = None  # the retired summary row this one rebuilds
 
 
 def excerpt_positions(count: int, limit: int) -> np.ndarray:
@@ -49,14 +52,16 @@ def excerpt_positions(count: int, limit: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, count - 1, limit)).astype(np.int64))
 
 
-def summary_prompt(store: EpisodeStore, members: Sequence[int]) -> str:
-    cfg = store.cfg.summary
-    members = np.asarray(members, dtype=np.int64)
+def summary_prompt(job: SummaryJob, cfg: SummaryConfig) -> str:
+    """The prompt of one segment: `max_excerpts` evenly spaced `- speaker: body` bullets in `cfg.prompt`."""
     lines = []
-    for row in members[excerpt_positions(len(members), cfg.max_excerpts)]:
-        excerpt = f"{store.speaker_name(int(row))}: {store.body(int(row))}"
+    for i in excerpt_positions(len(job.members), cfg.max_excerpts):
+        excerpt = f"{job.speakers[i]}: {job.bodies[i]}"
         lines.append("- " + " ".join(excerpt.split())[: cfg.excerpt_chars])
-    return load_prompt(cfg.prompt).replace("{excerpts}", "\n".join(lines))
+    template = load_prompt(cfg.prompt)
+    if "{excerpts}" not in template:
+        raise PromptError(f"summary.prompt={cfg.prompt!r}: a summary prompt must contain the {{excerpts}} placeholder")
+    return template.replace("{excerpts}", "\n".join(lines))
 
 
 def _iso(value: np.datetime64) -> str | None:
@@ -64,81 +69,50 @@ def _iso(value: np.datetime64) -> str | None:
 
 
 def summary_records(
-    store: EpisodeStore,
-    jobs: Sequence[tuple[int, np.ndarray]],
-    generate: Callable[[list[str]], list[str]],
-    first_row: int,
-    replaces: Sequence[int | None] | None = None,
+    jobs: Sequence[SummaryJob], generate: Callable[[list[str]], list[str]], cfg: SummaryConfig, first_row: int
 ) -> list[dict[str, Any]]:
-    """Summary records for (memory_idx, member rows) jobs: ONE generate call for all of them."""
-    cfg = store.cfg.summary
-    jobs = [(m, np.asarray(members, dtype=np.int64)) for m, members in jobs]
-    keep = [i for i, (_, members) in enumerate(jobs) if len(members) >= cfg.min_segment]
+    """Summary records (rows from `first_row` on) for the jobs of at least `cfg.min_segment` members:
+    ONE generate call for all of them; outputs shorter than `cfg.min_chars` are dropped."""
+    keep = [job for job in jobs if len(job.members) >= cfg.min_segment]
     if not keep:
         return []
-    prompts = [summary_prompt(store, jobs[i][1]) for i in keep]
+    prompts = [summary_prompt(job, cfg) for job in keep]
     outputs = generate(prompts)
     if len(outputs) != len(prompts):
         raise ValueError(f"summary generate returned {len(outputs)} texts for {len(prompts)} prompts")
     records: list[dict[str, Any]] = []
     dropped = 0
-    for i, output in zip(keep, outputs, strict=True):
+    for job, output in zip(keep, outputs, strict=True):
         text = (output or "").strip()
         if len(text) < cfg.min_chars:
             dropped += 1
             continue
-        memory, members = jobs[i]
         records.append({
             "t": "summary",
             "row": first_row + len(records),
-            "memory": int(memory),
+            "memory": int(job.memory_idx),
             "text": text,
-            "members": members.tolist(),
-            "event": _iso(store.timestamp[members[0]]),
-            "recorded": _iso(store.timestamp[members[-1]]),
-            "replaces": None if replaces is None else replaces[i],
+            "members": np.asarray(job.members, dtype=np.int64).tolist(),
+            "event": _iso(job.event),
+            "recorded": _iso(job.recorded),
+            "replaces": job.replaces,
         })
     if dropped:
         log.info("summaries: dropped %d of %d outputs shorter than %d characters", dropped, len(prompts), cfg.min_chars)
     return records
 
 
-def segment_memories(store: EpisodeStore, memories: Sequence[int]) -> list[list[np.ndarray]]:
-    """TextTiling segments (as member row arrays) of each memory's live episodes, batched."""
-    rows = [store.memory_rows(m) for m in memories]
-    embeddings = [store.episode_dense.vectors(r) for r in rows]
-    segments = segment_batch(embeddings, store.cfg.segment)
-    return [[r[start:end] for start, end in segs] for r, segs in zip(rows, segments, strict=True)]
+def plan_segments(rows: Sequence[np.ndarray], embeddings: Sequence[np.ndarray], segment_cfg: SegmentConfig,
+                  summary_cfg: SummaryConfig) -> list[list[np.ndarray]]:
+    """Per memory, the member rows of each segment that gets a summary, in conversation order.
 
-
-def build_summaries(
-    store: EpisodeStore,
-    generate: Callable[[list[str]], list[str]],
-    memory_ids: Sequence[str] | None = None,
-    progress: bool = True,
-) -> int:
-    """Summarise the segments of every memory not summarised before; returns how many summaries were added."""
-    if not store.cfg.summary.enabled:
-        log.info("summaries: disabled (summary.enabled=false); nothing built")
-        return 0
-    wanted = range(len(store.memory_ids)) if memory_ids is None else [store.memory_of(m) for m in memory_ids]
-    memories = [m for m in wanted if m not in store.summarised]
-    if len(memories) < len(wanted):
-        log.info("summaries: %d memories already have summaries; they are not re-summarised", len(wanted) - len(memories))
-    if not memories:
-        return 0
-    jobs: list[tuple[int, np.ndarray]] = []
-    for memory, segments in zip(memories, segment_memories(store, memories), strict=True):
-        lengths = [len(s) for s in segments]
-        starts = np.cumsum([0, *lengths])
-        by_start = {int(starts[i]): segments[i] for i in range(len(segments))}
-        spans = summary_segments([(int(starts[i]), int(starts[i + 1])) for i in range(len(segments))], store.cfg.summary)
-        jobs.extend((memory, by_start[start]) for start, _ in spans)
-    records = summary_records(store, jobs, generate, first_row=len(store.summaries))
-    # Remember which memories were summarised, even where every output was dropped: asking again would
-    # re-summarise the same segments (and at temperature 0 get the same short answers).
-    records.append({"t": "summarised", "memories": [int(m) for m in memories]})
-    store._commit(records, progress=progress)
-    built = len(records) - 1
-    log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
-    return built
+    Args:
+        rows: each memory's live episode rows in conversation order.
+        embeddings: their stored vectors [n, d], memory by memory.
+    Returns:
+        TextTiling segments (batched over memories) kept by `segment.summary_segments`.
+    """
+    planned = []
+    for memory_rows, segments in zip(rows, segment_batch(list(embeddings), segment_cfg), strict=True):
+        planned.append([memory_rows[start:end] for start, end in summary_segments(list(segments), summary_cfg)])
+    return planned

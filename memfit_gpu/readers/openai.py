@@ -21,23 +21,25 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
-from memfit_gpu.config import ConfigError
-from memfit_gpu.readers.base import Backend, ReaderError, Request, Response, with_image_parts
+import httpx
+
+from memfit_gpu.config import ConfigError, ReaderConfig
+from memfit_gpu.readers.images import with_image_parts
+from memfit_gpu.readers.types import Backend, ReaderError, Request, Response
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504}) | frozenset(range(505, 600))
 PROBE_TIMEOUT_S = 10.0
+T = TypeVar("T")
 
 
 def probe_base_urls(key: str, urls: Sequence[str], api_key_env: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """ConfigError naming `key[i]`, the URL and the failure when a server does not answer GET {url}/models,
     or refuses the API key (401/403). Any other answer counts: the server is there (some have no /models)."""
-    import httpx
-
     api_key = os.environ.get(api_key_env or "", "")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as client:
@@ -53,7 +55,7 @@ def probe_base_urls(key: str, urls: Sequence[str], api_key_env: str, timeout_s: 
                                   f"{reply.status_code} (the key is read from ${api_key_env})")
 
 
-def _run_coroutine(coro: Any) -> Any:
+def _run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
     """asyncio.run, also from inside a running event loop (notebooks): then on a helper thread."""
     try:
         asyncio.get_running_loop()
@@ -78,12 +80,11 @@ def _run_coroutine(coro: Any) -> Any:
 class OpenAIBackend(Backend):
     name = "openai"
 
-    def __init__(self, cfg: Any, backoff_base_s: float = 1.0, backoff_max_s: float = 60.0,
+    def __init__(self, cfg: ReaderConfig, backoff_base_s: float = 1.0, backoff_max_s: float = 60.0,
                  tokenizer: Any | None = None) -> None:
         if not cfg.base_urls:
             raise ValueError("reader.backend=openai needs reader.base_urls (e.g. ['http://127.0.0.1:8000/v1'])")
-        self.model = cfg.model
-        self.template_kwargs = dict(cfg.chat_template_kwargs)
+        super().__init__(cfg)
         self.base_urls = [u.rstrip("/") for u in cfg.base_urls]
         self.concurrency = max(1, int(cfg.concurrency))
         self.timeout_s = float(cfg.timeout_s)
@@ -130,14 +131,13 @@ class OpenAIBackend(Backend):
                 pass
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt) * (0.5 + random.random())
 
-    async def _one(self, client: Any, url: str, sem: asyncio.Semaphore, request: Request) -> Response:
-        import httpx
-
+    async def _one(self, client: httpx.AsyncClient, url: str, sem: asyncio.Semaphore, request: Request) -> Response:
+        max_new_tokens, temperature = self.sampling(request)
         body = {
             "model": self.model,
             "messages": with_image_parts(request.messages, request.images),
-            "max_tokens": int(request.max_new_tokens or 64),
-            "temperature": float(request.temperature or 0.0),
+            "max_tokens": max_new_tokens,
+            "temperature": temperature,
         }
         if self.template_kwargs:  # vLLM / SGLang servers read it; the OpenAI API does not need it
             body["chat_template_kwargs"] = self.template_kwargs
@@ -172,7 +172,7 @@ class OpenAIBackend(Backend):
             f"(max_retries={self.max_retries}); last: {last}"
         )
 
-    def _parse(self, reply: Any, endpoint: str, request: Request, latency: float) -> Response:
+    def _parse(self, reply: httpx.Response, endpoint: str, request: Request, latency: float) -> Response:
         try:
             data = reply.json()
             text = data["choices"][0]["message"]["content"] or ""
@@ -188,8 +188,6 @@ class OpenAIBackend(Backend):
                         estimated)
 
     async def _all(self, requests: Sequence[Request]) -> list[Response]:
-        import httpx
-
         sems = [asyncio.Semaphore(self.concurrency) for _ in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency * len(self.base_urls),

@@ -25,29 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from memfit_gpu.readers.base import Backend, ReaderError, Request, Response
+from memfit_gpu import models
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.devices import visible_gpu_ids
+from memfit_gpu.readers.types import Backend, ReaderError, Request, Response
 
 logger = logging.getLogger(__name__)
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids this process may use, as CUDA_VISIBLE_DEVICES spells them (empty without CUDA)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
-        if not ids:
-            return []
-    else:
-        ids = None
-    try:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
-        count = 0
-    if count == 0:
-        return []
-    return ids[:count] if ids is not None else [str(i) for i in range(count)]
 
 
 def gpu_groups(gpus: Sequence[str], instances: int, tensor_parallel_size: int) -> list[list[str]]:
@@ -146,16 +129,15 @@ def _close_all(engines: list[_Engine]) -> None:
 class VLLMBackend(Backend):
     name = "vllm"
 
-    def __init__(self, cfg: Any, log_dir: Path | None = None, startup_timeout_s: float = 1800.0,
+    def __init__(self, cfg: ReaderConfig, log_dir: Path | None = None, startup_timeout_s: float = 1800.0,
                  batch_timeout_s: float | None = None, max_images: int | None = None,
                  gpu_memory_utilization: float | None = None) -> None:
-        from memfit_gpu import models
-
-        self.model = cfg.model
-        self.template_kwargs = dict(cfg.chat_template_kwargs)
+        """Start the engines and wait until each is ready. Engine logs go to `log_dir` (a temporary
+        folder when None); `max_images` and `gpu_memory_utilization` override the config's."""
+        super().__init__(cfg)
         self.resolved = models.resolve("reader", cfg.model)
         self.batch_timeout_s = batch_timeout_s
-        gpus = visible_gpus()
+        gpus = visible_gpu_ids()
         on_cpu = not gpus
         if on_cpu:
             if cfg.instances != 1 or cfg.tensor_parallel_size != 1:
@@ -201,11 +183,19 @@ class VLLMBackend(Backend):
         logger.info("vLLM: %d engine(s) of %s ready in %.1f s (GPU groups %s)", len(self.engines), cfg.model,
                     self.load_s, groups if not on_cpu else "cpu")
 
+    @classmethod
+    def from_config(cls, cfg: ReaderConfig, run_dir: str | Path | None = None, **options: Any) -> VLLMBackend:
+        """Engine logs in `run_dir/logs/` (a temporary folder without a run directory)."""
+        return cls(cfg, log_dir=Path(run_dir) / "logs" if run_dir is not None else None, **options)
+
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         if not requests:
             return []
-        payload = [{"messages": r.messages, "images": list(r.images), "max_new_tokens": r.max_new_tokens or 64,
-                    "temperature": r.temperature or 0.0} for r in requests]
+        payload = []
+        for r in requests:
+            max_new_tokens, temperature = self.sampling(r)
+            payload.append({"messages": r.messages, "images": list(r.images), "max_new_tokens": max_new_tokens,
+                            "temperature": temperature})
         parts = split_even(len(payload), len(self.engines))
         start = time.perf_counter()
         for engine, (lo, hi) in zip(self.engines, parts, strict=False):

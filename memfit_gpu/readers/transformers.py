@@ -7,44 +7,45 @@ Temperature 0 is greedy decoding.
 A vision-language checkpoint (its config has a `vision_config`) is loaded with AutoProcessor +
 AutoModelForImageTextToText instead; a request's images (local files) go into its last user message as
 `{"type": "image"}` parts before the text, in order, and the processor expands them into image tokens.
+
+`reader.device_map: auto` hands placement to accelerate (`from_pretrained(device_map="auto")`): the
+layers are spread over every visible GPU (then the CPU) so a reader too large for one GPU still loads;
+inputs go to the device of the first layer. Unset (the default), the model sits whole on one device.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from memfit_gpu.readers.base import Backend, PromptTokenLimit, Request, Response
+import torch
+from PIL import Image
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+)
+
+from memfit_gpu import models
+from memfit_gpu.config import ReaderConfig
+from memfit_gpu.devices import first_device, reader_dtype
+from memfit_gpu.readers.images import is_remote
+from memfit_gpu.readers.registry import require
+from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
 
 logger = logging.getLogger(__name__)
 
 
-def _pick_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _pick_dtype(dtype: str, device: str) -> Any:
-    import torch
-
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32  # CPU matmuls are fastest and exact in fp32 for models this small
-    try:
-        return getattr(torch, dtype)
-    except AttributeError:
-        raise ValueError(f"reader.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32, auto)") from None
-
-
-def _param_groups(requests: Sequence[Request]) -> dict[tuple[int, float], list[int]]:
+def _param_groups(requests: Sequence[Request],
+                  sampling: Callable[[Request], tuple[int, float]]) -> dict[tuple[int, float], list[int]]:
     """Request positions grouped by (max_new_tokens, temperature): one generate call shares both."""
     groups: dict[tuple[int, float], list[int]] = {}
     for i, r in enumerate(requests):
-        groups.setdefault((int(r.max_new_tokens or 64), float(r.temperature or 0.0)), []).append(i)
+        groups.setdefault(sampling(r), []).append(i)
     return groups
 
 
@@ -71,42 +72,47 @@ def _until_eos(row: list[int], eos_ids: set[int] | Sequence[int]) -> tuple[list[
 class TransformersBackend(Backend):
     name = "transformers"
 
-    def __init__(self, cfg: Any, device: str | None = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from memfit_gpu import models
-
-        self.model = cfg.model
-        self.template_kwargs = dict(cfg.chat_template_kwargs)
+    def __init__(self, cfg: ReaderConfig, device: str | None = None) -> None:
+        """Load `cfg.model` on `device` (default: the first GPU, else the CPU), or where accelerate
+        places it when `cfg.device_map` is set (then `device` must be None)."""
+        super().__init__(cfg)
+        if cfg.device_map is not None and device is not None:
+            raise ValueError(f"reader.device_map={cfg.device_map!r} places the model itself: pass no device")
         self.resolved = models.resolve("reader", cfg.model)
-        self.device = device or _pick_device()
-        self.gpus = 1 if self.device.startswith("cuda") else 0
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
         start = time.perf_counter()
-        from transformers import AutoConfig
-
         self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
-        dtype = _pick_dtype(cfg.dtype, self.device)
+        device = device or str(first_device("auto"))
+        # With a device map the layers land on the GPUs when there are any: the dtype is chosen for them.
+        dtype = reader_dtype(cfg.dtype, device)
+        placement: dict[str, Any] = {}
+        if cfg.device_map is not None:
+            require("accelerate", "transformers", "reader.device_map needs accelerate: pip install accelerate")
+            placement["device_map"] = cfg.device_map
         if self.vision:
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-
             self.processor = AutoProcessor.from_pretrained(self.resolved.path)
             self.tokenizer = self.processor.tokenizer
-            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
+            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype, **placement)
         else:
             self.processor = None
             self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
-            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype).to(self.device)
+            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype, **placement)
+        if cfg.device_map is None:
+            self.net = self.net.to(device)
+        # Where inputs go: the whole model's device, or (device map) the device of its first layer.
+        self.device = str(self.net.device)
+        # module -> device ("" = the whole model); GPU-seconds count every GPU that holds a part
+        self.placement: dict[str, str] = {name: _device_of(str(where)) for name, where in
+                                          (getattr(self.net, "hf_device_map", None) or {"": self.device}).items()}
+        self.gpus = len({where for where in self.placement.values() if where.startswith("cuda")})
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.net.eval()
         self.load_s = time.perf_counter() - start
-        self._torch = torch
         logger.info("transformers reader %s loaded from %s on %s in %.1f s", cfg.model, self.resolved.path,
-                    self.device, self.load_s)
+                    ", ".join(sorted(set(self.placement.values()))), self.load_s)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:
@@ -134,12 +140,11 @@ class TransformersBackend(Backend):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         if self.vision:
             return self._generate_vision(requests)
-        torch = self._torch
         prompts = [self._prompt_ids(r) for r in requests]
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
         # within a group, sort by length so padding is small
-        for (max_new, temperature), members in _param_groups(requests).items():
+        for (max_new, temperature), members in _param_groups(requests, self.sampling).items():
             members = sorted(members, key=lambda i: len(prompts[i]))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
@@ -172,12 +177,10 @@ class TransformersBackend(Backend):
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                   **self.template_kwargs)
 
-    def _load_images(self, request: Request) -> list[Any]:
-        from PIL import Image
-
+    def _load_images(self, request: Request) -> list[Image.Image]:
         images = []
         for path in request.images:
-            if path.startswith(("http://", "https://", "data:")):
+            if is_remote(path):
                 raise ValueError(f"request {request.key!r}: the transformers reader reads local image files, not {path[:40]}")
             try:
                 with Image.open(path) as img:
@@ -187,11 +190,10 @@ class TransformersBackend(Backend):
         return images
 
     def _generate_vision(self, requests: Sequence[Request]) -> list[Response]:
-        torch = self._torch
         texts = [self._vision_text(r) for r in requests]
         out: list[Response | None] = [None] * len(requests)
         eos_ids = self._eos_ids()
-        for (max_new, temperature), members in _param_groups(requests).items():
+        for (max_new, temperature), members in _param_groups(requests, self.sampling).items():
             members = sorted(members, key=lambda i: (len(requests[i].images), len(texts[i])))
             for b in range(0, len(members), self.batch_size):
                 batch = members[b:b + self.batch_size]
@@ -219,3 +221,8 @@ class TransformersBackend(Backend):
             elif source:
                 ids.update(source)
         return ids
+
+
+def _device_of(placed: str) -> str:
+    """accelerate writes a GPU as its index (0, 1, ...), the CPU and disk by name: as torch spells devices."""
+    return f"cuda:{placed}" if placed.isdigit() else placed

@@ -1,0 +1,109 @@
+"""What every reader backend speaks: `Request`s in, `Response`s out in the same order, and the `Backend` ABC.
+
+This module imports no backend and nothing heavy: backends import it, `registry.py` finds them by name,
+and `reader.py` puts one behind the run's response cache and ledger.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from memfit_gpu.config import ReaderConfig
+
+Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm"]
+# (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
+PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
+# Each role's phase, which the ledger totals (issue 15): write = building memory (MemFit's summaries,
+# LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
+# query rewrite and re-rank), eval = scoring (the judge).
+ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "eval", "mtm_summary": "write",
+                               "consolidate": "write", "rewrite": "read", "rerank_slm": "read"}
+ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
+
+
+@dataclass
+class Request:
+    messages: list[dict[str, Any]]  # OpenAI-style chat messages; content is a string
+    role: str = "answer"  # one of ROLES: the ledger accounts per role (and per phase, ROLE_PHASES)
+    images: list[str] = field(default_factory=list)  # local paths or URLs, in the order the prompt names them
+    max_new_tokens: int | None = None  # None = the reader's configured default (reader.max_new_tokens)
+    temperature: float | None = None  # None = the reader's configured default (0 = greedy)
+    key: str = ""  # what the call is for (question id, segment id); the ledger checks answer keys
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"Request(key={self.key!r}): role {self.role!r} is not one of {ROLES}")
+        if not isinstance(self.messages, list) or not self.messages:
+            raise ValueError(f"Request(key={self.key!r}): messages must be a non-empty list of chat messages")
+        for i, message in enumerate(self.messages):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise ValueError(f"Request(key={self.key!r}): messages[{i}] lacks 'role' or 'content'")
+
+
+@dataclass
+class Response:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    latency_s: float  # this request's share of wall time (batched backends split a batch's time evenly)
+    cached: bool = False
+    model: str = ""
+    tokens_estimated: bool = False  # the server gave no usage: counts come from a tokenizer or chars/4
+    # what the backend had to change to serve it, e.g. {"truncated_tokens": 812, "images_dropped": 2}
+    notes: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # this request alone failed (the rest of its batch was answered); never cached
+
+
+class MissingBackendError(ImportError):
+    """A reader backend whose Python package is not installed."""
+
+
+class ReaderError(RuntimeError):
+    """A backend failed to answer (after retries, or a worker process died)."""
+
+
+class Backend(ABC):
+    """One batch in, responses out in the same order, no caching (the `Reader` caches).
+
+    A backend is built from the reader's `ReaderConfig` (`from_config`, which the registry calls); a
+    request that leaves `max_new_tokens` or `temperature` unset gets the config's (`sampling`).
+    """
+
+    name: str = ""  # the reader.backend value that selects it
+    model: str = ""  # the name recorded in cache keys and the ledger
+    gpus: int = 0  # GPUs this backend keeps busy while generating (GPU-seconds = wall x gpus)
+    chunk_size: int = 64  # requests per call between cache commits
+    template_kwargs: dict[str, Any] = {}  # reader.chat_template_kwargs, applied to every chat template
+
+    def __init__(self, cfg: ReaderConfig) -> None:
+        self.cfg = cfg
+        self.model = cfg.model
+        self.template_kwargs = dict(cfg.chat_template_kwargs)
+
+    @classmethod
+    def from_config(cls, cfg: ReaderConfig, run_dir: str | Path | None = None, **options: Any) -> Backend:
+        """The backend for `cfg`; `run_dir` is where a backend may keep logs, `options` go to the constructor."""
+        return cls(cfg, **options)
+
+    def sampling(self, request: Request) -> tuple[int, float]:
+        """(max_new_tokens, temperature) for `request`: its own, else reader.max_new_tokens / temperature."""
+        max_new_tokens = self.cfg.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        temperature = self.cfg.temperature if request.temperature is None else request.temperature
+        return int(max_new_tokens), float(temperature)
+
+    @abstractmethod
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        """One response per request, in the same order."""
+
+    def prompt_token_limit(self) -> PromptTokenLimit | None:
+        """The model's context in tokens and a prompt-token counter, where the backend knows both (None
+        for a server, whose context the client cannot see)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing to free
+        """Free what the backend holds (engines, GPU memory); the default holds nothing."""

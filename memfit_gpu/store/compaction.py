@@ -1,0 +1,123 @@
+"""Compaction on disk: the records of a store without its deleted turns, and the durable folder swap.
+
+`EpisodeStore.compact` builds the compacted store beside the old one (`compaction_dirs`), makes it
+durable (`fsync_tree`), then swaps the two folders with two renames and removes the old one (`swap`).
+A kill at any point leaves the old or the new store; the next open calls `finish_compaction`, which
+completes or undoes the swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Every file and folder under root on disk (before a rename makes it the store)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(Path(folder) / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_dir(Path(folder))
+
+
+def rename_durably(source: Path, target: Path) -> None:
+    os.rename(source, target)
+    fsync_dir(target.parent)
+
+
+def compaction_dirs(path: Path) -> tuple[Path, Path]:
+    """(the compacted store being built, the old store being retired), beside the store folder."""
+    return path.parent / f".{path.name}.compact-new", path.parent / f".{path.name}.compact-old"
+
+
+def swap(path: Path) -> None:
+    """Make the durable compacted store the store: two renames, then the old one goes."""
+    new, old = compaction_dirs(path)
+    rename_durably(path, old)
+    rename_durably(new, path)
+    shutil.rmtree(old)
+
+
+def finish_compaction(path: Path) -> None:
+    """Complete or undo a compaction that was killed: compact() builds the new store beside the old one,
+    makes it durable, then swaps the two with two renames and removes the old one."""
+    new, old = compaction_dirs(path)
+    if old.exists() and not path.exists():
+        if new.exists():  # killed between the two renames: the new store is complete
+            log.warning("%s: completing a compaction that was interrupted between its two renames", path)
+            rename_durably(new, path)
+        else:
+            log.warning("%s: restoring the store from %s (a compaction was interrupted)", path, old)
+            rename_durably(old, path)
+    if old.exists():  # the swap was done: the old store (with the deleted turns) goes
+        log.warning("%s: removing %s left by an interrupted compaction", path, old)
+        shutil.rmtree(old)
+    if new.exists():  # killed before the swap: the store is the old one, untouched
+        log.warning("%s: removing the unfinished compaction %s (the store is unchanged)", path, new)
+        shutil.rmtree(new)
+
+
+def _renumbered(deleted: np.ndarray) -> np.ndarray:
+    """Per old row: its number among the rows kept, in order (-1 for a deleted one)."""
+    kept = np.flatnonzero(~np.asarray(deleted, dtype=bool))
+    new = np.full(len(deleted), -1, dtype=np.int64)
+    new[kept] = np.arange(len(kept))
+    return new
+
+
+def compacted_records(
+    records: Sequence[dict[str, Any]], episode_deleted: np.ndarray, summary_deleted: np.ndarray
+) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
+    """A log's records without deleted episodes, retired summaries, tombstones, header and commits,
+    rows renumbered 0.. in the same order.
+
+    Args:
+        records: the log's records, in order.
+        episode_deleted: per episode row, whether it is deleted.
+        summary_deleted: per summary row, whether it is retired.
+    Returns:
+        (the records, the (kind, old row) of each episode and summary record among them, in order:
+        where its stored vector comes from).
+    """
+    new_episode, new_summary = _renumbered(episode_deleted), _renumbered(summary_deleted)
+    kept: list[dict[str, Any]] = []
+    sources: list[tuple[str, int]] = []
+    for record in records:
+        kind = record.get("t")
+        if kind in ("header", "commit", "delete", "summary_delete"):
+            continue
+        if kind == "episode":
+            row = int(record["row"])
+            if new_episode[row] < 0:
+                continue
+            kept.append({**record, "row": int(new_episode[row])})
+            sources.append((kind, row))
+        elif kind == "summary":
+            row = int(record["row"])
+            if new_summary[row] < 0:
+                continue
+            members = new_episode[np.asarray(record["members"], dtype=np.int64)]
+            # a retired summary is gone, so nothing is left for `replaces` to name
+            kept.append({**record, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
+                         "replaces": None})
+            sources.append((kind, row))
+        else:
+            kept.append(record)
+    return kept, sources

@@ -1,0 +1,86 @@
+"""`memfit sweep`: the command-line side of the sweep package (`memfit aggregate` is aggregate.py's).
+
+The package's modules are imported inside `cmd_sweep`, so building the parser for `memfit --help`
+imports nothing but argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from memfit_gpu.sweep.driver import run_point, run_sweep
+    from memfit_gpu.sweep.slurm import check_slurm_gpus, sbatch_args
+    from memfit_gpu.sweep.spec import SweepError, load_sweep, point_command
+    from memfit_gpu.sweep.state import PointState
+
+    try:
+        spec = load_sweep(args.config, args.overrides)
+    except SweepError as exc:
+        print(f"memfit sweep: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("runs") / "sweeps" / spec.name
+    try:
+        if args.count:
+            print(len(spec.points))
+            return 0
+        if args.sbatch_args:
+            check_slurm_gpus(spec)
+            print(" ".join(sbatch_args(spec)))
+            return 0
+        if args.point is not None:
+            return run_point(spec, out, args.point)
+        if args.dry_run:
+            for point in spec.points:
+                print(" ".join(point_command(spec, point, out.resolve() / "points" / point.point_id)))
+            return 0
+        state = run_sweep(spec, out, launcher=args.launcher, jobs=args.jobs, wait=not args.no_wait,
+                          poll_s=args.poll_s, max_requeue=args.max_requeue)
+    except SweepError as exc:
+        print(f"memfit sweep: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.launcher == "slurm":
+            print(f"memfit sweep: interrupted; submitted tasks keep running. Run the same command again to wait "
+                  f"for them (nothing is resubmitted while they run); state in {out / 'sweep.json'}", file=sys.stderr)
+        else:
+            print("memfit sweep: interrupted; running points were stopped and resume on the next run",
+                  file=sys.stderr)
+        return 130
+    done = len(state.in_state(PointState.DONE))
+    print(f"sweep {spec.name}: {done}/{len(spec.points)} points DONE; state in {out / 'sweep.json'}")
+    if args.no_wait and args.launcher == "slurm":
+        return 0
+    return 0 if done == len(spec.points) else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a grid of `memfit run` points, locally or as one SLURM job array",
+        description=(
+            "Expand a sweep file into points (OUT/points/<id>/), skip points with DONE, and run the rest "
+            "with `memfit run` (resumable). --launcher slurm submits one job array via submitit and "
+            "resubmits unfinished points up to slurm.max_requeue times."
+        ),
+    )
+    p.add_argument("--config", required=True, help="sweep YAML (configs/sweeps/*.yaml)")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="overrides every point gets (added to the sweep file's fixed:)")
+    p.add_argument("--out", help="sweep directory (default runs/sweeps/<name>)")
+    p.add_argument("--jobs", type=int, default=1, help="local launcher: points run at once")
+    p.add_argument("--no-wait", action="store_true", help="slurm: submit and return; re-run to wait/resume")
+    p.add_argument("--poll-s", type=float, default=5.0, help="seconds between queue polls")
+    p.add_argument("--max-requeue", type=int, default=None,
+                   help="resubmission rounds for unfinished points (default: slurm.max_requeue; local: 0)")
+    p.add_argument("--dry-run", action="store_true", help="print each point's command and exit")
+    p.add_argument("--count", action="store_true", help="print the number of points and exit (for --array)")
+    p.add_argument("--sbatch-args", action="store_true",
+                   help="print sbatch options for slurm/memfit-array.sbatch from the sweep's slurm: block "
+                        "(--array, GPUs, CPUs, memory, time, partition) and exit")
+    p.add_argument("--point", help="run only this point (index, e.g. $SLURM_ARRAY_TASK_ID, or id) here")
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,105 @@
+"""`memfit sweep`: run every unfinished point of a sweep, locally or on SLURM; or one point (`--point`).
+
+Each point is a run directory `OUT/points/<id>/` produced by `memfit run --config BASE --out POINT_DIR
+key=value ...`. `memfit run` resumes and writes `DONE` last, so the sweep's whole fault story is: a
+point with `DONE` is skipped; any other point is (re)started and continues where it stopped.
+`OUT/sweep.json` (state.py) records the points, their overrides, every job id and state.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+from pathlib import Path
+
+from memfit_gpu.sweep.local import run_local
+from memfit_gpu.sweep.slurm import attach_active, check_slurm_gpus, submit_slurm, wait_slurm
+from memfit_gpu.sweep.spec import SweepError, SweepSpec, find_point, pin_data_location, point_command
+from memfit_gpu.sweep.state import PointState, SweepState
+
+log = logging.getLogger(__name__)
+
+LAUNCHERS = ("local", "slurm")
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    launcher: str = "local",
+    jobs: int = 1,
+    wait: bool = True,
+    poll_s: float = 5.0,
+    max_requeue: int | None = None,
+) -> SweepState:
+    """Run every unfinished point; finished points are never rerun.
+
+    Args:
+        launcher: "local" (child processes, `jobs` at a time) or "slurm" (one submitit job array).
+        wait: slurm: follow the tasks until none can still work (False: submit and return).
+        poll_s: seconds between polls of the children or the queue.
+        max_requeue: restarts of an unfinished point in this command (default: slurm.max_requeue;
+            local: 0, as a local failure is usually a bug, not a preemption).
+
+    Returns:
+        The sweep's state, as saved in OUT/sweep.json.
+    """
+    if launcher not in LAUNCHERS:
+        raise SweepError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    spec = pin_data_location(spec)
+    out = Path(out_dir).resolve()
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    state = SweepState(spec, out, launcher)
+    retries = spec.slurm.max_requeue if max_requeue is None else max_requeue
+    if launcher == "local" and max_requeue is None:
+        retries = 0
+    # "running" in an old sweep.json is stale unless SLURM still has the task (a local sweep's children
+    # die with it): such points run again, and resume
+    for record in state.points.values():
+        if record.state in (PointState.RUNNING, PointState.RETRY):
+            record.state = PointState.INTERRUPTED
+    if launcher == "slurm":
+        check_slurm_gpus(spec)
+        attach_active(state)
+    state.save()
+    skipped = [p.point_id for p in spec.points if state.is_done(p)]
+    if skipped:
+        log.info("sweep %s: %d point(s) already DONE, skipped: %s", spec.name, len(skipped), ", ".join(skipped))
+
+    todo = [p for p in spec.points if not state.is_done(p) and state.points[p.point_id].state is not PointState.RUNNING]
+    if launcher == "local":
+        if todo:
+            run_local(state, todo, jobs, min(poll_s, 1.0), retries)
+    else:
+        if todo:
+            submit_slurm(state, todo, retries)
+        if wait:
+            # attached tasks (from an earlier command) count as this command's first start
+            wait_slurm(state, poll_s, retries, {p.point_id: 1 for p in spec.points if not state.is_done(p)})
+    state.refresh_done()
+    state.save()
+    done = len(state.in_state(PointState.DONE))
+    log.info("sweep %s: %d/%d points DONE (%s)", spec.name, done, len(spec.points), state.path)
+    return state
+
+
+def run_point(spec: SweepSpec, out_dir: str | Path, which: str) -> int:
+    """Run one point in this process's job (slurm/memfit-array.sbatch: one array task per point).
+
+    sweep.json is written only if missing (many tasks start at once; the driver-less mode keeps no job
+    records); a point with DONE returns at once. Returns the point command's exit code.
+    """
+    spec = pin_data_location(spec)
+    out = Path(out_dir).resolve()
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    point = find_point(spec, which)
+    state = SweepState(spec, out, "sbatch")
+    if not state.path.exists():
+        state.save()
+    point_dir = state.point_dir(point)
+    if state.is_done(point):
+        log.info("point %s is DONE, nothing to do (%s)", point.point_id, point_dir)
+        return 0
+    argv = point_command(spec, point, point_dir)
+    log.info("point %s: %s", point.point_id, shlex.join(argv))
+    return subprocess.run(argv).returncode

@@ -1,0 +1,290 @@
+"""Sweep files: a base config, a grid and/or explicit points, and the SLURM resources of one point.
+
+```yaml
+name: smoke
+config: ../smoke.yaml            # base config, relative to this file
+fixed: {eval.bootstrap_samples: 100}   # overrides every point gets (optional)
+grid: {pack.k: [5, 10]}          # cartesian product of the lists
+points: [{retrieve.alpha: 0.5}]  # explicit points, added after the grid (optional; `name:` names one)
+slurm: {partition: debug, gpus_per_task: 1, cpus_per_task: 8, mem_gb: 32, timeout_min: 240,
+        array_parallelism: 64, max_requeue: 2}
+```
+
+`load_sweep` expands the file into `SweepPoint`s with readable ids (`k=5,alpha=0.5`) and validates every
+point's config before anything runs; `point_command` is the `memfit run` each point runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memfit_gpu.config import ConfigError, load_config
+from memfit_gpu.data import DataNotFoundError, data_location
+
+log = logging.getLogger(__name__)
+
+SWEEP_KEYS = ("name", "config", "fixed", "grid", "points", "slurm", "command")
+# the program each point runs; {python} is the interpreter running the sweep (same venv on the node)
+DEFAULT_COMMAND = ["{python}", "-m", "memfit_gpu.cli", "run", "--config", "{config}", "--out", "{out}"]
+
+
+class SweepError(ValueError):
+    """A sweep file or sweep directory that cannot be used as asked."""
+
+
+@dataclass
+class SlurmSettings:
+    partition: str | None = None  # None = the cluster's default partition
+    gpus_per_task: int = 1  # one array task = one point = one node share
+    cpus_per_task: int = 8
+    mem_gb: float = 32.0
+    timeout_min: int = 240
+    array_parallelism: int = 64  # array tasks running at once (sbatch --array=0-N%P)
+    max_requeue: int = 2  # resubmissions of unfinished points, and requeues on timeout/preemption
+    setup: list[str] = field(default_factory=list)  # shell lines run before each task (module load ...)
+    additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch options: account, qos, ...
+
+
+@dataclass
+class SweepPoint:
+    point_id: str
+    overrides: dict[str, Any]  # the keys this point sets (grid keys, explicit keys)
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    source: Path  # the sweep file
+    config: Path  # base config, absolute
+    fixed: dict[str, Any]
+    points: list[SweepPoint]
+    slurm: SlurmSettings
+    command: list[str]
+
+    @property
+    def sweep_keys(self) -> list[str]:
+        keys: list[str] = []
+        for point in self.points:
+            keys += [k for k in point.overrides if k not in keys]
+        return keys
+
+    def point(self, point_id: str) -> SweepPoint:
+        """The point with this id (KeyError if none)."""
+        for point in self.points:
+            if point.point_id == point_id:
+                return point
+        raise KeyError(point_id)
+
+
+def override_arg(key: str, value: Any) -> str:
+    """`key=value` as OmegaConf's dot-list reads it back to the same value."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value)  # JSON is YAML flow syntax
+    else:
+        text = str(value)
+    return f"{key}={text}"
+
+
+def _id_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "+".join(_id_value(v) for v in value) or "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", str(value)).strip("-") or "none"
+
+
+def _short_keys(keys: Sequence[str]) -> dict[str, str]:
+    """Last dotted component, unless two keys share it (then the whole key)."""
+    last = {k: k.rsplit(".", 1)[-1] for k in keys}
+    counts: dict[str, int] = {}
+    for short in last.values():
+        counts[short] = counts.get(short, 0) + 1
+    return {k: (last[k] if counts[last[k]] == 1 else k) for k in keys}
+
+
+def _digest(overrides: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def point_ids(overrides: Sequence[dict[str, Any]], names: Sequence[str | None]) -> list[str]:
+    """Readable, unique directory names: `k=5,alpha=0.5`; a hash suffix only where needed.
+
+    Args:
+        overrides: each point's own keys and values.
+        names: each point's `name:` (None: the id spells out the overrides).
+
+    Returns:
+        One id per point. Raises SweepError when two points have the same overrides.
+    """
+    all_keys: list[str] = []
+    for ov in overrides:
+        all_keys += [k for k in ov if k not in all_keys]
+    short = _short_keys(all_keys)
+    ids: list[str] = []
+    for ov, name in zip(overrides, names, strict=True):
+        text = _id_value(name) if name else ",".join(f"{short[k]}={_id_value(v)}" for k, v in ov.items())
+        text = text or "base"
+        if len(text) > 96:
+            text = f"{text[:88]}-{_digest(ov)}"
+        ids.append(text)
+    seen: dict[str, int] = {}
+    for i in ids:
+        seen[i] = seen.get(i, 0) + 1
+    out = [f"{i}-{_digest(ov)}" if seen[i] > 1 else i for i, ov in zip(ids, overrides, strict=True)]
+    if len(set(out)) != len(out):
+        dup = next(i for i in out if out.count(i) > 1)
+        raise SweepError(f"two sweep points have the same overrides ({dup})")
+    return out
+
+
+def _flat_mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SweepError(f"{where}: expected a mapping of dotted keys to values, got {type(value).__name__}")
+    return {str(k): v for k, v in value.items()}
+
+
+def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and check a sweep file; every point's config is validated before anything runs.
+
+    `extra_overrides` (`key=value` from the command line) join the file's `fixed:` block, e.g. the
+    reader servers of slurm/vllm-servers.sbatch.
+    """
+    path = Path(path).resolve()
+    if not path.exists():
+        raise SweepError(f"sweep file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: expected a mapping at the top level")
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepError(f"{path}: unknown key(s) {unknown}; allowed: {', '.join(SWEEP_KEYS)}")
+    if "config" not in data:
+        raise SweepError(f"{path}: missing `config:` (the base config, relative to the sweep file)")
+    config = (path.parent / str(data["config"])).resolve()
+    if not config.exists():
+        raise SweepError(f"{path}: config {data['config']} does not exist ({config})")
+    name = str(data.get("name") or path.stem)
+    fixed = _flat_mapping(data.get("fixed"), f"{path}: fixed")
+    for item in extra_overrides:
+        if "=" not in item:
+            raise SweepError(f"override {item!r} is not key=value (e.g. reader.backend=openai)")
+        key, value = item.split("=", 1)
+        fixed[key] = value  # kept as text: override_arg passes it through as typed
+
+    grid = _flat_mapping(data.get("grid"), f"{path}: grid")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepError(f"{path}: grid.{key} must be a non-empty list, got {values!r}")
+    overrides: list[dict[str, Any]] = []
+    names: list[str | None] = []
+    if grid:
+        for combo in itertools.product(*grid.values()):
+            overrides.append(dict(zip(grid.keys(), combo, strict=True)))
+            names.append(None)
+    explicit = data.get("points") or []
+    if not isinstance(explicit, list):
+        raise SweepError(f"{path}: points must be a list of mappings")
+    for i, item in enumerate(explicit):
+        point = _flat_mapping(item, f"{path}: points[{i}]")
+        names.append(str(point.pop("name")) if "name" in point else None)
+        overrides.append(point)
+    if not overrides:
+        overrides, names = [{}], [None]  # no grid, no points: the base config itself
+
+    slurm_data = _flat_mapping(data.get("slurm"), f"{path}: slurm")
+    allowed = {f.name for f in dataclasses.fields(SlurmSettings)}
+    bad = sorted(set(slurm_data) - allowed)
+    if bad:
+        raise SweepError(f"{path}: unknown slurm key(s) {bad}; allowed: {', '.join(sorted(allowed))}")
+    slurm = SlurmSettings(**slurm_data)
+
+    command = data.get("command") or DEFAULT_COMMAND
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise SweepError(f"{path}: command must be a list of strings")
+    for placeholder in ("{config}", "{out}"):
+        if not any(placeholder in c for c in command):
+            raise SweepError(f"{path}: command must contain {placeholder}")
+
+    ids = point_ids(overrides, names)
+    points = [SweepPoint(pid, ov) for pid, ov in zip(ids, overrides, strict=True)]
+    for point in points:
+        try:
+            load_config(config, point_overrides(name, fixed, point))
+        except ConfigError as exc:
+            raise SweepError(f"{path}: point {point.point_id}: {exc}") from None
+    return SweepSpec(name, path, config, fixed, points, slurm, list(command))
+
+
+def pin_data_location(spec: SweepSpec) -> SweepSpec:
+    """The spec with `data.path` fixed to where this process finds the data, when the config leaves it
+    to the environment ($MEMFIT_DATA_DIR, the fetch cache): SLURM tasks and local points then read the
+    same files, whatever their own environment holds. A sweep whose data cannot be found stops here,
+    before anything is submitted."""
+    pinned: dict[str, Any] = {}
+    for point in spec.points:
+        cfg = load_config(spec.config, point_overrides(spec.name, spec.fixed, point))
+        if cfg.data.path is not None:
+            continue
+        try:
+            where = str(data_location(cfg.data.benchmark, None, cfg.data.split))
+        except DataNotFoundError as exc:
+            raise SweepError(f"{spec.source}: point {point.point_id}: {exc}") from None
+        if pinned.get("data.path", where) != where:
+            raise SweepError(f"{spec.source}: points read different benchmarks; give each its data.path")
+        pinned["data.path"] = where
+    if not pinned:
+        return spec
+    log.info("sweep %s: data.path=%s for every point (found here; tasks get it explicitly)", spec.name,
+             pinned["data.path"])
+    return dataclasses.replace(spec, fixed={**spec.fixed, **pinned})
+
+
+def point_overrides(sweep_name: str, fixed: dict[str, Any], point: SweepPoint) -> list[str]:
+    """Dot-list overrides of one point: fixed ones, the point's own, and the W&B group = sweep name."""
+    merged = {**fixed, **point.overrides}
+    args = [override_arg(k, v) for k, v in merged.items()]
+    if "tracking.wandb.group" not in merged:
+        args.append(override_arg("tracking.wandb.group", sweep_name))
+    return args
+
+
+def point_command(spec: SweepSpec, point: SweepPoint, point_dir: Path) -> list[str]:
+    """The argv that runs one point into `point_dir` (the sweep file's `command`, then the overrides)."""
+    values = {"python": sys.executable, "config": str(spec.config), "out": str(point_dir)}
+    return [part.format(**values) for part in spec.command] + point_overrides(spec.name, spec.fixed, point)
+
+
+def find_point(spec: SweepSpec, which: str) -> SweepPoint:
+    """A point by index (SLURM_ARRAY_TASK_ID) or by id."""
+    if which.isdigit():
+        index = int(which)
+        if index >= len(spec.points):
+            raise SweepError(f"{spec.source}: point index {index} out of range (sweep has {len(spec.points)} points)")
+        return spec.points[index]
+    try:
+        return spec.point(which)
+    except KeyError:
+        raise SweepError(
+            f"{spec.source}: no point {which!r}; points: {', '.join(p.point_id for p in spec.points)}"
+        ) from None
