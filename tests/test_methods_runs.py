@@ -230,7 +230,7 @@ def test_lightmem_calls_each_small_model_role_batched(runs: dict[str, Path], sha
 
 
 @pytest.mark.slow
-def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], shared_data: Path):
+def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], shared_data: Path, tmp_path: Path):
     for a, b in (("plain", "lightmem_slm"), ("naive_rag", "full_context"), ("memfit", "naive_rag")):
         proc = memfit("compare", str(runs[a]), str(runs[b]), shared_data=shared_data, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -242,6 +242,15 @@ def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], share
     write_calls = {row[1]: int(row[4]) for row in cells[2:]}
     assert write_calls["plain"] == write_calls["naive_rag"] == write_calls["full_context"] == 0
     assert write_calls["memfit"] > 0 and write_calls["lightmem_slm"] > 0
+    # the paper's tables: the efficiency table by method lists the five runs with the same write calls
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out",
+                             str(tmp_path / "tables"), "--efficiency", *(f"{m}={runs[m]}" for m in METHODS)],
+                            env=_env(shared_data), capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    rows = (tmp_path / "tables" / "efficiency_methods.md").read_text().splitlines()[4:]
+    by_method = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in rows)}
+    assert list(by_method) == list(METHODS)
+    assert {m: int(r[3]) for m, r in by_method.items()} == write_calls
 
 
 @pytest.mark.slow

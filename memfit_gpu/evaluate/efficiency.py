@@ -49,27 +49,19 @@ def _json(path: Path) -> Any:
         raise EfficiencyError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
 
 
-def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -> dict[str, Any]:
-    """One run's row (COLUMNS). `price`: USD per 1M input/output tokens for est_usd (None leaves it empty)."""
-    run = Path(run_dir)
-    if not (run / "DONE").is_file():
-        raise EfficiencyError(f"{run} has no DONE: not a finished memfit run")
-    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else None
-    if not isinstance(config, dict):
-        raise EfficiencyError(f"{run / 'config.yaml'} is missing or not a mapping: not a memfit run directory")
-    data = _json(run / "ledger.json")
-    ledger = Ledger.from_dict(data)
-    timings = _json(run / "timings.json")
-    metrics = _json(run / "metrics.json")
+def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
+                      questions: int, price: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run's row (COLUMNS) from what it wrote: config.yaml, ledger.json, timings (stage seconds) and its
+    number of questions. `price`: USD per 1M input/output tokens for est_usd (None leaves it empty)."""
+    ledger = Ledger.from_dict(ledger_data)
     phases = ledger.phases()
     write, read = phases["write"], phases["read"]
-    questions = int(metrics["questions"])
     judge_wall = ledger.roles["judge"].wall_s if "judge" in ledger.roles else 0.0
     read_s = float(timings.get("retrieve", 0.0)) + float(timings.get("answer", 0.0)) - judge_wall
     tokens_in = write.input_tokens + read.input_tokens
     tokens_out = write.output_tokens + read.output_tokens
     return {
-        "run": str(run), "method": config.get("method", "memfit"), "reader": (config.get("reader") or {}).get("model"),
+        "run": label, "method": config.get("method", "memfit"), "reader": (config.get("reader") or {}).get("model"),
         "questions": questions,
         "write_calls": write.calls + write.cached, "read_calls": read.calls + read.cached,
         "write_input_tokens": write.input_tokens, "write_output_tokens": write.output_tokens,
@@ -78,10 +70,23 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
         "build_s": round(sum(float(timings.get(stage, 0.0)) for stage in WRITE_STAGES), 3),
         "latency_s_per_question": round(read_s / questions, 4) if questions else None,
         "gpu_seconds": round(write.gpu_seconds + read.gpu_seconds, 3),
-        "ledger_usd": (data.get("cost") or {}).get("usd"),
+        "ledger_usd": (ledger_data.get("cost") or {}).get("usd"),
         "est_usd": None if price is None else round(tokens_in / 1e6 * price["input"]
                                                     + tokens_out / 1e6 * price["output"], 6),
     }
+
+
+def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run directory's row (COLUMNS), read from its files (see efficiency_values)."""
+    run = Path(run_dir)
+    if not (run / "DONE").is_file():
+        raise EfficiencyError(f"{run} has no DONE: not a finished memfit run")
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else None
+    if not isinstance(config, dict):
+        raise EfficiencyError(f"{run / 'config.yaml'} is missing or not a mapping: not a memfit run directory")
+    metrics = _json(run / "metrics.json")
+    return efficiency_values(str(run), config, _json(run / "ledger.json"), _json(run / "timings.json"),
+                             int(metrics["questions"]), price)
 
 
 def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,
