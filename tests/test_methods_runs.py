@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -58,8 +59,9 @@ def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> su
 
 
 def demo_run(out: Path, method: str, shared_data: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return memfit("run", "--config", str(DEMO), f"method={method}", "data.limit_questions=5", "--out", str(out),
-                  "--quiet", *extra, shared_data=shared_data, **env)
+    # the overrides are one positional list: all of them before the options that follow it
+    return memfit("run", "--config", str(DEMO), f"method={method}", "data.limit_questions=5", *extra, "--out",
+                  str(out), "--quiet", shared_data=shared_data, **env)
 
 
 def cache_rows(run_dir: Path) -> int:
@@ -74,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[st
     for method in METHODS:
         proc = demo_run(root / method, method, shared_data)
         assert proc.returncode == 0, f"{method}: {proc.stderr[-3000:]}"
-        assert "| **Average** |" in proc.stdout
+        assert re.search(r"^\| \*\*Average\*\* +\| +5 \|", proc.stdout, re.MULTILINE), proc.stdout
         out[method] = root / method
     return out
 
@@ -247,7 +249,8 @@ def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], share
                              str(tmp_path / "tables"), "--efficiency", *(f"{m}={runs[m]}" for m in METHODS)],
                             env=_env(shared_data), capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr[-2000:]
-    rows = (tmp_path / "tables" / "efficiency_methods.md").read_text().splitlines()[4:]
+    rows = [line for line in (tmp_path / "tables" / "efficiency_methods.md").read_text().splitlines()
+            if line.startswith("|")][2:]  # the table's lines less its header and rule
     by_method = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in rows)}
     assert list(by_method) == list(METHODS)
     assert {m: int(r[3]) for m, r in by_method.items()} == write_calls
