@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfit_gpu.buffers import GrowableTensor
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark, select_questions
 from memfit_gpu.data.schema import Memory
@@ -379,8 +380,8 @@ def stage_bm25(ctx: Context) -> dict[str, Any]:
         for key, a in states[0].items())
     checks["to_cpu_to_device_bits"] = results_equal(after, from_dev.to(ctx.device).search(queries, q_mems, SCAN_K))
     checks["to_device_to_cpu_bits"] = results_equal(after, dev.to("cpu").search(queries, q_mems, SCAN_K))
-    checks["to_moved_every_tensor"] = (from_dev._post_term.data.device == ctx.device
-                                       and dev._post_term.data.device.type == "cpu")
+    checks["to_moved_every_tensor"] = (from_dev._post_term.device == ctx.device
+                                       and dev._post_term.device.type == "cpu")
     return metrics
 
 
@@ -718,8 +719,7 @@ def stage_retrieval(ctx: Context) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- stage 5
 def _bm25_tensor_bytes(index: BM25Index) -> int:
     """Bytes of the index's tensors (postings, per-row and per-term columns, the search cache)."""
-    total = sum(buf.data.nbytes for buf in vars(index).values() if hasattr(buf, "data")
-                and isinstance(buf.data, torch.Tensor))
+    total = sum(buf.capacity_bytes for buf in vars(index).values() if isinstance(buf, GrowableTensor))
     return total + sum(t.nbytes for t in (index._cache or {}).values() if isinstance(t, torch.Tensor))
 
 

@@ -73,6 +73,15 @@ class GrowableTensor:
         """The used entries (a view: writes go to the buffer)."""
         return self._data[: self.size]
 
+    @property
+    def device(self) -> torch.device:
+        return self._data.device
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes held on the device, spare capacity included (what a memory budget must count)."""
+        return self._data.nbytes
+
     def to(self, device: torch.device) -> None:
         """Move the buffer to ``device`` (in place)."""
         self._data = self._data.to(device)

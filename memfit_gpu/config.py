@@ -9,6 +9,7 @@ key, the value and what is allowed before any work starts (and before a run save
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import MISSING as MISSING_FACTORY
@@ -16,12 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for configs)
 from omegaconf.errors import OmegaConfBaseException
 
-from memfit_gpu.data.schema import HUGE_TURN_CHARS
-from memfit_gpu.methods import settings as method_settings
-from memfit_gpu.methods.settings import FullContextConfig, LightMemConfig, NaiveRAGConfig
+# config.py imports nothing of memfit_gpu: every module may import it (tests/test_architecture.py).
+
+# A turn longer than this is reported as a data quirk by the loaders (data.schema re-exports it; the
+# longest real turn: LoCoMo 454 characters, MemGallery 1,692, the LongMemEval oracle files 4,015). It is
+# pack.max_excerpt_chars's default, so every turn whose excerpt would be cut is listed in Benchmark.problems.
+HUGE_TURN_CHARS = 100_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,7 +51,7 @@ class StoreConfig:
 @dataclass
 class IndexConfig:
     encoder: str = "sentence-transformers/all-MiniLM-L6-v2"  # SPEC write path 1: the bi-encoder
-    normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC)
+    normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC); false: raw pooled vectors (packed only)
     encode_batch_size: int = 128  # per device; halved automatically on OOM
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
     dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
@@ -151,6 +158,7 @@ class ReaderConfig:
     timeout_s: float = 120.0  # openai: per request
     max_retries: int = 5  # openai: on timeout, 429, 5xx
     temperature: float = 0.0  # deterministic answers
+    seed: int = 0  # sampling seed when temperature > 0 (vLLM, transformers, OpenAI `seed`); part of the cache key then
     max_new_tokens: int = 64  # answers are short (SPEC: shortest complete answer)
     batch_size: int = 16  # transformers: prompts per generate call
     flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
@@ -205,11 +213,66 @@ class TrackingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
+# ---- issue 15: the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
+# memfit: the paper's system; plain: the same store and hybrid + rerank with every MemFit addition off
+# (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
+# full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
+METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm")
+
+
+@dataclass
+class NaiveRAGConfig:
+    # Whitespace tokens (words) of the history, which every reader and encoder sees the same way.
+    # 128 words are about 160-190 MiniLM word pieces: inside the bi-encoder's 256-token window, so the
+    # encoder embeds each chunk whole (a longer chunk would be silently cut before it is embedded).
+    chunk_tokens: int = 128
+    # 25 %: a fact cut by a chunk boundary is still whole in the neighbouring chunk.
+    overlap_tokens: int = 32
+    # 5 x 128 words is about the text MemFit's pack holds (k = 10 turns, +/- 1 neighbour, ~25 words a
+    # turn), so both give the reader a context of the same size.
+    top_k: int = 5
+
+
+@dataclass
+class FullContextConfig:
+    # Tokens the prompt may hold; None = the reader's own limit (transformers: the model's context; vllm:
+    # reader.max_model_len, counted with the model's tokenizer), always less reader.max_new_tokens. A server
+    # (openai) tells its context to nobody: set this, or only reader.max_prompt_chars bounds the prompt.
+    context_tokens: Optional[int] = None
+
+
+@dataclass
+class LightMemConfig:
+    # STM: the last turns of the user's conversation, shown to the reader as immediate context.
+    stm_turns: int = 4
+    # SLM-3 writes one MTM entry per window of this many turns of a session (a session's last window may
+    # be shorter): an "interaction".
+    mtm_window_turns: int = 6
+    # LTM consolidation runs when this many new MTM entries have accumulated: 2 x 6 turns = every 12
+    # turns, inside the paper's 10-15 (Table 10).
+    consolidate_every: int = 2
+    # Fixed final budget: MTM entries + LTM nodes given to the reader per question.
+    top_k: int = 8
+    # SLM-1 writes at most this many hypothetical queries (HQs) per question.
+    max_hqs: int = 3
+    # Coarse vector retrieval fetches this many times an HQ's budget, for SLM-2 to re-rank.
+    coarse_factor: int = 3
+    routing: str = "slm"  # slm (SLM-1's MTM/LTM marks) | mtm | ltm (the paper's MTM-only / LTM-only ablations)
+    rerank: bool = True  # SLM-2 re-ranking; false = coarse order (the paper's "w/o SLM-2 reranking")
+    turn_chars: int = 300  # each turn shown to SLM-3 is cut to this many characters
+    temperature: float = 0.0  # every SLM call is greedy: resumable, cacheable
+    mtm_max_new_tokens: int = 80
+    consolidate_max_new_tokens: int = 128
+    rewrite_max_new_tokens: int = 64
+    rerank_max_new_tokens: int = 32
+    prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
+
+
+
 @dataclass
 class MemFitConfig:
-    name: str = "memfit"
-    seed: int = 0
-    method: str = "memfit"  # the memory system under test (memfit_gpu/methods): memfit | plain | naive_rag | ...
+    name: str = "memfit"  # the run's label: metrics.json `name`, a W&B tag
+    method: str = "memfit"  # the memory system under test (memfit_gpu/methods): one of METHODS
     data: DataConfig = field(default_factory=DataConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -221,7 +284,7 @@ class MemFitConfig:
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    # issue 15: settings of the other memory systems (memfit_gpu/methods/settings.py); each reads only its own
+    # issue 15: settings of the other memory systems (memfit_gpu/methods); each method reads only its own
     naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     lightmem: LightMemConfig = field(default_factory=LightMemConfig)
@@ -249,7 +312,8 @@ _CHOICES = {
     "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
-    **method_settings.CHOICES,
+    "method": METHODS,
+    "lightmem.routing": ("slm", "mtm", "ltm"),
 }
 
 
@@ -292,7 +356,7 @@ _FRACTION = _Range(0, 1)
 # Every numeric key. A value outside its range would crash late (after the store is built) or run to the
 # end with silently different retrieval, so it is refused before any work and before config.yaml is saved.
 _RANGES: dict[str, _Range] = {
-    "seed": _Range(),
+    "reader.seed": _Range(),
     "data.limit_memories": _Range(1, optional=True),
     "data.limit_questions": _Range(1, optional=True),
     "index.encode_batch_size": _AT_LEAST_1,
@@ -351,7 +415,22 @@ _RANGES: dict[str, _Range] = {
     "eval.bootstrap_samples": _AT_LEAST_1,
     "eval.permutation_samples": _AT_LEAST_1,
     "eval.seed": _Range(),
-    **{key: _Range(**spec) for key, spec in method_settings.RANGES.items()},
+    "naive_rag.chunk_tokens": _AT_LEAST_1,
+    "naive_rag.overlap_tokens": _AT_LEAST_0,
+    "naive_rag.top_k": _AT_LEAST_1,
+    "full_context.context_tokens": _Range(1, optional=True),
+    "lightmem.stm_turns": _AT_LEAST_0,
+    "lightmem.mtm_window_turns": _AT_LEAST_1,
+    "lightmem.consolidate_every": _AT_LEAST_1,
+    "lightmem.top_k": _AT_LEAST_1,
+    "lightmem.max_hqs": _AT_LEAST_1,
+    "lightmem.coarse_factor": _AT_LEAST_1,
+    "lightmem.turn_chars": _AT_LEAST_1,
+    "lightmem.temperature": _AT_LEAST_0,
+    "lightmem.mtm_max_new_tokens": _AT_LEAST_1,
+    "lightmem.consolidate_max_new_tokens": _AT_LEAST_1,
+    "lightmem.rewrite_max_new_tokens": _AT_LEAST_1,
+    "lightmem.rerank_max_new_tokens": _AT_LEAST_1,
 }
 
 
@@ -397,9 +476,9 @@ def _check_together(cfg: MemFitConfig, source: str) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"{source}: rerank.summary_suffix={cfg.rerank.summary_suffix!r} is not a format string "
                           f"with only a {{date}} slot ({type(exc).__name__}: {exc})") from None
-    wrong = method_settings.check_together(cfg, source)
-    if wrong is not None:
-        raise ConfigError(wrong)
+    if cfg.naive_rag.overlap_tokens >= cfg.naive_rag.chunk_tokens:
+        raise ConfigError(f"{source}: naive_rag.overlap_tokens={cfg.naive_rag.overlap_tokens} must be smaller than "
+                          f"naive_rag.chunk_tokens={cfg.naive_rag.chunk_tokens} (each chunk must move the window on)")
 
 
 def _base_of(data: Any, path: Path) -> Any:
@@ -413,13 +492,20 @@ def _base_of(data: Any, path: Path) -> Any:
     return OmegaConf.merge(_load_yaml_tree(base_path), OmegaConf.create(data))
 
 
-def _load_yaml_tree(path: Path) -> Any:
-    import yaml
+# Top-level keys that older versions wrote into config.yaml but that never changed a result: dropped on
+# load (so a run directory started before keeps resuming), with where the setting lives now.
+_RETIRED_KEYS = {"seed": "reader.seed (sampling) and eval.seed (bootstrap); the top-level seed was read by nothing"}
 
+
+def _load_yaml_tree(path: Path) -> Any:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if isinstance(data, dict):
+        for key in _RETIRED_KEYS.keys() & data.keys():
+            log.warning("%s: ignoring retired key %r: see %s", path, key, _RETIRED_KEYS[key])
+            del data[key]
     return _base_of(data, path)
 
 

@@ -8,6 +8,7 @@
     reader_dtype(dtype, device)      generation: "auto" = bf16 on a GPU (fp16 where torch has no bf16), fp32 on CPU
     warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
+    synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
 fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 __all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype", "resolve_dtype",
-           "visible_devices", "visible_gpu_ids", "warn_tf32"]
+           "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +167,11 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager[Any]
     if device.type == "cuda":
         return torch.cuda.device(device)
     return contextlib.nullcontext()
+
+
+def synchronize(device: torch.device | None) -> None:
+    """Wait until `device` has finished the work queued on it (CUDA only; None and the CPU return at
+    once). Only the named device: synchronising every GPU would create contexts on GPUs meant for the
+    reader engines."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -37,8 +37,10 @@ def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> No
     atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file ([] when missing); a torn last line is cut off the file and dropped.
+def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
+    """Rows of a JSONL file ([] when missing); a torn last line is dropped, and cut off the file when
+    `repair` (the file's writer resuming; a reader of another process's file, which may be mid-append,
+    passes repair=False and leaves the file alone).
 
     Raises DataError naming the file and line when a complete line is not JSON."""
     path = Path(path)
@@ -53,7 +55,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise DataError(str(path), f"line {number}", None, f"not valid JSON ({exc.msg})") from None
-    if good_end < len(data):
+    if good_end < len(data) and repair:
         log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
         with open(path, "r+b") as handle:
             handle.truncate(good_end)

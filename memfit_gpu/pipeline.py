@@ -20,21 +20,50 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from memfit_gpu import faults
-from memfit_gpu.config import ConfigError, MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
+from memfit_gpu.evaluate.judge import (
+    empty_verdict,
+    is_empty_prediction,
+    parse_judge_reply,
+    reader_config_for_judge,
+)
+from memfit_gpu.evaluate.metrics import score_all
+from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
-from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path
+from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
+from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.registry import make_method, memfit_path_config, method_info
 from memfit_gpu.preflight import check_can_start
+from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
+from memfit_gpu.readers.prompts import (
+    bounded_answer_messages,
+    build_judge_messages,
+    judge_kind,
+    resolve_protocol,
+)
+from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.types import Request
+from memfit_gpu.retrieve.batched import retrieve_batch
+from memfit_gpu.retrieve.diagnostics import compute_diagnostics
+from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
+from memfit_gpu.retrieve.view import ReadView
+from memfit_gpu.store.episodes import EpisodeStore
+from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +79,11 @@ def run_lock(out: Path) -> Iterator[None]:
     """Hold the run directory's lock (memfit_gpu.locks) for the whole run: two processes writing one
     directory would duplicate predictions and interleave the store log."""
     try:
-        with exclusive(lock_path(out), "wait for it to end or use another --out directory"):
+        wait_s = lock_wait_s()
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        with exclusive(lock_path(out), "wait for it to end or use another --out directory", wait_s):
             yield
     except DirectoryBusyError as exc:
         raise RunError(str(exc)) from None
@@ -97,15 +130,13 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
         )
 
 
-def _question_payload(q: Any) -> dict[str, Any]:
+def _question_payload(q: Question) -> dict[str, Any]:
     return {"question_id": q.question_id, "memory_id": q.memory_id, "category": q.category,
             "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
 
 
-def summary_generate(reader: Any, cfg: MemFitConfig):
+def summary_generate(reader: Reader, cfg: MemFitConfig) -> Callable[[list[str]], list[str]]:
     """The store's `generate(list_of_prompts) -> list_of_texts`, through the run's cached reader."""
-    from memfit_gpu.readers.types import Request
-
     def generate(prompts: list[str]) -> list[str]:
         requests = [Request([{"role": "user", "content": p}], role="summary",
                             max_new_tokens=cfg.summary.max_new_tokens, temperature=cfg.summary.temperature,
@@ -133,8 +164,6 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
 def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
     timer = StageTimer.load(out / "timings.json")
 
-    from memfit_gpu.tracking import Tracker
-
     tracker = Tracker.start(cfg, out)
     try:
         metrics = _run_stages(cfg, out, timer, progress)
@@ -149,12 +178,6 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool) -> dict[str, Any]:
 
 
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool) -> dict[str, Any]:
-    from memfit_gpu.data import load_benchmark, select_from_config
-    from memfit_gpu.index.encoders import load_bi_encoder
-    from memfit_gpu.readers.reader import make_reader
-    from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
-    from memfit_gpu.store.episodes import EpisodeStore
-
     with timer.stage("load"):
         bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
         selected = select_from_config(bench, cfg.data)
@@ -170,9 +193,9 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
     except (json.JSONDecodeError, TypeError) as exc:
         raise RunError(f"{ledger_path}: not a ledger memfit wrote ({exc})") from None
-    reader = None
+    reader: Reader | None = None
 
-    def get_reader():
+    def get_reader() -> Reader:
         nonlocal reader
         if reader is None:
             reader = make_reader(cfg.reader, out, ledger=ledger, progress=progress)
@@ -235,15 +258,10 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool)
     return metrics
 
 
-def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: Any,
-              questions: list[Any], progress: bool) -> dict[str, dict[str, Any]]:
+def _retrieve(cfg: MemFitConfig, out: Path, store: EpisodeStore, encoder: TextEncoder, reranker: PairScorer | None,
+              questions: list[Question], progress: bool) -> dict[str, dict[str, Any]]:
     """packs.jsonl + diagnostics.json, written once and atomically: a resumed run reuses them (same
     excerpts, same prompts, no second retrieval)."""
-    from memfit_gpu.retrieve.batched import retrieve_batch
-    from memfit_gpu.retrieve.diagnostics import compute_diagnostics
-    from memfit_gpu.retrieve.rerank import reranker_info
-    from memfit_gpu.retrieve.view import ReadView
-
     saved = _saved_packs(out, questions)
     if saved is not None:
         return saved
@@ -264,7 +282,7 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: Any, encoder: Any, reranker: 
     return _save_packs(out, rows, diagnostics)
 
 
-def _saved_packs(out: Path, questions: list[Any]) -> dict[str, dict[str, Any]] | None:
+def _saved_packs(out: Path, questions: list[Question]) -> dict[str, dict[str, Any]] | None:
     """packs.jsonl's rows when it and diagnostics.json hold every question (a resumed run), else None."""
     path = out / "packs.jsonl"
     if path.exists() and (out / "diagnostics.json").exists():
@@ -301,7 +319,7 @@ def _method_packs(cfg: MemFitConfig, out: Path, timer: StageTimer, run: MethodRu
     return _save_packs(out, rows, diagnostics)
 
 
-def _images_for(cfg: MemFitConfig, bench: Any, question: Any, pack_row: dict[str, Any],
+def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_row: dict[str, Any],
                 turn_images: dict[tuple[str, str], list[str]]) -> tuple[list[str], bool]:
     """Image files sent with one answer call (reader.images), the question's own first."""
     if cfg.reader.images == "none":
@@ -328,24 +346,23 @@ def _images_for(cfg: MemFitConfig, bench: Any, question: Any, pack_row: dict[str
     return resolved, has_question_image
 
 
-def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], packs: dict[str, dict[str, Any]],
-            reader: Any, ledger: Any, ledger_path: Path, progress: bool) -> None:
-    """One answer call per question, appended to predictions.jsonl a chunk at a time.
+def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
+            packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool) -> None:
+    """One answer call per question, appended to predictions.jsonl a batch at a time.
 
-    Per chunk: the reader commits its calls to the response cache, the ledger is saved, then the rows
-    are appended. A kill before the rows are complete loses only rows the rerun re-serves from the
-    cache, which the ledger does not count twice (Ledger.accounted_keys)."""
-    from memfit_gpu.evaluate.metrics import score_all
-    from memfit_gpu.readers.clean import clean_answer
-    from memfit_gpu.readers.prompts import bounded_answer_messages, resolve_protocol
-    from memfit_gpu.readers.types import Request
-
+    Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
+    keeps as many requests in flight as it allows, and reader.flush_every only sets how many answers
+    are committed together. The judge runs on its own thread behind the answers, a batch at a time, so
+    the reader never waits for it. Per batch: the reader has committed its calls to the response cache,
+    the ledger is saved, then the rows (with their verdicts) are appended, in batch order. A kill before
+    the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
+    count twice (Ledger.accounted_keys)."""
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
     turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
                    for m in bench.memories for t in m.turns() if t.images}
 
-    def request_for(q: Any) -> tuple[Request, dict[str, int]]:
+    def request_for(q: Question) -> tuple[Request, dict[str, int]]:
         """The answer request (the same bytes on every resume: its cache key) and what the prompt
         bound cut from it ({"prompt_chars_cut": n} or {})."""
         images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
@@ -365,44 +382,56 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], pack
     _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
                       ledger, ledger_path)
     judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
-    try:
-        from tqdm.auto import tqdm
+    judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
+    waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any]]] | None]] = deque()
+    bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
 
-        bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
-        step = max(1, cfg.reader.flush_every)
-        for start in range(0, len(todo), step):
-            chunk = todo[start:start + step]
-            requests, prompt_cuts = zip(*[request_for(q) for q in chunk], strict=True)
-            responses = reader.generate(list(requests))
+    def write(rows: list[dict[str, Any]], verdicts: Future[list[dict[str, Any]]] | None) -> None:
+        if verdicts is not None:
+            for row, verdict in zip(rows, verdicts.result(), strict=True):
+                row["judge"] = verdict
+        ledger.save(ledger_path)
+        faults.point("answer.ledger")
+        append_jsonl(pred_path, rows)
+        faults.point("predictions")
+        bar.update(len(rows))
+
+    try:
+        requests, prompt_cuts = zip(*[request_for(q) for q in todo], strict=True) if todo else ((), ())
+        for batch in reader.generate_batches(list(requests), max(1, cfg.reader.flush_every)):
+            chunk = [todo[i] for i, _ in batch]
+            responses = [response for _, response in batch]
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
-            verdicts = judge(chunk, [c.text for c in cleaned]) if judge is not None else [None] * len(chunk)
             rows = []
-            for q, resp, clean, score, verdict, cut in zip(chunk, responses, cleaned, scores, verdicts, prompt_cuts,
-                                                           strict=True):
+            for (i, resp), q, clean, score in zip(batch, chunk, cleaned, scores, strict=True):
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
-                             "abstained": clean.abstained, "scores": score, "judge": verdict,
-                             "retrieval": packs[q.question_id].get("retrieval"), **cut,
+                             "abstained": clean.abstained, "scores": score, "judge": None,
+                             "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
                              # a method's own record of the context it built (full_context: its truncation)
                              **({"method_notes": packs[q.question_id]["method_notes"]}
                                 if "method_notes" in packs[q.question_id] else {}),
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})
-            ledger.save(ledger_path)
-            faults.point("answer.ledger")
-            append_jsonl(pred_path, rows)
-            faults.point("predictions")
-            bar.update(len(chunk))
+            verdicts = judging.submit(judge, chunk, [c.text for c in cleaned]) if judging and judge else None
+            waiting.append((rows, verdicts))
+            while waiting and (waiting[0][1] is None or waiting[0][1].done()):
+                write(*waiting.popleft())
+        while waiting:
+            write(*waiting.popleft())
         bar.close()
     finally:
+        if judging is not None:
+            judging.shutdown(wait=True, cancel_futures=True)
         if judge is not None:
             judge.close()
 
 
-def _account_answered(out: Path, questions: list[Any], answered: dict[str, dict[str, Any]], reader: Any,
-                      request_for: Callable[[Any], Any], ledger: Ledger, ledger_path: Path) -> None:
+def _account_answered(out: Path, questions: list[Question], answered: dict[str, dict[str, Any]], reader: Reader,
+                      request_for: Callable[[Question], tuple[Request, dict[str, int]]], ledger: Ledger,
+                      ledger_path: Path) -> None:
     """Put predictions the ledger does not account for on its books, from the response cache.
 
     Only a directory an older memfit left (it appended predictions before saving the ledger, and was
@@ -425,7 +454,7 @@ def _account_answered(out: Path, questions: list[Any], answered: dict[str, dict[
     ledger.save(ledger_path)
 
 
-def _memgallery_dir(bench: Any) -> Path:
+def _memgallery_dir(bench: Benchmark) -> Path:
     """The MemGallery folder that holds prompt/ (the loader's source is its dialog/ folder or a file in it)."""
     source = Path(bench.source)
     for candidate in (source, source.parent, source.parent.parent):
@@ -440,22 +469,14 @@ class _Judge:
     eval.judge.prompt auto = the benchmark's judge: MemGallery's graded prompt, LongMemEval's per-type
     yes/no prompts (abstention for `_abs`), the paper's CORRECT/WRONG judge otherwise."""
 
-    def __init__(self, cfg: MemFitConfig, out: Path, ledger: Any, progress: bool, bench: Any):
-        from memfit_gpu.evaluate.judge import reader_config_for_judge
-        from memfit_gpu.readers.prompts import judge_kind
-        from memfit_gpu.readers.reader import make_reader
-
+    def __init__(self, cfg: MemFitConfig, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
         self.cfg = cfg
         self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
         self.memgallery_dir = _memgallery_dir(bench) if self.kind == "memgallery" else None
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 
-    def __call__(self, questions: list[Any], predictions: list[str]) -> list[dict[str, Any]]:
-        from memfit_gpu.evaluate.judge import empty_verdict, is_empty_prediction, parse_judge_reply
-        from memfit_gpu.readers.prompts import build_judge_messages
-        from memfit_gpu.readers.types import Request
-
+    def __call__(self, questions: list[Question], predictions: list[str]) -> list[dict[str, Any]]:
         verdicts: list[dict[str, Any] | None] = [None] * len(questions)
         requests, where = [], []
         for i, (q, pred) in enumerate(zip(questions, predictions, strict=True)):
@@ -474,10 +495,8 @@ class _Judge:
         self.reader.close()
 
 
-def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reranker: dict[str, Any], ledger: Any,
-           timer: StageTimer) -> dict[str, Any]:
-    from memfit_gpu.evaluate.tables import render_markdown, summarize
-
+def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], reranker: dict[str, Any],
+           ledger: Ledger, timer: StageTimer) -> dict[str, Any]:
     rows = read_jsonl(out / "predictions.jsonl")
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -494,6 +513,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     ordered = [by_id[q.question_id] for q in questions]
     metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics["name"] = cfg.name
     metrics["benchmark"] = bench.name
     metrics["method"] = cfg.method
     metrics["questions"] = len(questions)
@@ -510,32 +530,3 @@ def _score(cfg: MemFitConfig, out: Path, bench: Any, questions: list[Any], reran
     atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="build -> retrieve -> answer -> score one configuration (resumable)",
-        description=(
-            "Run MemFit end to end on a benchmark: store every turn (one encoder pass), build segment summaries, "
-            "retrieve for every question in one batched pass, make one reader call per question, and score. "
-            "Writes DIR/config.yaml, predictions.jsonl, metrics.json, ledger.json, results.md and DONE. "
-            "Killed at any point, the same command resumes: no lost or duplicated predictions, no repeated LLM calls."
-        ),
-    )
-    parser.add_argument("--config", required=True, help="YAML config (configs/memfit.yaml, configs/demo.yaml, ...)")
-    parser.add_argument("--out", required=True, help="run directory (created; reused to resume)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dot-list overrides, e.g. retrieve.scan_top_k=30 rerank.backend=none")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(func=_cli)
-
-
-def _cli(args: Any) -> int:
-    cfg = load_config(args.config, args.overrides)
-    try:
-        run(cfg, args.out, progress=not args.quiet)
-    except RunError as exc:
-        raise ConfigError(str(exc)) from None
-    print((Path(args.out) / "results.md").read_text())
-    return 0

@@ -24,9 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu import pipeline
+from memfit_gpu.config import MemFitConfig
 from memfit_gpu.devices import first_device, gpu_count
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.kernels import resolve_backend
+from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
+from memfit_gpu.retrieve.hybrid import fuse
+from memfit_gpu.retrieve.stages import StageKey
+from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +114,15 @@ def stage_table(run_dir: Path) -> dict[str, dict[str, float]]:
         "encode": (build.get("encode_s", 0.0), episodes, "episodes"),
         "index_append": (build.get("bm25_s", 0.0) + build.get("dense_s", 0.0), episodes, "episodes"),
         "summaries": (timings.get("summaries", 0.0), roles["summary"]["calls"] + roles["summary"]["cached"], "calls"),
-        "query_encode": (retrieve.get("stage_0_queries", 0.0), n_q, "questions"),
-        "bm25": (retrieve.get("bm25", 0.0), n_q, "questions"),
-        "dense": (retrieve.get("dense", 0.0), n_q, "questions"),
-        "fuse": (retrieve.get("fuse", 0.0) + retrieve.get("boost", 0.0), n_q, "questions"),
-        "summary_search": (retrieve.get("stage_3_summaries", 0.0), n_q, "questions"),
-        "expand": (retrieve.get("stage_4_5_pool", 0.0), n_q, "questions"),
-        "prf": (retrieve.get("stage_6_prf", 0.0), n_q, "questions"),
-        "rerank": (retrieve.get("stage_7_rerank", 0.0), n_q, "questions"),
-        "pack": (retrieve.get("stage_8_9_pack", 0.0), n_q, "questions"),
+        "query_encode": (retrieve.get(StageKey.QUERIES, 0.0), n_q, "questions"),
+        "bm25": (retrieve.get(StageKey.BM25, 0.0), n_q, "questions"),
+        "dense": (retrieve.get(StageKey.DENSE, 0.0), n_q, "questions"),
+        "fuse": (retrieve.get(StageKey.FUSE, 0.0) + retrieve.get(StageKey.BOOST, 0.0), n_q, "questions"),
+        "summary_search": (retrieve.get(StageKey.SUMMARIES, 0.0), n_q, "questions"),
+        "expand": (retrieve.get(StageKey.POOL, 0.0), n_q, "questions"),
+        "prf": (retrieve.get(StageKey.PRF, 0.0), n_q, "questions"),
+        "rerank": (retrieve.get(StageKey.RERANK, 0.0), n_q, "questions"),
+        "pack": (retrieve.get(StageKey.PACK, 0.0), n_q, "questions"),
         "read": (timings.get("answer", 0.0), roles["answer"]["calls"] + roles["answer"]["cached"], "answers"),
     }
     total = sum(s for s, _, _ in stages.values()) or 1.0
@@ -137,14 +146,6 @@ def _synthetic_memory(n_docs: int, n_queries: int, dim: int, seed: int) -> tuple
 
 def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, progress: bool = True) -> list[dict[str, Any]]:
     """Retrieval cost vs episodes per memory: real BM25Index + DenseIndex + fusion, batched questions."""
-    import torch
-
-    from memfit_gpu.index.bm25 import BM25Index
-    from memfit_gpu.index.dense import DenseIndex
-    from memfit_gpu.kernels import resolve_backend
-    from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
-    from memfit_gpu.retrieve.hybrid import fuse
-
     device = first_device(cfg.index.device)
     kernels = resolve_backend(cfg.retrieve.kernels, device)
     out = []
@@ -187,9 +188,7 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
     return out
 
 
-def _sync(device: Any) -> None:
-    import torch
-
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -241,8 +240,6 @@ def plot(profile: dict[str, Any], path: Path) -> None:
 
 def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEFAULT_SIZES, n_queries: int = 64,
             progress: bool = True) -> dict[str, Any]:
-    from memfit_gpu import pipeline
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
@@ -262,8 +259,6 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
     (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / "profile.png")
     if cfg.tracking.wandb.enabled:
-        from memfit_gpu.tracking import Tracker
-
         tracker = Tracker.start(cfg, out)
         tracker.log_metrics({f"profile/{k}/seconds": v["seconds"] for k, v in result["stages"].items()})
         tracker.log_files("profile", [out / "profile.json"], images=[out / "profile.png"])
@@ -272,44 +267,5 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
 
 
 def _device_name() -> str:
-    import torch
-
     count = gpu_count()
     return f"{count} x {torch.cuda.get_device_name(0)}" if count else "cpu"
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "profile",
-        help="per-stage wall time, items/s, GPU memory/utilisation, and a retrieval scaling sweep",
-        description=(
-            "Run the pipeline on a benchmark (DIR/run, resumable) and report per stage (encode, index appends, summaries, "
-            "query encoding, BM25, dense, fusion, summary search, expansion, PRF, rerank, pack, read) wall seconds, items/s "
-            "and share of the total, with GPU memory and utilisation from NVML where a GPU is present; then a scaling sweep "
-            "of batched retrieval over synthetic memories of growing size. Writes DIR/profile.json and DIR/profile.png."
-        ),
-    )
-    parser.add_argument("--config", required=True, help="YAML config, e.g. configs/demo.yaml")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
-                        help="episodes per synthetic memory for the scaling sweep, comma-separated ('' = skip)")
-    parser.add_argument("--scaling-questions", type=int, default=64, help="questions per scaling point (one batch)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(func=_cli)
-
-
-def _cli(args: Any) -> int:
-    cfg = load_config(args.config, args.overrides)
-    sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
-    result = profile(cfg, args.out, sizes, args.scaling_questions, progress=not args.quiet)
-    width = max(len(k) for k in result["stages"])
-    print(f"{'stage':<{width}}  seconds   share   items/s")
-    for name, row in result["stages"].items():
-        ips = f"{row['items_per_s']:.4g} {row['unit']}/s" if row["items_per_s"] else "-"
-        print(f"{name:<{width}}  {row['seconds']:7.2f}  {100 * row['share']:5.1f} %  {ips}")
-    for row in result["scaling"]:
-        print(f"scaling: {row['episodes']:>9,d} episodes  search {row['search_s']:.3f} s  ({row['qps']:.0f} q/s)")
-    print(f"gpu: {result['gpu']}")
-    print(f"wrote {Path(args.out) / 'profile.json'} and {Path(args.out) / 'profile.png'}")
-    return 0

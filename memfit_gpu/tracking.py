@@ -128,6 +128,7 @@ class WandbTracker(Tracker):
             dir=str(wandb_dir),
             config=to_dict(cfg),
             job_type="memfit-run",
+            tags=[cfg.name],
             reinit="create_new",
         )
         log.info("W&B run %s (%s mode, project %s, group %s)", self.run_id, settings.mode, settings.project,

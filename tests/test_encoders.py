@@ -290,6 +290,21 @@ def test_sentence_transformers_backend_encodes_like_packed(st_minilm: TextEncode
 
 
 @pytest.mark.slow
+def test_index_normalize_is_what_the_store_encodes_with(minilm: BiEncoder, locomo_turns: list[str]) -> None:
+    """index.normalize reaches the encoder (it was read by nothing): true = unit rows (SPEC, the default),
+    false = MiniLM's raw mean-pooled vectors, the same directions; the reference backend refuses false."""
+    texts = locomo_turns[:20]
+    unit = load_bi_encoder(IndexConfig(device="cpu")).encode(texts)
+    raw = load_bi_encoder(IndexConfig(device="cpu", normalize=False)).encode(texts)
+    torch.testing.assert_close(unit, minilm.encode(texts), atol=0, rtol=0)
+    torch.testing.assert_close(unit.norm(dim=1), torch.ones(len(texts)), atol=1e-5, rtol=0)
+    assert bool((raw.norm(dim=1) - 1).abs().min() > 0.1)  # not unit rows
+    torch.testing.assert_close(raw / raw.norm(dim=1, keepdim=True), unit, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="index.normalize=false needs index.encoder_backend=packed"):
+        load_bi_encoder(IndexConfig(device="cpu", normalize=False, encoder_backend="sentence-transformers"))
+
+
+@pytest.mark.slow
 def test_sentence_transformers_backend_scores_like_packed(cross_encoder_dir: Path,
                                                           locomo_pairs: list[tuple[str, str]]) -> None:
     cfg = RerankConfig(model=str(cross_encoder_dir))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from memfit_gpu.cli import main
+from memfit_gpu.config import ConfigError, load_config, to_yaml
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, format_comparison
 
 # question: (category, verdict A, verdict B)
@@ -88,6 +89,22 @@ def test_compare_monte_carlo_is_seeded_and_close_to_exact(runs):
     assert mc["overall"]["p_value"] == pytest.approx(10 / 16, abs=0.015)
     assert mc["by_category"]["1"]["p_value"] == pytest.approx(0.5, abs=0.015)
     assert compare_runs(*runs, n_permutations=20_000, seed=3) == mc
+
+
+def test_permutations_and_seed_default_to_run_a_config(runs):
+    """eval.permutation_samples and eval.seed (read by nothing before) are compare's defaults, from run A's
+    config.yaml; a bare predictions file gets the config defaults; explicit values win."""
+    run_a, run_b = runs
+    default = compare_runs(run_a, run_b)
+    assert (default["n_permutations"], default["seed"]) == (10_000, 0)
+    (run_a / "config.yaml").write_text(to_yaml(load_config(None, ["eval.permutation_samples=300", "eval.seed=7"])))
+    configured = compare_runs(run_a, run_b)
+    assert (configured["n_permutations"], configured["seed"]) == (300, 7)
+    assert configured == compare_runs(run_a, run_b, n_permutations=300, seed=7)
+    assert compare_runs(run_a, run_b, n_permutations=50)["seed"] == 7
+    (run_a / "config.yaml").write_text("eval:\n  permutation_samples: 0\n")
+    with pytest.raises(ConfigError, match="eval.permutation_samples"):
+        compare_runs(run_a, run_b)
 
 
 def test_cli_table_and_json(runs, capsys):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ConfigError, ReaderConfig
+from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.images import with_image_parts
 from memfit_gpu.readers.openai import probe_base_urls
 from memfit_gpu.readers.reader import make_reader
@@ -96,10 +97,15 @@ class FaultServer:
                     if n == 1:
                         return self._send(429, {"error": "slow down"}, {"Retry-After": "0"})
                     return self._send(200, {**reply, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+                if mode == "ok-partial" and question == "please refuse":
+                    return self._send(400, {"error": "refused"})
                 time.sleep(0.2)
                 return self._send(200, {**reply, "usage": {"prompt_tokens": 7, "completion_tokens": 2}})
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # listen() backlog: a burst of 100 connections must not be reset
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -144,13 +150,13 @@ def test_503_twice_then_answer_with_estimated_tokens(server: FaultServer) -> Non
 
 def test_a_request_without_sampling_settings_gets_the_readers_config(server: FaultServer) -> None:
     """Called directly (no Reader to fill them), the backend sends reader.max_new_tokens and reader.temperature,
-    the one default there is, not numbers of its own."""
+    the one default there is, not numbers of its own; a sampled request carries reader.seed, a greedy one none."""
     backend = make_backend(ReaderConfig(backend="openai", model="test-model", base_urls=[server.url("ok-defaults")],
-                                        max_new_tokens=7, temperature=0.25))
+                                        max_new_tokens=7, temperature=0.25, seed=11))
     backend.generate([Request([{"role": "user", "content": "Hi"}], "answer", key="q1"),
                       Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=3, temperature=0.0)])
-    sent = sorted((body["max_tokens"], body["temperature"]) for body in server.bodies["ok-defaults"])
-    assert sent == [(3, 0.0), (7, 0.25)]
+    sent = sorted((body["max_tokens"], body["temperature"], body.get("seed")) for body in server.bodies["ok-defaults"])
+    assert sent == [(3, 0.0, None), (7, 0.25, 11)]
 
 
 def test_timeout_is_retried(server: FaultServer) -> None:
@@ -232,3 +238,30 @@ def test_probe_names_the_unreachable_url(server: FaultServer) -> None:
     with pytest.raises(ConfigError, match=r"eval\.judge\.base_urls\[0\]=.* refused the API key: .* HTTP 401 "
                                           r"\(the key is read from \$MY_KEY\)"):
         probe_base_urls("eval.judge.base_urls", [server.url("locked")], "MY_KEY")
+
+
+def test_batches_do_not_bound_what_is_in_flight(server: FaultServer, tmp_path: Path) -> None:
+    """generate_batches offers every request at once: `concurrency` alone bounds the calls in flight (the
+    flush size used to: 64), batches come in position order, each cached before it is handed out."""
+    reader = _reader([server.url("ok-wide")], concurrency=100)
+    reader.cache = ResponseCache(tmp_path / "cache.sqlite")
+    requests = [_ask(f"question {i}", key=f"q{i}") for i in range(150)]
+    handed: list[int] = []
+    for batch in reader.generate_batches(requests, batch_size=10):
+        assert [i for i, _ in batch] == sorted(i for i, _ in batch) and len(batch) >= 10 or len(handed) + len(batch) == 150
+        handed.extend(i for i, _ in batch)
+        assert len(reader.cache) == len(handed)
+        assert all(response.text == f"echo: question {i}" for i, response in batch)
+    assert sorted(handed) == list(range(150)) and server.max_in_flight["ok-wide"] > 64
+    assert reader.generate(requests[:3])[0].cached  # a second pass is served by the cache
+
+
+def test_a_failed_call_keeps_the_answers_that_finished(server: FaultServer, tmp_path: Path) -> None:
+    """One request refused (400) among answered ones: the error is raised after the others finished, and
+    those are in the cache, so a rerun asks only for what failed."""
+    reader = _reader([server.url("ok-partial")], concurrency=4)
+    reader.cache = ResponseCache(tmp_path / "cache.sqlite")
+    requests = [_ask(f"question {i}", key=f"q{i}") for i in range(6)] + [_ask("please refuse", key="bad")]
+    with pytest.raises(ReaderError, match="refused request 'bad'"):
+        list(reader.generate_batches(requests, batch_size=100))
+    assert len(reader.cache) == 6

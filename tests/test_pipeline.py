@@ -55,7 +55,7 @@ def test_run_writes_every_output(smoke_run: Path):
     assert [p["question_id"] for p in preds] == [f"conv-26:q{i}" for i in range(6)]
     assert all(set(p["scores"]) == {"paper", "locomo", "memgallery"} for p in preds)
     metrics = json.loads((smoke_run / "metrics.json").read_text())
-    assert metrics["questions"] == 6 and metrics["metric_variant"] == "paper"
+    assert metrics["questions"] == 6 and metrics["metric_variant"] == "paper" and metrics["name"] == "smoke"
     assert set(metrics["by_category"]) == {p["category"] for p in preds}
     # average = mean of the category means (LoCoMo)
     means = [metrics["by_category"][c]["paper"]["f1"] for c in metrics["by_category"]]
@@ -201,6 +201,30 @@ def test_second_run_on_a_directory_in_use_exits_2_naming_the_holder(tmp_path: Pa
     assert sorted(p.name for p in out.iterdir()) == [".lock"]  # the refused runs wrote nothing
     with run_lock(out):  # released with its holder
         pass
+
+
+def test_run_waits_for_a_dying_holder_when_told_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A requeued SLURM task can start while SLURM still kills the task it replaces (CI saw the requeued
+    k=10 point FAIL on the lock): with MEMFIT_LOCK_WAIT_S the run waits for the holder instead of failing;
+    without it (and after the wait runs out) it refuses as before; a bad value is a RunError."""
+    out = tmp_path / "requeued"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from memfit_gpu.locks import exclusive, lock_path\n"
+        f"with exclusive(lock_path({str(out)!r}), 'x'):\n"
+        "    print('held', flush=True); time.sleep(1.5)\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(RunError, match=r"in use by another memfit process \(pid \d+\) after waiting 0.3 s"):
+        monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "0.3")
+        with run_lock(out):
+            pass
+    monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "60")
+    with run_lock(out):  # acquired once the holder has exited
+        assert holder.poll() == 0
+    monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "soon")
+    with pytest.raises(RunError, match=r"MEMFIT_LOCK_WAIT_S='soon' is not a number of seconds"):
+        with run_lock(out):
+            pass
 
 
 def test_torn_jsonl_tail_is_cut_and_bad_lines_named(tmp_path: Path):

@@ -35,6 +35,11 @@ def test_key_depends_on_what_decides_the_output(tmp_path: Path) -> None:
     assert k != request_key("transformers", "m", _req("What is the capital of Spain?"))
     assert k != request_key("transformers", "m", _req(max_new_tokens=9))
     assert k != request_key("transformers", "m", _req(temperature=0.7))
+    # reader.seed decides a sampled output only: greedy keys ignore it (and stay what they were before it)
+    assert k == request_key("transformers", "m", _req(), seed=5)
+    sampled = request_key("transformers", "m", _req(temperature=0.7))
+    assert sampled == request_key("transformers", "m", _req(temperature=0.7), seed=0)
+    assert sampled != request_key("transformers", "m", _req(temperature=0.7), seed=5)
 
 
 def test_local_images_enter_the_key_by_content(tmp_path: Path) -> None:

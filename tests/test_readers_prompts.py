@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memfit_gpu.config import ConfigError, MemFitConfig
-from memfit_gpu.data.schema import Memory, Session, Turn
 from memfit_gpu.readers.prompts import (
     LONGMEMEVAL_JUDGE_FILES,
     PROMPT_DIR,
@@ -24,6 +24,7 @@ from memfit_gpu.readers.prompts import (
     prompt_chars,
     resolve_protocol,
 )
+from memfit_gpu.store.summaries import SummaryJob, summary_prompt
 
 EXCERPTS = ("EXCERPT 1 (recorded 8 May 2023):\nDATE: 1:56 pm on 8 May, 2023 | Speaker Caroline says: I went to a "
             "LGBTQ support group yesterday (7 May 2023). {not a slot}")
@@ -157,29 +158,22 @@ def test_prompts_are_package_data_read_from_anywhere(tmp_path: Path, monkeypatch
         load_prompt("absent.txt")
 
 
-@pytest.mark.slow  # the store embeds its turns with the packaged MiniLM
-def test_summary_prompts_come_through_the_same_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      bi_encoder) -> None:
+def test_summary_prompts_come_through_the_same_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """store/summaries.py reads summary.prompt with `load_prompt` (it had a loader of its own): a custom
     template given as a path is used, and one without `{excerpts}` is a PromptError naming the setting."""
-    from memfit_gpu.store import EpisodeStore
-    from memfit_gpu.store.summaries import summary_prompt
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "short.txt").write_text("Summarise:\n{excerpts}\n")
     (tmp_path / "broken.txt").write_text("Summarise the conversation.\n")
-    turns = [Turn("D1:1", "Ann", "I adopted a cat.", "2023-05-08T13:56:00", "8 May 2023"),
-             Turn("D1:2", "Bob", "What is its name?", "2023-05-08T13:57:00", "8 May 2023")]
+    job = SummaryJob(memory_idx=0, members=np.array([0, 1]), speakers=["Ann", "Bob"],
+                     bodies=["I adopted a cat.", "What is its  name?"],
+                     event=np.datetime64("2023-05-08T13:56:00"), recorded=np.datetime64("2023-05-08T13:57:00"))
     cfg = MemFitConfig()
     cfg.summary.prompt = "short.txt"
-    store = EpisodeStore(None, cfg, bi_encoder)
-    store.add_memories([Memory("m", [Session("s1", "8 May 2023", "2023-05-08T13:56:00", turns)],
-                               speakers=["Ann", "Bob"])], progress=False)
-    assert summary_prompt(store, [0, 1]) == "Summarise:\n- Ann: I adopted a cat.\n- Bob: What is its name?\n"
+    assert summary_prompt(job, cfg.summary) == "Summarise:\n- Ann: I adopted a cat.\n- Bob: What is its name?\n"
     cfg.summary.prompt = "broken.txt"
     with pytest.raises(PromptError, match=r"summary.prompt='broken.txt': a summary prompt must contain the "
                                           r"\{excerpts\} placeholder"):
-        summary_prompt(store, [0, 1])
+        summary_prompt(job, cfg.summary)
 
 
 def test_a_prompt_that_fits_is_left_alone() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
 from memfit_gpu.config import ConfigError, ReaderConfig, load_config
 from memfit_gpu.readers.cache import ResponseCache
@@ -31,6 +32,7 @@ class Counting(Backend):
     """The real backend, counting the requests that reach it; optionally dying after some calls (a kill)."""
 
     def __init__(self, inner: Backend, die_after_calls: int | None = None) -> None:
+        super().__init__(inner.cfg)
         self.inner = inner
         self.name, self.model, self.gpus = inner.name, inner.model, inner.gpus
         self.chunk_size = inner.chunk_size
@@ -165,6 +167,24 @@ def test_a_request_without_sampling_settings_gets_the_readers_config(smollm_read
     out = backend.generate([Request(ask, "answer", key="count")])
     assert out[0].output_tokens == 8
     assert out[0].text == backend.generate([Request(ask, "answer", max_new_tokens=8, temperature=0.0)])[0].text
+
+
+@pytest.mark.slow
+def test_sampled_answers_follow_reader_seed(smollm_reader: Reader) -> None:
+    """temperature > 0 samples from reader.seed: the same seed gives the same texts whatever the global RNG
+    did in between; the configured seed is what the backend uses."""
+    backend = smollm_reader.backend
+    asks = [Request([{"role": "user", "content": f"Write a word that rhymes with {w}."}], "answer",
+                    max_new_tokens=12, temperature=1.5, key=w) for w in ("cat", "tree", "moon", "rain")]
+    first = [r.text for r in backend.generate(asks)]
+    torch.rand(1000)  # the global generator moves on
+    assert [r.text for r in backend.generate(asks)] == first
+    seeds = []
+    for seed in (1, 2, 3):
+        backend.cfg.seed = seed
+        seeds.append([r.text for r in backend.generate(asks)])
+    backend.cfg.seed = 0
+    assert len({tuple(texts) for texts in [first, *seeds]}) > 1  # four seeds, one sampled text set: not sampling
 
 
 @pytest.mark.slow

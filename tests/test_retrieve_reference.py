@@ -7,12 +7,16 @@ embeddings come from the real encoder. Reranker none (no cross-encoder weights e
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from memfit_gpu.config import load_config
+from memfit_gpu.retrieve import stages
 from memfit_gpu.retrieve.batched import retrieve_batch
 from memfit_gpu.retrieve.reference import retrieve_one
+from memfit_gpu.retrieve.stages import StageKey, tick
 from memfit_gpu.retrieve.view import ReadView
 
 pytestmark = pytest.mark.slow
@@ -144,3 +148,42 @@ def test_batched_equals_reference_on_the_reference_bm25_backend(setup) -> None:
     assert sum(bool(a.prf_terms) for a in batched) > len(batched) // 2
     for a, b in zip(batched, loop, strict=True):
         assert a.prf_terms == b.prf_terms and a.pack_key() == b.pack_key() and a.excerpts == b.excerpts
+
+
+def test_stage_clocks_wait_for_the_index_device(setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13.7: every stage clock of the batched path is read after the BM25 index's device has
+    finished its queued work (on a GPU an unsynchronised clock billed BM25 to `fuse`); the keys
+    written are exactly the StageKey names `memfit profile` reads."""
+    store, questions, embed = setup
+    cfg = load_config("configs/memfit.yaml", ["rerank.backend=none"])
+    synced: list[torch.device | None] = []
+    monkeypatch.setattr(stages, "synchronize", synced.append)
+    texts, mems = [q.question for q in questions[:4]], [q.memory_id for q in questions[:4]]
+    view = ReadView.from_store(store)
+    timings: dict[str, float] = {}
+    retrieve_batch(view, cfg, texts, mems, embed=embed, question_embeddings=embed(texts), timings=timings)
+    keys = {v for k, v in vars(StageKey).items() if k.isupper() and k != "PRF_PREFIX"}
+    prf_parts = {StageKey.PRF_PREFIX + k for k in (StageKey.BM25, StageKey.DENSE, StageKey.FUSE)}
+    expected = keys - {StageKey.BOOST} if cfg.retrieve.kernels == "triton" else keys
+    assert set(timings) == expected | prf_parts
+    # one synchronised reading per key written (PRF's parts and the BM25/dense/fuse split included);
+    # the BM25 and dense devices are the CPU here
+    assert len(synced) == 12 + 2 * 3 + 2 and set(synced) == {view.ep_bm25.device, None}
+
+
+def test_tick_reads_the_clock_after_the_device_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait is inside the measured interval (a CUDA stage's kernels are billed to it)."""
+    waited: list[torch.device] = []
+
+    def slow_sync(device: torch.device) -> None:
+        waited.append(device)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", slow_sync)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    tick(timings, StageKey.BM25, start, torch.device("cuda", 1))
+    tick(timings, StageKey.DENSE, start, torch.device("cpu"))
+    tick(timings, StageKey.FUSE, start, None)
+    assert waited == [torch.device("cuda", 1)]
+    assert timings[StageKey.BM25] >= 0.05 and set(timings) == {"bm25", "dense", "fuse"}

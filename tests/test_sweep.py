@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import datasets
 import pytest
 
 from memfit_gpu.cli import main as memfit_main
 from memfit_gpu.config import load_config
 from memfit_gpu.sweep import slurm, watch
-from memfit_gpu.sweep.aggregate import aggregate, to_csv, to_markdown
+from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
 from memfit_gpu.sweep.spec import (
     SweepError,
     find_point,
@@ -165,6 +167,43 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
     assert capsys.readouterr().out == expected_md
     assert (sweep_dir / "aggregate.md").read_text() == expected_md
     assert (sweep_dir / "aggregate.csv").read_text() == to_csv(columns, rows)
+
+
+def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
+    """`datasets` earns its place: a sweep's predictions as one Arrow table (point and sweep keys as columns,
+    nested fields flattened, a mixed-type gold column as text), written to Parquet and read back; a
+    point's torn last line (it is still appending) is skipped and left on disk for its writer."""
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": f"k={k}", "overrides": {"pack.k": k}, "dir": str(sweep_dir / "points" / f"k={k}"),
+               "state": "done"} for k in (5, 10, 20)]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
+    _point(sweep_dir, "k=5", None, [
+        {"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.5}}, "judge": None},
+        {"question_id": "b", "gold": 2022, "scores": {"paper": {"f1": 1.0}}, "judge": {"verdict": True}}], False)
+    _point(sweep_dir, "k=10", None, [{"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.0}},
+                                      "judge": None}], False)
+    torn = sweep_dir / "points" / "k=10" / "predictions.jsonl"
+    with torn.open("a") as handle:
+        handle.write('{"question_id": "b", "go')
+    size = torn.stat().st_size
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "sweep.json").write_text(json.dumps({"name": "e", "sweep_keys": [], "points": []}))
+    with pytest.raises(SweepError, match="no point has a predictions.jsonl yet"):
+        predictions_dataset(empty)
+    table = predictions_dataset(sweep_dir)
+    assert table.num_rows == 3 and torn.stat().st_size == size
+    assert table["point"] == ["k=5", "k=5", "k=10"] and table["sweep.pack.k"] == [5, 5, 10]
+    assert table["gold"] == ["7 May 2023", "2022", "7 May 2023"]
+    assert table["scores.paper.f1"] == [0.5, 1.0, 0.0] and table["judge.verdict"] == [None, True, None]
+    table.to_parquet(tmp_path / "p.parquet")
+    back = datasets.load_dataset("parquet", data_files=str(tmp_path / "p.parquet"), split="train",
+                                 cache_dir=str(tmp_path / "hf"))
+    assert back.to_list() == table.to_list()
+    assert memfit_main(["aggregate", str(sweep_dir), "--parquet", str(tmp_path / "cli.parquet")]) == 0
+    assert datasets.Dataset.from_parquet(str(tmp_path / "cli.parquet"),
+                                         cache_dir=str(tmp_path / "hf")).to_list() == table.to_list()
 
 
 def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> None:
@@ -375,3 +414,20 @@ def test_a_start_refused_because_another_process_runs_the_point_is_busy_not_an_e
     assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.ERROR
     assert state_after_stop("k=5", "exit code 1", 1, 1, 1, "log", point_dir) is PointState.RETRY
     assert state_after_stop("k=5", "exit code 1", 1, 2, 1, "log", point_dir) is PointState.FAILED
+
+
+def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point's command gets MEMFIT_LOCK_WAIT_S (a requeued task may start before its predecessor is
+    dead); a value the user set is kept; the exit code goes to the status file."""
+    point_dir, status = tmp_path / "p", tmp_path / "status.json"
+    point_dir.mkdir()
+    argv = [sys.executable, "-c", "import os, pathlib, sys; "
+            f"pathlib.Path({str(point_dir / 'DONE')!r}).write_text(os.environ['MEMFIT_LOCK_WAIT_S'])"]
+    monkeypatch.delenv("MEMFIT_LOCK_WAIT_S", raising=False)
+    assert slurm.PointTask()(argv, str(point_dir), str(status)) == str(point_dir)
+    assert (point_dir / "DONE").read_text() == str(slurm.TASK_LOCK_WAIT_S) == "300"
+    assert json.loads(status.read_text())["rc"] == 0
+    monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "12")
+    slurm.PointTask()(argv, str(point_dir), str(status))
+    assert (point_dir / "DONE").read_text() == "12"

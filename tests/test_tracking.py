@@ -116,6 +116,7 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     run = read_offline_run(folders[0], wait_s=30)
     assert run.exited
     assert (run.run_id, run.project, run.group) == (run_id, "memfit-test", "smoke-sweep")
+    assert run.tags == [cfg.name] == ["memfit"]  # the config's `name` labels the run
     # the resolved config, nested as MemFitConfig
     assert run.config["pack"]["k"] == 7
     assert run.config["tracking"]["wandb"]["group"] == "smoke-sweep"

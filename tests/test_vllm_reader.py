@@ -9,18 +9,21 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import ReaderConfig
+from memfit_gpu.config import ReaderConfig, load_config
 from memfit_gpu.devices import visible_gpu_ids
+from memfit_gpu.pipeline import run
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request
 from memfit_gpu.readers.vllm import gpu_groups, split_even
 
+REPO = Path(__file__).resolve().parents[1]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTIONS = ["What is the capital of France?", "Say hello.", "What is the capital of France?"]
 
@@ -231,3 +234,90 @@ def test_openai_reader_against_a_real_vllm_server(vllm_server: str, model_dir: s
     assert out[0].input_tokens == _prompt_len(model_dir, QUESTIONS[0])
     assert 1 <= out[0].output_tokens <= 10
     assert reader.ledger.roles["answer"].calls == 2
+
+
+class ServerLoad:
+    """Samples the vLLM server's own gauges (GET /metrics: vllm:num_requests_running + _waiting) on a
+    thread; `peak` is the most requests the server held at once."""
+
+    def __init__(self, base_url: str, every_s: float = 0.02) -> None:
+        import httpx
+
+        self.url = base_url.removesuffix("/v1") + "/metrics"
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._client = httpx.Client(timeout=5)
+        self._every_s = every_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _held(self) -> int:
+        total = 0.0
+        for line in self._client.get(self.url).text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._held())
+            self.samples += 1
+            time.sleep(self._every_s)
+
+    def __enter__(self) -> ServerLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+
+@pytest.mark.slow
+def test_a_server_holds_more_than_64_requests_of_one_run(vllm_server: str, tmp_path: Path) -> None:
+    """Issue 14.3: answers were fed 64 at a time with a barrier. Now every request is offered at once and
+    reader.concurrency alone bounds what is in flight: the server's own gauge sees more than 64, while
+    the caller still gets its flush-size batches, each committed to the cache before it is handed out."""
+    cfg = ReaderConfig(backend="openai", model="smollm2", base_urls=[vllm_server], max_new_tokens=4,
+                       concurrency=96, timeout_s=600)
+    reader = make_reader(cfg, tmp_path, progress=False)
+    requests = [Request([{"role": "user", "content": f"Repeat the number {i}."}], "answer", key=f"q{i}")
+                for i in range(96)]
+    sizes, seen = [], set()
+    with ServerLoad(vllm_server) as load:
+        for batch in reader.generate_batches(requests, batch_size=8):
+            sizes.append(len(batch))
+            positions = [i for i, _ in batch]
+            assert positions == sorted(positions) and not seen & set(positions)
+            seen |= set(positions)
+            assert reader.cache is not None and len(reader.cache) >= len(seen)  # committed before handed out
+    print(f"vLLM server held at most {load.peak} requests ({load.samples} samples of /metrics)")
+    assert load.samples > 0 and load.peak > 64, f"server held at most {load.peak} requests"
+    assert seen == set(range(96)) and all(n >= 8 for n in sizes[:-1])
+    assert reader.ledger.roles["answer"].calls == 96 and reader.ledger.answer_keys.count("q0") == 1
+
+
+@pytest.mark.slow
+def test_the_judge_works_while_answers_are_still_coming(vllm_server: str, tmp_path: Path, shared_data: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14.3: the judge ran after each chunk while the reader waited. With one answer in flight at a
+    time (reader.concurrency=1) the server can only ever hold two requests if a judge call overlaps an
+    answer; the run's results are those of a judged run (one verdict per answered question)."""
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [
+        "reader.backend=openai", "reader.model=smollm2", f"reader.base_urls=[{vllm_server}]", "reader.concurrency=1",
+        "reader.flush_every=1", "reader.max_new_tokens=24", "reader.timeout_s=600",
+        "eval.judge.enabled=true", "eval.judge.backend=openai", "eval.judge.model=smollm2",
+        f"eval.judge.base_urls=[{vllm_server}]", "eval.judge.max_new_tokens=24"])
+    with ServerLoad(vllm_server) as load:
+        metrics = run(cfg, tmp_path / "run", progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
+    assert metrics["questions"] == 6 and len(rows) == 6
+    assert all(row["judge"] is not None for row in rows)
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    judged = sum(1 for row in rows if row["prediction"].strip())
+    assert ledger["roles"]["answer"]["calls"] == 6 and ledger["roles"]["judge"]["calls"] == judged
+    print(f"judged run: server held at most {load.peak} requests with reader.concurrency=1")
+    assert judged >= 2 and load.peak >= 2, f"server held at most {load.peak} request(s): no overlap"

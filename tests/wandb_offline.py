@@ -23,6 +23,7 @@ class OfflineRun:
     run_id: str = ""
     project: str = ""
     group: str = ""
+    tags: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +97,7 @@ def _decode(path: Path) -> OfflineRun:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out.run_id, out.project, out.group = record.run.run_id, record.run.project, record.run.run_group
+            out.tags = list(record.run.tags)
             for item in record.run.config.update:
                 out.config[item.key] = json.loads(item.value_json)
         elif kind == "config":

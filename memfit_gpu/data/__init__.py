@@ -16,12 +16,12 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from memfit_gpu.config import DataConfig
+from memfit_gpu.data.locomo import load_locomo
+from memfit_gpu.data.longmemeval import SPLIT_FILES, load_longmemeval
+from memfit_gpu.data.memgallery import load_memgallery
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
-
-if TYPE_CHECKING:
-    from memfit_gpu.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,6 @@ def _check_name(name: str) -> str:
 def _longmemeval_files(folder: Path, split: str | None) -> list[Path]:
     """Files to read from a LongMemEval folder: the asked split, else the first official split present
     (s, oracle, m: S is the benchmark the paper reports), else every *.json (sample folders)."""
-    from memfit_gpu.data.longmemeval import SPLIT_FILES
-
     if split is not None:
         if split not in SPLIT_FILES:
             raise ValueError(f"unknown LongMemEval split {split!r}: choose one of {', '.join(SPLIT_FILES)}")
@@ -158,20 +156,14 @@ def load_benchmark(name: str, path: str | Path | None = None, split: str | None 
         files[0] if len(files) == 1 else f"{len(files)} files in {files[0].parent}",
     )
     if name == "locomo":
-        from memfit_gpu.data.locomo import load_locomo
-
         if len(files) != 1:
             raise DataError(
                 str(files[0].parent), None, None, "LoCoMo is one file: pass the locomo10.json path"
             )
         benchmark = load_locomo(files[0])
     elif name == "longmemeval":
-        from memfit_gpu.data.longmemeval import load_longmemeval
-
         benchmark = load_longmemeval(files)
     else:
-        from memfit_gpu.data.memgallery import load_memgallery
-
         benchmark = load_memgallery(files)
     if benchmark.problems:
         log.info("%s: %d data quirks handled (Benchmark.problems)", name, len(benchmark.problems))

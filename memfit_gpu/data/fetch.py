@@ -23,6 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memfit_gpu.data import cache_dir
 from memfit_gpu.data.schema import DataError
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,6 @@ def fetch_benchmark(
 
     Files already present with the right sha256 are not downloaded again. Returns the file paths.
     """
-    from memfit_gpu.data import cache_dir
-
     root = Path(dest).expanduser() if dest is not None else cache_dir()
     written: list[Path] = []
     for entry in files_for(name, split):

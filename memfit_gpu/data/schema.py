@@ -9,10 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# A turn longer than this is reported as a data quirk (the longest real turn: LoCoMo 454 characters,
-# MemGallery 1,692, the LongMemEval oracle files 4,015). Equal to pack.max_excerpt_chars's default, so
-# every turn whose excerpt would be cut is listed in Benchmark.problems.
-HUGE_TURN_CHARS = 100_000
+from memfit_gpu.config import HUGE_TURN_CHARS  # noqa: F401  (the loaders' data-quirk threshold, defined with its config default)
 
 # The later turns that repeat a turn id within one memory get "<id>#dup<n>" (n = 2, 3, ...).
 _DUPLICATE_SUFFIX = re.compile(r"#dup\d+$")

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.evaluate.metrics import VARIANTS, score
 from memfit_gpu.evaluate.stats import paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
@@ -91,14 +92,16 @@ def compare_runs(
     run_b: str | Path,
     metric: str | None = None,
     variant: str = "paper",
-    n_permutations: int = 10_000,
-    seed: int = 0,
+    n_permutations: int | None = None,
+    seed: int | None = None,
     method: str = "monte_carlo",
 ) -> dict[str, Any]:
     """Permutation tests of B against A, overall, per category and for the mean of category means.
 
     metric: "judge" | "f1" | None (judge verdicts when every paired question has one in both runs,
     else F1 under `variant`). method: "monte_carlo" | "exact" (see stats.paired_permutation_test).
+    n_permutations / seed: None = run A's eval.permutation_samples / eval.seed (its config.yaml; the
+    config defaults when A is a bare predictions file).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown metric variant {variant!r}; choose one of {', '.join(VARIANTS)}")
@@ -106,6 +109,11 @@ def compare_runs(
         raise ValueError(f"unknown metric {metric!r}; choose judge or f1")
     path_a, rows_a, warn_a = read_predictions(run_a)
     path_b, rows_b, warn_b = read_predictions(run_b)
+    if n_permutations is None or seed is None:
+        saved = path_a.parent / "config.yaml"
+        settings = (load_config(saved) if saved.is_file() else MemFitConfig()).eval
+        n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
+        seed = settings.seed if seed is None else seed
     shared = [qid for qid in rows_a if qid in rows_b]
     only_a = [qid for qid in rows_a if qid not in rows_b]
     only_b = [qid for qid in rows_b if qid not in rows_a]

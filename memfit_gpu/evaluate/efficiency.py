@@ -1,4 +1,5 @@
-"""The efficiency table of finished runs, any method (`memfit efficiency RUN_DIR...`; issue 15).
+"""The efficiency table of finished runs, any method (`memfit efficiency RUN_DIR...`, memfit_gpu/cli/efficiency.py;
+issue 15).
 
 One row per run directory, from what the run wrote:
 - method and reader: config.yaml (`method` absent = memfit, a run from before methods existed);
@@ -18,7 +19,6 @@ One row per run directory, from what the run wrote:
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +26,6 @@ from typing import Any
 
 import yaml
 
-from memfit_gpu.evaluate.render import csv_text, markdown_table
 from memfit_gpu.readers.ledger import Ledger, load_prices
 
 COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
@@ -100,25 +99,3 @@ def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = D
                                   f"(have: {', '.join(sorted(prices))})")
         price = prices[price_model]
     return [efficiency_row(run, price) for run in run_dirs]
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "efficiency", help="efficiency table of finished runs: LLM calls and tokens (write / read), time, cost",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run directories (any method)")
-    parser.add_argument("--price-model", default=DEFAULT_PRICE_MODEL,
-                        help="hosted model whose list price estimates the cost (configs/prices.yaml)")
-    parser.add_argument("--prices", help="price table (default configs/prices.yaml)")
-    parser.add_argument("--csv", help="also write the table as CSV to this file")
-    parser.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    rows = efficiency_table(args.runs, args.price_model, args.prices)
-    cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]
-    print(markdown_table(COLUMNS, cells, align=["left"] * 3 + ["right"] * (len(COLUMNS) - 3)), end="")
-    if args.csv:
-        Path(args.csv).write_text(csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
-    return 0

@@ -3,7 +3,6 @@
 Every method shares the data loading, encoders, readers, response cache, ledger, answer call and scoring
 of `memfit run`; only how a question's excerpts are made (and the write-time work behind them) differs.
 
-settings.py      the `method` key and the `naive_rag`, `full_context`, `lightmem` config sections (leaf module)
 registry.py      method name -> implementation; `MethodRun`, what a method gets from the run
 common.py        what several methods share: the turn table, the packs of a method, its diagnostics
 plain.py         plain retrieval: MemFit's read path with every MemFit addition off
@@ -11,5 +10,6 @@ naive_rag.py     fixed-size word chunks of the history, dense top-k, no rerank
 full_context.py  the whole history, oldest turns dropped first when it does not fit the reader
 lightmem.py      LightMem-SLM: STM / MTM / LTM graph, SLM-1 rewrite + routing, SLM-2 re-rank
 
-This package file imports nothing: memfit_gpu.config imports settings.py while it is itself being imported.
+The `method` key and the `naive_rag`, `full_context`, `lightmem` config sections are in memfit_gpu/config.py
+(which imports nothing of memfit_gpu). This package file imports nothing.
 """

@@ -28,7 +28,7 @@ a pure function of the stored turns and entries, so a rerun computes what is mis
 that, and the response cache serves any call the killed run already made: a rerun makes no new call.
 Order per batch: the calls (cached), the ledger (`MethodRun.account`), then the log.
 
-Where the paper is silent, this implementation chooses (and the defaults are in settings.py):
+Where the paper is silent, this implementation chooses (and the defaults are in config.LightMemConfig):
 - One model: the SLMs are the run's reader (`reader.*`), so that a comparison with one reader holds every
   method to the same model. Every SLM call is greedy (`lightmem.temperature` 0).
 - An "interaction" is a window of mtm_window_turns turns within one session; a session's last window may

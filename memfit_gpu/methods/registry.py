@@ -1,4 +1,4 @@
-"""Method name -> implementation (the `method` key; names in settings.METHODS).
+"""Method name -> implementation (the `method` key; names in config.METHODS).
 
 `memfit` and `plain` run MemFit's own path in memfit_gpu.pipeline (store, summaries, batched
 retrieval), `plain` with its fixed switches (`memfit_path_config`). The others are `Method`s
@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memfit_gpu.config import ConfigError, MemFitConfig
+from memfit_gpu.config import METHODS, ConfigError, MemFitConfig
 from memfit_gpu.methods.base import Method
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import LightMem
 from memfit_gpu.methods.naive_rag import NaiveRAG
 from memfit_gpu.methods.plain import SWITCHES, plain_config
-from memfit_gpu.methods.settings import METHODS
 
 OWN_PATH: dict[str, Callable[[], Method]] = {"naive_rag": NaiveRAG, "full_context": FullContext,
                                                "lightmem_slm": LightMem}

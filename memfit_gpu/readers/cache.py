@@ -56,14 +56,19 @@ def image_fingerprint(image: str) -> str:
     return image
 
 
-def request_key(backend: str, model: str, request: Request, template_kwargs: dict[str, Any] | None = None) -> str:
-    """The cache key of `request` on `model`: sha256 over everything that determines the output."""
+def request_key(backend: str, model: str, request: Request, template_kwargs: dict[str, Any] | None = None,
+                seed: int = 0) -> str:
+    """The cache key of `request` on `model`: sha256 over everything that determines the output (the
+    sampling seed only when the request samples: greedy keys stay what they were)."""
+    params: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature}
+    if request.temperature:
+        params["seed"] = int(seed)
     payload = {
         "backend": backend,
         "model": model,
         "messages": request.messages,
         "images": [image_fingerprint(i) for i in request.images],
-        "params": {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature},
+        "params": params,
     }
     if template_kwargs:  # absent when empty, so keys made before the option existed still hit
         payload["chat_template_kwargs"] = dict(template_kwargs)

@@ -13,6 +13,7 @@ not count such a question again (`accounted_keys`).
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -65,8 +66,14 @@ class Ledger:
     # Answer keys of the saved ledger this one was loaded from, until a rerun re-serves them: that call is
     # accounted already. A key repeated within one process is still counted (and fails the check).
     accounted_keys: set[str] = field(default_factory=set, repr=False, compare=False)
+    # The answer reader and the judge (on its own thread, pipelined behind the answers) share one ledger.
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def record(self, role: str, key: str, response: Response, backend: str) -> None:
+        with self._lock:
+            self._record(role, key, response, backend)
+
+    def _record(self, role: str, key: str, response: Response, backend: str) -> None:
         stats = self.roles.setdefault(role, RoleStats())
         if role == "answer":
             if key in self.accounted_keys:
@@ -92,10 +99,12 @@ class Ledger:
         m.output_tokens += response.output_tokens
 
     def add_wall(self, role: str, seconds: float) -> None:
-        self.roles.setdefault(role, RoleStats()).wall_s += seconds
+        with self._lock:
+            self.roles.setdefault(role, RoleStats()).wall_s += seconds
 
     def add_gpu_seconds(self, role: str, seconds: float) -> None:
-        self.roles.setdefault(role, RoleStats()).gpu_seconds += seconds
+        with self._lock:
+            self.roles.setdefault(role, RoleStats()).gpu_seconds += seconds
 
     def check_one_answer_per_question(self, question_ids: Sequence[str]) -> None:
         """Exactly one answer request per question id, and none for anything else; else raise naming ids."""
@@ -143,21 +152,23 @@ class Ledger:
         """The roles' stats summed per phase (ROLE_PHASES: write, read, eval); a role no phase names (from
         a ledger another version wrote) is summed under its own name."""
         out = {phase: RoleStats() for phase in PHASES}
-        for role, stats in self.roles.items():
-            total = out.setdefault(ROLE_PHASES.get(role, role), RoleStats())
-            for name, value in asdict(stats).items():
-                setattr(total, name, getattr(total, name) + value)
+        with self._lock:
+            for role, stats in self.roles.items():
+                total = out.setdefault(ROLE_PHASES.get(role, role), RoleStats())
+                for name, value in asdict(stats).items():
+                    setattr(total, name, getattr(total, name) + value)
         return out
 
     def to_dict(self, prices_path: str | Path | None = None) -> dict[str, Any]:
-        return {
-            "roles": {r: asdict(s) for r, s in self.roles.items()},
-            "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
-            "models": {k: asdict(m) for k, m in self.models.items()},
-            "answer_calls": len(self.answer_keys),
-            "answer_keys": list(self.answer_keys),
-            "cost": self.cost(prices_path),
-        }
+        with self._lock:
+            return {
+                "roles": {r: asdict(s) for r, s in self.roles.items()},
+                "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
+                "models": {k: asdict(m) for k, m in self.models.items()},
+                "answer_calls": len(self.answer_keys),
+                "answer_keys": list(self.answer_keys),
+                "cost": self.cost(prices_path),
+            }
 
     def to_json(self, prices_path: str | Path | None = None) -> str:
         return json.dumps(self.to_dict(prices_path), indent=1)

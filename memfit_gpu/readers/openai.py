@@ -18,10 +18,11 @@ import asyncio
 import logging
 import math
 import os
+import queue
 import random
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -139,6 +140,8 @@ class OpenAIBackend(Backend):
             "max_tokens": max_new_tokens,
             "temperature": temperature,
         }
+        if temperature > 0:  # OpenAI-compatible servers (vLLM included) honour a per-request seed
+            body["seed"] = int(self.cfg.seed)
         if self.template_kwargs:  # vLLM / SGLang servers read it; the OpenAI API does not need it
             body["chat_template_kwargs"] = self.template_kwargs
         endpoint = f"{url}/chat/completions"
@@ -187,14 +190,29 @@ class OpenAIBackend(Backend):
         return Response(text.strip(), int(n_in), int(n_out), latency, False, data.get("model") or self.model,
                         estimated)
 
-    async def _all(self, requests: Sequence[Request]) -> list[Response]:
+    async def _all(self, requests: Sequence[Request],
+                   finished: queue.SimpleQueue[tuple[int, Response | BaseException]] | None = None) -> list[Response]:
+        """Every request at once, at most `concurrency` in flight per URL; each result also goes to
+        `finished` (position, response or exception) the moment it arrives."""
         sems = [asyncio.Semaphore(self.concurrency) for _ in self.base_urls]
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency * len(self.base_urls),
                               max_keepalive_connections=self.concurrency * len(self.base_urls))
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=headers) as client:
+
+        async def one(client: httpx.AsyncClient, i: int, request: Request) -> Response:
             n = len(self.base_urls)
-            tasks = [self._one(client, self.base_urls[i % n], sems[i % n], r) for i, r in enumerate(requests)]
+            try:
+                response = await self._one(client, self.base_urls[i % n], sems[i % n], request)
+            except Exception as exc:
+                if finished is not None:
+                    finished.put((i, exc))
+                raise
+            if finished is not None:
+                finished.put((i, response))
+            return response
+
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=headers) as client:
+            tasks = [one(client, i, r) for i, r in enumerate(requests)]
             # Let every call finish before the client closes; then report the first failure.
             results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:
@@ -206,3 +224,40 @@ class OpenAIBackend(Backend):
         if not requests:
             return []
         return _run_coroutine(self._all(requests))
+
+    def generate_stream(self, requests: Sequence[Request]) -> Iterator[list[tuple[int, Response]]]:
+        """Every request offered to the servers at once (`concurrency` in flight per URL, however often
+        the caller commits), each response yielded as it arrives. The first failure is raised once
+        every other call has finished (the caller has committed those)."""
+        if not requests:
+            return
+        finished: queue.SimpleQueue[tuple[int, Response | BaseException]] = queue.SimpleQueue()
+        failure: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                asyncio.run(self._all(requests, finished))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=target, name="openai-reader", daemon=True)
+        thread.start()
+        first_error: BaseException | None = None
+        received = 0
+        while received < len(requests):
+            try:
+                position, result = finished.get(timeout=0.5)
+            except queue.Empty:
+                if not thread.is_alive() and finished.empty():  # failed before answering everything
+                    break
+                continue
+            received += 1
+            if isinstance(result, BaseException):
+                first_error = first_error or result
+                continue
+            yield [(position, result)]
+        thread.join()
+        if first_error is not None or failure:
+            raise first_error or failure[0]
+        if received < len(requests):
+            raise ReaderError(f"openai reader: {len(requests) - received} of {len(requests)} requests got no response")

@@ -7,7 +7,7 @@ answers, judge) gets caching, resumability and accounting for free.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +16,16 @@ from tqdm.auto import tqdm
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.registry import make_backend
-from memfit_gpu.readers.types import Backend, PromptTokenLimit, ReaderError, Request, Response
+from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
 
 if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
+
+
+def _served_again(response: Response) -> Response:
+    """A response as a cache hit (no new call: zero latency, counted as cached in the ledger)."""
+    return Response(response.text, response.input_tokens, response.output_tokens, 0.0, True, response.model,
+                    response.tokens_estimated, dict(response.notes), response.error)
 
 
 class Reader:
@@ -56,53 +62,89 @@ class Reader:
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         """One response per request, in order: cached ones from the cache, the rest from the backend (a
         request repeated within the batch is generated once). Every response is recorded in the ledger."""
+        out: list[Response | None] = [None] * len(requests)
+        show = self.progress and len(requests) > self.backend.chunk_size
+        for batch in self.generate_batches(requests, self.backend.chunk_size, progress=show):
+            for position, response in batch:
+                out[position] = response
+        return out  # type: ignore[return-value]
+
+    def generate_batches(self, requests: Sequence[Request], batch_size: int,
+                         progress: bool = False) -> Iterator[list[tuple[int, Response]]]:
+        """Responses in batches of at least `batch_size` (the last may be smaller) as they finish, each
+        batch a list of (position in `requests`, response) sorted by position.
+
+        Cached responses come first. Every uncached request is offered to the backend at once
+        (`Backend.generate_stream`): a server keeps as many in flight as it allows, whatever the batch
+        size. Before a batch is yielded its calls are in the response cache and in the ledger, so a
+        caller that saves the ledger and then writes the batch loses nothing to a kill (a failed
+        request is recorded but not cached: a rerun asks again)."""
         requests = self._filled(requests)
         start = time.perf_counter()
-        keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs) for r in requests]
+        role = requests[0].role if requests else "answer"
+        keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs,
+                            self.backend.cfg.seed) for r in requests]
         found = self.cache.get_many(keys) if self.cache is not None else {}
-        # Identical requests in one batch are generated once: the second is a cache hit of the first.
-        todo: dict[str, Request] = {}
-        for k, r in zip(keys, requests, strict=True):
-            if k not in found and k not in todo:
-                todo[k] = r
-        fresh: dict[str, Response] = {}
-        todo_keys = list(todo)
-        chunks = [todo_keys[i:i + self.backend.chunk_size] for i in range(0, len(todo_keys), self.backend.chunk_size)]
-        bar = None
-        if self.progress and len(chunks) > 1:
-            bar = tqdm(total=len(todo_keys), desc=f"{self.backend.name} {requests[0].role}", unit="call")
-        for chunk in chunks:
-            chunk_start = time.perf_counter()
-            answers = self.backend.generate([todo[k] for k in chunk])
-            if len(answers) != len(chunk):
-                raise ReaderError(f"{self.backend.name} returned {len(answers)} responses for {len(chunk)} requests")
-            chunk_wall = time.perf_counter() - chunk_start
-            for k, resp in zip(chunk, answers, strict=True):
-                fresh[k] = resp
-            # Committed per chunk: a killed run keeps every call that finished. A failed request is not
-            # cached, so a rerun asks again.
-            if self.cache is not None:
-                self.cache.put_many(self.backend.name,
-                                    [(k, todo[k].role, fresh[k]) for k in chunk if fresh[k].error is None])
-            self.ledger.add_gpu_seconds(todo[chunk[0]].role, chunk_wall * self.backend.gpus)
-            if bar is not None:
-                bar.update(len(chunk))
-        if bar is not None:
+        positions: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            positions.setdefault(key, []).append(i)
+        step = max(1, int(batch_size))
+        try:
+            served = [(i, _served_again(found[key])) for i, key in enumerate(keys) if key in found]
+            for b in range(0, len(served), step):
+                yield self._recorded(requests, served[b:b + step])
+            # Identical requests are generated once: the others are served that response as cached.
+            todo = [key for key in positions if key not in found]
+            bar = tqdm(total=len(todo), desc=f"{self.backend.name} {role}", unit="call", disable=not progress)
+            ready: list[tuple[int, Response]] = []
+            made: list[tuple[str, str, Response]] = []  # (key, role, response) generated since the last commit
+            clock = time.perf_counter()
+            stream = self.backend.generate_stream([requests[positions[key][0]] for key in todo])
+            try:
+                for group in stream:
+                    for j, response in group:
+                        first, *repeats = positions[todo[j]]
+                        ready.append((first, response))
+                        ready.extend((i, _served_again(response)) for i in repeats)
+                        made.append((todo[j], requests[first].role, response))
+                    bar.update(len(group))
+                    if len(ready) >= step:
+                        clock = self._commit(made, role, clock)
+                        yield from self._recorded_batches(requests, ready, step)
+                        ready, made = [], []
+            except Exception:
+                # the backend failed after answering some: keep those (a rerun is served them)
+                self._commit(made, role, clock)
+                self._recorded(requests, ready)
+                raise
+            if ready:
+                self._commit(made, role, clock)
+                yield from self._recorded_batches(requests, ready, step)
             bar.close()
-        out: list[Response] = []
-        made: set[str] = set()
-        for k, r in zip(keys, requests, strict=True):
-            if k in fresh and k not in made:
-                made.add(k)
-                resp = fresh[k]
-            else:
-                src = fresh[k] if k in fresh else found[k]
-                resp = Response(src.text, src.input_tokens, src.output_tokens, 0.0, True, src.model,
-                                src.tokens_estimated, dict(src.notes), src.error)
-            out.append(resp)
-            self.ledger.record(r.role, r.key, resp, backend=self.backend.name)
-        self.ledger.add_wall(requests[0].role if requests else "answer", time.perf_counter() - start)
-        return out
+        finally:
+            self.ledger.add_wall(role, time.perf_counter() - start)
+
+    def _commit(self, made: Sequence[tuple[str, str, Response]], role: str, since: float) -> float:
+        """Cache what was generated (a failed request is not cached: a rerun asks again) and bill the GPUs
+        the backend held since `since`; returns now."""
+        if self.cache is not None:
+            self.cache.put_many(self.backend.name, [(key, r, resp) for key, r, resp in made if resp.error is None])
+        now = time.perf_counter()
+        self.ledger.add_gpu_seconds(role, (now - since) * self.backend.gpus)
+        return now
+
+    def _recorded_batches(self, requests: Sequence[Request], ready: list[tuple[int, Response]],
+                          step: int) -> Iterator[list[tuple[int, Response]]]:
+        """`ready` in position order, `step` at a time, each recorded in the ledger as it is handed out."""
+        ready = sorted(ready, key=lambda item: item[0])
+        for b in range(0, len(ready), step):
+            yield self._recorded(requests, ready[b:b + step])
+
+    def _recorded(self, requests: Sequence[Request], batch: list[tuple[int, Response]]) -> list[tuple[int, Response]]:
+        batch = sorted(batch, key=lambda item: item[0])
+        for i, response in batch:
+            self.ledger.record(requests[i].role, requests[i].key, response, backend=self.backend.name)
+        return batch
 
     def close(self) -> None:
         self.backend.close()

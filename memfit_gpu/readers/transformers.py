@@ -153,6 +153,8 @@ class TransformersBackend(Backend):
                 input_ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch])
                 attention = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in batch])
                 kwargs = _generate_kwargs(max_new, temperature, pad)
+                if temperature > 0:  # each sampled batch from reader.seed: a rerun samples the same
+                    torch.manual_seed(self.cfg.seed)
                 start = time.perf_counter()
                 with torch.inference_mode():
                     generated = self.net.generate(input_ids=input_ids.to(self.device),
@@ -201,6 +203,8 @@ class TransformersBackend(Backend):
                 inputs = self.processor(text=[texts[i] for i in batch], images=images or None, padding=True,
                                         return_tensors="pt").to(self.device)
                 kwargs = _generate_kwargs(max_new, temperature, self.tokenizer.pad_token_id)
+                if temperature > 0:  # each sampled batch from reader.seed: a rerun samples the same
+                    torch.manual_seed(self.cfg.seed)
                 start = time.perf_counter()
                 with torch.inference_mode():
                     generated = self.net.generate(**inputs, **kwargs)

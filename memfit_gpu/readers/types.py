@@ -7,7 +7,7 @@ and `reader.py` puts one behind the run's response cache and ledger.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -99,6 +99,19 @@ class Backend(ABC):
     @abstractmethod
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         """One response per request, in the same order."""
+
+    def generate_stream(self, requests: Sequence[Request]) -> Iterator[list[tuple[int, Response]]]:
+        """Responses as they finish, in groups of (position in `requests`, response).
+
+        The default answers `chunk_size` requests per `generate` call, in order. A backend that can keep
+        more requests in flight than one chunk (an HTTP server) overrides it, so that how often the
+        caller commits results does not bound how much work the backend is offered."""
+        for start in range(0, len(requests), self.chunk_size):
+            chunk = list(requests[start:start + self.chunk_size])
+            answers = self.generate(chunk)
+            if len(answers) != len(chunk):
+                raise ReaderError(f"{self.name} returned {len(answers)} responses for {len(chunk)} requests")
+            yield [(start + i, answer) for i, answer in enumerate(answers)]
 
     def prompt_token_limit(self) -> PromptTokenLimit | None:
         """The model's context in tokens and a prompt-token counter, where the backend knows both (None

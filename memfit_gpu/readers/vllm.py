@@ -163,6 +163,7 @@ class VLLMBackend(Backend):
             "gpu_memory_utilization": gpu_memory_utilization if gpu_memory_utilization is not None
             else (None if on_cpu else float(cfg.gpu_memory_utilization)),
             "chat_template_kwargs": self.template_kwargs,
+            "seed": int(cfg.seed),
         }
         if log_dir is None:
             log_dir = Path(tempfile.mkdtemp(prefix="memfit-vllm-"))

@@ -129,7 +129,8 @@ def _answer(llm: Any, batch: list[dict[str, Any]], settings: dict[str, Any]) -> 
         except Exception as exc:  # noqa: BLE001 - this request alone cannot be served
             items[i] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        params.append(SamplingParams(max_tokens=max_tokens, temperature=float(r["temperature"]), seed=0))
+        params.append(SamplingParams(max_tokens=max_tokens, temperature=float(r["temperature"]),
+                                     seed=int(settings.get("seed", 0))))
         where.append(i)
         notes_of[i] = notes
     outputs = _chat_isolated(llm, conversations, params, template_kwargs) if conversations else []

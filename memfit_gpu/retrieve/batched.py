@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.index.encoders import PairScorer
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels import resolve_backend
@@ -39,6 +40,7 @@ from memfit_gpu.retrieve.pool import (
 )
 from memfit_gpu.retrieve.prf import feedback_terms_batch
 from memfit_gpu.retrieve.rerank import cross_encoder_scores, final_order, reranker_info, zscore
+from memfit_gpu.retrieve.stages import StageKey, tick
 from memfit_gpu.retrieve.view import ReadView
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ class RetrievalResult:
             "memory_id": self.memory_id,
             "question": self.question,
             "reranker": self.reranker,
-            "prf_terms": self.prf_terms,
+            StageKey.PRF_TERMS: self.prf_terms,
             "ranked": self.ranked,
             "pack": {
                 "episodes": [{"row": r, "turn_id": view.ep_turn_id[r], "selected": r in self.pack.selected}
@@ -124,12 +126,6 @@ class _ChunkColumns:
             strict=True,
         )
         return [dict(zip(_RANKED_FIELDS, item, strict=True)) for item in columns]
-
-
-def _tick(timings: dict[str, float], stage: str, since: float) -> float:
-    now = time.perf_counter()
-    timings[stage] = timings.get(stage, 0.0) + now - since
-    return now
 
 
 def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
@@ -179,22 +175,20 @@ def _fused_search(bm25: LexicalIndex, dense: DenseSearch, tokens: Sequence[list[
     its own memory, then union, fusion, boosts and top-k in one launch (`memfit_gpu.kernels`).
     Same Hits, bit for bit, as the torch path; `fuse` there is this launch (boosts included)."""
     rcfg = cfg.retrieve
-    start = time.perf_counter()
+    clock = time.perf_counter()
     if encoded is not None:
         b_scores, b_rows = bm25.search_encoded(encoded[0], encoded[1], list(memory_idx), rcfg.scan_top_k,
                                                kernels="triton")
     else:
         b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), rcfg.scan_top_k, kernels="triton")
-    after_bm25 = time.perf_counter()
-    d_scores, d_rows = dense.search(embeddings, list(memory_idx), rcfg.scan_top_k, min_score=rcfg.dense_min_cosine)
-    after_dense = time.perf_counter()
     device = b_rows.device
+    clock = tick(timings, timing_prefix + StageKey.BM25, clock, device)
+    d_scores, d_rows = dense.search(embeddings, list(memory_idx), rcfg.scan_top_k, min_score=rcfg.dense_min_cosine)
+    clock = tick(timings, timing_prefix + StageKey.DENSE, clock, d_rows.device)
     columns = hybrid_topk_triton(b_scores, b_rows, d_scores.to(device), d_rows.to(device), rcfg.alpha, k=k,
                                  by_row=by_row, boosts=boosts)
     hits = Hits(*(t.cpu() for t in columns))
-    for key, seconds in (("bm25", after_bm25 - start), ("dense", after_dense - after_bm25),
-                         ("fuse", time.perf_counter() - after_dense)):
-        timings[timing_prefix + key] = timings.get(timing_prefix + key, 0.0) + seconds
+    tick(timings, timing_prefix + StageKey.FUSE, clock)
     return hits
 
 
@@ -215,7 +209,7 @@ def _boost_inputs(view: ReadView, cfg: MemFitConfig, cons: tuple[torch.Tensor, .
 
 def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], memory_ids: Sequence[str],
                    embed: Embed | None = None, question_embeddings: torch.Tensor | None = None,
-                   reranker: Any | None = None, progress: bool = False,
+                   reranker: PairScorer | None = None, progress: bool = False,
                    timings: dict[str, float] | None = None) -> list[RetrievalResult]:
     """Retrieve for every question; see module doc. reranker: a CrossEncoderModule or None (= backend none).
 
@@ -239,7 +233,7 @@ def retrieve_batch(view: ReadView, cfg: MemFitConfig, questions: Sequence[str], 
 
 
 def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], memory_ids: list[str],
-                    embed: Embed | None, q_emb: torch.Tensor | None, reranker: Any | None,
+                    embed: Embed | None, q_emb: torch.Tensor | None, reranker: PairScorer | None,
                     progress: bool, timings: dict[str, float]) -> list[RetrievalResult]:
     clock = time.perf_counter()
     rcfg = cfg.retrieve
@@ -257,7 +251,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     kernels = kernel_backend(view, rcfg.kernels)
     device = view.ep_bm25.device
 
-    clock = _tick(timings, "stage_0_queries", clock)
+    clock = tick(timings, StageKey.QUERIES, clock, device)
     # 1-2: episode hybrid + boosts
     if kernels == "triton":
         ep = _fused_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, cfg, timings,
@@ -267,9 +261,9 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
                            rcfg.dense_min_cosine, timings=timings)
         boost_start = time.perf_counter()
         ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month)
-        timings["boost"] = timings.get("boost", 0.0) + time.perf_counter() - boost_start
+        tick(timings, StageKey.BOOST, boost_start, device)
 
-    clock = _tick(timings, "stage_1_2_episodes", clock)
+    clock = tick(timings, StageKey.EPISODES, clock, device)
     # 3: summary hybrid + boosts, top summary_top_k
     sm: Hits | None = None
     if rcfg.summaries and view.has_summaries and kernels == "triton":
@@ -281,7 +275,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.sm_year_month)
         sm = sm.head(rcfg.summary_top_k)
 
-    clock = _tick(timings, "stage_3_summaries", clock)
+    clock = tick(timings, StageKey.SUMMARIES, clock, device)
     # 4-5: pool and summary expansion
     pool = round_robin(ep, sm, rcfg.pool_size)
     expansion = Candidates.empty(n_q)
@@ -289,7 +283,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         expansion = summary_expansion(pool, sm, view.members_padded, rcfg.summary_expansion_top,
                                       rcfg.summary_expansion_weight)
 
-    clock = _tick(timings, "stage_4_5_pool", clock)
+    clock = tick(timings, StageKey.POOL, clock, device)
     # 6: PRF, a second batched hybrid pass
     prf_terms: list[list[str]] = [[] for _ in range(n_q)]
     prf = Candidates.empty(n_q)
@@ -305,23 +299,23 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
             place = torch.full((n_q,), -1, dtype=torch.long)
             place[asking_t] = torch.arange(len(asking))
             encoded = (place[pairs[0].cpu()], pairs[1])
-            part = _tick(timings, "prf_terms", clock)
+            part = tick(timings, StageKey.PRF_TERMS, clock, device)
             prf_emb = torch.as_tensor(embed([" ".join(prf_terms[i]) for i in asking]), dtype=torch.float32).cpu()
-            part = _tick(timings, "prf_embed", part)
+            part = tick(timings, StageKey.PRF_EMBED, part, device)
             if kernels == "triton":  # row order, no boosts: what prf_expansion expects of `fuse`
                 hits = _fused_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
                                      [mems[i] for i in asking], cfg, timings, by_row=True, encoded=encoded,
-                                     timing_prefix="prf_")
+                                     timing_prefix=StageKey.PRF_PREFIX)
             else:
                 hits = hybrid_search(view.ep_bm25, view.ep_dense, [prf_terms[i] for i in asking], prf_emb,
                                      [mems[i] for i in asking], rcfg.scan_top_k, rcfg.alpha, rcfg.dense_min_cosine,
-                                     timings=timings, encoded=encoded, timing_prefix="prf_")
+                                     timings=timings, encoded=encoded, timing_prefix=StageKey.PRF_PREFIX)
             part = time.perf_counter()
             hits = _expand(hits, asking_t, n_q)
             prf = prf_expansion(hits, pool, expansion, rcfg.prf.weight)
-            _tick(timings, "prf_expansion", part)
+            tick(timings, StageKey.PRF_EXPANSION, part, device)
 
-    clock = _tick(timings, "stage_6_prf", clock)
+    clock = tick(timings, StageKey.PRF, clock, device)
     # 7: rerank candidates = pool[:rerank_pool] + every expansion
     cands = concat([pool.head(cfg.rerank.rerank_pool), expansion, prf])
     rerank_scores: torch.Tensor | None = None
@@ -350,7 +344,7 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     final = torch.where(ranked.valid, final.gather(1, order), 0.0)
     raw_rerank = rerank_scores.gather(1, order) if rerank_scores is not None else None
 
-    clock = _tick(timings, "stage_7_rerank", clock)
+    clock = tick(timings, StageKey.RERANK, clock, device)
     # 8-9: pack and excerpts
     info = reranker_info(cfg.rerank, reranker)
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
@@ -363,5 +357,5 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i),
                                excerpt_chars_cut=cut)
                for i, (pack, (text, cut)) in enumerate(zip(packs, texts, strict=True))]
-    _tick(timings, "stage_8_9_pack", clock)
+    tick(timings, StageKey.PACK, clock, device)
     return results

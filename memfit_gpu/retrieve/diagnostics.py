@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memfit_gpu.data.schema import written_turn_id
+from memfit_gpu.data.schema import Question, written_turn_id
+from memfit_gpu.retrieve.batched import RetrievalResult
+from memfit_gpu.retrieve.view import ReadView
 
 HIT_KS = (5, 10, 20, 30)
 RATE_KEYS = tuple(f"hit@{k}" for k in HIT_KS) + ("pack_hit", "pack_hit_window", "all_gold_pack",
@@ -51,7 +53,7 @@ def _rates(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def compute_diagnostics(results: Sequence[Any], questions: Sequence[Any], view: Any,
+def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[Question], view: ReadView,
                         reranker: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
     """(diagnostics.json content, per-question records aligned with `questions`; None = not scorable).
 

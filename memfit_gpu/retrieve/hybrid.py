@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
+from memfit_gpu.retrieve.stages import StageKey, tick
 
 _BIG = torch.iinfo(torch.long).max
 
@@ -126,18 +127,15 @@ def hybrid_search(bm25: LexicalIndex, dense: DenseSearch, tokens: Sequence[list[
     encoded: the BM25 queries as (query index, term id) pairs (`LexicalIndex.feedback_terms`), used
     instead of re-encoding `tokens`. timings: when given, wall seconds of the three parts are added
     under `bm25`, `dense`, `fuse` (each after `timing_prefix`)."""
-    start = time.perf_counter()
+    timings = {} if timings is None else timings
+    clock = time.perf_counter()
     if encoded is not None:
         b_scores, b_rows = bm25.search_encoded(encoded[0], encoded[1], list(memory_idx), scan_top_k)
     else:
         b_scores, b_rows = bm25.search(list(tokens), list(memory_idx), scan_top_k)
-    after_bm25 = time.perf_counter()
+    clock = tick(timings, timing_prefix + StageKey.BM25, clock, b_rows.device)
     d_scores, d_rows = dense.search(embeddings, list(memory_idx), scan_top_k, min_score=min_cosine)
-    after_dense = time.perf_counter()
+    clock = tick(timings, timing_prefix + StageKey.DENSE, clock, d_rows.device)
     hits = fuse(b_scores.cpu(), b_rows.cpu(), d_scores.cpu(), d_rows.cpu(), alpha)
-    if timings is not None:
-        for key, seconds in (("bm25", after_bm25 - start), ("dense", after_dense - after_bm25),
-                             ("fuse", time.perf_counter() - after_dense)):
-            key = timing_prefix + key
-            timings[key] = timings.get(key, 0.0) + seconds
+    tick(timings, timing_prefix + StageKey.FUSE, clock)
     return hits

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Any
 
+import numpy as np
 import torch
 
 from memfit_gpu.retrieve.dates import resolve_relative_dates
+from memfit_gpu.retrieve.view import ReadView
 
 FACTS_HEADER = "REMEMBERED FACTS:"
 QUOTE_INDENT = "    "
@@ -45,7 +48,7 @@ class Pack:
     summaries: list[int] = field(default_factory=list)  # summary rows among the top k, in rank order
 
 
-def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pack:
+def build_pack(top: list[tuple[int, int]], view: ReadView, context_window: int) -> Pack:
     """top: (kind, row) of the k best candidates in rank order (kind 0 episode, 1 summary)."""
     selected = [row for kind, row in top if kind == 0]
     summaries = [row for kind, row in top if kind == 1]
@@ -59,7 +62,7 @@ def build_pack(top: list[tuple[int, int]], view: Any, context_window: int) -> Pa
     return Pack(episodes=sorted(rows, key=rank.__getitem__), selected=selected, summaries=summaries)
 
 
-def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: Any, context_window: int) -> list[Pack]:
+def build_packs(top_kind: torch.Tensor, top_row: torch.Tensor, view: ReadView, context_window: int) -> list[Pack]:
     """`build_pack` for a whole batch: top_kind/top_row [Q, k] (kind -1 = pad), one tensor pass for the
     neighbours, the dedup and the time order."""
     n_q = top_kind.shape[0]
@@ -115,7 +118,7 @@ def may_hold_relative_date(low: str) -> bool:
         "week" in low or "day" in low or "month" in low or "year" in low)
 
 
-def excerpt_body(text: str, anchor: Any, resolve_dates: bool) -> str:
+def excerpt_body(text: str, anchor: date | np.datetime64 | None, resolve_dates: bool) -> str:
     """anchor: the session date (date, datetime or numpy datetime64; None or NaT leaves dates as written)."""
     body = strip_date_prefix(text)
     if not resolve_dates or not may_hold_relative_date(body.lower()):
@@ -147,7 +150,7 @@ def cut_excerpt(body: str, max_chars: int) -> tuple[str, int]:
     return f"{body[:max_chars]} [... {cut:,} more characters cut: pack.max_excerpt_chars={max_chars:,}]", cut
 
 
-def excerpt_tail(view: Any, row: int, resolve_dates: bool, max_excerpt_chars: int) -> tuple[str, int]:
+def excerpt_tail(view: ReadView, row: int, resolve_dates: bool, max_excerpt_chars: int) -> tuple[str, int]:
     """The part of an excerpt line that depends on the row alone, "(recorded {date}): {body}", and the
     characters cut from the body."""
     body = quote_lines(excerpt_body(view.ep_text[row], view.ep_time[row], resolve_dates))
@@ -155,13 +158,13 @@ def excerpt_tail(view: Any, row: int, resolve_dates: bool, max_excerpt_chars: in
     return f"(recorded {view.recorded(row)}): {body}", cut
 
 
-def _facts_block(pack: Pack, view: Any, summary_suffix: str) -> str:
+def _facts_block(pack: Pack, view: ReadView, summary_suffix: str) -> str:
     return "\n".join([FACTS_HEADER] + ["- " + quote_lines(view.sm_text[srow])
                                        + summary_suffix.format(date=view.summary_date(srow))
                                        for srow in pack.summaries])
 
 
-def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: bool,
+def format_excerpts(pack: Pack, view: ReadView, summary_suffix: str, resolve_dates: bool,
                     max_excerpt_chars: int) -> tuple[str, int]:
     """The reader's evidence block for one pack, and the characters cut from its excerpts."""
     parts: list[str] = []
@@ -174,7 +177,7 @@ def format_excerpts(pack: Pack, view: Any, summary_suffix: str, resolve_dates: b
     return "\n\n".join(parts), sum(cut for _, cut in tails)
 
 
-def format_excerpts_batch(packs: list[Pack], view: Any, summary_suffix: str, resolve_dates: bool,
+def format_excerpts_batch(packs: list[Pack], view: ReadView, summary_suffix: str, resolve_dates: bool,
                           tails: dict[int, tuple[str, int]], max_excerpt_chars: int) -> list[tuple[str, int]]:
     """`format_excerpts` for every pack; each distinct row's tail is built once (`tails` keeps them, so
     it must only ever see one resolve_dates and max_excerpt_chars)."""

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.index.encoders import PairScorer
+from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.names import normalise
 from memfit_gpu.retrieve.batched import RetrievalResult
@@ -22,6 +24,7 @@ from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
 from memfit_gpu.retrieve.pack import Pack, format_excerpts
 from memfit_gpu.retrieve.prf import choose_terms
 from memfit_gpu.retrieve.rerank import reranker_info
+from memfit_gpu.retrieve.view import ReadView
 
 
 def _minmax(values: list[float]) -> list[float]:
@@ -31,7 +34,7 @@ def _minmax(values: list[float]) -> list[float]:
     return [(v - lo) / (hi - lo) for v in values]
 
 
-def hybrid_one(bm25: Any, dense: Any, tokens: list[str], embedding: torch.Tensor, memory: int,
+def hybrid_one(bm25: LexicalIndex, dense: DenseSearch, tokens: list[str], embedding: torch.Tensor, memory: int,
                scan_top_k: int, alpha: float, min_cosine: float) -> list[dict[str, Any]]:
     """Fused candidates of one query, best first (ties: lower row first)."""
     b_scores, b_rows = bm25.search([tokens], [memory], scan_top_k)
@@ -80,9 +83,9 @@ def _add_boosts(hits: list[dict[str, Any]], cfg: MemFitConfig, wanted: Any, time
     hits.sort(key=lambda h: (-h["score"], h["row"]))
 
 
-def retrieve_one(view: Any, cfg: MemFitConfig, question: str, memory_id: str,
+def retrieve_one(view: ReadView, cfg: MemFitConfig, question: str, memory_id: str,
                  embed: Callable[[list[str]], torch.Tensor], question_embedding: torch.Tensor | None = None,
-                 reranker: Any | None = None) -> RetrievalResult:
+                 reranker: PairScorer | None = None) -> RetrievalResult:
     rcfg = cfg.retrieve
     if cfg.rerank.backend == "none":
         reranker = None

@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory
 from memfit_gpu.devices import first_device
 from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.encoders import TextEncoder
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
@@ -56,11 +58,12 @@ class ReadView:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_memories(cls, memories: Sequence[Memory], encoder: Any, cfg: Any, progress: bool = False,
+    def from_memories(cls, memories: Sequence[Memory], encoder: TextEncoder | None, cfg: MemFitConfig,
+                      progress: bool = False,
                       embeddings: torch.Tensor | None = None) -> ReadView:
         """Episodes of `memories` in the real BM25Index and DenseIndex; no summaries.
 
-        embeddings: precomputed episode embeddings in turn order (else `encoder.encode`)."""
+        embeddings: precomputed episode embeddings in turn order (else `encoder.encode`; encoder may then be None)."""
         texts, mem, sess, pos, times, spk, tids = [], [], [], [], [], [], []
         memory_ids, speakers = [], []
         session_counter = 0

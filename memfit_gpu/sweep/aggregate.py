@@ -1,4 +1,4 @@
-"""`memfit aggregate DIR`: one table of a sweep's points, their sweep keys, status and main metrics.
+"""One table of a sweep's points, their sweep keys, status and main metrics.
 
 Read from OUT/sweep.json (the points, in sweep order) and each point's metrics.json; pack_hit falls
 back to the point's predictions.jsonl when metrics.json has no retrieval block. Rates are printed as
@@ -7,20 +7,18 @@ percentages in the Markdown table, like results.md; the CSV keeps fractions.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from memfit_gpu.evaluate.render import csv_text, markdown_table
-from memfit_gpu.mappings import get_path
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import PointState, read_sweep_record
-
-log = logging.getLogger(__name__)
 
 METRIC_COLUMNS = ("f1", "bleu1", "judge", "pack_hit", "questions")
 PERCENT_COLUMNS = ("f1", "bleu1", "judge", "pack_hit")
@@ -80,6 +78,48 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     return columns, rows
 
 
+def _arrow_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row with every column (None where absent); a column whose values mix types (LoCoMo golds
+    are strings and numbers) becomes text, since an Arrow column has one type."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    for column in columns:
+        kinds = {type(row[column]) for row in rows if row.get(column) is not None}
+        as_text = (len(kinds) > 1 and kinds != {int, float}) or bool(kinds & {list, dict})
+        for row in rows:
+            value = row.get(column)
+            if as_text and value is not None:
+                value = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            row[column] = value
+    return rows
+
+
+def predictions_dataset(sweep_dir: str | Path) -> datasets.Dataset:
+    """Every point's predictions as one `datasets.Dataset` (Arrow): one row per point and question, with
+    the point id and its sweep keys as columns and nested fields flattened (`scores.paper.f1`,
+    `retrieval.pack_hit`, `judge.verdict`). `.to_pandas()`, `.to_parquet(path)`, `.filter(...)` from there;
+    `memfit aggregate DIR --parquet FILE` writes it.
+
+    Raises:
+        SweepError: no point has predictions yet.
+    """
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir / "sweep.json")
+    rows: list[dict[str, Any]] = []
+    for point in record.points:
+        point_dir = Path(point.dir)
+        if not point_dir.is_absolute() or not point_dir.exists():
+            point_dir = sweep_dir / "points" / point.point_id
+        path = point_dir / "predictions.jsonl"
+        if not path.exists():
+            continue
+        sweep_values = {f"sweep.{k}": point.overrides.get(k) for k in record.sweep_keys}
+        for prediction in read_jsonl(path, repair=False):
+            rows.append({"point": point.point_id, **sweep_values, **flatten(prediction)})
+    if not rows:
+        raise SweepError(f"{sweep_dir}: no point has a predictions.jsonl yet")
+    return datasets.Dataset.from_list(_arrow_safe(rows))
+
+
 def _text(value: Any) -> str:
     if value is None:
         return ""
@@ -103,35 +143,3 @@ def to_csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     """The aggregate as CSV: fractions as stored, lists and mappings as JSON, None as an empty cell."""
     return csv_text(columns, [[json.dumps(row[c]) if isinstance(row.get(c), (list, dict)) else row.get(c)
                                for c in columns] for row in rows])
-
-
-# ---------------------------------------------------------------------------------------- CLI
-
-
-def cmd_aggregate(args: argparse.Namespace) -> int:
-    sweep_dir = Path(args.dir)
-    try:
-        columns, rows = aggregate(sweep_dir)
-    except SweepError as exc:
-        print(f"memfit aggregate: error: {exc}", file=sys.stderr)
-        return 2
-    markdown = to_markdown(columns, rows)
-    md_path = Path(args.md) if args.md else sweep_dir / "aggregate.md"
-    csv_path = Path(args.csv) if args.csv else sweep_dir / "aggregate.csv"
-    md_path.write_text(markdown)
-    csv_path.write_text(to_csv(columns, rows))
-    print(markdown, end="")
-    log.info("wrote %s and %s", md_path, csv_path)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "aggregate",
-        help="one table of a sweep's points: sweep keys and main metrics",
-        description="Read every point's metrics.json; print a markdown table; write aggregate.md/.csv.",
-    )
-    p.add_argument("dir", help="sweep directory (has sweep.json)")
-    p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")
-    p.add_argument("--md", help="markdown path (default DIR/aggregate.md)")
-    p.set_defaults(func=cmd_aggregate)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.files import write_json_atomic
+from memfit_gpu.locks import LOCK_WAIT_ENV
 from memfit_gpu.sweep.progress import Progress
 from memfit_gpu.sweep.spec import SweepError, SweepPoint, SweepSpec, point_command, point_overrides
 from memfit_gpu.sweep.state import (
@@ -36,6 +37,9 @@ if TYPE_CHECKING:  # submitit is optional (`pip install memfit-gpu[slurm]`) and 
     import submitit
 
 log = logging.getLogger(__name__)
+
+# longer than SLURM's KillWait (30 s by default) plus a run's own shutdown
+TASK_LOCK_WAIT_S = 300
 
 
 class PointTask:
@@ -53,7 +57,10 @@ class PointTask:
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
         print(f"memfit sweep task: {shlex.join(argv)}", flush=True)
-        proc = subprocess.run(argv, preexec_fn=ignore_usr2)
+        # a requeued task can start before SLURM has finished killing the one it replaces, which still
+        # holds the point's run lock: wait for it rather than fail the point
+        env = {**os.environ, LOCK_WAIT_ENV: os.environ.get(LOCK_WAIT_ENV, str(TASK_LOCK_WAIT_S))}
+        proc = subprocess.run(argv, preexec_fn=ignore_usr2, env=env)
         if status_path is not None:
             # the sweep reads the exit code here: SLURM's FAILED does not say whether a retry can help
             write_json_atomic(Path(status_path), {"rc": proc.returncode, "task": os.environ.get("SLURM_JOB_ID")})

@@ -41,8 +41,12 @@ def load_bi_encoder(cfg: IndexConfig, device: str | None = None) -> TextEncoder:
     Raises models.MissingWeightsError when the weights are not available."""
     where = cfg.device if device is None else device
     if EncoderBackend.parse(cfg.encoder_backend) is EncoderBackend.SENTENCE_TRANSFORMERS:
+        if not cfg.normalize:
+            raise ValueError("index.normalize=false needs index.encoder_backend=packed: sentence-transformers "
+                             "applies the model's own Normalize module whatever encode is told")
         return ReferenceBiEncoder.from_pretrained(cfg.encoder, device=where, dtype=cfg.dtype, setting="index.dtype")
-    return BiEncoder.from_pretrained(cfg.encoder, device=where, dtype=cfg.dtype, setting="index.dtype")
+    return BiEncoder.from_pretrained(cfg.encoder, device=where, dtype=cfg.dtype, normalize=cfg.normalize,
+                                     setting="index.dtype")
 
 
 def load_cross_encoder(model: str, device: str = "auto", max_length: int = 384, dtype: str = "auto",

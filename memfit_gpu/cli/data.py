@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from memfit_gpu.cli.errors import UsageError
 
 BENCHMARK_CHOICES = ("locomo", "longmemeval", "memgallery")
 SPLIT_CHOICES = ("s", "m", "oracle")
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    actions = parser.add_subparsers(dest="data_command", metavar="ACTION")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
     stats = actions.add_parser(
@@ -105,10 +106,7 @@ def _fetch(args: argparse.Namespace) -> int:
     from memfit_gpu.data.fetch import fetch_benchmark
 
     if args.split is not None and args.name != "longmemeval":
-        print(
-            f"memfit data fetch: error: --split applies to longmemeval only, not {args.name}", file=sys.stderr
-        )
-        return 2
+        raise UsageError(f"--split applies to longmemeval only, not {args.name}")
     paths = fetch_benchmark(
         args.name, args.dest, split=args.split, mirror=args.mirror, progress=not args.no_progress
     )
@@ -121,8 +119,7 @@ def _synth(args: argparse.Namespace) -> int:
     from memfit_gpu.data.synth import write_longmemeval
 
     if args.questions < 1:
-        print(f"memfit data synth: error: --questions must be >= 1, got {args.questions}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--questions must be >= 1, got {args.questions}")
     count = write_longmemeval(args.out, args.like, args.questions, args.seed)
     print(json.dumps({"out": args.out, "like": args.like, "questions": count, "seed": args.seed}))
     return 0

@@ -39,28 +39,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variant", choices=("paper", "locomo", "memgallery"), default="paper",
         help="F1 variant for --metric f1 (default: paper)",
     )  # fmt: skip
-    parser.add_argument("--permutations", type=int, default=10_000, help="random sign flips (default 10000)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the sign flips (default 0)")
+    parser.add_argument("--permutations", type=int, default=None,
+                        help="random sign flips (default: RUN_A's eval.permutation_samples, 10000 unless set)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="random seed of the sign flips (default: RUN_A's eval.seed, 0 unless set)")
     parser.add_argument(
         "--exact", action="store_true",
         help="enumerate every sign vector instead of sampling (at most 24 discordant questions per test)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, user_errors=user_errors)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    # PredictionsError (file:line named) or a bad option value (e.g. --exact over too many questions)
+    return (ValueError,)
 
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.evaluate.compare import compare_runs, format_comparison
 
-    try:
-        result = compare_runs(
-            args.run_a, args.run_b, metric=args.metric, variant=args.variant,
-            n_permutations=args.permutations, seed=args.seed,
-            method="exact" if args.exact else "monte_carlo",
-        )  # fmt: skip
-    except ValueError as exc:  # PredictionsError (file:line named) or a bad option value
-        print(f"memfit compare: error: {exc}", file=sys.stderr)
-        return 2
+    result = compare_runs(
+        args.run_a, args.run_b, metric=args.metric, variant=args.variant,
+        n_permutations=args.permutations, seed=args.seed,
+        method="exact" if args.exact else "monte_carlo",
+    )  # fmt: skip
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,27 +1,26 @@
-"""`memfit sweep`: the command-line side of the sweep package (`memfit aggregate` is aggregate.py's).
-
-The package's modules are imported inside `cmd_sweep`, so building the parser for `memfit --help`
-imports nothing but argparse.
-"""
+"""`memfit sweep`: run a sweep file's points (memfit_gpu/sweep/), locally or as one SLURM job array."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from memfit_gpu.cli.errors import Interrupted
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.sweep.spec import SweepError
+
+    return (SweepError,)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from memfit_gpu.sweep.driver import run_point, run_sweep
     from memfit_gpu.sweep.slurm import check_slurm_gpus, sbatch_args
-    from memfit_gpu.sweep.spec import SweepError, load_sweep, point_command
+    from memfit_gpu.sweep.spec import load_sweep, point_command
     from memfit_gpu.sweep.state import PointState
 
-    try:
-        spec = load_sweep(args.config, args.overrides)
-    except SweepError as exc:
-        print(f"memfit sweep: error: {exc}", file=sys.stderr)
-        return 2
+    spec = load_sweep(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / "sweeps" / spec.name
     try:
         if args.count:
@@ -39,17 +38,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 0
         state = run_sweep(spec, out, launcher=args.launcher, jobs=args.jobs, wait=not args.no_wait,
                           poll_s=args.poll_s, max_requeue=args.max_requeue)
-    except SweepError as exc:
-        print(f"memfit sweep: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         if args.launcher == "slurm":
-            print(f"memfit sweep: interrupted; submitted tasks keep running. Run the same command again to wait "
-                  f"for them (nothing is resubmitted while they run); state in {out / 'sweep.json'}", file=sys.stderr)
-        else:
-            print("memfit sweep: interrupted; running points were stopped and resume on the next run",
-                  file=sys.stderr)
-        return 130
+            raise Interrupted(f"interrupted; submitted tasks keep running. Run the same command again to wait for "
+                              f"them (nothing is resubmitted while they run); state in {out / 'sweep.json'}") from None
+        raise Interrupted("interrupted; running points were stopped and resume on the next run") from None
     done = len(state.in_state(PointState.DONE))
     print(f"sweep {spec.name}: {done}/{len(spec.points)} points DONE; state in {out / 'sweep.json'}")
     if args.no_wait and args.launcher == "slurm":
@@ -83,4 +76,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="print sbatch options for slurm/memfit-array.sbatch from the sweep's slurm: block "
                         "(--array, GPUs, CPUs, memory, time, partition) and exit")
     p.add_argument("--point", help="run only this point (index, e.g. $SLURM_ARRAY_TASK_ID, or id) here")
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, user_errors=user_errors)

@@ -7,17 +7,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from memfit_gpu.config import ConfigError
-from memfit_gpu.locks import DirectoryBusyError, exclusive
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from memfit_gpu.config import MemFitConfig
+    from memfit_gpu.readers.reader import Reader
+    from memfit_gpu.store.episodes import EpisodeStore
 
 DESCRIPTION = """\
 Change a persistent episode store (SPEC write path 5, user-initiated deletion).
@@ -48,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "store", help="delete turns from a store; compact it so they leave the disk",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    commands = parser.add_subparsers(dest="store_command", metavar="ACTION")
+    commands = parser.add_subparsers(dest="action", metavar="ACTION")
     commands.required = True
     delete = commands.add_parser("delete", help="tombstone turns of one memory (and rebuild their summaries)")
     delete.add_argument("dir", metavar="DIR", help="run directory or store folder")
@@ -57,11 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete.add_argument("--no-resummarize", action="store_true",
                         help="retire summaries that cover a deleted turn without rebuilding them (no reader)")
     delete.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
-    delete.set_defaults(func=delete_command)
+    delete.set_defaults(func=delete_command, user_errors=user_errors)
     compact = commands.add_parser("compact", help="rewrite the store without deleted turns and retired summaries")
     compact.add_argument("dir", metavar="DIR", help="run directory or store folder")
     compact.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
-    compact.set_defaults(func=compact_command)
+    compact.set_defaults(func=compact_command, user_errors=user_errors)
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Target:
     store: Path  # the store folder (log.jsonl, snapshots/)
     run_dir: Path | None  # its run directory, when there is one (config.yaml, cache.sqlite, .lock)
     lock: Path
-    cfg: Any  # MemFitConfig
+    cfg: MemFitConfig
 
 
 def resolve_target(directory: str | Path, config: str | None) -> Target:
@@ -96,17 +95,22 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
     return Target(store=store, run_dir=run_dir, lock=lock, cfg=cfg)
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.locks import DirectoryBusyError  # a run holds the directory: one line, exit code 2
+
+    return (DirectoryBusyError,)
+
+
 @contextmanager
 def locked(lock: Path) -> Iterator[None]:
-    """The store's lock (memfit_gpu.locks, the one `memfit run` holds), or a one-line refusal."""
-    try:
-        with exclusive(lock, f"a run in progress? try again when it has finished ({lock})"):
-            yield
-    except DirectoryBusyError as exc:
-        raise ConfigError(str(exc)) from None
+    """The store's lock (memfit_gpu.locks, the one `memfit run` holds); DirectoryBusyError if a run has it."""
+    from memfit_gpu.locks import exclusive
+
+    with exclusive(lock, f"a run in progress? try again when it has finished ({lock})"):
+        yield
 
 
-def _open_store(target: Target) -> Any:
+def _open_store(target: Target) -> EpisodeStore:
     from memfit_gpu.index.encoders import load_bi_encoder
     from memfit_gpu.store.episodes import EpisodeStore
 
@@ -121,7 +125,7 @@ class _Summariser:
 
     def __init__(self, target: Target):
         self.target = target
-        self.reader: Any = None
+        self.reader: Reader | None = None
         self.prompts = 0
 
     def __call__(self, prompts: list[str]) -> list[str]:

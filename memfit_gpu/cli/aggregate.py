@@ -1,0 +1,49 @@
+"""`memfit aggregate DIR`: one table of a sweep's points (memfit_gpu/sweep/aggregate.py), as Markdown and CSV."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.sweep.spec import SweepError
+
+    return (SweepError,)
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
+
+    sweep_dir = Path(args.dir)
+    columns, rows = aggregate(sweep_dir)
+    markdown = to_markdown(columns, rows)
+    md_path = Path(args.md) if args.md else sweep_dir / "aggregate.md"
+    csv_path = Path(args.csv) if args.csv else sweep_dir / "aggregate.csv"
+    md_path.write_text(markdown)
+    csv_path.write_text(to_csv(columns, rows))
+    print(markdown, end="")
+    log.info("wrote %s and %s", md_path, csv_path)
+    if args.parquet:
+        table = predictions_dataset(sweep_dir)
+        table.to_parquet(args.parquet)
+        log.info("wrote %d predictions of the sweep's points to %s", table.num_rows, args.parquet)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "aggregate",
+        help="one table of a sweep's points: sweep keys and main metrics",
+        description="Read every point's metrics.json; print a markdown table; write aggregate.md/.csv.",
+    )
+    p.add_argument("dir", help="sweep directory (has sweep.json)")
+    p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")
+    p.add_argument("--md", help="markdown path (default DIR/aggregate.md)")
+    p.add_argument("--parquet", metavar="FILE",
+                   help="also write every point's predictions as one Parquet table (point, sweep keys, flattened "
+                        "fields); load it with datasets.load_dataset('parquet', data_files=FILE) or pandas")
+    p.set_defaults(func=cmd_aggregate, user_errors=user_errors)

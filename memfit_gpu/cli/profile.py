@@ -1,0 +1,52 @@
+"""`memfit profile`: per-stage wall time, GPU memory and utilisation, and a retrieval scaling sweep (profile.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="per-stage wall time, items/s, GPU memory/utilisation, and a retrieval scaling sweep",
+        description=(
+            "Run the pipeline on a benchmark (DIR/run, resumable) and report per stage (encode, index appends, summaries, "
+            "query encoding, BM25, dense, fusion, summary search, expansion, PRF, rerank, pack, read) wall seconds, items/s "
+            "and share of the total, with GPU memory and utilisation from NVML where a GPU is present; then a scaling sweep "
+            "of batched retrieval over synthetic memories of growing size. Writes DIR/profile.json and DIR/profile.png."
+        ),
+    )
+    parser.add_argument("--config", required=True, help="YAML config, e.g. configs/demo.yaml")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--sizes", default=None,
+                        help="episodes per synthetic memory for the scaling sweep, comma-separated ('' = skip)")
+    parser.add_argument("--scaling-questions", type=int, default=64, help="questions per scaling point (one batch)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=command, user_errors=user_errors)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.pipeline import RunError  # DIR/run cannot be resumed as asked (as `memfit run` says it)
+
+    return (RunError,)
+
+
+def command(args: argparse.Namespace) -> int:
+    from memfit_gpu.config import load_config
+    from memfit_gpu.profile import DEFAULT_SIZES, profile
+
+    cfg = load_config(args.config, args.overrides)
+    sizes = DEFAULT_SIZES if args.sizes is None else tuple(int(s) for s in args.sizes.split(",") if s.strip())
+    result = profile(cfg, args.out, sizes, args.scaling_questions, progress=not args.quiet)
+    width = max(len(k) for k in result["stages"])
+    print(f"{'stage':<{width}}  seconds   share   items/s")
+    for name, row in result["stages"].items():
+        ips = f"{row['items_per_s']:.4g} {row['unit']}/s" if row["items_per_s"] else "-"
+        print(f"{name:<{width}}  {row['seconds']:7.2f}  {100 * row['share']:5.1f} %  {ips}")
+    for row in result["scaling"]:
+        print(f"scaling: {row['episodes']:>9,d} episodes  search {row['search_s']:.3f} s  ({row['qps']:.0f} q/s)")
+    print(f"gpu: {result['gpu']}")
+    print(f"wrote {Path(args.out) / 'profile.json'} and {Path(args.out) / 'profile.png'}")
+    return 0
