@@ -219,9 +219,66 @@ class TrackingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
+# ---- issue 15: the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
+# memfit: the paper's system; plain: the same store and hybrid + rerank with every MemFit addition off
+# (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
+# full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
+METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm")
+
+
+@dataclass
+class NaiveRAGConfig:
+    # Whitespace tokens (words) of the history, which every reader and encoder sees the same way.
+    # 128 words are about 160-190 MiniLM word pieces: inside the bi-encoder's 256-token window, so the
+    # encoder embeds each chunk whole (a longer chunk would be silently cut before it is embedded).
+    chunk_tokens: int = 128
+    # 25 %: a fact cut by a chunk boundary is still whole in the neighbouring chunk.
+    overlap_tokens: int = 32
+    # 5 x 128 words is about the text MemFit's pack holds (k = 10 turns, +/- 1 neighbour, ~25 words a
+    # turn), so both give the reader a context of the same size.
+    top_k: int = 5
+
+
+@dataclass
+class FullContextConfig:
+    # Tokens the prompt may hold; None = the reader's own limit (transformers: the model's context; vllm:
+    # reader.max_model_len, counted with the model's tokenizer), always less reader.max_new_tokens. A server
+    # (openai) tells its context to nobody: set this, or only reader.max_prompt_chars bounds the prompt.
+    context_tokens: Optional[int] = None
+
+
+@dataclass
+class LightMemConfig:
+    # STM: the last turns of the user's conversation, shown to the reader as immediate context.
+    stm_turns: int = 4
+    # SLM-3 writes one MTM entry per window of this many turns of a session (a session's last window may
+    # be shorter): an "interaction".
+    mtm_window_turns: int = 6
+    # LTM consolidation runs when this many new MTM entries have accumulated: 2 x 6 turns = every 12
+    # turns, inside the paper's 10-15 (Table 10).
+    consolidate_every: int = 2
+    # Fixed final budget: MTM entries + LTM nodes given to the reader per question.
+    top_k: int = 8
+    # SLM-1 writes at most this many hypothetical queries (HQs) per question.
+    max_hqs: int = 3
+    # Coarse vector retrieval fetches this many times an HQ's budget, for SLM-2 to re-rank.
+    coarse_factor: int = 3
+    routing: str = "slm"  # slm (SLM-1's MTM/LTM marks) | mtm | ltm (the paper's MTM-only / LTM-only ablations)
+    rerank: bool = True  # SLM-2 re-ranking; false = coarse order (the paper's "w/o SLM-2 reranking")
+    turn_chars: int = 300  # each turn shown to SLM-3 is cut to this many characters
+    temperature: float = 0.0  # every SLM call is greedy: resumable, cacheable
+    mtm_max_new_tokens: int = 80
+    consolidate_max_new_tokens: int = 128
+    rewrite_max_new_tokens: int = 64
+    rerank_max_new_tokens: int = 32
+    prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
+
+
+
 @dataclass
 class MemFitConfig:
     name: str = "memfit"  # the run's label: metrics.json `name`, a W&B tag
+    method: str = "memfit"  # the memory system under test (memfit_gpu/methods): one of METHODS
     data: DataConfig = field(default_factory=DataConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -233,6 +290,10 @@ class MemFitConfig:
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # issue 15: settings of the other memory systems (memfit_gpu/methods); each method reads only its own
+    naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
+    full_context: FullContextConfig = field(default_factory=FullContextConfig)
+    lightmem: LightMemConfig = field(default_factory=LightMemConfig)
 
 
 class ConfigError(ValueError):
@@ -257,6 +318,8 @@ _CHOICES = {
     "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
+    "method": METHODS,
+    "lightmem.routing": ("slm", "mtm", "ltm"),
 }
 
 
@@ -360,6 +423,22 @@ _RANGES: dict[str, _Range] = {
     "eval.bootstrap_samples": _AT_LEAST_1,
     "eval.permutation_samples": _AT_LEAST_1,
     "eval.seed": _Range(),
+    "naive_rag.chunk_tokens": _AT_LEAST_1,
+    "naive_rag.overlap_tokens": _AT_LEAST_0,
+    "naive_rag.top_k": _AT_LEAST_1,
+    "full_context.context_tokens": _Range(1, optional=True),
+    "lightmem.stm_turns": _AT_LEAST_0,
+    "lightmem.mtm_window_turns": _AT_LEAST_1,
+    "lightmem.consolidate_every": _AT_LEAST_1,
+    "lightmem.top_k": _AT_LEAST_1,
+    "lightmem.max_hqs": _AT_LEAST_1,
+    "lightmem.coarse_factor": _AT_LEAST_1,
+    "lightmem.turn_chars": _AT_LEAST_1,
+    "lightmem.temperature": _AT_LEAST_0,
+    "lightmem.mtm_max_new_tokens": _AT_LEAST_1,
+    "lightmem.consolidate_max_new_tokens": _AT_LEAST_1,
+    "lightmem.rewrite_max_new_tokens": _AT_LEAST_1,
+    "lightmem.rerank_max_new_tokens": _AT_LEAST_1,
 }
 
 
@@ -405,6 +484,9 @@ def _check_together(cfg: MemFitConfig, source: str) -> None:
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(f"{source}: rerank.summary_suffix={cfg.rerank.summary_suffix!r} is not a format string "
                           f"with only a {{date}} slot ({type(exc).__name__}: {exc})") from None
+    if cfg.naive_rag.overlap_tokens >= cfg.naive_rag.chunk_tokens:
+        raise ConfigError(f"{source}: naive_rag.overlap_tokens={cfg.naive_rag.overlap_tokens} must be smaller than "
+                          f"naive_rag.chunk_tokens={cfg.naive_rag.chunk_tokens} (each chunk must move the window on)")
 
 
 def _base_of(data: Any, path: Path) -> Any:

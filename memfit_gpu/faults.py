@@ -10,7 +10,9 @@ Points (each right after its write is on disk, unless named otherwise):
 config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,
 metrics, score.ledger, results, DONE (pipeline.py); store.log (store/log.py, each append);
 store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
-store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py).
+store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
+lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
+lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls).
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
+from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.registry import make_method, memfit_path_config, method_info
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
@@ -202,7 +204,8 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             reader = make_reader(cfg.reader, out, ledger=ledger, progress=progress)
         return reader
 
-    try:
+    def memfit_packs(cfg: MemFitConfig) -> dict[str, dict[str, Any]]:
+        """MemFit's own path (method memfit, and plain with its switches): store, summaries, retrieval."""
         with timer.stage("build"):
             encoder = load_bi_encoder(placed.index)
             store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, placed, encoder)
@@ -230,7 +233,22 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
                                       progress=progress)
 
         with timer.stage("retrieve"):
-            packs = _retrieve(cfg, out, store, encoder, reranker, questions, progress)
+            return _retrieve(cfg, out, store, encoder, reranker, questions, progress)
+
+    def ledger_saved(point: str) -> None:
+        ledger.save(ledger_path)
+        faults.point(point)
+
+    try:
+        # --- issue 15: the memory system under test makes the packs; answer and score are shared ---
+        memfit_cfg = memfit_path_config(cfg)
+        if memfit_cfg is not None:
+            packs = memfit_packs(memfit_cfg)
+        else:
+            packs = _method_packs(cfg, out, timer, MethodRun(
+                cfg, out, bench, selected.memories, questions, get_reader, ledger_saved,
+                _memgallery_dir(bench), progress))
+        # --- end of the issue 15 seam ---
 
         with timer.stage("answer"):
             _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
@@ -247,13 +265,9 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: EpisodeStore, encoder: TextEn
               questions: list[Question], progress: bool) -> dict[str, dict[str, Any]]:
     """packs.jsonl + diagnostics.json, written once and atomically: a resumed run reuses them (same
     excerpts, same prompts, no second retrieval)."""
-    path = out / "packs.jsonl"
-    wanted = [q.question_id for q in questions]
-    if path.exists() and (out / "diagnostics.json").exists():
-        rows = {r["question_id"]: r for r in read_jsonl(path)}
-        if all(qid in rows for qid in wanted):
-            return rows
-        log.info("%s lacks some questions: retrieving again", path)
+    saved = _saved_packs(out, questions)
+    if saved is not None:
+        return saved
     view = ReadView.from_store(store)
     stage_seconds: dict[str, float] = {}
     results = retrieve_batch(
@@ -264,18 +278,48 @@ def _retrieve(cfg: MemFitConfig, out: Path, store: EpisodeStore, encoder: TextEn
     diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, reranker))
     diagnostics["retrieve_stage_seconds"] = stage_seconds
     diagnostics["encoder"] = encoder.info()
-    rows = {}
-    lines = []
-    for q, result, record in zip(questions, results, records, strict=True):
-        row = {"question_id": q.question_id, "category": q.category, "evidence": q.evidence,
-               **result.to_json(view), "retrieval": record}
-        rows[q.question_id] = row
-        lines.append(json.dumps(row, ensure_ascii=False))
+    diagnostics["method"] = method_info(cfg)
+    rows = [{"question_id": q.question_id, "category": q.category, "evidence": q.evidence,
+             **result.to_json(view), "retrieval": record}
+            for q, result, record in zip(questions, results, records, strict=True)]
+    return _save_packs(out, rows, diagnostics)
+
+
+def _saved_packs(out: Path, questions: list[Question]) -> dict[str, dict[str, Any]] | None:
+    """packs.jsonl's rows when it and diagnostics.json hold every question (a resumed run), else None."""
+    path = out / "packs.jsonl"
+    if path.exists() and (out / "diagnostics.json").exists():
+        rows = {r["question_id"]: r for r in read_jsonl(path)}
+        if all(q.question_id in rows for q in questions):
+            return rows
+        log.info("%s lacks some questions: retrieving again", path)
+    return None
+
+
+def _save_packs(out: Path, rows: list[dict[str, Any]], diagnostics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """diagnostics.json, then packs.jsonl (what marks the stage done), each written atomically."""
     atomic_write_text(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
     faults.point("diagnostics")
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    atomic_write_text(out / "packs.jsonl", "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n")
     faults.point("packs")
-    return rows
+    return {row["question_id"]: row for row in rows}
+
+
+def _method_packs(cfg: MemFitConfig, out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dict[str, Any]]:
+    """A method with its own path (memfit_gpu/methods): its write-time work in the build stage, its packs
+    in the retrieve stage; neither runs again once packs.jsonl holds every question."""
+    saved = _saved_packs(out, run.questions)
+    if saved is not None:
+        return saved
+    method = make_method(cfg.method)
+    try:
+        with timer.stage("build"):
+            method.write(run)
+        with timer.stage("retrieve"):
+            rows, diagnostics = method.read(run)
+    finally:
+        method.close()
+    return _save_packs(out, rows, diagnostics)
 
 
 def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_row: dict[str, Any],
@@ -368,6 +412,9 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
                              "abstained": clean.abstained, "scores": score, "judge": None,
                              "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
+                             # a method's own record of the context it built (full_context: its truncation)
+                             **({"method_notes": packs[q.question_id]["method_notes"]}
+                                if "method_notes" in packs[q.question_id] else {}),
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})
@@ -471,6 +518,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics["name"] = cfg.name
     metrics["benchmark"] = bench.name
+    metrics["method"] = cfg.method
     metrics["questions"] = len(questions)
     metrics["metric_variant"] = cfg.eval.table_metric
     metrics["retrieval"] = json.loads((out / "diagnostics.json").read_text())

@@ -45,6 +45,8 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     "memfit_gpu/evaluate/metrics.py": {"nltk"},  # the Porter stemmer: nltk takes seconds to import
     "memfit_gpu/models.py": {"huggingface_hub", "torch", "transformers"},  # preflight imports models.py
     "memfit_gpu/readers/openai.py": {"transformers"},  # a tokenizer for prompt-token bounds, when asked
+    # full_context with a vllm reader: the model's tokenizer counts the whole history's prompt tokens
+    "memfit_gpu/methods/full_context.py": {"transformers"},
     "memfit_gpu/index/encoders/bi_encoder.py": {"transformers"},
     "memfit_gpu/index/encoders/cross_encoder.py": {"transformers"},
     "memfit_gpu/index/encoders/reference.py": {"sentence_transformers", "transformers"},  # encoder_backend

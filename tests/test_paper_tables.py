@@ -119,10 +119,12 @@ def _ledger(answer_in: int = 8000, answer_out: int = 80, answer_calls: int = 8) 
 
 
 def write_run(path: Path, rows: list[dict[str, Any]], benchmark: str = "locomo", model: str = "reader/A",
-              retrieval: dict[str, Any] | None = None, ledger: dict[str, Any] | None = None) -> Path:
+              retrieval: dict[str, Any] | None = None, ledger: dict[str, Any] | None = None,
+              method: str = "memfit") -> Path:
     """A finished run directory with the files `memfit run` writes, from hand-chosen predictions."""
     path.mkdir(parents=True)
-    cfg = load_config(REPO / "configs" / "memfit.yaml", [f"data.benchmark={benchmark}", f"reader.model={model}"])
+    cfg = load_config(REPO / "configs" / "memfit.yaml", [f"data.benchmark={benchmark}", f"reader.model={model}",
+                                                          f"method={method}"])
     (path / "config.yaml").write_text(to_yaml(cfg))
     (path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     metrics = summarize(rows, variant="paper", judge=True, benchmark=benchmark, ci=False)
@@ -285,6 +287,58 @@ def test_efficiency_tables(tmp_path: Path):
     path = cost_table.write_csv(tmp_path / "cost.csv")
     row = next(csv.DictReader(path.open()))
     assert float(row["USD at gpt-4.1-mini prices"]) == pytest.approx(0.005008)
+
+
+def _method_ledger(roles: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+    """A ledger of (calls, input tokens, output tokens) per role, 8 answer keys, 1 s of judge wall time."""
+    ledger = Ledger()
+    for role, (calls, n_in, n_out) in roles.items():
+        ledger.roles[role] = RoleStats(calls=calls, input_tokens=n_in, output_tokens=n_out)
+    ledger.roles["judge"] = RoleStats(calls=8, input_tokens=5, output_tokens=5, wall_s=1.0)
+    ledger.answer_keys = [f"q{i}" for i in range(8)]
+    return ledger.to_dict()
+
+
+def test_efficiency_tables_list_every_method(tmp_path: Path):
+    """MemFit and the four baselines of issue 15 in one efficiency table: the ledger's write and read phases."""
+    ledgers = {
+        "memfit": {"summary": (3, 3000, 300), "answer": (8, 8000, 80)},
+        "plain": {"answer": (8, 7000, 80)},
+        "naive_rag": {"answer": (8, 6000, 80)},
+        "full_context": {"answer": (8, 40000, 80)},
+        "lightmem_slm": {"mtm_summary": (4, 2000, 200), "consolidate": (2, 1000, 100), "rewrite": (8, 800, 160),
+                         "rerank_slm": (6, 1200, 60), "answer": (8, 5000, 80)},
+    }
+    runs = [pt.load_run(write_run(tmp_path / method, _rows(FULL), ledger=_method_ledger(roles), method=method))
+            for method, roles in ledgers.items()]
+    table = pt.efficiency_methods(runs)
+    assert [row[1] for row in table.formatted()] == ["memfit", "plain", "naive_rag", "full_context", "lightmem_slm"]
+    columns = ("Method", "Questions", "Write calls", "Read calls", "Write input tokens", "Write output tokens",
+               "Read input tokens", "Read output tokens", "Build s", "Latency s / question")
+    # build 10 s + summaries 6 s (write_run's timings, every run); latency (0.4 + 5.0 - 1.0 judge s) / 8 = 0.55
+    assert [table.cell("memfit", c) for c in columns] == [
+        "memfit", "8", "3", "8", "3000", "300", "8000", "80", "16.0", "0.55"]
+    assert [table.cell("naive_rag", c) for c in columns] == [
+        "naive_rag", "8", "0", "8", "0", "0", "6000", "80", "16.0", "0.55"]
+    # write = 4 MTM + 2 consolidation calls; read = 8 rewrites + 6 re-ranks + 8 answers
+    assert [table.cell("lightmem_slm", c) for c in columns] == [
+        "lightmem_slm", "8", "6", "22", "3000", "300", "7000", "300", "16.0", "0.55"]
+    # gpt-4.1-mini: (3000 + 7000) x $0.40/M + (300 + 300) x $1.60/M = $0.00496
+    assert table.cell("lightmem_slm", "USD at gpt-4.1-mini prices") == "0.0050"
+    rows = list(csv.DictReader(table.write_csv(tmp_path / "methods.csv").open()))
+    full_context = next(r for r in rows if r["Run"] == "full_context")
+    assert float(full_context["USD at gpt-4.1-mini prices"]) == pytest.approx((40000 * 0.40 + 80 * 1.60) / 1e6)
+    # the paper's cost table counts every call of the system's own (write + read), judge apart
+    _, cost = pt.efficiency(runs)
+    assert [cost.cell("lightmem_slm", c) for c in ("Summary calls", "Answer calls", "Judge calls", "LLM calls",
+                                                   "Build tokens / memory (k)")] == ["0", "8", "8", "28", "1.65"]
+    assert [cost.cell("full_context", c) for c in ("Summary calls", "LLM calls", "Answer input tokens / question")] \
+        == ["0", "8", "5000"]
+    # through the CLI: --efficiency writes the table by method beside the paper's two
+    out = tmp_path / "tables"
+    assert pt.main(["--out", str(out), "--efficiency", *(str(tmp_path / m) for m in ledgers)]) == 0
+    text = (out / "efficiency_methods.md").read_text()
+    assert [line.split("|")[2].strip() for line in text.splitlines()[4:9]] == list(ledgers)
 
 
 def test_unjudged_runs_leave_judge_cells_empty(tmp_path: Path):

@@ -21,7 +21,11 @@ The episode store is built in memory from the benchmark (one encoder pass). Summ
 this command runs WITHOUT summaries unless --store names an existing store directory that holds
 them (built by `memfit run` with summary.enabled and a reader). rerank.backend=cross-encoder needs
 the cross-encoder weights (no PyPI package ships them); rerank.backend=none keeps the first-stage
-order. Any config key can be overridden as key=value, e.g. retrieve.scan_top_k=30 pack.k=5."""
+order. Any config key can be overridden as key=value, e.g. retrieve.scan_top_k=30 pack.k=5.
+
+method=plain | naive_rag | full_context writes that method's packs instead (memfit_gpu/methods;
+full_context bounds the history by reader.max_prompt_chars and full_context.context_tokens only, as no
+reader is loaded here); method=lightmem_slm is refused: its retrieval calls small language models."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
+    from memfit_gpu.methods.offline import retrieve_with_method
     from memfit_gpu.preflight import check_can_start
-    from memfit_gpu.retrieve.offline import retrieve_benchmark
 
     overrides = [f"data.benchmark={args.benchmark}"] + list(args.overrides)
     if args.data:
@@ -55,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     check_can_start(cfg, readers=False)
     out = Path(args.out)
-    diagnostics = retrieve_benchmark(cfg, out, args.store)
+    diagnostics = retrieve_with_method(cfg, out, args.store)
     overall = diagnostics["overall"]
-    print(json.dumps({"questions": overall["questions"], **{k: overall[k] for k in
-                      ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")},
-                      "reranker": diagnostics["reranker"]["backend"], "out": str(out)}))
+    if cfg.method in ("memfit", "plain"):
+        print(json.dumps({"questions": overall["questions"], **{k: overall[k] for k in
+                          ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")},
+                          "reranker": diagnostics["reranker"]["backend"], "out": str(out)}))
+    else:
+        print(json.dumps({"questions": overall["questions"], "method": cfg.method,
+                          **{k: overall[k] for k in ("pack_hit", "pack_hit_window", "mrr")}, "out": str(out)}))
     return 0

@@ -21,7 +21,10 @@ What each number is read from (nothing is recomputed that a run already wrote, e
   `retrieval.overall|by_category[cat].pack_hit|hit@30|questions` (retrieval diagnostics);
   `timings.build|summaries|retrieve|answer` (seconds, StageTimer).
 - ledger.json (memfit_gpu.readers.ledger.Ledger.to_dict): `roles[summary|answer|judge].calls|cached|
-  input_tokens|output_tokens|wall_s|gpu_seconds`, `cost.usd`.
+  input_tokens|output_tokens|wall_s|gpu_seconds`, `cost.usd`; every role summed into its phase (write | read |
+  eval, readers.types.ROLE_PHASES) for the efficiency tables, so a baseline's own roles (LightMem-SLM's
+  mtm_summary, consolidate, rewrite, rerank_slm) are counted too.
+- config.yaml: `method` (memfit when absent) names the memory system in the efficiency table by method.
 - predictions.jsonl: per-question judge verdicts for the paired sign-flip permutation tests
   (memfit_gpu.evaluate.compare.compare_runs), memory ids (memories per run), `*_abs` ids (LongMemEval
   abstention).
@@ -42,8 +45,9 @@ import yaml
 
 from memfit_gpu.evaluate import render
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
+from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
-from memfit_gpu.readers.ledger import load_prices
+from memfit_gpu.readers.ledger import Ledger, load_prices
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
 
@@ -81,6 +85,10 @@ class Run:
     @property
     def reader(self) -> str:
         return str(self.config.get("reader", {}).get("model", "?"))
+
+    @property
+    def method(self) -> str:
+        return str(self.config.get("method", "memfit"))  # absent: a run from before methods existed
 
     @property
     def benchmark(self) -> str:
@@ -199,6 +207,7 @@ FORMATS: dict[str, tuple[Callable[[Any], str], Callable[[Any], Any]]] = {
     "num0": (lambda v: f"{v:.0f}", float),
     "num1": (lambda v: f"{v:.1f}", float),
     "num2": (lambda v: f"{v:.2f}", float),
+    "num4": (lambda v: f"{v:.4f}", float),
 }
 
 
@@ -558,13 +567,20 @@ def _per(value: float | None, count: int | None, scale: float = 1.0) -> float | 
     return None if value is None or not count else scale * value / count
 
 
-def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
-               prices_path: str | Path | None = None) -> tuple[Table, Table]:
-    """Figure 3 / Tables 13-14: build time, latency, LLM calls, tokens and cost per run (timings, ledger)."""
+def _price(price_model: str, prices_path: str | Path | None) -> dict[str, float]:
     prices = load_prices(prices_path)
     if price_model not in prices:
         raise TablesError(f"no price for {price_model!r} in the price table (have: {', '.join(sorted(prices))})")
-    price = prices[price_model]
+    return prices[price_model]
+
+
+def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
+               prices_path: str | Path | None = None) -> tuple[Table, Table]:
+    """Figure 3 / Tables 13-14: build time, latency, LLM calls, tokens and cost per run (timings, ledger).
+
+    Any method's run: its LLM calls and tokens are the ledger's write and read phases (readers.types.ROLE_PHASES;
+    for MemFit, summary and answer); `efficiency_methods` splits them per phase and names the method."""
+    price = _price(price_model, prices_path)
     time_table = Table("efficiency_time", "Efficiency: time per stage", [
         Column("Run", "text"), Column("Memories", "int"), Column("Questions", "int"),
         Column("Store + index s", "num1"), Column("Summaries s", "num1"), Column("Memory build s", "num1"),
@@ -582,46 +598,80 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
     for run in runs:
         summary, answer = run.role("summary"), run.role("answer")
         judge = run.need_ledger().get("roles", {}).get("judge") or {}
+        phases = Ledger.from_dict(run.need_ledger()).phases()
+        write, read = phases["write"], phases["read"]
         memories = _memories(run)
         questions = answer["calls"] + answer["cached"]
         store_s, summaries_s = run.timing("build"), run.timing("summaries")
         build_s = None if store_s is None else store_s + (summaries_s or 0.0)
         retrieve_s = run.timing("retrieve")
-        gpu_s = summary.get("gpu_seconds", 0.0) + answer.get("gpu_seconds", 0.0)
         time_table.rows.append([
             run.label, memories, questions, store_s, summaries_s, build_s, _per(build_s, memories),
             # answer wall time is spent on generated calls; cache hits (a resumed run) take ~0 s
-            _per(retrieve_s, questions, 1000.0), _per(answer.get("wall_s"), answer["calls"]), gpu_s,
+            _per(retrieve_s, questions, 1000.0), _per(answer.get("wall_s"), answer["calls"]),
+            write.gpu_seconds + read.gpu_seconds,
         ])
         summary_calls = summary["calls"] + summary["cached"]
-        tokens_in = summary["input_tokens"] + answer["input_tokens"]
-        tokens_out = summary["output_tokens"] + answer["output_tokens"]
+        tokens_in = write.input_tokens + read.input_tokens
+        tokens_out = write.output_tokens + read.output_tokens
         cost_table.rows.append([
             run.label, summary_calls, questions, judge.get("calls", 0) + judge.get("cached", 0),
-            summary_calls + questions, _per(summary_calls, memories),
-            _per(summary["input_tokens"] + summary["output_tokens"], memories, 1e-3),
+            write.calls + write.cached + read.calls + read.cached, _per(summary_calls, memories),
+            _per(write.input_tokens + write.output_tokens, memories, 1e-3),
             _per(answer["input_tokens"], answer["calls"]), _per(answer["output_tokens"], answer["calls"]),
             (run.need_ledger().get("cost") or {}).get("usd"),
             tokens_in / 1e6 * price["input"] + tokens_out / 1e6 * price["output"],
         ])
-        cached = {r: run.role(r)["cached"] for r in ("summary", "answer") if run.role(r)["cached"]}
+        cached = {r: s["cached"] for r, s in run.need_ledger().get("roles", {}).items() if r != "judge" and s["cached"]}
         if cached:
             cached_notes.append(f"{run.label}: {cached} requests came from the response cache (a resumed run); "
                                 "their tokens are not in the ledger, so token totals undercount")
     time_table.notes = [
-        "Store + index = timings.build (encode, BM25 and dense insertion); Summaries = timings.summaries (segmentation "
-        "and one LLM call per segment); Memory build = both. Retrieval ms / question = timings.retrieve / questions "
-        "(one batched pass, so a mean, not a single-question latency). Answer s / question = ledger "
-        "roles.answer.wall_s / answer calls generated (judge time excluded). GPU-seconds = reader wall time x GPUs held "
-        "(summary + answer).",
+        "Store + index = timings.build (encode, BM25 and dense insertion; another method's write-time work); "
+        "Summaries = timings.summaries (segmentation and one LLM call per segment); Memory build = both. "
+        "Retrieval ms / question = timings.retrieve / questions (one batched pass, so a mean, not a single-question "
+        "latency). Answer s / question = ledger roles.answer.wall_s / answer calls generated (judge time excluded). "
+        "GPU-seconds = reader wall time x GPUs held (write and read phases: summary + answer for MemFit).",
     ]
     cost_table.notes = [
-        "LLM calls = summary + answer calls (the system's own; judge calls are evaluation and listed apart). "
-        "Build tokens = summary input + output tokens. Ledger USD prices hosted models only (local vLLM = 0); "
-        f"the last column prices this run's summary and answer tokens at {price_model}'s list price "
+        "LLM calls = the system's own calls, the ledger's write and read phases (MemFit: summary + answer; "
+        "LightMem-SLM adds its MTM, consolidation, rewrite and re-rank calls); judge calls are evaluation and listed "
+        "apart. Build tokens = the write phase's input + output tokens (MemFit: its summaries'). Ledger USD prices hosted models only (local vLLM = 0); "
+        f"the last column prices this run's write and read tokens at {price_model}'s list price "
         f"(configs/prices.yaml: ${price['input']}/M in, ${price['output']}/M out), as the paper's cost figure does.",
     ] + cached_notes
     return time_table, cost_table
+
+
+def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
+                       prices_path: str | Path | None = None) -> Table:
+    """Issue 15: the efficiency table of every method (MemFit and the baselines), one row per run: LLM calls and
+    tokens at write time and at read time, build time, per-question latency, cost (evaluate.efficiency)."""
+    price = _price(price_model, prices_path)
+    table = Table("efficiency_methods", "Efficiency by method: write / read LLM calls, tokens, time and cost", [
+        Column("Run", "text"), Column("Method", "text"), Column("Questions", "int"), Column("Write calls", "int"),
+        Column("Read calls", "int"), Column("Write input tokens", "int"), Column("Write output tokens", "int"),
+        Column("Read input tokens", "int"), Column("Read output tokens", "int"), Column("Build s", "num1"),
+        Column("Latency s / question", "num2"), Column("GPU-seconds", "num0"),
+        Column(f"USD at {price_model} prices", "num4"),
+    ])
+    for run in runs:
+        row = efficiency_values(run.label, run.config, run.need_ledger(), run.metrics.get("timings") or {},
+                                int(run.metrics.get("questions") or 0), price)
+        table.rows.append([run.label, row["method"], row["questions"], row["write_calls"], row["read_calls"],
+                           row["write_input_tokens"], row["write_output_tokens"], row["read_input_tokens"],
+                           row["read_output_tokens"], row["build_s"], row["latency_s_per_question"],
+                           row["gpu_seconds"], row["est_usd"]])
+    table.notes = [
+        "Write = building memory (MemFit's summaries; LightMem-SLM's MTM notes and LTM consolidation), read = "
+        "answering (the answer call; LightMem-SLM's query rewrite and re-rank): the ledger's phases "
+        "(readers.types.ROLE_PHASES); the judge is evaluation and left out. Calls count generated and cached "
+        "requests; tokens are the generated calls'. Build s = timings.build + timings.summaries; Latency = "
+        "(timings.retrieve + timings.answer - judge wall time) / questions, a mean over one batched pass. "
+        f"USD prices the write and read tokens at {price_model}'s list price ($" + f"{price['input']}/M in, "
+        f"${price['output']}/M out). Same numbers as `memfit efficiency`.",
+    ]
+    return table
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -645,7 +695,9 @@ def build_tables(args: argparse.Namespace) -> list[Table]:
     if args.longmemeval:
         tables.append(longmemeval(expand_all(args.longmemeval)))
     if args.efficiency:
-        tables += list(efficiency(expand_all(args.efficiency), args.price_model, args.prices))
+        runs = expand_all(args.efficiency)
+        tables += [*efficiency(runs, args.price_model, args.prices),
+                   efficiency_methods(runs, args.price_model, args.prices)]
     return tables
 
 
@@ -666,7 +718,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--memgallery", nargs="+", metavar="RUN",
                    help="Table 11: MemGallery runs, first = reference of the judge differences (text-only)")
     p.add_argument("--longmemeval", nargs="+", metavar="RUN", help="Table 2: LongMemEval runs")
-    p.add_argument("--efficiency", nargs="+", metavar="RUN", help="Figure 3 / Tables 13-14: any runs")
+    p.add_argument("--efficiency", nargs="+", metavar="RUN",
+                   help="Figure 3 / Tables 13-14 and the efficiency table by method (issue 15): any runs, any method")
     p.add_argument("--variant", default=None, help="F1/BLEU-1 variant (paper | locomo | memgallery); "
                                                    "default: the runs' eval.table_metric")
     p.add_argument("--permutations", type=int, default=10_000, help="sign flips per paired test")

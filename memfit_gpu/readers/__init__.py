@@ -1,6 +1,6 @@
 """Readers: `make_reader(cfg, run_dir).generate(requests) -> responses`, over transformers | vllm | openai.
 
-types.py        Request, Response, the Backend ABC, ReaderError / MissingBackendError, ROLES
+types.py        Request, Response, the Backend ABC, ReaderError / MissingBackendError, ROLES, ROLE_PHASES
 registry.py     reader.backend name -> "module:Class", imported on first use (make_backend)
 reader.py       Reader: a backend behind the response cache and the ledger (make_reader)
 transformers.py in-process Hugging Face models (text and vision-language; accelerate device maps)

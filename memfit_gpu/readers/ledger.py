@@ -24,11 +24,12 @@ from typing import Any
 import yaml
 
 from memfit_gpu.files import atomic_write_text
-from memfit_gpu.readers.types import ROLES, Response
+from memfit_gpu.readers.types import ROLE_PHASES, ROLES, Response
 
 LOCAL_BACKENDS = ("transformers", "vllm")
 # Package data, so an installed (non-editable) memfit finds it too; configs/prices.yaml links to it.
 DEFAULT_PRICES = resources.files(__package__).joinpath("prices.yaml")
+PHASES = ("write", "read", "eval")  # ROLE_PHASES' values: ledger.json totals its roles per phase
 
 
 class LedgerCheckError(AssertionError):
@@ -147,10 +148,22 @@ class Ledger:
         return {"usd": total, "by_model": by_model, "unpriced_models": sorted(set(unpriced)),
                 "gpu_seconds": gpu_seconds}
 
+    def phases(self) -> dict[str, RoleStats]:
+        """The roles' stats summed per phase (ROLE_PHASES: write, read, eval); a role no phase names (from
+        a ledger another version wrote) is summed under its own name."""
+        out = {phase: RoleStats() for phase in PHASES}
+        with self._lock:
+            for role, stats in self.roles.items():
+                total = out.setdefault(ROLE_PHASES.get(role, role), RoleStats())
+                for name, value in asdict(stats).items():
+                    setattr(total, name, getattr(total, name) + value)
+        return out
+
     def to_dict(self, prices_path: str | Path | None = None) -> dict[str, Any]:
         with self._lock:
             return {
                 "roles": {r: asdict(s) for r, s in self.roles.items()},
+                "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
                 "models": {k: asdict(m) for k, m in self.models.items()},
                 "answer_calls": len(self.answer_keys),
                 "answer_keys": list(self.answer_keys),

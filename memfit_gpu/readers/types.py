@@ -15,16 +15,21 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
 
-Role = Literal["summary", "answer", "judge"]
+Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm"]
 # (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
 PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
-ROLES: tuple[str, ...] = ("summary", "answer", "judge")
+# Each role's phase, which the ledger totals (issue 15): write = building memory (MemFit's summaries,
+# LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
+# query rewrite and re-rank), eval = scoring (the judge).
+ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "eval", "mtm_summary": "write",
+                               "consolidate": "write", "rewrite": "read", "rerank_slm": "read"}
+ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
 
 
 @dataclass
 class Request:
     messages: list[dict[str, Any]]  # OpenAI-style chat messages; content is a string
-    role: str = "answer"  # summary | answer | judge: the ledger accounts per role
+    role: str = "answer"  # one of ROLES: the ledger accounts per role (and per phase, ROLE_PHASES)
     images: list[str] = field(default_factory=list)  # local paths or URLs, in the order the prompt names them
     max_new_tokens: int | None = None  # None = the reader's configured default (reader.max_new_tokens)
     temperature: float | None = None  # None = the reader's configured default (0 = greedy)

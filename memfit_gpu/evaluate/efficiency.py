@@ -1,0 +1,101 @@
+"""The efficiency table of finished runs, any method (`memfit efficiency RUN_DIR...`, memfit_gpu/cli/efficiency.py;
+issue 15).
+
+One row per run directory, from what the run wrote:
+- method and reader: config.yaml (`method` absent = memfit, a run from before methods existed);
+- LLM calls and tokens at write time and at read time: ledger.json's roles summed per phase
+  (readers.ROLE_PHASES: write = summary, mtm_summary, consolidate; read = answer, rewrite, rerank_slm; the
+  judge is evaluation and left out). Calls are requests made (generated + served from the cache); tokens
+  are the generated calls' (a resumed run's cache hits cost nothing again, so its tokens undercount; the
+  `cached` column says how many);
+- build time: timings.json `build` + `summaries` (the write-time stages of every method);
+- per-question latency: (timings `retrieve` + `answer` - the judge's wall time) / questions: the read path
+  and the answer call, a mean over one batched pass, not a single question's latency;
+- GPU-seconds of the write and read phases (local backends: wall time x GPUs held);
+- estimated cost: the write and read tokens at a hosted model's list price (configs/prices.yaml,
+  `--price-model`, as experiments/paper_tables.py prices its efficiency table), and the ledger's own USD
+  (hosted models only; local backends cost 0 there).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memfit_gpu.readers.ledger import Ledger, load_prices
+
+COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
+           "write_output_tokens", "read_input_tokens", "read_output_tokens", "cached", "build_s",
+           "latency_s_per_question", "gpu_seconds", "ledger_usd", "est_usd"]
+WRITE_STAGES = ("build", "summaries")
+DEFAULT_PRICE_MODEL = "gpt-4.1-mini"
+
+
+class EfficiencyError(FileNotFoundError):
+    """A run directory that is not a finished run (the CLI prints it on one line, exit code 2)."""
+
+
+def _json(path: Path) -> Any:
+    if not path.is_file():
+        raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise EfficiencyError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
+                      questions: int, price: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run's row (COLUMNS) from what it wrote: config.yaml, ledger.json, timings (stage seconds) and its
+    number of questions. `price`: USD per 1M input/output tokens for est_usd (None leaves it empty)."""
+    ledger = Ledger.from_dict(ledger_data)
+    phases = ledger.phases()
+    write, read = phases["write"], phases["read"]
+    judge_wall = ledger.roles["judge"].wall_s if "judge" in ledger.roles else 0.0
+    read_s = float(timings.get("retrieve", 0.0)) + float(timings.get("answer", 0.0)) - judge_wall
+    tokens_in = write.input_tokens + read.input_tokens
+    tokens_out = write.output_tokens + read.output_tokens
+    return {
+        "run": label, "method": config.get("method", "memfit"), "reader": (config.get("reader") or {}).get("model"),
+        "questions": questions,
+        "write_calls": write.calls + write.cached, "read_calls": read.calls + read.cached,
+        "write_input_tokens": write.input_tokens, "write_output_tokens": write.output_tokens,
+        "read_input_tokens": read.input_tokens, "read_output_tokens": read.output_tokens,
+        "cached": write.cached + read.cached,
+        "build_s": round(sum(float(timings.get(stage, 0.0)) for stage in WRITE_STAGES), 3),
+        "latency_s_per_question": round(read_s / questions, 4) if questions else None,
+        "gpu_seconds": round(write.gpu_seconds + read.gpu_seconds, 3),
+        "ledger_usd": (ledger_data.get("cost") or {}).get("usd"),
+        "est_usd": None if price is None else round(tokens_in / 1e6 * price["input"]
+                                                    + tokens_out / 1e6 * price["output"], 6),
+    }
+
+
+def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run directory's row (COLUMNS), read from its files (see efficiency_values)."""
+    run = Path(run_dir)
+    if not (run / "DONE").is_file():
+        raise EfficiencyError(f"{run} has no DONE: not a finished memfit run")
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else None
+    if not isinstance(config, dict):
+        raise EfficiencyError(f"{run / 'config.yaml'} is missing or not a mapping: not a memfit run directory")
+    metrics = _json(run / "metrics.json")
+    return efficiency_values(str(run), config, _json(run / "ledger.json"), _json(run / "timings.json"),
+                             int(metrics["questions"]), price)
+
+
+def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,
+                     prices_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows of every run, in the order given."""
+    price = None
+    if price_model is not None:
+        prices = load_prices(prices_path)
+        if price_model not in prices:
+            raise EfficiencyError(f"no price for {price_model!r} in {prices_path or 'configs/prices.yaml'} "
+                                  f"(have: {', '.join(sorted(prices))})")
+        price = prices[price_model]
+    return [efficiency_row(run, price) for run in run_dirs]

@@ -1,0 +1,138 @@
+"""Naive RAG: fixed-size token chunks of the whole history, dense top-k, no rerank.
+
+Write: each memory's history is its turns' SPEC episode texts ("DATE: ... | Speaker X says: ...") one per
+line, in conversation order, cut into chunks of `naive_rag.chunk_tokens` whitespace tokens that overlap
+by `naive_rag.overlap_tokens` (the last chunk is shorter; no chunk lies wholly inside its predecessor's
+overlap). Chunks cross turn and session boundaries: that is what makes the method naive. A chunk's text is
+the history's own characters from its first to its last token (line breaks kept). Every chunk of every
+memory is embedded in one pass of the run's bi-encoder and added to a FAISS DenseIndex partitioned by
+memory, like the store's episodes.
+
+Read: the questions are embedded in one pass and each searches its own memory's chunks: the top
+`naive_rag.top_k` by cosine (only cosine > retrieve.dense_min_cosine, as the store's dense search), in
+rank order, become the excerpts ("EXCERPT i (recorded <first date>[ to <last date>]): <chunk>"). No
+date resolution, no neighbours, no reranker.
+
+Nothing here calls an LLM, so the chunk index is not kept on disk: a run killed before packs.jsonl exists
+chunks and encodes again (the same texts in the same single pass give the same vectors), and once
+packs.jsonl exists nothing is rebuilt.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.common import TurnTable, diagnostics_for, load_encoder, pack_json, pack_row
+from memfit_gpu.retrieve.pack import cut_excerpt, quote_lines
+
+_TOKEN = re.compile(r"\S+")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    memory_idx: int
+    text: str
+    rows: tuple[int, ...]  # turn rows (TurnTable) it holds tokens of, in order
+    tokens: tuple[int, int]  # [first, last) token positions in its memory's history
+
+
+def chunk_starts(n_tokens: int, size: int, overlap: int) -> list[int]:
+    """First token of each chunk: every size - overlap tokens, while the previous chunk leaves some of the
+    history uncovered."""
+    step = size - overlap
+    return [0] + [s for s in range(step, n_tokens, step) if s + overlap < n_tokens] if n_tokens else []
+
+
+def chunk_history(texts: Sequence[str], rows: Sequence[int], memory_idx: int, size: int,
+                  overlap: int) -> list[Chunk]:
+    """Chunks of one memory's history (texts: its turns' episode texts, rows: their rows)."""
+    history = "\n".join(texts)
+    spans: list[tuple[int, int]] = []
+    owner: list[int] = []
+    offset = 0
+    for text, row in zip(texts, rows, strict=True):
+        for match in _TOKEN.finditer(text):
+            spans.append((offset + match.start(), offset + match.end()))
+            owner.append(row)
+        offset += len(text) + 1
+    chunks = []
+    for start in chunk_starts(len(spans), size, overlap):
+        stop = min(start + size, len(spans))
+        chunks.append(Chunk(memory_idx, history[spans[start][0]:spans[stop - 1][1]],
+                            tuple(dict.fromkeys(owner[start:stop])), (start, stop)))
+    return chunks
+
+
+def chunk_dates(chunk: Chunk, table: TurnTable) -> str:
+    first, last = table.recorded(chunk.rows[0]), table.recorded(chunk.rows[-1])
+    return first if first == last else f"{first} to {last}"
+
+
+class NaiveRAG:
+    name = "naive_rag"
+
+    def __init__(self) -> None:
+        self.table: TurnTable | None = None
+        self.chunks: list[Chunk] = []
+        self.index: DenseIndex | None = None
+        self.encoder: Any = None
+
+    def write(self, run: MethodRun) -> None:
+        cfg = run.cfg
+        self.table = TurnTable.from_memories(run.memories)
+        self.chunks = []
+        for m_idx in range(len(self.table.memory_ids)):
+            rows = self.table.memory_rows(m_idx)
+            self.chunks.extend(chunk_history([self.table.ep_text[r] for r in rows], rows, m_idx,
+                                             cfg.naive_rag.chunk_tokens, cfg.naive_rag.overlap_tokens))
+        self.encoder = load_encoder(cfg)
+        vectors = self.encoder.encode([c.text for c in self.chunks], batch_size=cfg.index.encode_batch_size,
+                                      progress=run.progress)
+        self.index = DenseIndex(int(self.encoder.dim), factory=cfg.index.dense_factory,
+                                device=cfg.index.dense_device, nprobe=cfg.index.dense_nprobe)
+        if self.chunks:
+            self.index.add(vectors, [c.memory_idx for c in self.chunks])
+
+    def close(self) -> None:
+        pass
+
+    def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        assert self.table is not None and self.index is not None, "NaiveRAG.read before write"
+        cfg, table = run.cfg, self.table
+        questions = run.questions
+        embeddings = self.encoder.encode([q.question for q in questions], batch_size=cfg.index.encode_batch_size)
+        memory = [table.memory_index(q.memory_id) for q in questions]
+        if self.chunks:
+            scores, found = self.index.search(embeddings, memory, cfg.naive_rag.top_k,
+                                              min_score=cfg.retrieve.dense_min_cosine)
+        else:
+            scores = found = torch.full((len(questions), 0), -1)
+        ranked, packs = [], []
+        for i in range(len(questions)):
+            hits = [(int(c), float(s)) for c, s in zip(found[i].tolist(), scores[i].tolist(), strict=True) if c >= 0]
+            rows = list(dict.fromkeys(r for c, _ in hits for r in self.chunks[c].rows))
+            ranked.append(rows)
+            packs.append(hits)
+        method = {"name": self.name, "chunks": len(self.chunks), "chunk_tokens": cfg.naive_rag.chunk_tokens,
+                  "overlap_tokens": cfg.naive_rag.overlap_tokens, "top_k": cfg.naive_rag.top_k}
+        diagnostics, records = diagnostics_for(table, questions, ranked, ranked, ranked, method)
+        out = []
+        for q, hits, rows, record in zip(questions, packs, ranked, records, strict=True):
+            lines, cut_total = [], 0
+            for rank, (c, _) in enumerate(hits, start=1):
+                body, cut = cut_excerpt(quote_lines(self.chunks[c].text), cfg.pack.max_excerpt_chars)
+                lines.append(f"EXCERPT {rank} (recorded {chunk_dates(self.chunks[c], table)}): {body}")
+                cut_total += cut
+            chunks = [{"chunk": c, "score": score, "tokens": list(self.chunks[c].tokens),
+                       "turn_ids": [table.ep_turn_id[r] for r in self.chunks[c].rows]} for c, score in hits]
+            extra = {"excerpt_chars_cut": cut_total} if cut_total else {}
+            out.append(pack_row(q, "\n".join(lines), pack_json(rows, rows, table.ep_turn_id), record, self.name,
+                                chunks=chunks, **extra))
+        return out, diagnostics

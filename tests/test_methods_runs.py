@@ -1,0 +1,321 @@
+"""Issue 15's acceptance, on real data with the packaged models: every method through `memfit run`.
+
+`memfit run --config configs/demo.yaml method=M data.limit_questions=5` (LoCoMo conv-26, all 419 turns;
+5 questions; MiniLM encoder, SmolLM2-135M reader) for plain, naive_rag, full_context, lightmem_slm and
+memfit: the run directory's files, one answer call per question, no new call on a rerun, `memfit compare`
+between methods and `memfit efficiency` over all five. Then plain against MemFit's path with the ablation
+file's overrides, full context's truncation against the reader's own context, LightMem's calls per role,
+and LightMem killed at its durable writes. Each run takes minutes on a shared CPU: torch gets one thread
+(OMP_NUM_THREADS=1), which a busy 2-core box runs several times faster than two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memfit_gpu.config import load_config
+from memfit_gpu.data import load_benchmark, select_from_config
+from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.common import TurnTable
+from memfit_gpu.methods.full_context import FullContext
+from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
+from memfit_gpu.pipeline import _retrieve, run
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.prompts import build_answer_messages
+from memfit_gpu.readers.reader import make_reader
+from memfit_gpu.readers.types import ROLE_PHASES, ROLES
+from memfit_gpu.retrieve.pack import excerpt_tail
+from memfit_gpu.store import EpisodeStore, RecordLog
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "configs" / "demo.yaml"
+METHODS = ("plain", "naive_rag", "full_context", "lightmem_slm", "memfit")
+QUESTIONS = [f"conv-26:q{i}" for i in range(5)]
+OUTPUTS = ("config.yaml", "predictions.jsonl", "metrics.json", "ledger.json", "results.md", "packs.jsonl",
+           "diagnostics.json", "DONE")
+
+
+def _env(shared_data: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
+    return {**env, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=_env(shared_data, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def demo_run(out: Path, method: str, shared_data: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # the overrides are one positional list: all of them before the options that follow it
+    return memfit("run", "--config", str(DEMO), f"method={method}", "data.limit_questions=5", *extra, "--out",
+                  str(out), "--quiet", shared_data=shared_data, **env)
+
+
+def cache_rows(run_dir: Path) -> int:
+    with sqlite3.connect(run_dir / "cache.sqlite") as db:
+        return db.execute("select count(*) from responses").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("methods")
+    out = {}
+    for method in METHODS:
+        proc = demo_run(root / method, method, shared_data)
+        assert proc.returncode == 0, f"{method}: {proc.stderr[-3000:]}"
+        assert re.search(r"^\| \*\*Average\*\* +\| +5 \|", proc.stdout, re.MULTILINE), proc.stdout
+        out[method] = root / method
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_writes_a_run_directory_with_one_answer_call_per_question(runs: dict[str, Path], method: str):
+    run_dir = runs[method]
+    for name in OUTPUTS:
+        assert (run_dir / name).is_file(), f"{method}: {name}"
+    assert load_config(run_dir / "config.yaml") == load_config(DEMO, [f"method={method}", "data.limit_questions=5"])
+    predictions = read_jsonl(run_dir / "predictions.jsonl")
+    assert [p["question_id"] for p in predictions] == QUESTIONS
+    ledger = Ledger.load(run_dir / "ledger.json")
+    ledger.check_one_answer_per_question(QUESTIONS)
+    assert ledger.answer_keys == QUESTIONS and ledger.roles["answer"].calls == 5
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert (metrics["method"], metrics["questions"], metrics["ledger"]["answer_calls"]) == (method, 5, 5)
+    assert metrics["retrieval"]["method"]["name"] == method
+    phases = json.loads((run_dir / "ledger.json").read_text())["phases"]
+    write_roles = {"memfit": ["summary"], "lightmem_slm": ["mtm_summary", "consolidate"]}.get(method, [])
+    assert phases["write"]["calls"] == sum(ledger.roles[r].calls for r in write_roles)
+    assert (phases["write"]["calls"] > 0) == (method in ("memfit", "lightmem_slm"))
+    assert phases["read"]["calls"] == 5 + sum(ledger.roles[r].calls for r in ("rewrite", "rerank_slm"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: Path, shared_data: Path,
+                                 monkeypatch: pytest.MonkeyPatch):
+    run_dir = runs[method]
+    before = (run_dir / "ledger.json").read_bytes(), cache_rows(run_dir)
+    again = demo_run(run_dir, method, shared_data)  # a finished run only reports
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (run_dir / "ledger.json").read_bytes() == before[0] and cache_rows(run_dir) == before[1]
+    # Without its packs, predictions and ledger the run is made again from what it kept: the write-time
+    # state (store, summaries, LightMem's log) asks for nothing, every read-time call is a cache hit, and
+    # the predictions are the same.
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    for name in ("DONE", "packs.jsonl", "diagnostics.json", "predictions.jsonl", "metrics.json", "results.md",
+                 "ledger.json"):
+        (copy / name).unlink()
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    run(load_config(DEMO, [f"method={method}", "data.limit_questions=5"]), copy, progress=False)
+    first, second = Ledger.load(run_dir / "ledger.json"), Ledger.load(copy / "ledger.json")
+    assert {r: s.calls for r, s in second.roles.items()} == {r: 0 for r in ROLES}
+    assert {r: s.cached for r, s in second.roles.items()} == {
+        r: s.calls + s.cached if ROLE_PHASES[r] == "read" else 0 for r, s in first.roles.items()}
+    assert cache_rows(copy) == before[1]
+    assert read_jsonl(copy / "predictions.jsonl") == read_jsonl(run_dir / "predictions.jsonl")
+
+
+@pytest.mark.slow
+def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], bi_encoder, tmp_path: Path,
+                                                           shared_data: Path):
+    """method=plain == MemFit's path with configs/ablations/plain_retrieval.yaml's overrides."""
+    ablation = yaml.safe_load((REPO / "configs" / "ablations" / "plain_retrieval.yaml").read_text())
+    overrides = ["data.limit_questions=5", "index.device=cpu",
+                 *(f"{section}.{key}={value}" for section, keys in ablation.items() if section != "defaults"
+                   for key, value in keys.items() if not isinstance(value, dict)),
+                 *(f"retrieve.prf.{key}={value}" for key, value in ablation["retrieve"]["prf"].items())]
+    cfg = load_config(DEMO, overrides)
+    selected = select_from_config(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json"), cfg.data)
+    questions = [q for m in selected.memories for q in m.questions]
+    store = EpisodeStore(None, cfg, bi_encoder)
+    store.add_memories(selected.memories, progress=False)
+    expected = _retrieve(cfg, tmp_path, store, bi_encoder, None, questions, progress=False)
+    plain = {r["question_id"]: r for r in read_jsonl(runs["plain"] / "packs.jsonl")}
+    assert list(plain) == QUESTIONS
+    for qid in QUESTIONS:
+        for field in ("excerpts", "pack", "ranked", "prf_terms"):
+            assert plain[qid][field] == expected[qid][field], (qid, field)
+
+
+def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable) -> dict:
+    """The pack holds the newest turns of its memory and exactly the fewest oldest ones are dropped for its
+    answer prompt to fit `room` tokens; returns its truncation record."""
+    truncation = pack["method_notes"]["truncation"]
+    rows = table.memory_rows(table.memory_index(pack["memory_id"]))
+    tails = [excerpt_tail(table, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0] for r in rows]
+
+    def tokens(first_kept: int) -> int:
+        text = "\n".join(f"EXCERPT {i} {t}" for i, t in enumerate(tails[first_kept:], start=1))
+        return count(build_answer_messages(pack["question"], text))
+
+    dropped = truncation["turns_dropped"]
+    assert truncation["turns"] == len(rows) == 419 and 0 < dropped < 419
+    assert pack["excerpts"] == "\n".join(f"EXCERPT {i} {t}" for i, t in enumerate(tails[dropped:], start=1))
+    assert tokens(dropped) <= room < tokens(dropped - 1)
+    assert truncation["first_kept_turn"] == pack["pack"]["episodes"][0]["turn_id"] == table.ep_turn_id[rows[dropped]]
+    assert pack["pack"]["episodes"][-1]["turn_id"] == "D19:15"  # the last turn of the conversation stays
+    return truncation
+
+
+@pytest.mark.slow
+def test_full_context_run_records_its_truncation(runs: dict[str, Path], shared_data: Path):
+    """The demo bounds the prompt by full_context.context_tokens (CPU-sized), counted by the reader."""
+    cfg = load_config(DEMO, ["method=full_context", "data.limit_questions=5"])
+    reader = make_reader(cfg.reader, None, progress=False)
+    _, count = reader.prompt_token_limit()  # type: ignore[misc]
+    reader.close()
+    table = TurnTable.from_memories(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json").memories[:1])
+    packs = {r["question_id"]: r for r in read_jsonl(runs["full_context"] / "packs.jsonl")}
+    for prediction in read_jsonl(runs["full_context"] / "predictions.jsonl"):
+        pack = packs[prediction["question_id"]]
+        truncation = check_oldest_dropped(pack, cfg, count, 2048 - 32, table)
+        assert prediction["method_notes"] == pack["method_notes"]
+        assert truncation["bound"] == "full_context.context_tokens of 2,048 tokens less reader.max_new_tokens=32"
+        assert "prompt_chars_cut" not in prediction and "truncated_tokens" not in prediction["reader_notes"]
+
+
+@pytest.mark.slow
+def test_full_context_fits_the_readers_own_context(shared_data: Path):
+    """full_context.context_tokens null: the transformers reader's own context (SmolLM2: 8,192 tokens)."""
+    cfg = load_config(DEMO, ["method=full_context", "data.limit_questions=5", "full_context.context_tokens=null"])
+    bench = select_from_config(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json"), cfg.data)
+    reader = make_reader(cfg.reader, None, progress=False)
+    context, count = reader.prompt_token_limit()  # type: ignore[misc]
+    method = FullContext()
+    run_ = MethodRun(cfg, None, bench, bench.memories, bench.questions(), reader=lambda: reader)
+    method.write(run_)
+    rows, diagnostics = method.read(run_)
+    reader.close()
+    assert context == 8192 and diagnostics["method"]["questions_truncated"] == 5
+    for row in rows:
+        truncation = check_oldest_dropped(row, cfg, count, context - 32, method.table)  # type: ignore[arg-type]
+        assert truncation["bound"] == "the reader's context of 8,192 tokens less reader.max_new_tokens=32"
+
+
+@pytest.mark.slow
+def test_lightmem_calls_each_small_model_role_batched(runs: dict[str, Path], shared_data: Path):
+    cfg = load_config(DEMO, ["method=lightmem_slm", "data.limit_questions=5"])
+    memory = load_benchmark("locomo", shared_data / "locomo" / "locomo10.json").memories[0]
+    sessions = [i for i, s in enumerate(memory.sessions) for _ in s.turns]
+    windows = len(mtm_windows(sessions, cfg.lightmem.mtm_window_turns, final=True))
+    ledger = Ledger.load(runs["lightmem_slm"] / "ledger.json")
+    assert ledger.roles["mtm_summary"].calls == windows
+    assert ledger.roles["consolidate"].calls == len(due_consolidations(windows, cfg.lightmem.consolidate_every))
+    assert ledger.roles["rewrite"].calls == 5
+    packs = read_jsonl(runs["lightmem_slm"] / "packs.jsonl")
+    # SLM-2 is asked only where there is more than one candidate to order
+    assert ledger.roles["rerank_slm"].calls == sum(1 for p in packs if p["lightmem"]["candidates"] > 1)
+    for pack in packs:
+        assert sum(h["budget"] for h in pack["lightmem"]["hqs"]) == cfg.lightmem.top_k
+        assert len(pack["lightmem"]["items"]) <= cfg.lightmem.top_k
+        assert pack["excerpts"].startswith("RECENT TURNS:\nEXCERPT 1 (recorded 22 October 2023): ")
+    log = RecordLog(runs["lightmem_slm"] / "lightmem" / "log.jsonl")
+    kinds = [r["t"] for r in log.records]
+    log.close()
+    assert (kinds.count("mtm"), kinds.count("ltm")) == (ledger.roles["mtm_summary"].calls,
+                                                        ledger.roles["consolidate"].calls)
+
+
+@pytest.mark.slow
+def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], shared_data: Path, tmp_path: Path):
+    for a, b in (("plain", "lightmem_slm"), ("naive_rag", "full_context"), ("memfit", "naive_rag")):
+        proc = memfit("compare", str(runs[a]), str(runs[b]), shared_data=shared_data, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = memfit("efficiency", *(str(runs[m]) for m in METHODS), shared_data=shared_data, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in proc.stdout.splitlines()]
+    assert cells[0][:6] == ["run", "method", "reader", "questions", "write_calls", "read_calls"]
+    assert [row[1] for row in cells[2:]] == list(METHODS)
+    write_calls = {row[1]: int(row[4]) for row in cells[2:]}
+    assert write_calls["plain"] == write_calls["naive_rag"] == write_calls["full_context"] == 0
+    assert write_calls["memfit"] > 0 and write_calls["lightmem_slm"] > 0
+    # the paper's tables: the efficiency table by method lists the five runs with the same write calls
+    tables = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out",
+                             str(tmp_path / "tables"), "--efficiency", *(f"{m}={runs[m]}" for m in METHODS)],
+                            env=_env(shared_data), capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    rows = [line for line in (tmp_path / "tables" / "efficiency_methods.md").read_text().splitlines()
+            if line.startswith("|")][2:]  # the table's lines less its header and rule
+    by_method = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in rows)}
+    assert list(by_method) == list(METHODS)
+    assert {m: int(r[3]) for m, r in by_method.items()} == write_calls
+
+
+@pytest.mark.slow
+def test_memfit_retrieve_runs_llm_free_methods_and_refuses_lightmem(runs: dict[str, Path], tmp_path: Path,
+                                                                    shared_data: Path):
+    refused = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--out", str(tmp_path / "lm"),
+                     "method=lightmem_slm", shared_data=shared_data, timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.splitlines()[-1] == (
+        "memfit retrieve: error: method=lightmem_slm retrieves with LLM calls (small language models): use "
+        "`memfit run`, which makes and accounts for them")
+    proc = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--out", str(tmp_path / "rag"),
+                  "--limit-questions", "5", "method=naive_rag", shared_data=shared_data, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mine = {r["question_id"]: r for r in read_jsonl(tmp_path / "rag" / "packs.jsonl")}
+    for row in read_jsonl(runs["naive_rag"] / "packs.jsonl"):
+        assert mine[row["question_id"]]["excerpts"] == row["excerpts"]
+
+
+# ------------------------------------------------------------------------------------------ LightMem kills
+SMALL = ["data.limit_questions=2", "reader.max_new_tokens=8", "lightmem.mtm_window_turns=6",
+         "lightmem.consolidate_every=2", "lightmem.mtm_max_new_tokens=8", "lightmem.consolidate_max_new_tokens=8",
+         "lightmem.rewrite_max_new_tokens=8", "lightmem.rerank_max_new_tokens=4", "lightmem.top_k=4"]
+
+
+@pytest.fixture(scope="module")
+def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """conv-26 cut to its first three sessions (58 turns: 10 MTM windows of 6, 5 consolidations)."""
+    data = json.loads((shared_data / "locomo" / "locomo10.json").read_text())
+    sample = data[0]
+    keep = {"session_1", "session_2", "session_3"}
+    conversation = {k: v for k, v in sample["conversation"].items()
+                    if not k.startswith("session_") or k.removesuffix("_date_time") in keep}
+    path = tmp_path_factory.mktemp("data") / "locomo_conv26_s1-3.json"
+    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
+                                 "qa": sample["qa"][:4]}]))
+    return path
+
+
+@pytest.mark.slow
+def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path: Path, small_locomo: Path,
+                                                                        shared_data: Path):
+    def lightmem(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return demo_run(out, "lightmem_slm", shared_data, f"data.path={small_locomo}", *SMALL, **env)
+
+    reference = tmp_path / "reference"
+    proc = lightmem(reference)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = Ledger.load(reference / "ledger.json")
+    assert (want.roles["mtm_summary"].calls, want.roles["consolidate"].calls) == (10, 5)
+    # mid-way through the per-turn appends; the MTM calls made and accounted, their entries not logged;
+    # the LTM batches logged; the re-rank calls made and accounted, the packs not written
+    for point in ("store.log:30", "lightmem.mtm.ledger:1", "lightmem.ltm:1", "lightmem.rerank.ledger:1"):
+        out = tmp_path / point.replace(":", "_")
+        killed = lightmem(out, MEMFIT_FAULT=point)
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
+        assert not (out / "DONE").exists()
+        rerun = lightmem(out)
+        assert rerun.returncode == 0, (point, rerun.stderr[-3000:])
+        assert read_jsonl(out / "predictions.jsonl") == read_jsonl(reference / "predictions.jsonl"), point
+        assert read_jsonl(out / "packs.jsonl") == read_jsonl(reference / "packs.jsonl"), point
+        got = Ledger.load(out / "ledger.json")
+        assert got.answer_keys == want.answer_keys, point
+        # every call was made once: the killed run's calls are on its books, the rerun's hits are not calls
+        assert {r: s.calls for r, s in got.roles.items()} == {r: s.calls for r, s in want.roles.items()}, point
