@@ -167,7 +167,9 @@ class ReaderConfig:
     seed: int = 0  # sampling seed when temperature > 0 (vLLM, transformers, OpenAI `seed`); part of the cache key then
     max_new_tokens: int = 64  # answers are short (SPEC: shortest complete answer)
     batch_size: int = 16  # transformers: prompts per generate call
-    flush_every: int = 64  # answers appended to predictions.jsonl per batch: what a killed run can lose
+    # answers committed and appended per batch (what a killed run can lose); in-process backends generate
+    # this many per call (raise it for vLLM engines), an OpenAI-compatible server gets every question at once
+    flush_every: int = 64
     max_model_len: int = 8192  # vllm: context length
     dtype: str = "auto"  # model weights dtype
     # transformers: None = the whole model on one device; auto = accelerate spreads its layers over the GPUs

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from memfit_gpu.config import ReaderConfig
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
-from memfit_gpu.readers.types import Request, Response
+from memfit_gpu.readers.reader import Reader
+from memfit_gpu.readers.types import Backend, Request, Response
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,3 +189,35 @@ def test_chat_template_kwargs_are_part_of_the_cache_key():
     no_think = request_key("vllm", "Qwen/Qwen3-8B", request, {"enable_thinking": False})
     assert no_think != plain
     assert request_key("vllm", "Qwen/Qwen3-8B", request, {"enable_thinking": True}) not in (plain, no_think)
+
+
+class _Echo(Backend):
+    """An in-process backend that answers with the question (the Reader's batching under test, no model)."""
+
+    name = "echo"
+    chunk_size = 64
+
+    def __init__(self) -> None:
+        super().__init__(ReaderConfig(model="echo"))
+        self.calls: list[int] = []
+
+    def generate(self, requests):  # noqa: ANN001, ANN201
+        self.calls.append(len(requests))
+        return [Response(r.messages[-1]["content"], 3, 1, 0.0, False, "echo") for r in requests]
+
+
+def test_an_in_process_backend_generates_one_flush_at_a_time(tmp_path: Path) -> None:
+    """reader.flush_every is what a killed run can lose: an in-process backend is asked for one batch per
+    call (not its whole chunk_size), each batch is cached and in the ledger before it is handed out, and
+    a repeated request is generated once and served to both positions."""
+    backend = _Echo()
+    reader = Reader(backend, ResponseCache(tmp_path / "cache.sqlite"), Ledger(), 8, 0.0, progress=False)
+    requests = [_req(f"q{i}?", key=f"k{i}") for i in range(9)] + [_req("q0?", key="again")]
+    batches = []
+    for batch in reader.generate_batches(requests, batch_size=3):
+        batches.append([i for i, _ in batch])
+        assert len(reader.cache) == len({i for b in batches for i in b} - {9})
+        assert set(reader.ledger.answer_keys) >= {requests[i].key for i in batches[-1]}
+    assert backend.calls == [3, 3, 3]
+    assert batches == [[0, 1, 2], [9], [3, 4, 5], [6, 7, 8]]  # the repeat comes with the call that made it
+    assert reader.ledger.roles["answer"].calls == 9 and reader.ledger.roles["answer"].cached == 1

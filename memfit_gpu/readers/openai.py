@@ -225,9 +225,10 @@ class OpenAIBackend(Backend):
             return []
         return _run_coroutine(self._all(requests))
 
-    def generate_stream(self, requests: Sequence[Request]) -> Iterator[list[tuple[int, Response]]]:
-        """Every request offered to the servers at once (`concurrency` in flight per URL, however often
-        the caller commits), each response yielded as it arrives. The first failure is raised once
+    def generate_stream(self, requests: Sequence[Request],
+                        group_size: int | None = None) -> Iterator[list[tuple[int, Response]]]:
+        """Every request offered to the servers at once (`concurrency` in flight per URL, whatever
+        `group_size`, the caller's commit size, is), each response yielded as it arrives. The first failure is raised once
         every other call has finished (the caller has committed those)."""
         if not requests:
             return

@@ -98,7 +98,7 @@ class Reader:
             ready: list[tuple[int, Response]] = []
             made: list[tuple[str, str, Response]] = []  # (key, role, response) generated since the last commit
             clock = time.perf_counter()
-            stream = self.backend.generate_stream([requests[positions[key][0]] for key in todo])
+            stream = self.backend.generate_stream([requests[positions[key][0]] for key in todo], step)
             try:
                 for group in stream:
                     for j, response in group:

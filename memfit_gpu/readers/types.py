@@ -100,14 +100,17 @@ class Backend(ABC):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         """One response per request, in the same order."""
 
-    def generate_stream(self, requests: Sequence[Request]) -> Iterator[list[tuple[int, Response]]]:
+    def generate_stream(self, requests: Sequence[Request],
+                        group_size: int | None = None) -> Iterator[list[tuple[int, Response]]]:
         """Responses as they finish, in groups of (position in `requests`, response).
 
-        The default answers `chunk_size` requests per `generate` call, in order. A backend that can keep
-        more requests in flight than one chunk (an HTTP server) overrides it, so that how often the
-        caller commits results does not bound how much work the backend is offered."""
-        for start in range(0, len(requests), self.chunk_size):
-            chunk = list(requests[start:start + self.chunk_size])
+        The default answers `group_size` requests (at most `chunk_size`; the caller's commit size, so a
+        kill loses no more than that) per `generate` call, in order. A backend that can keep more
+        requests in flight than one group (an HTTP server) overrides it, so that how often the caller
+        commits results does not bound how much work the backend is offered."""
+        size = self.chunk_size if group_size is None else max(1, min(self.chunk_size, int(group_size)))
+        for start in range(0, len(requests), size):
+            chunk = list(requests[start:start + size])
             answers = self.generate(chunk)
             if len(answers) != len(chunk):
                 raise ReaderError(f"{self.name} returned {len(answers)} responses for {len(chunk)} requests")
