@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
@@ -52,15 +53,7 @@ REQUIRED = {"config", "store.log", "store.snapshot", "packs", "predictions", "su
 @pytest.fixture(scope="module")
 def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     """conv-26 cut to its first three sessions (real turns and questions, written once per module)."""
-    data = json.loads((shared_data / "locomo" / "locomo10.json").read_text())
-    sample = data[0]
-    keep = {"session_1", "session_2", "session_3"}
-    conversation = {k: v for k, v in sample["conversation"].items()
-                    if not k.startswith("session_") or k.removesuffix("_date_time") in keep}
-    path = tmp_path_factory.mktemp("data") / "locomo_conv26_s1-3.json"
-    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
-                                 "qa": sample["qa"][:6]}]))
-    return path
+    return write_small_locomo(shared_data, tmp_path_factory.mktemp("data"), questions=6)
 
 
 def _env(shared_data: Path, **extra: str) -> dict[str, str]:

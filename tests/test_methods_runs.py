@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
@@ -282,15 +283,7 @@ SMALL = ["data.limit_questions=2", "reader.max_new_tokens=8", "lightmem.mtm_wind
 @pytest.fixture(scope="module")
 def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     """conv-26 cut to its first three sessions (58 turns: 10 MTM windows of 6, 5 consolidations)."""
-    data = json.loads((shared_data / "locomo" / "locomo10.json").read_text())
-    sample = data[0]
-    keep = {"session_1", "session_2", "session_3"}
-    conversation = {k: v for k, v in sample["conversation"].items()
-                    if not k.startswith("session_") or k.removesuffix("_date_time") in keep}
-    path = tmp_path_factory.mktemp("data") / "locomo_conv26_s1-3.json"
-    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
-                                 "qa": sample["qa"][:4]}]))
-    return path
+    return write_small_locomo(shared_data, tmp_path_factory.mktemp("data"), questions=4)
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# DIR/run cannot be resumed as asked: the same errors, said the same way, as `memfit run`
+from memfit_gpu.cli.run import user_errors
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -25,12 +28,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=command, user_errors=user_errors)
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    from memfit_gpu.pipeline import RunError  # DIR/run cannot be resumed as asked (as `memfit run` says it)
-
-    return (RunError,)
 
 
 def command(args: argparse.Namespace) -> int:
