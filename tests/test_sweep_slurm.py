@@ -26,6 +26,8 @@ CLUSTER = REPO / "slurm" / "local-cluster.sh"
 SMOKE_SWEEP = REPO / "configs" / "sweeps" / "smoke.yaml"
 MEMFIT = [sys.executable, "-m", "memfit_gpu.cli"]
 SWEEP_TIMEOUT_S = 900
+# slurmd refuses to start a job in the second its previous run's credential was revoked (see _interrupt)
+CREDENTIAL_REVOKE_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,10 @@ def _squeue_state(task_id: str, env: dict[str, str]) -> tuple[str, str]:
 def _interrupt(point: str, task_id: str, env: dict[str, str]) -> None:
     """k=5: cancelled (the sweep must resubmit it). k=10: submitit's timeout/preemption signal (USR2),
     which requeues the same task in place; SLURM holds a requeued task ~2 min (BeginTime), so the test
-    releases it at once as an administrator would."""
+    releases it early as an administrator would. Not within the second of the requeue: slurmd revokes
+    the killed task's job credential with a one-second timestamp, and a restart allocated in that same
+    second is refused ("Killing non-startable batch job: Job credential revoked"), a real failure the
+    sweep then handles by resubmitting, which is not the in-place path this test is about."""
     if point == "k=5":
         subprocess.run(["scancel", task_id], env=env, check=True, timeout=30)
         return
@@ -95,6 +100,7 @@ def _interrupt(point: str, task_id: str, env: dict[str, str]) -> None:
     while time.monotonic() < deadline:
         state, reason = _squeue_state(task_id, env)
         if state in ("PENDING", "REQUEUED") and reason == "BeginTime":
+            time.sleep(CREDENTIAL_REVOKE_S)
             subprocess.run(["scontrol", "update", f"JobId={task_id}", "StartTime=now"], env=env, check=True,
                            timeout=30)
             return
@@ -143,6 +149,15 @@ def cancelled_sweep(slurm_cluster: dict[str, str], tmp_path_factory: pytest.Temp
     return {"out": out, "rc": rc, "interrupted": interrupted, "log": log_path.read_text(), "env": slurm_cluster}
 
 
+def _slurmctld_lines(env: dict[str, str], task_id: str) -> str:
+    """What slurmctld logged about one task (for a failure message: why SLURM ended or refused it)."""
+    log = Path(env["MEMFIT_SLURM_DIR"]) / "log" / "slurmctld.log"
+    array_id = task_id.split("_")[0]
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return "\n".join(line for line in lines if f"JobId={task_id}" in line or f"JobId={array_id}:" in line
+                     or f"JobId={array_id} " in line)
+
+
 def test_slurm_sweep_resumes_cancelled_and_requeued_tasks(cancelled_sweep: dict) -> None:
     out, log = cancelled_sweep["out"], cancelled_sweep["log"]
     assert sorted(cancelled_sweep["interrupted"]) == ["k=10", "k=5"], f"not both seen mid-run:\n{log[-3000:]}"
@@ -163,7 +178,8 @@ def test_slurm_sweep_resumes_cancelled_and_requeued_tasks(cancelled_sweep: dict)
     assert json.loads(Path(k5["jobs"][0]["status"]).read_text())["rc"] == -signal.SIGTERM
     assert json.loads(Path(k5["jobs"][1]["status"]).read_text())["rc"] == 0
     # k=10: requeued in place by submitit (same task id), finished by the same array task
-    assert [(j["job_id"], j["state"]) for j in k10["jobs"]] == [(cancelled_sweep["interrupted"]["k=10"], "COMPLETED")]
+    assert [(j["job_id"], j["state"]) for j in k10["jobs"]] == [(cancelled_sweep["interrupted"]["k=10"], "COMPLETED")], (
+        f"{log[-3000:]}\n{_slurmctld_lines(cancelled_sweep['env'], cancelled_sweep['interrupted']['k=10'])}")
     assert k10["attempts"] == 1
     k10_err = Path(k10["jobs"][0]["log"]).with_suffix(".err").read_text()
     assert "Caught signal SIGUSR2" in k10_err and "DUE TO JOB REQUEUE" in k10_err
