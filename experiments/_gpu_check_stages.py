@@ -500,6 +500,32 @@ def _oom_halving(ctx: Context, encoder: BiEncoder, texts: list[str]) -> dict[str
             "max_abs_diff": float((reference - constrained).abs().max())}
 
 
+def _workers_throughput(ctx: Context, texts: list[str]) -> dict[str, Any]:
+    """Texts/s of one device in this process (token-budget batches), of two worker processes on the same
+    device (does one process leave the device idle?), and of sentence-transformers' pool of two on it."""
+    from sentence_transformers import SentenceTransformer
+
+    pair = f"{ctx.device},{ctx.device}"
+    one = ctx.encoder("device")
+    two = BiEncoder.from_pretrained(ctx.encoder_path, device=pair, workers="processes")
+    st = SentenceTransformer(ctx.encoder_path, device=str(ctx.device))
+    pool = st.start_multi_process_pool(target_devices=[str(ctx.device)] * 2)
+    rows = 1 << 20  # the token budget sizes our batches
+    try:
+        arms = {"one_process": lambda: one.encode(texts, batch_size=rows),
+                "two_processes": lambda: two.encode(texts, batch_size=rows),
+                "st_pool_two": lambda: st.encode(texts, pool=pool, batch_size=128, normalize_embeddings=True)}
+        for run in arms.values():
+            run()  # start the workers, warm the kernels
+        rates = {name: len(texts) / ctx.timed(run)[0] for name, run in arms.items()}
+    finally:
+        st.stop_multi_process_pool(pool)
+        two.close()
+    return {"texts": len(texts), "batch_tokens": one.max_batch_tokens, "texts_per_s": rates,
+            "two_processes_vs_st_pool": rates["two_processes"] / rates["st_pool_two"],
+            "two_processes_vs_one": rates["two_processes"] / rates["one_process"]}
+
+
 def stage_encoders(ctx: Context) -> dict[str, Any]:
     """BiEncoder float32 on the device against the CPU and against sentence-transformers on the same
     device; duplicate texts in different batches; bf16; the cross-encoder's top-10 on the device against
@@ -589,6 +615,8 @@ def stage_encoders(ctx: Context) -> dict[str, Any]:
                 str(size): len(texts) / ctx.timed(lambda size=size: encoder.encode(texts, batch_size=size))[0]
                 for size in (32, 128, 512)}
             metrics["throughput_texts"] = len(texts)
+        with _part(metrics, "workers"):
+            metrics["workers"] = _workers_throughput(ctx, texts)
 
     # OOM: a memory cap that the batch cannot fit in; the batch halves and the rows stay the same
     if not ctx.on_gpu:

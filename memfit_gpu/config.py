@@ -55,7 +55,9 @@ class StoreConfig:
 class IndexConfig:
     encoder: str = "sentence-transformers/all-MiniLM-L6-v2"  # SPEC write path 1: the bi-encoder
     normalize: bool = True  # L2-normalised rows make inner product = cosine (SPEC); false: raw pooled vectors (packed only)
-    encode_batch_size: int = 128  # per device; halved automatically on OOM
+    encode_batch_size: int = 1024  # rows per forward at most, per device; the token budget binds first; halved on OOM
+    encode_batch_tokens: int = 0  # padded tokens (rows x width) per forward; 0 = auto: 2,048 on a CPU (cache-sized), 65,536 on a GPU (fills it)
+    encoder_workers: str = "auto"  # replicas on several devices: threads (one process) | processes (one per device) | auto (processes for 2+ GPUs)
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
     dtype: str = "auto"  # auto = float32 everywhere (GPU packs = the paper's fp32 packs) | bf16 | fp16
     encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
@@ -307,6 +309,7 @@ _CHOICES = {
     "data.split": (None, "s", "m", "oracle"),
     "index.bm25_backend": ("torch", "reference"),
     "index.encoder_backend": ("packed", "sentence-transformers"),
+    "index.encoder_workers": ("auto", "threads", "processes"),
     "index.dense_device": ("auto", "cpu", "gpu"),
     "retrieve.prf.term_order": ("idf", "alphabetical"),
     "retrieve.boosts.speaker_match": ("speaker", "mention"),
@@ -368,6 +371,7 @@ _RANGES: dict[str, _Range] = {
     "data.limit_memories": _Range(1, optional=True),
     "data.limit_questions": _Range(1, optional=True),
     "index.encode_batch_size": _AT_LEAST_1,
+    "index.encode_batch_tokens": _AT_LEAST_0,  # 0 = auto by device
     "index.bm25_k1": _AT_LEAST_0,
     "index.bm25_b": _FRACTION,
     "index.dense_nprobe": _AT_LEAST_1,

@@ -56,6 +56,7 @@ from memfit_gpu.data.schema import Memory
 from memfit_gpu.data.synth import LIKES, iter_memories
 from memfit_gpu.devices import gpu_count, parse_dtype
 from memfit_gpu.evaluate.judge import reader_config_for_judge
+from memfit_gpu.index.encoders.batching import Workers, default_batch_tokens
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.models import find_local
 from memfit_gpu.store.text import episode_text
@@ -863,14 +864,25 @@ class _Builder:
         encoder = self._model(cfg.index.encoder, _encoder_dtype(cfg.index.dtype))
         dim = encoder.get("hidden_size", 384)
         max_len = encoder.get("max_seq_length", encoder.get("max_position_embeddings", 512))
-        act = self._activations(encoder, cfg.index.encode_batch_size, max_len, cfg.index.dtype)
+        torch_devices = [torch.device(d) for d in devices]
+        tokens = min(cfg.index.encode_batch_size * max_len,
+                     cfg.index.encode_batch_tokens or default_batch_tokens(torch_devices))
+        act = self._activations(encoder, tokens, cfg.index.dtype)
         weights = encoder.weight_bytes or 0
-        self.add(Part(f"bi-encoder x{len(devices)}", ",".join(devices), "index.encode_batch_size",
+        self.add(Part(f"bi-encoder x{len(devices)}", ",".join(devices), "index.encode_batch_tokens",
                       host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
                       gpu={g: weights for g in gpus}, gpu_peak={g: act for g in gpus},
-                      note=f"{cfg.index.encoder}, weights {_size(encoder)}; activations of "
-                      f"{cfg.index.encode_batch_size} texts",
+                      note=f"{cfg.index.encoder}, weights {_size(encoder)}; activations of a batch of "
+                      f"{tokens:,} tokens",
                       unknown=not encoder.known))
+        if len(devices) > 1 and Workers.resolve(cfg.index.encoder_workers, torch_devices) is Workers.PROCESSES:
+            # one worker process per device (index/encoders/workers.py): its own CUDA context and interpreter,
+            # and the model's shared host copy; this process keeps its own replica on the first device
+            self.add(Part(f"encoder worker processes x{len(devices)}", ",".join(devices), "index.encoder_workers=threads",
+                          host=len(devices) * PROCESS_HOST_BYTES + weights,
+                          gpu={g: CUDA_CONTEXT_BYTES + (weights if g == gpus[0] else 0) for g in gpus},
+                          note=f"a CUDA context ({CUDA_CONTEXT_BYTES / MIB:.0f} MiB) and a process per device",
+                          unknown=not encoder.known))
         wordpieces = min(w.tokens * WORDPIECES_PER_TOKEN, w.episodes * max_len)
         write = (w.episodes * (WRITE_RECORD_BYTES_PER_EPISODE + dim * VECTOR_BYTES_PER_DIM) + w.tokens * PY_TOKEN_BYTES
                  + wordpieces * ENCODER_INPUT_BYTES_PER_WORDPIECE)
@@ -922,19 +934,21 @@ class _Builder:
         # cross-encoder
         if cfg.rerank.backend == "cross-encoder":
             ce = self._model(cfg.rerank.model, _encoder_dtype(cfg.rerank.dtype))
-            act = self._activations(ce, cfg.rerank.batch_size, cfg.rerank.max_length, cfg.rerank.dtype)
+            tokens = min(cfg.rerank.batch_size * cfg.rerank.max_length, default_batch_tokens(torch_devices))
+            act = self._activations(ce, tokens, cfg.rerank.dtype)
             weights = ce.weight_bytes or 0
             self.add(Part(f"cross-encoder x{len(devices)}", ",".join(devices), "rerank.batch_size",
                           host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
                           gpu={g: weights for g in gpus}, gpu_peak={g: act for g in gpus},
-                          note=f"{cfg.rerank.model}, weights {_size(ce)}; activations of {cfg.rerank.batch_size} pairs",
+                          note=f"{cfg.rerank.model}, weights {_size(ce)}; activations of a batch of {tokens:,} tokens",
                           unknown=not ce.known))
 
-    def _activations(self, model: ModelSize, batch: int, length: int, dtype: str) -> int:
+    def _activations(self, model: ModelSize, tokens: int, dtype: str) -> int:
+        """Activations of one batch of `tokens` padded tokens (batches are cut by rows and by tokens)."""
         hidden = model.get("hidden_size", 384)
         intermediate = model.get("intermediate_size", 4 * hidden)
         per_token = ENCODER_LIVE_HIDDEN * hidden + ENCODER_LIVE_INTERMEDIATE * intermediate
-        return int(batch * length * per_token * _dtype_bytes(_encoder_dtype(dtype)))
+        return int(tokens * per_token * _dtype_bytes(_encoder_dtype(dtype)))
 
     def dense_gpu(self, devices: list[str]) -> int | None:
         """GPU FAISS sits on the GPU of the BM25 index (the first retrieval device; the store passes it as

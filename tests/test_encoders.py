@@ -283,7 +283,9 @@ def test_sentence_transformers_backend_encodes_like_packed(st_minilm: TextEncode
     torch.testing.assert_close(reference, minilm.encode(texts, batch_size=64), atol=1e-5, rtol=0)
     torch.testing.assert_close(reference.norm(dim=1), torch.ones(len(texts)), atol=1e-5, rtol=0)
     # recorded in outputs: the packed module's keys, and which backend ran
-    assert st_minilm.info() == {**minilm.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    assert minilm.info()["batch_tokens"] == 2048 and minilm.info()["workers"] == "threads"
+    assert st_minilm.info() == {**minilm.info(), "packed_bert": False, "batch_tokens": None,
+                                "encoder_backend": "sentence-transformers"}
     empty = st_minilm.encode([])
     assert empty.shape == (0, 384) and empty.dtype == torch.float32
     with pytest.raises(TypeError, match=r"ReferenceBiEncoder.encode: texts\[1\] is int, not str"):
@@ -320,7 +322,8 @@ def test_sentence_transformers_backend_scores_like_packed(cross_encoder_dir: Pat
     assert float(expected.std()) > 1e-3  # the seeded head separates pairs: the comparison is not vacuous
     torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
     recorded = reranker_info(cfg, reference)
-    assert recorded["weights"] == {**packed.info(), "packed_bert": False, "encoder_backend": "sentence-transformers"}
+    assert recorded["weights"] == {**packed.info(), "packed_bert": False, "batch_tokens": None,
+                                   "encoder_backend": "sentence-transformers"}
     assert reference.score([]).shape == (0,)
     with pytest.raises(TypeError, match=r"ReferenceCrossEncoder.score: pairs\[1\]"):
         reference.score([("q", "p"), ("q",)])  # type: ignore[list-item]

@@ -25,12 +25,14 @@ log = logging.getLogger(__name__)
 
 
 def load_reranker(cfg: RerankConfig, device: str = "auto",
-                  encoder_backend: str | EncoderBackend = EncoderBackend.PACKED) -> PairScorer | None:
+                  encoder_backend: str | EncoderBackend = EncoderBackend.PACKED,
+                  workers: str = "auto") -> PairScorer | None:
     """The cross-encoder for rerank.backend=cross-encoder, None for rerank.backend=none.
 
     Args:
         device: index.device (the cross-encoder shares the bi-encoder's devices).
         encoder_backend: index.encoder_backend (packed | sentence-transformers).
+        workers: index.encoder_workers (replicas on several devices: threads | processes | auto).
     Raises models.MissingWeightsError (with how to get the weights, or to choose
     rerank.backend=none) when the weights are not available."""
     if cfg.backend == "none":
@@ -38,7 +40,7 @@ def load_reranker(cfg: RerankConfig, device: str = "auto",
     if cfg.backend != "cross-encoder":
         raise ValueError(f"rerank.backend={cfg.backend!r} is not one of cross-encoder, none")
     return load_cross_encoder(cfg.model, device=device, max_length=cfg.max_length, dtype=cfg.dtype,
-                              backend=encoder_backend)
+                              backend=encoder_backend, workers=workers)
 
 
 def reranker_info(cfg: RerankConfig, module: PairScorer | None) -> dict[str, Any]:

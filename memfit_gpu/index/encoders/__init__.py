@@ -3,6 +3,8 @@
     protocols.py      TextEncoder / PairScorer: the interface every backend offers; the input checks
     backends.py       index.encoder_backend (packed | sentence-transformers); load_bi_encoder, load_cross_encoder
     batching.py       the packed modules' plan: length sort, token budgets, replicas, OOM halving
+    tokens.py         Tokens: tokenised inputs as one flat id array with row offsets
+    workers.py        one worker process per device (index.encoder_workers=processes)
     packed_bert.py    BERT forward without work on padding ([CLS]-only last block for the cross-encoder)
     onednn.py         the private oneDNN ops, fenced behind a probe, with F.linear as the public fallback
     layout.py         pooling / normalisation / activation as sentence-transformers reads a model folder

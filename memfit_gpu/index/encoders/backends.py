@@ -1,7 +1,7 @@
 """Which implementation encodes: `index.encoder_backend: packed | sentence-transformers`.
 
     load_bi_encoder(cfg.index)                           -> TextEncoder (the store's and the questions')
-    load_cross_encoder(model, device, max_length, dtype, backend) -> PairScorer (rerank.load_reranker)
+    load_cross_encoder(model, device, max_length, dtype, backend, workers) -> PairScorer (rerank.load_reranker)
 
 packed (the default) runs the batched, length-sorted modules of this package; sentence-transformers runs
 the library's SentenceTransformer / CrossEncoder on the same weights, devices and dtype (reference.py),
@@ -46,16 +46,18 @@ def load_bi_encoder(cfg: IndexConfig, device: str | None = None) -> TextEncoder:
                              "applies the model's own Normalize module whatever encode is told")
         return ReferenceBiEncoder.from_pretrained(cfg.encoder, device=where, dtype=cfg.dtype, setting="index.dtype")
     return BiEncoder.from_pretrained(cfg.encoder, device=where, dtype=cfg.dtype, normalize=cfg.normalize,
-                                     setting="index.dtype")
+                                     setting="index.dtype", batch_tokens=cfg.encode_batch_tokens,
+                                     workers=cfg.encoder_workers)
 
 
 def load_cross_encoder(model: str, device: str = "auto", max_length: int = 384, dtype: str = "auto",
-                       backend: str | EncoderBackend = EncoderBackend.PACKED) -> PairScorer:
-    """The cross-encoder `model` (hub id or folder) on `device` in `dtype` (rerank.dtype), by `backend`.
+                       backend: str | EncoderBackend = EncoderBackend.PACKED, workers: str = "auto") -> PairScorer:
+    """The cross-encoder `model` (hub id or folder) on `device` in `dtype` (rerank.dtype), by `backend`;
+    `workers` (index.encoder_workers) feeds replicas on several devices (packed only).
 
     Raises models.MissingWeightsError when the weights are not available."""
     if EncoderBackend.parse(backend) is EncoderBackend.SENTENCE_TRANSFORMERS:
         return ReferenceCrossEncoder.from_pretrained(model, device=device, max_length=max_length, dtype=dtype,
                                                      setting="rerank.dtype")
     return CrossEncoderModule.from_pretrained(model, device=device, max_length=max_length, dtype=dtype,
-                                              setting="rerank.dtype")
+                                              setting="rerank.dtype", workers=workers)

@@ -56,8 +56,9 @@ class BiEncoder(BatchedEncoder):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_length: int,
                  devices: Sequence[torch.device], dtype: torch.dtype, pooling: Sequence[str],
-                 normalize: bool, do_lower_case: bool = False, loaded_from: ResolvedModel | None = None) -> None:
-        super().__init__(model, tokenizer, max_length, devices, dtype, loaded_from)
+                 normalize: bool, do_lower_case: bool = False, loaded_from: ResolvedModel | None = None,
+                 batch_tokens: int = 0, workers: str = "auto") -> None:
+        super().__init__(model, tokenizer, max_length, devices, dtype, loaded_from, batch_tokens, workers)
         self.pooling = list(pooling)
         self.normalize = bool(normalize)
         self.do_lower_case = bool(do_lower_case)
@@ -67,16 +68,21 @@ class BiEncoder(BatchedEncoder):
     def _fast_path_supported(self, model: torch.nn.Module) -> bool:
         return bert_body(model) is not None
 
+    def _replica_kwargs(self) -> dict[str, Any]:
+        return {"pooling": self.pooling, "normalize": self.normalize, "do_lower_case": self.do_lower_case}
+
     @classmethod
     def from_pretrained(cls, name_or_path: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto",
                         normalize: bool | None = None, max_length: int | None = None,
-                        setting: str = "dtype") -> BiEncoder:
+                        setting: str = "dtype", batch_tokens: int = 0, workers: str = "auto") -> BiEncoder:
         """Load through `models.resolve("encoder", name_or_path)`.
 
         Args:
             device: devices.visible_devices spec; one replica per device.
             dtype: devices.resolve_dtype spec ("auto" = float32); `setting` names it in errors.
             normalize / max_length: None = what the folder says (modules.json, sentence_bert_config.json).
+            batch_tokens: padded tokens per forward (0 = by device, batching.default_batch_tokens).
+            workers: threads | processes | auto, for replicas on several devices (batching.Workers).
         """
         from transformers import AutoModel, AutoTokenizer
 
@@ -95,10 +101,11 @@ class BiEncoder(BatchedEncoder):
             max_length = min(max_length, int(positions))
         encoder = cls(model, tokenizer, max_length, devices, torch_dtype, pooling,
                       st_normalize if normalize is None else normalize,
-                      bool(st_config.get("do_lower_case", False)), resolved)
-        logger.info("BiEncoder %s on %s (%s), dim %d, max_seq_length %d, pooling %s%s", resolved.name,
-                    [str(d) for d in devices], torch_dtype, encoder.dim, max_length, "+".join(pooling),
-                    ", normalised" if encoder.normalize else "")
+                      bool(st_config.get("do_lower_case", False)), resolved, batch_tokens, workers)
+        logger.info("BiEncoder %s on %s (%s), dim %d, max_seq_length %d, pooling %s%s; batches of <= %d tokens%s",
+                    resolved.name, [str(d) for d in devices], torch_dtype, encoder.dim, max_length, "+".join(pooling),
+                    ", normalised" if encoder.normalize else "", encoder.max_batch_tokens,
+                    f", {encoder.workers.value}" if len(devices) > 1 else "")
         return encoder
 
     @property

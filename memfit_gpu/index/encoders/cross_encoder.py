@@ -39,8 +39,8 @@ class CrossEncoderModule(BatchedEncoder):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, max_length: int,
                  devices: Sequence[torch.device], dtype: torch.dtype, activation: str,
-                 loaded_from: ResolvedModel | None = None) -> None:
-        super().__init__(model, tokenizer, max_length, devices, dtype, loaded_from)
+                 loaded_from: ResolvedModel | None = None, batch_tokens: int = 0, workers: str = "auto") -> None:
+        super().__init__(model, tokenizer, max_length, devices, dtype, loaded_from, batch_tokens, workers)
         if int(getattr(model.config, "num_labels", 1)) != 1:
             raise ValueError(f"CrossEncoderModule needs a one-label model; "
                              f"{getattr(loaded_from, 'path', 'model')} has {model.config.num_labels} labels")
@@ -51,7 +51,7 @@ class CrossEncoderModule(BatchedEncoder):
     @classmethod
     def from_pretrained(cls, name_or_path: str, device: str | torch.device = "auto", max_length: int = 384,
                         dtype: str | torch.dtype = "auto", activation: str | None = None,
-                        setting: str = "dtype") -> CrossEncoderModule:
+                        setting: str = "dtype", workers: str = "auto") -> CrossEncoderModule:
         """Load through `models.resolve("cross-encoder", name_or_path)`.
 
         Args:
@@ -59,6 +59,7 @@ class CrossEncoderModule(BatchedEncoder):
             max_length: tokens per pair (capped at the model's positions).
             dtype: devices.resolve_dtype spec ("auto" = float32); `setting` names it in errors.
             activation: None = what the config declares (layout.activation_from_config).
+            workers: threads | processes | auto, for replicas on several devices (batching.Workers).
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -72,7 +73,7 @@ class CrossEncoderModule(BatchedEncoder):
         if positions:
             max_length = min(int(max_length), int(positions))
         chosen = activation or activation_from_config(model.config)
-        module = cls(model, tokenizer, max_length, devices, torch_dtype, chosen, resolved)
+        module = cls(model, tokenizer, max_length, devices, torch_dtype, chosen, resolved, workers=workers)
         logger.info("CrossEncoderModule %s on %s (%s), max_length %d, activation %s", resolved.name,
                     [str(d) for d in devices], torch_dtype, max_length, chosen)
         return module
@@ -84,6 +85,9 @@ class CrossEncoderModule(BatchedEncoder):
             and isinstance(getattr(model, "classifier", None), torch.nn.Linear)
             and type(model).__name__ == "BertForSequenceClassification"
         )
+
+    def _replica_kwargs(self) -> dict[str, Any]:
+        return {"activation": self.activation}
 
     def _logits(self, replica: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         body = bert_body(replica) if self.fast_path else None

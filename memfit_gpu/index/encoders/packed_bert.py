@@ -14,7 +14,11 @@ import torch
 
 from memfit_gpu.index.encoders.onednn import linear, tensor_version
 
-__all__ = ["bert_body", "bert_packed"]
+__all__ = ["FLAT_KEY", "bert_body", "bert_packed"]
+
+# the key under which a collated batch carries the positions of its real tokens in [b * L] (computed on
+# the host, so that the device never syncs on a `nonzero`)
+FLAT_KEY = "_flat"
 
 
 def bert_body(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -72,7 +76,9 @@ def bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only:
     types = batch.get("token_type_ids")
     if types is None:
         types = torch.zeros_like(ids)
-    flat = mask.reshape(-1).nonzero().squeeze(1)  # positions of real tokens in [b * L]
+    flat = batch.get(FLAT_KEY)  # positions of real tokens in [b * L], computed on the host when collated
+    if flat is None:
+        flat = mask.reshape(-1).nonzero().squeeze(1)
     x = body.embeddings(input_ids=ids, token_type_ids=types).reshape(b * width, -1)[flat]
     d = x.shape[-1]
     key_mask = mask[:, None, None, :]

@@ -31,7 +31,10 @@ BACKEND = "sentence-transformers"
 
 def _info(loaded_from: ResolvedModel, dtype: torch.dtype, devices: Sequence[torch.device]) -> dict[str, Any]:
     return {**loaded_from.to_dict(), "dtype": str(dtype).removeprefix("torch."),
-            "devices": [str(d) for d in devices], "packed_bert": False, "encoder_backend": BACKEND}
+            "devices": [str(d) for d in devices], "packed_bert": False,
+            # several devices: sentence-transformers' own multi-process pool; batches of batch_size rows
+            "workers": "processes" if len(devices) > 1 else "threads", "batch_tokens": None,
+            "encoder_backend": BACKEND}
 
 
 def _device_arg(devices: Sequence[torch.device]) -> list[str] | None:
