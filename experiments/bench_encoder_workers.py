@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": lambda: threads.encode(texts, batch_size=batch),
         "one_device": lambda: one.encode(texts, batch_size=batch),
         "st_pool": lambda: torch.as_tensor(reference.encode(texts, pool=st_pool, batch_size=args.st_batch_size,
-                                                            normalize_embeddings=True)),
+                                                            normalize_embeddings=True,
+                                                            show_progress_bar=False)),
     }
     try:
         for run in arms.values():  # start the workers, warm every cache
