@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,44 @@ def test_worker_processes_score_pairs_like_one_device(tmp_path: Path, turns: lis
         assert len(two._pool.served) == 2
     finally:
         two.close()
+
+
+ORPHAN_PARENT = """
+import sys, time, torch
+from memfit_gpu.index.encoders import BiEncoder
+if __name__ == "__main__":
+    one = BiEncoder.from_pretrained("sentence-transformers/all-MiniLM-L6-v2", device="cpu")
+    two = BiEncoder(one.model, one.tokenizer, one.max_length, [torch.device("cpu")] * 2, torch.float32, one.pooling,
+                    one.normalize, loaded_from=one.loaded_from, workers="processes")
+    two.encode(["a first text", "a second one"])
+    print(" ".join(str(p.pid) for p in two._pool.processes), flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie nobody reaps has exited too)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+@pytest.mark.slow
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL cannot stop its workers: they notice and exit, freeing their devices."""
+    script = tmp_path / "parent.py"
+    script.write_text(ORPHAN_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and not any(_gone(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.5)
+    assert all(_gone(p) for p in pids), f"workers {pids} outlived their killed parent"

@@ -306,12 +306,20 @@ def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path
     assert (want.roles["mtm_summary"].calls, want.roles["consolidate"].calls) == (10, 5)
     # mid-way through the per-turn appends; the MTM calls made and accounted, their entries not logged;
     # the LTM batches logged; the re-rank calls made and accounted, the packs not written
-    for point in ("store.log:30", "lightmem.mtm.ledger:1", "lightmem.ltm:1", "lightmem.rerank.ledger:1"):
+    points = ("store.log:30", "lightmem.mtm.ledger:1", "lightmem.ltm:1", "lightmem.rerank.ledger:1")
+
+    def kill_then_rerun(point: str) -> tuple[Path, subprocess.CompletedProcess[str], bool,
+                                             subprocess.CompletedProcess[str]]:
         out = tmp_path / point.replace(":", "_")
         killed = lightmem(out, MEMFIT_FAULT=point)
+        done_after_kill = (out / "DONE").exists()
+        return out, killed, done_after_kill, lightmem(out)
+
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:  # independent directories, one torch thread each
+        scenarios = list(pool.map(kill_then_rerun, points))
+    for point, (out, killed, done_after_kill, rerun) in zip(points, scenarios, strict=True):
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
-        assert not (out / "DONE").exists()
-        rerun = lightmem(out)
+        assert not done_after_kill, point
         assert rerun.returncode == 0, (point, rerun.stderr[-3000:])
         assert read_jsonl(out / "predictions.jsonl") == read_jsonl(reference / "predictions.jsonl"), point
         assert read_jsonl(out / "packs.jsonl") == read_jsonl(reference / "packs.jsonl"), point

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0
 # how often a waiting parent checks that every worker is still alive
 POLL_S = 1.0
+# how often an idle worker checks that its parent is still alive: a parent killed with SIGKILL cannot
+# stop its workers, and the task queue never reaches EOF while a sibling worker holds it open
+ORPHAN_CHECK_S = 2.0
 
 _run_ids = itertools.count()
 
@@ -89,7 +92,7 @@ class ProcessPool:
             "fast_path": encoder.fast_path,
         }
         self.processes = [
-            context.Process(target=_worker_main, args=(spec, device, threads, self.tasks, self.results),
+            context.Process(target=_worker_main, args=(spec, device, threads, self.tasks, self.results, os.getpid()),
                             name=f"memfit-encoder-{device}", daemon=True)
             for device in self.devices
         ]
@@ -178,8 +181,10 @@ def _stop(processes: list[Any], tasks: Any) -> None:
             process.join(timeout=5)
 
 
-def _worker_main(spec: dict[str, Any], device_name: str, threads: int, tasks: Any, results: Any) -> None:
-    """A worker process: build the encoder on `device_name`, then encode batches until told to stop."""
+def _worker_main(spec: dict[str, Any], device_name: str, threads: int, tasks: Any, results: Any,
+                 parent_pid: int) -> None:
+    """A worker process: build the encoder on `device_name`, then encode batches until told to stop or
+    until its parent is gone (it then exits, freeing its device)."""
     device = torch.device(device_name)
     try:
         if device.type == "cpu":
@@ -194,7 +199,15 @@ def _worker_main(spec: dict[str, Any], device_name: str, threads: int, tasks: An
         results.put(("failed", device_name, traceback.format_exc()))
         return
     results.put(("ready", device_name))
-    while (task := tasks.get()) is not None:
+    while True:
+        try:
+            task = tasks.get(timeout=ORPHAN_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent_pid:
+                return
+            continue
+        if task is None:
+            return
         run_id, index, tokens, batch_size, forward_name = task
         try:
             result = _encode_batch(encoder, device, tokens, batch_size, forward_name)
