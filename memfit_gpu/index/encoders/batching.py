@@ -64,14 +64,6 @@ def plan_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int,
     return batches
 
 
-def padding_mask(lengths: Sequence[int], width: int, right: bool) -> torch.Tensor:
-    """Attention mask [len(lengths), width] (long): 1 on real tokens, padded on the right or the left."""
-    positions = torch.arange(width).unsqueeze(0)
-    n = torch.as_tensor(np.asarray(lengths, dtype=np.int64)).unsqueeze(1)
-    mask = positions < n if right else positions >= (width - n)
-    return mask.long()
-
-
 def default_batch_tokens(devices: Sequence[torch.device]) -> int:
     """The token budget of a batch when none is configured: cache-sized on CPUs, large on GPUs."""
     return CPU_BATCH_TOKENS if all(d.type == "cpu" for d in devices) else GPU_BATCH_TOKENS
