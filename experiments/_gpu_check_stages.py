@@ -501,29 +501,10 @@ def _oom_halving(ctx: Context, encoder: BiEncoder, texts: list[str]) -> dict[str
 
 
 def _workers_throughput(ctx: Context, texts: list[str]) -> dict[str, Any]:
-    """Texts/s of one device in this process (token-budget batches), of two worker processes on the same
-    device (does one process leave the device idle?), and of sentence-transformers' pool of two on it."""
-    from sentence_transformers import SentenceTransformer
-
-    pair = f"{ctx.device},{ctx.device}"
-    one = ctx.encoder("device")
-    two = BiEncoder.from_pretrained(ctx.encoder_path, device=pair, workers="processes")
-    st = SentenceTransformer(ctx.encoder_path, device=str(ctx.device))
-    pool = st.start_multi_process_pool(target_devices=[str(ctx.device)] * 2)
-    rows = 1 << 20  # the token budget sizes our batches
-    try:
-        arms = {"one_process": lambda: one.encode(texts, batch_size=rows),
-                "two_processes": lambda: two.encode(texts, batch_size=rows),
-                "st_pool_two": lambda: st.encode(texts, pool=pool, batch_size=128, normalize_embeddings=True)}
-        for run in arms.values():
-            run()  # start the workers, warm the kernels
-        rates = {name: len(texts) / ctx.timed(run)[0] for name, run in arms.items()}
-    finally:
-        st.stop_multi_process_pool(pool)
-        two.close()
-    return {"texts": len(texts), "batch_tokens": one.max_batch_tokens, "texts_per_s": rates,
-            "two_processes_vs_st_pool": rates["two_processes"] / rates["st_pool_two"],
-            "two_processes_vs_one": rates["two_processes"] / rates["one_process"]}
+    """experiments/bench_encoder_workers.py on two workers of the same device: one process, two worker
+    processes (does one process leave the device idle?), two threads, sentence-transformers' pool of two."""
+    bench = _load_module(REPO / "experiments" / "bench_encoder_workers.py", "bench_encoder_workers")
+    return bench.compare(ctx.encoder_path, f"{ctx.device},{ctx.device}", texts, repeats=1)
 
 
 def stage_encoders(ctx: Context) -> dict[str, Any]:

@@ -50,6 +50,50 @@ def timed_rounds(repeats: int, arms: dict[str, Callable[[], torch.Tensor]]) -> t
     return {name: statistics.median(s) for name, s in samples.items()}, outputs
 
 
+def compare(model: str, spec: str, texts: list[str], repeats: int = 3, st_batch_size: int = 128) -> dict[str, Any]:
+    """Every arm on the devices `spec` names (its first for one_device), workers started and warmed first:
+    texts/s of each, the ratios, and the largest difference to one device's vectors. experiments/gpu_check.py
+    runs it with two workers on one GPU."""
+    devices = visible_devices(spec)
+    one = BiEncoder.from_pretrained(model, device=str(devices[0]))
+    processes = BiEncoder.from_pretrained(model, device=spec, workers="processes")
+    threads = BiEncoder.from_pretrained(model, device=spec, workers="threads")
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(one.loaded_from.path, device=str(devices[0]))
+    st_pool = reference.start_multi_process_pool(target_devices=[str(d) for d in devices])
+    batch = 1 << 20  # rows uncapped: the token budget sizes our batches
+    arms = {
+        "processes": lambda: processes.encode(texts, batch_size=batch),
+        "threads": lambda: threads.encode(texts, batch_size=batch),
+        "one_device": lambda: one.encode(texts, batch_size=batch),
+        "st_pool": lambda: torch.as_tensor(reference.encode(texts, pool=st_pool, batch_size=st_batch_size,
+                                                            normalize_embeddings=True,
+                                                            show_progress_bar=False)),
+    }
+    try:
+        for run in arms.values():  # start the workers, warm every cache
+            run()
+        seconds, outputs = timed_rounds(repeats, arms)
+    finally:
+        reference.stop_multi_process_pool(st_pool)
+        processes.close()
+    n = len(texts)
+    baseline = outputs["one_device"]
+    return {
+        "texts": n,
+        "devices": [str(d) for d in devices],
+        "torch_threads": torch.get_num_threads(),
+        "batch_tokens": processes.max_batch_tokens,
+        "st_batch_size": st_batch_size,
+        **{f"{name}_tps": round(n / s, 1) for name, s in seconds.items()},
+        "ratio": round(seconds["st_pool"] / seconds["processes"], 3),
+        "threads_ratio": round(seconds["threads"] / seconds["processes"], 3),
+        "scaling": round(seconds["one_device"] / seconds["processes"], 3),
+        "max_abs_diff": max(float((outputs[name].float().cpu() - baseline).abs().max()) for name in outputs),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO)
@@ -70,44 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rng = random.Random(args.seed)
     texts = [rng.choice(turns) for _ in range(args.texts)]
 
-    one = BiEncoder.from_pretrained(args.model, device=str(devices[0]))
-    processes = BiEncoder.from_pretrained(args.model, device=spec, workers="processes")
-    threads = BiEncoder.from_pretrained(args.model, device=spec, workers="threads")
-    from sentence_transformers import SentenceTransformer
-
-    reference = SentenceTransformer(one.loaded_from.path, device=str(devices[0]))
-    st_pool = reference.start_multi_process_pool(target_devices=[str(d) for d in devices])
-    batch = 1 << 20  # rows uncapped: the token budget sizes our batches
-    arms = {
-        "processes": lambda: processes.encode(texts, batch_size=batch),
-        "threads": lambda: threads.encode(texts, batch_size=batch),
-        "one_device": lambda: one.encode(texts, batch_size=batch),
-        "st_pool": lambda: torch.as_tensor(reference.encode(texts, pool=st_pool, batch_size=args.st_batch_size,
-                                                            normalize_embeddings=True,
-                                                            show_progress_bar=False)),
-    }
-    try:
-        for run in arms.values():  # start the workers, warm every cache
-            run()
-        seconds, outputs = timed_rounds(args.repeats, arms)
-    finally:
-        reference.stop_multi_process_pool(st_pool)
-        processes.close()
-    n = len(texts)
-    baseline = outputs["one_device"]
-    result = {
-        "texts": n,
-        "devices": [str(d) for d in devices],
-        "torch_threads": torch.get_num_threads(),
-        "batch_tokens": processes.max_batch_tokens,
-        "st_batch_size": args.st_batch_size,
-        **{f"{name}_tps": round(n / s, 1) for name, s in seconds.items()},
-        "ratio": round(seconds["st_pool"] / seconds["processes"], 3),
-        "threads_ratio": round(seconds["threads"] / seconds["processes"], 3),
-        "scaling": round(seconds["one_device"] / seconds["processes"], 3),
-        "max_abs_diff": max(float((outputs[name].float().cpu() - baseline).abs().max()) for name in outputs),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }
+    result = {**compare(args.model, spec, texts, args.repeats, args.st_batch_size),
+              "load_avg_1m": round(os.getloadavg()[0], 2)}
     print(json.dumps(result))
     return result
 
