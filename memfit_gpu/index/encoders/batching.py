@@ -159,8 +159,8 @@ class BatchedEncoder(torch.nn.Module):
             max_length=self.max_length, return_attention_mask=False,
             return_token_type_ids="token_type_ids" in self._input_names,
         )
-        types = encoded["token_type_ids"] if "token_type_ids" in encoded and "token_type_ids" in self._input_names else None
-        return Tokens.from_lists(encoded["input_ids"], types)
+        # present only when asked for above
+        return Tokens.from_lists(encoded["input_ids"], encoded.get("token_type_ids"))
 
     def _collate(self, tokens: Tokens, rows: Sequence[int], device: torch.device) -> dict[str, torch.Tensor]:
         """Pad the rows to their own longest length with vectorised gathers; on a GPU through pinned
