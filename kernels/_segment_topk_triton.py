@@ -38,7 +38,8 @@ def segment_topk_kernel(
         if tl.max(key, axis=0) > tl.min(best, axis=0):
             # rank of each candidate among best and block (how many are larger): the ranks are a
             # permutation, so slot j of the new best is the one candidate of rank j. Comparisons and
-            # sums only: no sort network (cheap on a GPU for K_PAD <= 128, and in the interpreter).
+            # sums only: no sort network (cheap on a GPU for K_PAD <= 64, the largest the read path launches:
+            # segment_topk.TRITON_MAX_K; and in the interpreter).
             rank_best = lane + tl.sum((key[None, :] > best[:, None]).to(tl.int32), axis=1)
             rank_key = tl.sum((best[None, :] > key[:, None]).to(tl.int32), axis=1) + tl.sum(
                 (key[None, :] > key[:, None]).to(tl.int32), axis=1)

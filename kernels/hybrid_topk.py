@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._launch import device_guard, launch_device, load, next_power_of_two
+from ._launch import device_guard, launch, launch_device, load, next_power_of_two
 
 __all__ = ["BoostInputs", "hybrid_topk_triton"]
 
@@ -88,12 +88,13 @@ def hybrid_topk_triton(b_scores: torch.Tensor, b_rows: torch.Tensor, d_scores: t
         question_side, row_side = (dummy, dummy, dummy), (dummy, dummy, dummy)
         n_years = n_months = 0
     with device_guard(device):
-        load("_hybrid_topk_triton").hybrid_topk_kernel[(n_q,)](
+        launch(
+            "hybrid_topk", load("_hybrid_topk_triton").hybrid_topk_kernel, (n_q,), device,
             b_scores.float().contiguous(), b_rows.long().contiguous(), d_scores.float().contiguous(),
             d_rows.long().contiguous(), params, *question_side, *row_side, *outs,
             kb, kd, n_years, n_months, width,
-            KBP=max(16, next_power_of_two(kb)), KDP=max(16, next_power_of_two(kd)),
-            BOOSTS=boosts is not None, BY_ROW=by_row,
+            constexprs={"KBP": max(16, next_power_of_two(kb)), "KDP": max(16, next_power_of_two(kd)),
+                        "BOOSTS": boosts is not None, "BY_ROW": by_row},
             enable_fp_fusion=False,  # alpha * d + (1 - alpha) * b rounds each product, as torch does
         )
     used = int((rows >= 0).sum(1).max())

@@ -12,15 +12,27 @@ lower column (`score_keys`). The torch reference pads the segments into a [Q, lo
 one ``topk`` over the keys (`padded_topk`, which BM25Index's torch path uses for its padded blocks
 too); the Triton kernel (`_segment_topk_triton`) keeps a running top-k per question while it walks
 the segment, never building the padded block.
+
+Routing: the kernel holds K_PAD = max(16, next power of two >= k) keys and ranks a [K_PAD, K_PAD]
+matrix per block, so its cost grows with K_PAD squared: K_PAD >= 128 spills registers, and compiling
+it ahead of time for sm_90a with Triton 3.6 took 8.2 s at K_PAD 128, 28.5 s at 256 and 6 min 53 s at
+512 (issue 19). The read path asks for retrieve.scan_top_k (60 by default: K_PAD 64). So
+`segment_topk_triton` runs the kernel for k <= TRITON_MAX_K (64) and the torch reference, on the same
+device and with the same bits, above it; `segment_topk_kernel` is the kernel at any k, which only the
+GPU check's optional last stage (`kernels_wide`) calls with k > 64.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._launch import device_guard, launch_device, load, next_power_of_two
+from ._launch import device_guard, launch, launch_device, load, next_power_of_two
 
-__all__ = ["padded_topk", "score_keys", "segment_topk_torch", "segment_topk_triton"]
+__all__ = ["TRITON_MAX_K", "padded_topk", "score_keys", "segment_topk_kernel", "segment_topk_torch",
+           "segment_topk_triton"]
+
+# The largest k the Triton path runs as a kernel (K_PAD 64); larger k takes the torch reference (module doc).
+TRITON_MAX_K = 64
 
 
 def score_keys(block: torch.Tensor) -> torch.Tensor:
@@ -78,7 +90,18 @@ def segment_topk_torch(acc: torch.Tensor, seg_ptr: torch.Tensor, row_start: torc
 
 def segment_topk_triton(acc: torch.Tensor, seg_ptr: torch.Tensor, row_start: torch.Tensor,
                         rows_by_memory: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton kernel: one program per question, a running top-k over blocks of its segment."""
+    """The Triton path: the kernel for k <= TRITON_MAX_K, else the torch reference on the same device
+    (the same bits; see the module doc for why)."""
+    _check(acc, seg_ptr, row_start, k)
+    launch_device(acc=acc, seg_ptr=seg_ptr, row_start=row_start, rows_by_memory=rows_by_memory)
+    if k > TRITON_MAX_K:
+        return segment_topk_torch(acc, seg_ptr, row_start, rows_by_memory, k)
+    return segment_topk_kernel(acc, seg_ptr, row_start, rows_by_memory, k)
+
+
+def segment_topk_kernel(acc: torch.Tensor, seg_ptr: torch.Tensor, row_start: torch.Tensor,
+                        rows_by_memory: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel at any k: one program per question, a running top-k over blocks of its segment."""
     n_q = _check(acc, seg_ptr, row_start, k)
     device = launch_device(acc=acc, seg_ptr=seg_ptr, row_start=row_start, rows_by_memory=rows_by_memory)
     top_scores = torch.zeros((n_q, k), dtype=torch.float32, device=device)
@@ -88,8 +111,7 @@ def segment_topk_triton(acc: torch.Tensor, seg_ptr: torch.Tensor, row_start: tor
     # an empty tensor may have no address to pass; with no documents no row is ever read
     rows = rows_by_memory.long().contiguous() if rows_by_memory.numel() else torch.full((1,), -1, device=device)
     with device_guard(device):
-        load("_segment_topk_triton").segment_topk_kernel[(n_q,)](
-            acc.contiguous(), seg_ptr.long().contiguous(), row_start.long().contiguous(), rows,
-            top_scores, top_rows, k, K_PAD=max(16, next_power_of_two(k)),
-        )
+        launch("segment_topk", load("_segment_topk_triton").segment_topk_kernel, (n_q,), device,
+               acc.contiguous(), seg_ptr.long().contiguous(), row_start.long().contiguous(), rows,
+               top_scores, top_rows, k, constexprs={"K_PAD": max(16, next_power_of_two(k))})
     return top_scores, top_rows

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._launch import device_guard, launch_device, load, triton_available
+from ._launch import device_guard, launch, launch_device, load, triton_available
 
 __all__ = [
     "segmented_scatter_add",
@@ -120,10 +120,10 @@ def segmented_scatter_add_triton(
         item_pair, item_start = work_items(pair_term, term_ptr, block)
         if item_pair.numel() == 0:
             return acc
-        load("_segmented_scatter_triton").segmented_scatter_kernel[(item_pair.numel(),)](
-            acc, pair_base.long().contiguous(), pair_term, item_pair, item_start, term_ptr,
-            post_col.contiguous(), post_weight.float().contiguous(), BLOCK=block,
-        )
+        launch("segmented_scatter", load("_segmented_scatter_triton").segmented_scatter_kernel,
+               (item_pair.numel(),), device,
+               acc, pair_base.long().contiguous(), pair_term, item_pair, item_start, term_ptr,
+               post_col.contiguous(), post_weight.float().contiguous(), constexprs={"BLOCK": block})
     return acc
 
 

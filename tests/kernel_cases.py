@@ -8,9 +8,11 @@ Random ragged batches with the edge cases named by issue 16: empty memories, one
 questions with no known term, all-tied scores, k larger than the candidates. "ok" means bit-identical
 results; "checked" counts what was compared, so a case that compared nothing cannot pass.
 
-The kernel cases (KERNEL_CASES) also take `device` and `repeats`: the inputs are built on the CPU, the
-torch reference runs there, and the Triton kernel runs `repeats` times on `device`, every run compared
-bit for bit with the reference. experiments/gpu_check.py runs them compiled on a GPU, 10 runs each.
+The kernel cases (KERNEL_CASES, WIDE_CASES) also take `device` and `repeats`: the inputs are built on the
+CPU, the torch reference runs there, and the Triton kernel runs `repeats` times on `device`, every run
+compared bit for bit with the reference. experiments/gpu_check.py runs them compiled on a GPU, 10 runs
+each: KERNEL_CASES launch no variant above K_PAD 64 (what the read path launches), WIDE_CASES compile
+K_PAD 128 in the check's optional last stage.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from memfit_gpu.index.bm25 import BM25Index, _on_grid
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
-from memfit_gpu.kernels.segment_topk import segment_topk_torch, segment_topk_triton
+from memfit_gpu.kernels.segment_topk import segment_topk_kernel, segment_topk_torch, segment_topk_triton
 from memfit_gpu.kernels.segmented_scatter import segmented_scatter_add_torch, segmented_scatter_add_triton
 from memfit_gpu.retrieve.boosts import add_boosts
 from memfit_gpu.retrieve.hybrid import fuse
@@ -87,8 +89,7 @@ def case_scatter(device: str = "cpu", repeats: int = 1) -> dict:
     return {"ok": bool(ok), "checked": checked, "detail": f"{checked} nonzero sums compared"}
 
 
-def case_topk(device: str = "cpu", repeats: int = 1) -> dict:
-    """Segments: empty, one document, all tied, longer than a block; k = 1 .. beyond every segment."""
+def _topk_inputs() -> tuple[torch.Tensor, ...]:
     rng = torch.Generator().manual_seed(1)
     lengths = [0, 1, 7, 64, 65, 300, 0, 130, 2]
     seg = torch.zeros(len(lengths) + 1, dtype=torch.long)
@@ -99,15 +100,37 @@ def case_topk(device: str = "cpu", repeats: int = 1) -> dict:
     acc[int(seg[7]): int(seg[8])] = 0.0  # a segment with no hit at all
     row_start = torch.tensor([0, 5, 9, 100, 200, 300, 700, 800, 1000])
     rows = torch.arange(2000) * 3 + 1
+    return acc, seg, row_start, rows
+
+
+def _topk_compare(run, ks: tuple[int, ...], device: str, repeats: int) -> tuple[bool, int]:
+    acc, seg, row_start, rows = _topk_inputs()
     checked, ok = 0, True
     on = _mover(device)
-    for k in (1, 3, 64, 65, 301):
+    for k in ks:
         ref = segment_topk_torch(acc, seg, row_start, rows, k)
         for _ in range(repeats):
-            got = segment_topk_triton(*on(acc, seg, row_start, rows), k)
+            got = run(*on(acc, seg, row_start, rows), k)
             ok &= torch.equal(ref[0], got[0].cpu()) and torch.equal(ref[1], got[1].cpu())
         checked += int((ref[1] >= 0).sum())
-    return {"ok": bool(ok), "checked": checked, "detail": f"{checked} selected rows compared"}
+    return ok, checked
+
+
+def case_topk(device: str = "cpu", repeats: int = 1) -> dict:
+    """Segments: empty, one document, all tied, longer than a block; k = 1 .. 64 through the kernel
+    (K_PAD 16 and 64), and k = 65 and 301 through the Triton path, which routes k > TRITON_MAX_K to
+    the torch reference (so no K_PAD above 64 is ever compiled here)."""
+    ok, checked = _topk_compare(segment_topk_triton, (1, 3, 17, 33, 64), device, repeats)
+    routed_ok, routed = _topk_compare(segment_topk_triton, (65, 301), device, 1)
+    return {"ok": bool(ok and routed_ok), "checked": checked,
+            "detail": f"{checked} selected rows compared (kernel, k <= 64); {routed} more at k = 65, 301 (routed)"}
+
+
+def case_topk_wide(device: str = "cpu", repeats: int = 1) -> dict:
+    """The kernel itself above TRITON_MAX_K (K_PAD 128: k = 65, 100, 128), which the read path never
+    launches: only the GPU check's optional last stage compiles it."""
+    ok, checked = _topk_compare(segment_topk_kernel, (65, 100, 128), device, repeats)
+    return {"ok": bool(ok), "checked": checked, "detail": f"{checked} selected rows compared (K_PAD 128)"}
 
 
 def _mover(device: str):
@@ -331,9 +354,11 @@ def case_profile() -> dict:
     return {"ok": got == {"torch": ["torch"], "triton": ["triton"]}, "checked": 2, "detail": str(got)}
 
 
-KERNEL_CASES = ("scatter", "topk", "bm25_search", "hybrid")  # take (device, repeats)
+KERNEL_CASES = ("scatter", "topk", "bm25_search", "hybrid")  # take (device, repeats); K_PAD <= 64 only
+WIDE_CASES = ("topk_wide",)  # take (device, repeats); K_PAD 128, the GPU check's optional last stage
 CASES = {"scatter": case_scatter, "topk": case_topk, "bm25_search": case_bm25_search, "hybrid": case_hybrid,
-         "retrieve_batch": case_retrieve_batch, "cli": case_cli, "profile": case_profile}
+         "topk_wide": case_topk_wide, "retrieve_batch": case_retrieve_batch, "cli": case_cli,
+         "profile": case_profile}
 
 
 def main(names: list[str]) -> None:
