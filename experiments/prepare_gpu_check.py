@@ -20,8 +20,10 @@ GPU machine (`memfit_gpu.index.encoders.random_cross_encoder`, deterministic wit
 search needs no FAISS there: the check uses experiments/_flat_ip.py, which lives in the tree.
 
 The folder is written under a temporary name and renamed when complete, so a killed preparation leaves
-no folder that looks ready. More than --max-mib in all is an error (exit 2): the device machine takes at
-most 64 MiB of ignored files with the tree.
+no folder that looks ready. Assets over --max-mib are an error (exit 2), and so is more than
+--max-total-mib (64, what the GPU machine accepts) for everything that travels: the tree as git sees it
+(tracked files and untracked ones git does not ignore: no .venv/, runs/, build/) plus the assets. The sum is
+printed and kept in the manifest (`travel`); experiments/gpu_check.py's docstring has the whole procedure.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import hashlib
 import importlib.metadata
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,7 +194,27 @@ def random_encoder(target: Path, locomo: Path, seed: int = 0) -> dict[str, Any]:
             f"{len(tokenizer)} from LoCoMo", "stored_dtype": "float16"}
 
 
-def prepare(out: Path, locomo: Path, max_mib: float, force_random: bool = False) -> dict[str, Any]:
+def travelling_tree(root: Path = REPO, leave_out: Path | None = None) -> dict[str, Any]:
+    """Files and bytes of the tree as it is copied to the GPU machine: what git lists (tracked, and
+    untracked files it does not ignore), links counted as links; without git, every file but .git/,
+    .venv/, runs/, build/ and gpu_assets/. `leave_out` (the assets folder) is counted apart."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                              capture_output=True, timeout=120, check=True)
+        paths = [root / name for name in done.stdout.decode().split("\0") if name]
+        how = "git ls-files --cached --others --exclude-standard"
+    except (OSError, subprocess.SubprocessError):
+        skip = {".git", ".venv", "runs", "build", "gpu_assets"}
+        paths = [p for p in root.rglob("*") if not skip & set(p.relative_to(root).parts[:1])]
+        how = "every file but .git/, .venv/, runs/, build/, gpu_assets/ (no git)"
+    outside = leave_out.resolve() if leave_out is not None else None
+    sizes = [p.lstat().st_size for p in paths if (p.is_symlink() or p.is_file())
+             and (outside is None or not p.resolve().is_relative_to(outside))]
+    return {"files": len(sizes), "bytes": int(sum(sizes)), "how": how}
+
+
+def prepare(out: Path, locomo: Path, max_mib: float, force_random: bool = False,
+            max_total_mib: float = 64.0) -> dict[str, Any]:
     """Write the assets folder `out` (atomically); returns its manifest."""
     if not locomo.is_file():
         raise PrepareError(f"prepare_gpu_check: LoCoMo file {locomo} does not exist (--locomo)")
@@ -220,14 +243,26 @@ def prepare(out: Path, locomo: Path, max_mib: float, force_random: bool = False)
         if total > max_mib * 2**20:
             raise PrepareError(f"prepare_gpu_check: the assets take {total / 2**20:.1f} MiB, more than "
                                f"--max-mib {max_mib:g}")
+        tree = travelling_tree(REPO, leave_out=tmp)
         manifest = {
             "version": MANIFEST_VERSION, "made_by": "experiments/prepare_gpu_check.py",
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version.split()[0],
             "site": shipped, "encoder": encoder,
             "locomo": {"from": str(locomo), "path": "data/locomo10.json"},
             "total_bytes": total, "files": files,
+            "travel": {"tree_files": tree["files"], "tree_bytes": tree["bytes"], "tree_listed_by": tree["how"],
+                       "assets_bytes": total, "total_bytes": 0, "limit_bytes": int(max_total_mib * 2**20)},
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        text = ""
+        for _ in range(3):  # the total counts the manifest itself, whose length holds the total
+            manifest["travel"]["total_bytes"] = tree["bytes"] + total + len(text.encode())
+            text = json.dumps(manifest, indent=1) + "\n"
+        travel = manifest["travel"]
+        if travel["total_bytes"] > travel["limit_bytes"]:
+            raise PrepareError(f"prepare_gpu_check: the tree ({tree['bytes'] / 2**20:.1f} MiB, {tree['files']} files) "
+                               f"and the assets ({total / 2**20:.1f} MiB) take {travel['total_bytes'] / 2**20:.1f} MiB, "
+                               f"more than --max-total-mib {max_total_mib:g}")
+        (tmp / "manifest.json").write_text(text)
         if out.exists():
             stale = out.with_name(f".{out.name}.stale-{time.time_ns()}")
             out.rename(stale)
@@ -237,7 +272,8 @@ def prepare(out: Path, locomo: Path, max_mib: float, force_random: bool = False)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"prepare_gpu_check: {out} ({total / 2**20:.1f} MiB, encoder {encoder['kind']}) in "
-          f"{time.perf_counter() - start:.1f} s")
+          f"{time.perf_counter() - start:.1f} s; with the tree ({tree['files']} files, {tree['bytes'] / 2**20:.1f} "
+          f"MiB) {travel['total_bytes'] / 2**20:.1f} MiB travel, of {max_total_mib:g} MiB")
     return manifest
 
 
@@ -247,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locomo", default=None, help="locomo10.json (default: $MEMFIT_DATA_DIR, ../shared/data, "
                                                        "or the fetch cache)")
     parser.add_argument("--max-mib", type=float, default=60.0, help="refuse assets larger than this")
+    parser.add_argument("--max-total-mib", type=float, default=64.0,
+                        help="refuse when the tree that travels (as git lists it) and the assets exceed this")
     parser.add_argument("--random-encoder", action="store_true",
                         help="ship a seeded random BERT of MiniLM's shape instead of MiniLM's weights")
     parser.add_argument("--force", action="store_true", help="replace an existing assets folder")
@@ -257,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         locomo = Path(args.locomo) if args.locomo else data_location("locomo", _shared_locomo())
-        prepare(out, locomo, args.max_mib, args.random_encoder)
+        prepare(out, locomo, args.max_mib, args.random_encoder, args.max_total_mib)
     except (PrepareError, DataNotFoundError) as exc:
         print(str(exc).splitlines()[0], file=sys.stderr)
         return 2
