@@ -186,6 +186,26 @@ def test_a_stage_subset_is_incomplete(assets, bare_python, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rerun_runs_only_the_stages_that_were_not_ok_and_carries_the_rest(dry_run, assets, bare_python,
+                                                                              tmp_path):
+    """The procedure's second call: the dry run's JSON with vllm_room failed and kernels_m not finished;
+    --rerun-failed runs those two only, carries every ok stage (and its figures) over, and can pass."""
+    first = json.loads(json.dumps(dry_run[0]))
+    first["stages"]["vllm_room"].update(status="fail", failed_checks=["plan_fits"])
+    first["stages"]["kernels_m"]["status"] = "running"
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    done, _ = _check(bare_python, "--device", "cpu", "--quick", "--assets", str(assets), "--out", str(tmp_path / "rerun"),
+                     "--rerun-failed", str(tmp_path / "first.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = _json(tmp_path / "rerun")
+    ran = [name for name, stage in report["stages"].items() if "carried_from" not in stage]
+    assert ran == ["kernels_m", "vllm_room"] and report["rerun_of"]["carried"] == sorted(set(STAGES) - set(ran))
+    assert all(stage["status"] == "ok" for stage in report["stages"].values())
+    assert report["figures"]["kernel_speed_ratio"] == dry_run[0]["figures"]["kernel_speed_ratio"]
+    assert report["verdict"] == "pass", report["verdict_reason"]
+
+
+@pytest.mark.slow
 def test_a_forced_cpu_fallback_of_a_device_stage_fails(assets, bare_python, tmp_path):
     """The device BM25 index moved off the device (as the OOM fallback moves it; "meta" on a CPU run)
     fails its stage and the verdict, naming the check, though every comparison held."""
