@@ -12,9 +12,11 @@ The procedure (docs/benchmarks.md "GPU check" has the same, with the figures):
     locomo10.json, a manifest with every file's sha256) and prints what travels: the tree as git sees it
     (tracked files and untracked ones not ignored: no .venv/, runs/, build/, gpu_assets/ counted apart)
     plus gpu_assets/, against the 64 MiB the GPU machine accepts; more is an error (exit 2). The dry run
-    runs every stage with the CPU as "device" and the Triton kernels under TRITON_INTERPRET=1 (a few
-    minutes on 2 cores; its JSON lists every stage with its checks; verdict pass).
- 2. Copy the tree and gpu_assets/ (inside the tree's root, beside experiments/) to the GPU machine.
+    runs every stage with the CPU as "device" and the Triton kernels under TRITON_INTERPRET=1 (4.5 minutes
+    on 2 shared cores on 2026-12-01; its JSON lists every stage with its checks; verdict pass). With
+    Triton 3.6 it needs numpy < 2.4 (that interpreter fails with numpy >= 2.4).
+ 2. Copy the tree as git lists it and gpu_assets/ inside its root (beside experiments/) to the GPU
+    machine: 49.6 MiB on 2026-12-01 (2.0 MiB of tree in 267 files, 47.6 MiB of assets).
  3. There, from the tree's root, with its own python3 (no install, no network: the package is imported
     from the tree, omegaconf from gpu_assets/site, FAISS replaced by experiments/_flat_ip.py):
 
