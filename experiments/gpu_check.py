@@ -20,16 +20,17 @@ The procedure (docs/benchmarks.md "GPU check" has the same, with the figures):
  3. There, from the tree's root, with its own python3 (no install, no network: the package is imported
     from the tree, omegaconf from gpu_assets/site, FAISS replaced by experiments/_flat_ip.py):
 
-        timeout 390 python3 experiments/gpu_check.py --device cuda --out $OUT --budget-s 300 --margin-s 30
+        timeout -k 10 390 python3 experiments/gpu_check.py --device cuda --out $OUT --budget-s 300 --margin-s 30
 
     The watchdog ends the call at 330 s (budget + margin) with the JSON naming the part still running;
-    `timeout` is the backstop if even that hangs. Exit 0 on pass, 1 on fail or incomplete, 2 for bad
+    `timeout` is the backstop if even that hangs (SIGTERM: the same record; SIGKILL 10 s later: the JSON
+    written when the running part started, naming it). Exit 0 on pass, 1 on fail or incomplete, 2 for bad
     arguments or assets, 3 when the watchdog fired.
  4. If a stage failed or did not finish, once more on the warm machine (Triton's cache is kept in the
     tree's build/triton-cache, so kernels load instead of compiling): only the stages that were not ok run,
     the ok ones are carried over from the first JSON, and the verdict covers them all:
 
-        timeout 240 python3 experiments/gpu_check.py --device cuda --out $OUT/rerun \\
+        timeout -k 10 240 python3 experiments/gpu_check.py --device cuda --out $OUT/rerun \\
             --rerun-failed $OUT/gpu_check.json --budget-s 180 --margin-s 30
 
     Machine start (a few minutes) + 6.5 + 4 minutes stays inside a 15-minute lease.
@@ -359,11 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     report.data["assets"] = {"path": str(assets), "total_bytes": manifest["total_bytes"],
                              "encoder": manifest["encoder"], "site": manifest["site"],
                              "travel": manifest.get("travel"), "verified": True}
-    report.write()
     watchdog = Watchdog(report, args.budget_s + args.margin_s)
-    watchdog.start()
-    # `timeout`'s signal gets the same record as the watchdog
+    # `timeout`'s signal gets the same record as the watchdog (installed before the file first exists)
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: watchdog.fire("SIGTERM"))
+    report.write()
+    watchdog.start()
     work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     try:
         return _run(args, assets, work, report, previous)

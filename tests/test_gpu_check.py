@@ -249,6 +249,22 @@ def test_the_watchdog_ends_a_stalled_check_within_budget_and_margin(assets, tmp_
                                         "margin 1 s) while setup was running")
 
 
+def test_sigterm_from_timeout_leaves_the_same_record(assets, tmp_path):
+    """`timeout`'s SIGTERM before the watchdog's time: the JSON says who ended it, exit 3."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET", "MEMFIT_FAULT")}
+    process = subprocess.Popen([sys.executable, str(REPO / "experiments" / "gpu_check.py"), "--device", "cpu",
+                                "--assets", str(assets), "--out", str(tmp_path), "--budget-s", "60"],
+                               cwd=REPO, env={**clean, "GPU_CHECK_STALL": "setup"}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "gpu_check.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.terminate()  # the handler is in place before the file is first written
+    assert process.wait(timeout=30) == gpu_check.WATCHDOG_EXIT, process.stderr.read()[-2000:]
+    report = _json(tmp_path)
+    assert report["watchdog"]["fired_by"] == "SIGTERM" and report["watchdog"]["at_s"] < 30
+    assert report["verdict_reason"].startswith("SIGTERM ended it at ") and report["verdict"] == "incomplete"
+
+
 def test_the_watchdog_names_the_running_part_and_keeps_what_finished(tmp_path):
     """In-process: the watchdog thread fires while a part runs; the file names it and keeps the stage's
     finished parts, and the exit status is WATCHDOG_EXIT."""
