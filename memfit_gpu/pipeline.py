@@ -190,8 +190,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
 
     # Load the cross-encoder before hours of work, so missing weights fail at once.
-    reranker = load_reranker(cfg.rerank, device=placed.index.device, encoder_backend=cfg.index.encoder_backend,
-                             workers=cfg.index.encoder_workers)
+    reranker = load_reranker(cfg.rerank, placed.index)
     ledger_path = out / "ledger.json"
     try:
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()

@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory, Question, Turn
-from memfit_gpu.index.encoders import BiEncoder
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.dates import format_date
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics
@@ -74,11 +72,6 @@ class TurnTable:
         """The turn's date as excerpts print it (ReadView.recorded)."""
         when = self.ep_time[row].astype(object)
         return "unknown date" if when is None else format_date(when.date())
-
-
-def load_encoder(cfg: MemFitConfig) -> BiEncoder:
-    """The run's bi-encoder (index.encoder), loaded as the store loads it."""
-    return BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
 
 
 def pack_json(rows: Sequence[int], selected: Sequence[int], turn_ids: Sequence[str]) -> dict[str, Any]:

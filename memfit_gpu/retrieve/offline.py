@@ -49,8 +49,7 @@ def retrieve_benchmark(cfg: MemFitConfig, out: Path, store_path: str | Path | No
     timings: dict[str, float] = {}
     started = time.perf_counter()
     # The reranker first: a missing cross-encoder fails before any encoding work.
-    reranker = load_reranker(cfg.rerank, device=cfg.index.device, encoder_backend=cfg.index.encoder_backend,
-                             workers=cfg.index.encoder_workers)
+    reranker = load_reranker(cfg.rerank, cfg.index)
     benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
     questions = [q for q in benchmark.questions() if q.evaluated]
     timings["load_s"] = time.perf_counter() - started

@@ -46,11 +46,10 @@ from memfit_gpu import faults
 from memfit_gpu.buffers import GrowableArray, TextColumn
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import DataError, Memory, Turn
-from memfit_gpu.devices import first_device
 from memfit_gpu.index.bm25 import BM25Index
-from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
+from memfit_gpu.index.factory import dense_gpu_id, dense_index, lexical_index
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
@@ -130,22 +129,15 @@ class EpisodeStore:
             self._open()
 
     # ------------------------------------------------------------------ index construction
-    def _bm25_device(self) -> torch.device:
-        return first_device(self.cfg.index.device)  # "gpu", "cuda:0,cuda:1": the first GPU
+    def _dense_gpu_id(self) -> int:
+        """The GPU of GPU FAISS (index/factory.py: the BM25 index's GPU, else GPU 0)."""
+        return dense_gpu_id(self.cfg.index)
 
     def _new_bm25(self) -> LexicalIndex:
-        kind: type[BM25Index] | type[ReferenceBM25] = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
-        return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
-
-    def _dense_gpu_id(self) -> int:
-        """The GPU of GPU FAISS: the BM25 index's (the retrieval device the plan chose), else GPU 0."""
-        device = self._bm25_device()
-        return (device.index or 0) if device.type == "cuda" else 0
+        return lexical_index(self.cfg.index)
 
     def _new_dense(self) -> DenseIndex:
-        ic = self.cfg.index
-        return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe,
-                          gpu_id=self._dense_gpu_id(), batched_max_rows=ic.dense_batched_max_rows)
+        return dense_index(self.cfg.index, self.dim)
 
     # ------------------------------------------------------------------ read-side columns
     @property
