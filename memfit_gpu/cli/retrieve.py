@@ -28,6 +28,10 @@ full_context bounds the history by reader.max_prompt_chars and full_context.cont
 reader is loaded here); method=lightmem_slm is refused: its retrieval calls small language models."""
 
 
+# diagnostics.json's overall figures the command prints (every method's rows have them: hit@k over its ranked turns)
+SUMMARY_KEYS = ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "retrieve", help="batched retrieval over a benchmark: packs and hit/pack diagnostics",
@@ -61,11 +65,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     diagnostics = retrieve_with_method(cfg, out, args.store)
     overall = diagnostics["overall"]
-    if cfg.method in ("memfit", "plain"):
-        print(json.dumps({"questions": overall["questions"], **{k: overall[k] for k in
-                          ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")},
-                          "reranker": diagnostics["reranker"]["backend"], "out": str(out)}))
-    else:
-        print(json.dumps({"questions": overall["questions"], "method": cfg.method,
-                          **{k: overall[k] for k in ("pack_hit", "pack_hit_window", "mrr")}, "out": str(out)}))
+    print(json.dumps({"questions": overall["questions"], "method": cfg.method,
+                      **{k: overall[k] for k in SUMMARY_KEYS if k in overall},
+                      "reranker": diagnostics.get("reranker", {}).get("backend", "none"), "out": str(out)}))
     return 0

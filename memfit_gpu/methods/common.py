@@ -95,12 +95,3 @@ def diagnostics_for(table: Any, questions: Sequence[Question], ranked: Sequence[
     diagnostics, records = compute_diagnostics(results, questions, table, reranker={"backend": "none"})
     diagnostics["method"] = method
     return diagnostics, records
-
-
-def pack_row(question: Question, excerpts: str, pack: dict[str, Any], record: dict[str, Any] | None,
-             method: str, **extra: Any) -> dict[str, Any]:
-    """One packs.jsonl row: what every method's row holds (the answer stage reads `excerpts`, `pack` and
-    `retrieval`), then the method's own fields."""
-    return {"question_id": question.question_id, "category": question.category, "evidence": question.evidence,
-            "memory_id": question.memory_id, "question": question.question, "method": method, "pack": pack,
-            "excerpts": excerpts, "retrieval": record, **extra}

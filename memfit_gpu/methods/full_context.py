@@ -33,7 +33,8 @@ from typing import Any
 from memfit_gpu import models
 from memfit_gpu.data.schema import Question
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json, pack_row
+from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars, resolve_protocol
 from memfit_gpu.retrieve.pack import excerpt_tail
 
@@ -151,6 +152,7 @@ class FullContext:
         out = []
         for (q, text, kept, truncation, cut), record in zip(rows_out, records, strict=True):
             extra = {"excerpt_chars_cut": cut} if cut else {}
-            out.append(pack_row(q, text, pack_json(kept, kept, table.ep_turn_id), record, self.name,
-                                method_notes={"truncation": truncation}, **extra))
+            out.append(pack_row(q, self.name, {"pack": pack_json(kept, kept, table.ep_turn_id), "excerpts": text,
+                                               "retrieval": record, "method_notes": {"truncation": truncation},
+                                               **extra}))
         return out, diagnostics

@@ -75,7 +75,8 @@ from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import diagnostics_for, pack_json, pack_row
+from memfit_gpu.methods.common import diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.names import mentioned, normalise
 from memfit_gpu.readers.prompts import PROMPT_DIR, fill, load_prompt
 from memfit_gpu.readers.types import Request
@@ -317,8 +318,7 @@ class LightMem:
         if run.out is None or run.reader is None:
             raise ValueError("method=lightmem_slm needs a run directory and a reader (memfit run), "
                              "its memory is written and read by small language models")
-        store_path = run.out / "store" if cfg.store.path is None else Path(cfg.store.path)
-        self.store = EpisodeStore(store_path, cfg, load_bi_encoder(cfg.index))
+        self.store = EpisodeStore(run.store_location(), cfg, load_bi_encoder(cfg.index))
         appended = sum(self._append_turns(memory) for memory in run.memories)
         self.store.snapshot()  # the next open loads the appended turns instead of encoding them again
         faults.point("lightmem.turns")
@@ -481,8 +481,10 @@ class LightMem:
             hqs = [{"text": hq.text, "tier": hq.tier, "budget": hq.budget} for hq in plan]
             items = [{"tier": tier, "id": item, "score": score.get((tier, item))} for tier, item in picks]
             excerpts = self._excerpts(cfg, q.memory_id, stm, picks, tiers)
-            out.append(pack_row(q, excerpts, pack_json(rows, rows, view.ep_turn_id), record, self.name, lightmem={"hqs": hqs, "candidates": len(score), "items": items},
-                                method_notes={"hqs": [[hq.tier, hq.text] for hq in plan]}))
+            out.append(pack_row(q, self.name, {
+                "pack": pack_json(rows, rows, view.ep_turn_id), "excerpts": excerpts, "retrieval": record,
+                "lightmem": {"hqs": hqs, "candidates": len(score), "items": items},
+                "method_notes": {"hqs": [[hq.tier, hq.text] for hq in plan]}}))
         return out, diagnostics
 
     def _rerank(self, run: MethodRun, reader: Any, questions: list[Question], candidates: list[list[list[Scored]]],

@@ -31,7 +31,8 @@ from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json, pack_row
+from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.retrieve.pack import cut_excerpt, quote_lines
 
 _TOKEN = re.compile(r"\S+")
@@ -135,6 +136,7 @@ class NaiveRAG:
             chunks = [{"chunk": c, "score": score, "tokens": list(self.chunks[c].tokens),
                        "turn_ids": [table.ep_turn_id[r] for r in self.chunks[c].rows]} for c, score in hits]
             extra = {"excerpt_chars_cut": cut_total} if cut_total else {}
-            out.append(pack_row(q, "\n".join(lines), pack_json(rows, rows, table.ep_turn_id), record, self.name,
-                                chunks=chunks, **extra))
+            out.append(pack_row(q, self.name, {"pack": pack_json(rows, rows, table.ep_turn_id),
+                                               "excerpts": "\n".join(lines), "retrieval": record, "chunks": chunks,
+                                               **extra}))
         return out, diagnostics
