@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DataConfig:
-    benchmark: str = "locomo"  # locomo | longmemeval | memgallery: picks the loader
+    benchmark: str = "locomo"  # locomo | longmemeval | memgallery | jsonl (your own data file): picks the loader
     path: Optional[str] = None  # file or folder; None = $MEMFIT_DATA_DIR or the fetch cache
     split: Optional[str] = None  # LongMemEval: s | m | oracle when path is a folder holding several
     limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
@@ -232,7 +232,7 @@ METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lig
 # (memfit_gpu/readers/registry.py). These three lists are the built-in names of the three registries
 # (config.py imports nothing of memfit_gpu, so the names are spelled here, once); a registry's register
 # call adds a new name with `register_choice`, and tests/test_seams.py checks that both agree.
-BENCHMARKS: tuple[str, ...] = ("locomo", "longmemeval", "memgallery")
+BENCHMARKS: tuple[str, ...] = ("locomo", "longmemeval", "memgallery", "jsonl")
 READER_BACKENDS: tuple[str, ...] = ("transformers", "vllm", "openai")
 
 

@@ -52,13 +52,15 @@ import torch
 
 from memfit_gpu.config import ConfigError, MemFitConfig, ReaderConfig
 from memfit_gpu.data import DataNotFoundError, load_benchmark, resolve_data_path, select_from_config
+from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import Memory
 from memfit_gpu.data.synth import LIKES, iter_memories
-from memfit_gpu.devices import gpu_count, parse_dtype
+from memfit_gpu.devices import gpu_count, parse_dtype, reader_dtype, resolve_dtype, visible_devices
 from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.index.encoders.batching import Workers, default_batch_tokens
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.models import find_local
+from memfit_gpu.readers.registry import backend_entry, engine_groups
 from memfit_gpu.store.text import episode_text
 
 try:  # faiss is an either/or extra; the plan only asks whether this build has GPU support
@@ -166,17 +168,8 @@ SUMMARY_TEXT_BYTES = 300
 
 # Workload sampling: whole memories, seeded order, until this many episodes are tokenised.
 SAMPLE_EPISODES = 20_000
-# Published shapes when the benchmark file is not here (data/synth.py LIKES gives sessions and turns).
-# LoCoMo: the released file (10 conversations, 5,882 turns, 1,986 questions of which 446 adversarial).
-# LongMemEval (Wu et al. 2024): 500 questions, each its own history, S ~115k tokens (~50 sessions),
-# M ~1.5M tokens (~500 sessions); with synth's ~11 turns a session that is ~209 (S) and ~273 (M) LLM tokens
-# a turn, ~0.75 words a token, plus ~10 tokens of the DATE/Speaker prefix: the BM25 tokens an episode has.
-PUBLISHED: dict[str, dict[str, Any]] = {
-    "locomo": {"memories": 10, "episodes": 5_882, "questions": 1_986, "adversarial": 446, "tokens_per_episode": 37.5},
-    "longmemeval-s": {"memories": 500, "questions": 500, "tokens_per_episode": 167.0},
-    "longmemeval-m": {"memories": 500, "questions": 500, "tokens_per_episode": 215.0},
-}
-SHAPE_SAMPLE_MEMORIES = {"locomo": 4, "longmemeval-s": 8, "longmemeval-m": 2}
+# Published shapes when the benchmark file is not here: each benchmark's spec (data/spec.py PublishedShape,
+# in its loader module); data/synth.py LIKES gives the synthetic sessions and turns that stand in for it.
 # Distinct terms grow slower than tokens: distinct ~ tokens^0.69 per episode (LoCoMo 37.5 -> 34.0,
 # LongMemEval oracle sample 208 -> 111, measured here); synthetic turns are scaled to published lengths by it.
 HEAPS_EXPONENT = 0.69
@@ -377,42 +370,32 @@ def workload_of(cfg: MemFitConfig, memories: Sequence[Memory], questions: int, t
     )
 
 
-def _like(cfg: MemFitConfig) -> tuple[str | None, str]:
-    """The synth shape standing for the configured benchmark, and a note."""
-    if cfg.data.benchmark == "locomo":
-        return "locomo", ""
-    if cfg.data.benchmark == "longmemeval":
-        split = cfg.data.split or "s"
-        if split == "oracle":
-            return "longmemeval-s", "the oracle split has no shape here: S's, an upper bound"
-        return f"longmemeval-{split}", ""
-    return None, f"no published shape for {cfg.data.benchmark}"
-
-
 def _workload_from_shape(cfg: MemFitConfig, why: str, seed: int = 0) -> Workload:
-    like, note = _like(cfg)
-    if like is None:
+    published = benchmark_spec(cfg.data.benchmark).published_shape(cfg.data.split)
+    if published is None:
+        note = f"no published shape for {cfg.data.benchmark}"
         log.warning("plan: %s and %s: the data part of the plan is UNKNOWN (counted as 0)", why, note)
         return Workload(cfg.data.benchmark, f"{why}; {note}", False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                         "nothing sampled", unknown=True)
-    shape, published = LIKES[like], PUBLISHED[like]
-    memories = published["memories"]
+    like, note = published.like, published.note
+    shape = LIKES[like]
+    memories = published.memories
     if cfg.data.limit_memories is not None:
         memories = min(memories, cfg.data.limit_memories)
-    if "episodes" in published:
-        per_memory = published["episodes"] / published["memories"]
+    if published.episodes is not None:
+        per_memory = published.episodes / published.memories
     else:
         per_memory = (sum(shape.sessions) / 2) * (sum(shape.turns) / 2)
-    questions = published["questions"]
-    if like == "locomo" and "5" in cfg.data.exclude_categories and cfg.data.include_categories is None:
-        questions -= published["adversarial"]
-    per_q = questions / published["memories"]
+    questions = published.questions
+    if cfg.data.include_categories is None:
+        questions -= sum(n for category, n in published.excluded.items() if category in cfg.data.exclude_categories)
+    per_q = questions / published.memories
     if cfg.data.limit_questions is not None:
         per_q = min(per_q, cfg.data.limit_questions)
     episodes = round(memories * per_memory)
     # whole synthetic memories of the shape: BM25 statistics per episode, per memory and the widest memory
     sample = _Sample()
-    synth = list(iter_memories(like, n_questions=SHAPE_SAMPLE_MEMORIES[like] * shape.questions_per_memory, seed=seed))
+    synth = list(iter_memories(like, n_questions=published.sample_memories * shape.questions_per_memory, seed=seed))
     widest = max(sum(len(s.turns) for s in m.sessions) for m in synth)
     text_bytes = 0
     for m in synth:
@@ -422,7 +405,7 @@ def _workload_from_shape(cfg: MemFitConfig, why: str, seed: int = 0) -> Workload
     per_episode = episodes / sample.episodes
     # synthetic turns are shorter than the published ones: scale tokens and text linearly, distinct terms
     # by HEAPS_EXPONENT (the dense-row count is left as sampled)
-    length = published["tokens_per_episode"] / (sample.tokens / sample.episodes)
+    length = published.tokens_per_episode / (sample.tokens / sample.episodes)
     distinct = length**HEAPS_EXPONENT
     return Workload(
         benchmark=cfg.data.benchmark, source=f"published shape {like} ({why}{'; ' + note if note else ''})",
@@ -676,36 +659,25 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def _encoder_dtype(setting: str) -> torch.dtype:
-    chosen = parse_dtype(setting, "index.dtype")
-    return torch.float32 if chosen is None else chosen
+    """The encoders' compute dtype (devices.resolve_dtype: auto = float32), without asking a GPU."""
+    return resolve_dtype(setting, (), "index.dtype")
 
 
 def _reader_runtime_dtype(setting: str, on_gpu: bool, vllm: bool) -> torch.dtype | None:
-    chosen = parse_dtype(setting, "reader.dtype")
-    if chosen is not None:
-        return chosen
-    if vllm:
-        return None if on_gpu else torch.bfloat16  # vLLM on a GPU keeps the checkpoint's dtype
-    return torch.bfloat16 if on_gpu else torch.float32  # devices.reader_dtype
+    """An in-process reader's weights dtype (devices.reader_dtype, a planned GPU taken to run bf16); vLLM
+    keeps the checkpoint's dtype on a GPU (None) and runs bfloat16 on the CPU (readers/vllm.py)."""
+    if vllm and parse_dtype(setting, "reader.dtype") is None:
+        return None if on_gpu else torch.bfloat16
+    return reader_dtype(setting, "cuda" if on_gpu else "cpu", "reader.dtype", bf16=True)
 
 
 def _parse_devices(spec: str, node: Node) -> list[str]:
-    """index.device against the node (not against this machine's torch): "cpu", "cuda:N", ... ."""
-    text = spec.strip().lower()
-    if "," in text:
-        return [d for item in text.split(",") if item.strip() for d in _parse_devices(item, node)]
-    if text in ("auto", "cuda", "gpu"):
-        if node.gpus:
-            return [f"cuda:{g.index}" for g in node.gpus]
-        if text != "auto":
-            raise ConfigError(f"index.device={spec!r} asks for GPUs but the node has none (index.device=auto or cpu)")
-        return ["cpu"]
-    if text.startswith("cuda"):
-        index = int(text.split(":", 1)[1]) if ":" in text else 0
-        if index >= len(node.gpus):
-            raise ConfigError(f"index.device={spec!r}: the node has {len(node.gpus)} GPU(s)")
-        return [f"cuda:{index}"]
-    return [text]
+    """index.device against the node (devices.visible_devices with the node's GPU count, not this
+    machine's torch): "cpu", "cuda:N", ... ."""
+    try:
+        return [str(device) for device in visible_devices(spec, gpus=len(node.gpus))]
+    except RuntimeError as exc:
+        raise ConfigError(f"index.device={spec!r}: {exc} (index.device=auto or cpu)") from None
 
 
 def _gpu_of(device: str) -> int | None:
@@ -744,15 +716,17 @@ class _Builder:
 
     # ---------------------------------------------------------------- readers
     def _engine_groups(self, role: str, reader: ReaderConfig) -> list[list[int]]:
-        need = reader.instances * reader.tensor_parallel_size
-        if need > len(self.node.gpus):
-            self.problems.append(Problem(
-                f"reader.instances={reader.instances} x reader.tensor_parallel_size={reader.tensor_parallel_size} "
-                f"({role}) needs {need} GPUs but the node has {len(self.node.gpus)}: set reader.instances="
-                f"{max(1, len(self.node.gpus) // reader.tensor_parallel_size)}", "reader.instances", rank=0))
-            need = (len(self.node.gpus) // reader.tensor_parallel_size) * reader.tensor_parallel_size
+        need = backend_entry(reader.backend).gpus(reader)
         tp = reader.tensor_parallel_size
-        return [list(range(i, i + tp)) for i in range(0, need, tp)]
+        instances = reader.instances
+        if need > len(self.node.gpus):
+            fitting = max(1, len(self.node.gpus) // tp)
+            self.problems.append(Problem(
+                f"reader.instances={reader.instances} x reader.tensor_parallel_size={tp} "
+                f"({role}) needs {need} GPUs but the node has {len(self.node.gpus)}: set reader.instances="
+                f"{fitting}", "reader.instances", rank=0))
+            instances = len(self.node.gpus) // tp
+        return engine_groups([g.index for g in self.node.gpus], instances, tp)
 
     def reader_parts(self) -> None:
         if not self.readers:
@@ -761,13 +735,16 @@ class _Builder:
         if self.cfg.eval.judge.enabled:
             roles.append(("judge", "eval.judge", reader_config_for_judge(self.cfg.eval.judge, self.cfg.reader)))
         for role, key, reader in roles:
-            if reader.backend == "openai":
-                self.notes.append(f"{role}: OpenAI server {', '.join(reader.base_urls)}, not counted (on this node: "
-                                  "keep it on GPUs memfit does not see)")
-            elif reader.backend == "vllm":
+            how = backend_entry(reader.backend).plan  # the backend's registry entry says how it is planned
+            if how == "server":
+                self.notes.append(f"{role}: {reader.backend} server {', '.join(reader.base_urls)}, not counted (on "
+                                  "this node: keep it on GPUs memfit does not see)")
+            elif how == "engines":
                 self._vllm(role, key, reader)
-            else:
+            elif how == "in_process":
                 self._transformers(role, key, reader)
+            else:
+                self.notes.append(f"{role}: reader.backend={reader.backend} holds no model memory: not counted")
 
     def _model(self, name: str, runtime: torch.dtype | None) -> ModelSize:
         size = model_size(name, runtime)

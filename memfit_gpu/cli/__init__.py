@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        from memfit_gpu.plugins import load_plugins
+
+        load_plugins()  # $MEMFIT_PLUGINS: registered methods, backends and benchmarks of the user's own modules
         return int(args.func(args) or 0)
     except Interrupted as exc:
         print(f"memfit {args.command}: {exc}", file=sys.stderr)
