@@ -8,7 +8,7 @@ directory as it was, so the corrected command works in the same --out directory.
   reader whose backend loads weights (its registry entry: reader.model; eval.judge.model when the judge
   is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
-- the device plan fits (plan.py): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
+- the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
   fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).

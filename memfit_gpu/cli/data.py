@@ -46,10 +46,17 @@ NAME.part and renamed only when its checksum matches: a failed or corrupted down
 Files already cached with the right checksum are skipped."""
 
 
+def _benchmark_to_read(parser: argparse.ArgumentParser) -> None:
+    """NAME, --path and --split: which benchmark an action loads, found as `memfit run` finds it."""
+    parser.add_argument("name", help="benchmark (locomo, longmemeval, memgallery, jsonl, ...)")
+    parser.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
+    parser.add_argument("--split", help="LongMemEval split (s, m, oracle) when a folder holds several")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "data",
-        help="inspect and fetch benchmark data (stats, fetch)",
+        help="inspect, fetch, validate and convert benchmark data",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -60,9 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stats", help="counts of a benchmark", description=STATS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    stats.add_argument("name", help="benchmark (locomo, longmemeval, memgallery, jsonl, ...)")
-    stats.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
-    stats.add_argument("--split", help="LongMemEval split (s, m, oracle) when a folder holds several")
+    _benchmark_to_read(stats)
     stats.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     stats.add_argument(
         "--problems", type=int, default=5, metavar="N", help="how many quirks to list (default 5)"
@@ -112,9 +117,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory, turn and question in the jsonl format of `data.benchmark=jsonl` (README.md \"Your own data\"): a "
         "starting point for your own data, and the same packs as the original.",
     )  # fmt: skip
-    convert.add_argument("name", help="benchmark to read (locomo, longmemeval, memgallery, jsonl, ...)")
-    convert.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
-    convert.add_argument("--split", help="LongMemEval split (s, m, oracle) when a folder holds several")
+    _benchmark_to_read(convert)
     convert.add_argument("--out", required=True, help="jsonl file to write (atomically)")
     convert.set_defaults(func=_convert)
 

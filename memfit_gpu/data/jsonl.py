@@ -65,16 +65,16 @@ class Report:
     Each problem is (item, field, reason): `errors` and `warnings` print them as DataError does."""
 
     path: Path
-    problems: list[tuple[str, str | None, str]] = field(default_factory=list)
-    notes: list[tuple[str, str | None, str]] = field(default_factory=list)
+    problems: list[tuple[str | None, str | None, str]] = field(default_factory=list)
+    notes: list[tuple[str | None, str | None, str]] = field(default_factory=list)
 
-    def error(self, item: str, field_path: str | None, reason: str) -> None:
+    def error(self, item: str | None, field_path: str | None, reason: str) -> None:
         self.problems.append((item, field_path, reason))
 
-    def warn(self, item: str, field_path: str | None, reason: str) -> None:
+    def warn(self, item: str | None, field_path: str | None, reason: str) -> None:
         self.notes.append((item, field_path, reason))
 
-    def _lines(self, found: list[tuple[str, str | None, str]]) -> list[str]:
+    def _lines(self, found: list[tuple[str | None, str | None, str]]) -> list[str]:
         return [str(DataError(str(self.path), item, name, reason)) for item, name, reason in found]
 
     @property
@@ -241,7 +241,7 @@ def read(path: str | Path) -> tuple[Benchmark, Report]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        report.error("file", None, f"not UTF-8 text ({exc})")
+        report.error(None, None, f"not UTF-8 text ({exc})")
         return benchmark, report
     users: dict[str, int] = {}
     questions: dict[str, str] = {}
@@ -273,7 +273,7 @@ def read(path: str | Path) -> tuple[Benchmark, Report]:
         check_turns(NAME, memory, benchmark.problems)  # empty and huge turns (duplicates are errors above)
         benchmark.memories.append(memory)
     if not benchmark.memories and not report.errors:
-        report.error("file", None, "holds no memory (one JSON object per line)")
+        report.error(None, None, "holds no memory (one JSON object per line)")
     benchmark.problems[:0] = report.warnings
     return benchmark, report
 

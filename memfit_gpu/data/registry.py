@@ -9,27 +9,28 @@ and tests/test_seams.py checks that they are this registry's keys.)
 
 from __future__ import annotations
 
-from memfit_gpu.config import ConfigError, choices, register_choice
+from memfit_gpu.config import ConfigError
 from memfit_gpu.data import jsonl, locomo, longmemeval, memgallery
 from memfit_gpu.data.spec import BenchmarkSpec
+from memfit_gpu.registries import Registry
 
 REGISTRY: dict[str, BenchmarkSpec] = {
     spec.name: spec for spec in (locomo.SPEC, longmemeval.SPEC, memgallery.SPEC, jsonl.SPEC)
 }
 
 
+BENCHMARKS: Registry[BenchmarkSpec] = Registry(
+    "data.benchmark", REGISTRY, lambda name, known: ConfigError(f"unknown benchmark {name!r}: choose one of {', '.join(known)}"))
+
+
 def register_benchmark(spec: BenchmarkSpec) -> None:
     """Add a benchmark: data.benchmark=spec.name then loads it, and every table and prompt asks its spec."""
-    REGISTRY[spec.name] = spec
-    register_choice("data.benchmark", spec.name)
+    BENCHMARKS.register(spec.name, spec)
 
 
 def benchmark_spec(name: str) -> BenchmarkSpec:
     """The spec of `name` (any case); ConfigError naming the registered benchmarks otherwise."""
-    spec = REGISTRY.get(name.lower())
-    if spec is None:
-        raise ConfigError(f"unknown benchmark {name!r}: choose one of {', '.join(choices('data.benchmark'))}")
-    return spec
+    return BENCHMARKS.get(name.lower())
 
 
 def find_spec(name: str | None) -> BenchmarkSpec | None:

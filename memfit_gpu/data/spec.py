@@ -8,7 +8,7 @@ collects them by name, and every place that once asked "which benchmark is this?
     categories          evaluate/tables.py: category id -> name (with `category_source`, where the mapping is
                         written), `averaging` (category_mean | question_mean), `title` of the results table
     protocol, judge     readers/prompts.py: the answer protocol and the judge kind `auto` stands for
-    shapes              plan.py: the published shape when the benchmark file is not on the machine
+    shapes              plan/: the published shape when the benchmark file is not on the machine
     not_evaluated       the categories a loader marks unscored (LoCoMo's adversarial category 5)
 
 A new benchmark is a loader module with a SPEC and one `register_benchmark(SPEC)` call (data/registry.py).
@@ -31,7 +31,7 @@ JUDGE_KINDS: tuple[str, ...] = ("paper", "longmemeval", "memgallery")
 
 @dataclass(frozen=True)
 class PublishedShape:
-    """A benchmark's published size, for the device plan when its file is not here (plan.py)."""
+    """A benchmark's published size, for the device plan when its file is not here (plan/)."""
 
     like: str  # the data/synth.py shape whose synthetic memories stand in for it (data.synth.LIKES)
     memories: int

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from memfit_gpu import render
 from memfit_gpu.data.registry import benchmark_spec, find_spec
 from memfit_gpu.data.spec import AVERAGING_RULES
-from memfit_gpu.evaluate import render
 from memfit_gpu.evaluate.metrics import VARIANTS
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
@@ -38,7 +38,7 @@ def _no_ledger(point: str) -> None:
     faults.point(point)
 
 
-def _untimed(name: str) -> ContextManager[None]:
+def _untimed(name: str) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
@@ -82,7 +82,7 @@ class MethodRun:
     account: Callable[[str], None] = _no_ledger
     memgallery_dir: Path | None = None  # the MemGallery prompt folder when the answer protocol is memgallery
     progress: bool = False
-    stage: Callable[[str], ContextManager[None]] = _untimed  # the caller's stage clock (timings.json)
+    stage: Callable[[str], contextlib.AbstractContextManager[None]] = _untimed  # the caller's stage clock (timings.json)
     # an existing store to read, never written (`memfit retrieve --store`): its memories must be there
     store_path: Path | None = None
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memfit_gpu.config import ConfigError, choices, register_choice
+from memfit_gpu.config import ConfigError
 from memfit_gpu.methods.base import Method
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import LightMem
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.naive_rag import NaiveRAG
 from memfit_gpu.methods.plain import Plain
+from memfit_gpu.registries import Registry
 
 
 @dataclass(frozen=True)
@@ -43,18 +44,18 @@ REGISTRY: dict[str, MethodEntry] = {
 }
 
 
+METHODS: Registry[MethodEntry] = Registry(
+    "method", REGISTRY, lambda name, known: ConfigError(f"method={name!r} is not registered (methods: {', '.join(known)})"))
+
+
 def register_method(name: str, entry: MethodEntry) -> None:
     """Add a method: `method=name` then runs it in `memfit run` (and `memfit retrieve` when reader_free)."""
-    REGISTRY[name] = entry
-    register_choice("method", name)
+    METHODS.register(name, entry)
 
 
 def method_entry(name: str) -> MethodEntry:
     """The registered entry of `name`; ConfigError naming the registered methods otherwise."""
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise ConfigError(f"method={name!r} is not registered (methods: {', '.join(choices('method'))})")
-    return entry
+    return METHODS.get(name)
 
 
 def make_method(name: str) -> Method:

@@ -5,9 +5,9 @@ backend whose library is missing fails before anything loads, naming the package
 Beside its class, an entry says what the places that plan, check, price and count a reader ask of it:
 
     local      the ledger: runs on this node (GPU-seconds recorded, no price) or a priced server
-    plan       plan.py: in_process (weights and KV cache in memfit's process), engines (vLLM engine claims
+    plan       plan/: in_process (weights and KV cache in memfit's process), engines (vLLM engine claims
                on their GPUs), server (not memfit's memory), nothing (holds nothing worth counting)
-    gpus(cfg)  sweep/slurm.py and plan.py: GPUs its engines hold for one reader configuration
+    gpus(cfg)  sweep/slurm.py and plan/: GPUs its engines hold for one reader configuration
     urls(cfg)  preflight.py: the servers it calls, probed before a run starts
     weights    preflight.py: reader.model must be on disk (or in a package)
     context    methods/full_context.py: how the prompt's token room is known: backend (the backend's own
@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memfit_gpu.config import ReaderConfig, register_choice
+from memfit_gpu.config import ReaderConfig
 from memfit_gpu.readers.types import Backend, MissingBackendError
+from memfit_gpu.registries import Registry
 
 T = TypeVar("T")
 
@@ -76,7 +77,7 @@ class BackendEntry:
     package: str  # the library it needs (an import name)
     install: str  # how to get that library
     local: bool = True  # runs on this node: its GPU-seconds are recorded and it costs no money
-    plan: str = "in_process"  # how plan.py counts it (PLANS)
+    plan: str = "in_process"  # how plan/ counts it (PLANS)
     gpus: Callable[[ReaderConfig], int] = no_gpus  # GPUs its engines hold
     urls: Callable[[ReaderConfig], list[str]] = no_urls  # servers preflight probes
     weights: bool = True  # reader.model's weights must be here
@@ -99,18 +100,18 @@ REGISTRY: dict[str, BackendEntry] = {
 }
 
 
+BACKENDS: Registry[BackendEntry] = Registry(
+    "reader.backend", REGISTRY, lambda name, known: ValueError(f"reader.backend={name!r} is not one of {', '.join(known)}"))
+
+
 def register_backend(name: str, entry: BackendEntry) -> None:
     """Add a backend: reader.backend=name (and eval.judge.backend=name) then builds it."""
-    REGISTRY[name] = entry
-    register_choice("reader.backend", name)
+    BACKENDS.register(name, entry)
 
 
 def backend_entry(name: str) -> BackendEntry:
     """The entry of `name`; ValueError naming the registered backends otherwise."""
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise ValueError(f"reader.backend={name!r} is not one of {', '.join(REGISTRY)}")
-    return entry
+    return BACKENDS.get(name)
 
 
 def is_local(name: str) -> bool:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memfit_gpu.config import MemFitConfig, load_config
-from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.files import write_json_atomic
 from memfit_gpu.locks import LOCK_WAIT_ENV
 from memfit_gpu.readers.registry import backend_entry
@@ -88,8 +87,9 @@ def gpus_needed(cfg: MemFitConfig) -> int:
     server readers (the encoders share the GPUs)."""
     need = backend_entry(cfg.reader.backend).gpus(cfg.reader)
     if cfg.eval.judge.enabled:
-        judge = reader_config_for_judge(cfg.eval.judge, cfg.reader)
-        need += backend_entry(judge.backend).gpus(judge)
+        # the judge's engines take the reader's instances and tensor_parallel_size
+        # (evaluate/judge.reader_config_for_judge)
+        need += backend_entry(cfg.eval.judge.backend).gpus(cfg.reader)
     return need
 
 
