@@ -38,6 +38,7 @@ with it gives identical packs (tests/test_seams.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -160,10 +161,20 @@ def date_text(timestamp: str) -> str:
     return f"{(when.hour % 12) or 12}:{when.minute:02d} {'am' if when.hour < 12 else 'pm'} on {day}"
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # http://..., data:image/...;base64 (LoCoMo's img_url)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system is no file here
+        return False
+
+
 def _image(line: _Line, raw: dict[str, Any], where: str, folder: Path) -> Image:
     line.keys(raw, IMAGE_KEYS, where)
     path = line.text(raw, "path", where, required=False)
-    if path and not path.startswith(("http://", "https://")) and not (folder / path).is_file():
+    if path and not _URL.match(path) and not _is_file(folder / path):
         line.report.warn(line.item, f"{where}path", f"image {path} is not at {folder / path} (needed only with "
                                                     "reader.images)")
     return Image(caption=line.text(raw, "caption", where) or "", image_id=line.text(raw, "image_id", where, False),
