@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from memfit_gpu.config import load_config  # noqa: E402
 from memfit_gpu.data import load_benchmark, select_questions  # noqa: E402
-from memfit_gpu.index.encoders import BiEncoder  # noqa: E402
+from memfit_gpu.index.encoders import load_bi_encoder  # noqa: E402
 from memfit_gpu.retrieve.batched import retrieve_batch  # noqa: E402
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics  # noqa: E402
 from memfit_gpu.retrieve.reference import retrieve_one  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     texts = [q.question for q in questions]
     memory_ids = [q.memory_id for q in questions]
 
-    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
+    encoder = load_bi_encoder(cfg.index)
     store = EpisodeStore(args.store, cfg, encoder)
     missing = [m for m in benchmark.memories if m.memory_id not in store.memory_ids]
     if len(missing) != len(benchmark.memories) and missing:

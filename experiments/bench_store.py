@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from memfit_gpu.config import MemFitConfig  # noqa: E402
 from memfit_gpu.data import load_benchmark  # noqa: E402
-from memfit_gpu.index.encoders import BiEncoder  # noqa: E402
+from memfit_gpu.index.encoders import load_bi_encoder  # noqa: E402
 from memfit_gpu.store import EpisodeStore, episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg.summary.enabled = False
     benchmark = load_benchmark("locomo", args.data)
     texts = [episode_text(t) for m in benchmark.memories for t in m.turns()]
-    encoder = BiEncoder.from_pretrained(cfg.index.encoder, device=args.device, dtype=cfg.index.dtype)
+    encoder = load_bi_encoder(cfg.index)  # packed unless index.encoder_backend says otherwise (the default)
     encoder.encode(texts[:256], batch_size=args.batch_size)  # warm-up: allocator, kernels, threads
 
     reference = None

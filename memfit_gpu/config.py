@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DataConfig:
-    benchmark: str = "locomo"  # locomo | longmemeval | memgallery: picks the loader
+    benchmark: str = "locomo"  # locomo | longmemeval | memgallery | jsonl (your own data file): picks the loader
     path: Optional[str] = None  # file or folder; None = $MEMFIT_DATA_DIR or the fetch cache
     split: Optional[str] = None  # LongMemEval: s | m | oracle when path is a folder holding several
     limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
@@ -156,7 +156,7 @@ class PackConfig:
 
 @dataclass
 class ReaderConfig:
-    backend: str = "transformers"  # transformers | vllm | openai
+    backend: str = "transformers"  # transformers | vllm | openai (readers/registry.py)
     model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"  # hub id; packaged weights used offline
     instances: int = 1  # vllm: engines spread over the visible GPUs
     tensor_parallel_size: int = 1  # vllm: GPUs per engine
@@ -228,6 +228,12 @@ class TrackingConfig:
 # (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
 # full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
 METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm")
+# The benchmarks (memfit_gpu/data: one loader module each, with its BenchmarkSpec) and the reader backends
+# (memfit_gpu/readers/registry.py). These three lists are the built-in names of the three registries
+# (config.py imports nothing of memfit_gpu, so the names are spelled here, once); a registry's register
+# call adds a new name with `register_choice`, and tests/test_seams.py checks that both agree.
+BENCHMARKS: tuple[str, ...] = ("locomo", "longmemeval", "memgallery", "jsonl")
+READER_BACKENDS: tuple[str, ...] = ("transformers", "vllm", "openai")
 
 
 @dataclass
@@ -304,8 +310,11 @@ class ConfigError(ValueError):
     """A configuration file or override that does not fit `MemFitConfig`."""
 
 
-_CHOICES = {
-    "data.benchmark": ("locomo", "longmemeval", "memgallery"),
+# Names a registry adds to at run time (register_choice); the judge takes any reader backend.
+_REGISTERED: dict[str, list[str]] = {"method": list(METHODS), "data.benchmark": list(BENCHMARKS),
+                                     "reader.backend": list(READER_BACKENDS)}
+_CHOICES: dict[str, Sequence[str | None]] = {
+    "data.benchmark": _REGISTERED["data.benchmark"],
     "data.split": (None, "s", "m", "oracle"),
     "index.bm25_backend": ("torch", "reference"),
     "index.encoder_backend": ("packed", "sentence-transformers"),
@@ -315,20 +324,35 @@ _CHOICES = {
     "retrieve.boosts.speaker_match": ("speaker", "mention"),
     "retrieve.kernels": ("torch", "triton", "auto"),
     "rerank.backend": ("cross-encoder", "none"),
-    "reader.backend": ("transformers", "vllm", "openai"),
+    "reader.backend": _REGISTERED["reader.backend"],
     "reader.device_map": (None, "auto"),
     "reader.images": ("none", "question", "retrieved"),
     "reader.protocol": ("auto", "paper", "memgallery"),
-    "eval.judge.backend": ("transformers", "vllm", "openai"),
+    "eval.judge.backend": _REGISTERED["reader.backend"],
     "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
-    "method": METHODS,
+    "method": _REGISTERED["method"],
     "lightmem.routing": ("slm", "mtm", "ltm"),
 }
 
 
 _METRICS = ("paper", "locomo", "memgallery")
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The names a registry-backed key takes now: method, data.benchmark or reader.backend (the judge's
+    backend is any reader backend)."""
+    return tuple(_REGISTERED[key])
+
+
+def register_choice(key: str, name: str) -> None:
+    """Let `key` (method, data.benchmark, reader.backend) take `name`: what a registry's register call does
+    after adding its entry, so that a new method, benchmark or backend is one module and one call."""
+    if key not in _REGISTERED:
+        raise KeyError(f"{key} is not a registry-backed key ({', '.join(_REGISTERED)})")
+    if name not in _REGISTERED[key]:
+        _REGISTERED[key].append(name)
 
 
 @dataclass(frozen=True)

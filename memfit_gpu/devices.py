@@ -44,31 +44,33 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def visible_devices(device: str | torch.device | Sequence[str] = "auto") -> list[torch.device]:
+def visible_devices(device: str | torch.device | Sequence[str] = "auto", gpus: int | None = None) -> list[torch.device]:
     """Devices to place replicas on: "auto" = every visible GPU, else the CPU.
 
     Also accepts "cpu", "cuda" or "gpu" (every GPU), "cuda:1", a comma list "cuda:0,cuda:2" or a list.
+    gpus: how many GPUs there are (the device plan's described node); None = the GPUs torch sees.
     """
     if isinstance(device, torch.device):
         return [device]
     if not isinstance(device, str):
-        return [d for item in device for d in visible_devices(item)]
+        return [d for item in device for d in visible_devices(item, gpus)]
     spec = device.strip().lower()
     if "," in spec:
-        return [d for item in spec.split(",") if item.strip() for d in visible_devices(item)]
+        return [d for item in spec.split(",") if item.strip() for d in visible_devices(item, gpus)]
+    seen = "torch sees" if gpus is None else "the node has"
     if spec in ("auto", "cuda", "gpu"):
-        count = gpu_count()
+        count = gpu_count() if gpus is None else gpus
         if count:
             return [torch.device("cuda", i) for i in range(count)]
         if spec != "auto":
-            raise RuntimeError(f"device={device!r} asked for GPUs but torch sees none")
+            raise RuntimeError(f"device={device!r} asked for GPUs but {seen} none")
         return [torch.device("cpu")]
     parsed = torch.device(spec)
     if parsed.type == "cuda":
-        count = gpu_count()
+        count = gpu_count() if gpus is None else gpus
         index = 0 if parsed.index is None else parsed.index
         if index >= count:
-            raise RuntimeError(f"device={device!r}: torch sees {count} GPU(s)")
+            raise RuntimeError(f"device={device!r}: {seen} {count} GPU(s)")
         return [torch.device("cuda", index)]
     return [parsed]
 
@@ -141,14 +143,18 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
     return chosen
 
 
-def reader_dtype(dtype: str | torch.dtype, device: str | torch.device, setting: str = "reader.dtype") -> torch.dtype:
+def reader_dtype(dtype: str | torch.dtype, device: str | torch.device, setting: str = "reader.dtype",
+                 bf16: bool | None = None) -> torch.dtype:
     """An in-process reader's weights dtype: "auto" = bf16 on a GPU where torch runs it (fp16 where it
-    does not), float32 on the CPU (CPU matmuls are fastest and exact in fp32 for small models)."""
+    does not), float32 on the CPU (CPU matmuls are fastest and exact in fp32 for small models).
+
+    bf16: whether the GPU runs bf16 (the device plan's described node); None = ask torch."""
     chosen = parse_dtype(dtype, setting)
     if chosen is not None:
         return chosen
     if torch.device(device).type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        supported = torch.cuda.is_bf16_supported() if bf16 is None else bf16
+        return torch.bfloat16 if supported else torch.float16
     return torch.float32
 
 

@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +41,11 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
-from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
-from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.registry import make_method, memfit_path_config, method_info
+from memfit_gpu.methods.base import MethodRun, StageClock
+from memfit_gpu.methods.packs import DIAGNOSTICS, questions_of, saved_packs, write_packs
+from memfit_gpu.methods.registry import make_method
 from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
@@ -58,16 +57,9 @@ from memfit_gpu.readers.prompts import (
 )
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request
-from memfit_gpu.retrieve.batched import retrieve_batch
-from memfit_gpu.retrieve.diagnostics import compute_diagnostics
-from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
-from memfit_gpu.retrieve.view import ReadView
-from memfit_gpu.store.episodes import EpisodeStore
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-
 
 
 class RunError(RuntimeError):
@@ -89,27 +81,22 @@ def run_lock(out: Path) -> Iterator[None]:
         raise RunError(str(exc)) from None
 
 
-@dataclass
-class StageTimer:
-    """Wall time per stage, accumulated across resumed invocations (timings.json)."""
+class StageTimer(StageClock):
+    """Wall time per stage (methods/base.StageClock: nested stages count once), accumulated across resumed
+    invocations in timings.json, which is saved after every stage."""
 
-    path: Path
-    seconds: dict[str, float] = field(default_factory=dict)
+    def __init__(self, path: Path, seconds: dict[str, float] | None = None) -> None:
+        super().__init__(seconds, ended=lambda clock: self._save())
+        self.path = path
 
     @classmethod
     def load(cls, path: Path) -> StageTimer:
         seconds = json.loads(path.read_text()) if path.exists() else {}
         return cls(path, {k: float(v) for k, v in seconds.items()})
 
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
-            faults.point("timings")
+    def _save(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
+        faults.point("timings")
 
 
 def _check_config(cfg: MemFitConfig, out: Path) -> None:
@@ -133,17 +120,6 @@ def _check_config(cfg: MemFitConfig, out: Path) -> None:
 def _question_payload(q: Question) -> dict[str, Any]:
     return {"question_id": q.question_id, "memory_id": q.memory_id, "category": q.category,
             "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
-
-
-def summary_generate(reader: Reader, cfg: MemFitConfig) -> Callable[[list[str]], list[str]]:
-    """The store's `generate(list_of_prompts) -> list_of_texts`, through the run's cached reader."""
-    def generate(prompts: list[str]) -> list[str]:
-        requests = [Request([{"role": "user", "content": p}], role="summary",
-                            max_new_tokens=cfg.summary.max_new_tokens, temperature=cfg.summary.temperature,
-                            key=f"summary:{i}") for i, p in enumerate(prompts)]
-        return [r.text.strip() for r in reader.generate(requests)]
-
-    return generate
 
 
 def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
@@ -184,14 +160,11 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
     with timer.stage("load"):
         bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
         selected = select_from_config(bench, cfg.data)
-        questions = [q for m in selected.memories for q in m.questions]
+        questions = questions_of(selected)
         if not questions:
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
 
-    # Load the cross-encoder before hours of work, so missing weights fail at once.
-    reranker = load_reranker(cfg.rerank, device=placed.index.device, encoder_backend=cfg.index.encoder_backend,
-                             workers=cfg.index.encoder_workers)
     ledger_path = out / "ledger.json"
     try:
         ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
@@ -205,114 +178,35 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             reader = make_reader(cfg.reader, out, ledger=ledger, progress=progress)
         return reader
 
-    def memfit_packs(cfg: MemFitConfig) -> dict[str, dict[str, Any]]:
-        """MemFit's own path (method memfit, and plain with its switches): store, summaries, retrieval."""
-        with timer.stage("build"):
-            encoder = load_bi_encoder(placed.index)
-            store = EpisodeStore(out / "store" if cfg.store.path is None else cfg.store.path, placed, encoder)
-            new = [m for m in selected.memories if m.memory_id not in set(store.memory_ids)]
-            if new:
-                store.add_memories(new, progress=progress)
-                build = {**store.last_timings, "episodes": int(store.size), "memories": len(store.memory_ids)}
-                atomic_write_text(out / "build_timings.json", json.dumps(build, indent=2))
-                faults.point("build_timings")
-            # A reopened store that replayed its log's tail keeps that work: the next open loads it.
-            store.snapshot()
-        if cfg.summary.enabled:
-            with timer.stage("summaries"):
-                generate = summary_generate(get_reader(), cfg)
-
-                def generate_and_account(prompts: list[str]) -> list[str]:
-                    texts = generate(prompts)
-                    # Before the store logs the summaries: a kill in between costs cache hits on the
-                    # rerun, never calls the ledger does not know of.
-                    ledger.save(ledger_path)
-                    faults.point("summaries.ledger")
-                    return texts
-
-                store.build_summaries(generate_and_account, memory_ids=[m.memory_id for m in selected.memories],
-                                      progress=progress)
-
-        with timer.stage("retrieve"):
-            return _retrieve(cfg, out, store, encoder, reranker, questions, progress)
-
     def ledger_saved(point: str) -> None:
         ledger.save(ledger_path)
         faults.point(point)
 
     try:
-        # --- issue 15: the memory system under test makes the packs; answer and score are shared ---
-        memfit_cfg = memfit_path_config(cfg)
-        if memfit_cfg is not None:
-            packs = memfit_packs(memfit_cfg)
-        else:
-            packs = _method_packs(cfg, out, timer, MethodRun(
-                cfg, out, bench, selected.memories, questions, get_reader, ledger_saved,
-                _memgallery_dir(bench), progress))
-        # --- end of the issue 15 seam ---
+        # the memory system under test (memfit_gpu/methods) makes the packs; answer and score are shared
+        packs = _method_packs(out, timer, MethodRun(placed, out, bench, selected.memories, questions, get_reader,
+                                                    ledger_saved, _memgallery_dir(bench), progress, timer.stage))
 
         with timer.stage("answer"):
             _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
 
         with timer.stage("score"):
-            metrics = _score(cfg, out, bench, questions, reranker_info(cfg.rerank, reranker), ledger, timer)
+            metrics = _score(cfg, out, bench, questions, ledger, timer)
     finally:
         if reader is not None:
             reader.close()
     return metrics
 
 
-def _retrieve(cfg: MemFitConfig, out: Path, store: EpisodeStore, encoder: TextEncoder, reranker: PairScorer | None,
-              questions: list[Question], progress: bool) -> dict[str, dict[str, Any]]:
-    """packs.jsonl + diagnostics.json, written once and atomically: a resumed run reuses them (same
-    excerpts, same prompts, no second retrieval)."""
-    saved = _saved_packs(out, questions)
+def _method_packs(out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dict[str, Any]]:
+    """packs.jsonl + diagnostics.json, made once by the configured method (its write-time work in stage
+    build, less any stage of its own such as summaries, then its packs in stage retrieve) and written
+    atomically: a resumed run that finds them complete reuses them (same excerpts, same prompts) and runs
+    neither step."""
+    saved = saved_packs(out, run.questions)
     if saved is not None:
         return saved
-    view = ReadView.from_store(store)
-    stage_seconds: dict[str, float] = {}
-    results = retrieve_batch(
-        view, cfg, [q.question for q in questions], [q.memory_id for q in questions],
-        embed=lambda texts: encoder.encode(texts, batch_size=cfg.index.encode_batch_size),
-        reranker=reranker, progress=progress, timings=stage_seconds,
-    )
-    diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, reranker))
-    diagnostics["retrieve_stage_seconds"] = stage_seconds
-    diagnostics["encoder"] = encoder.info()
-    diagnostics["method"] = method_info(cfg)
-    rows = [{"question_id": q.question_id, "category": q.category, "evidence": q.evidence,
-             **result.to_json(view), "retrieval": record}
-            for q, result, record in zip(questions, results, records, strict=True)]
-    return _save_packs(out, rows, diagnostics)
-
-
-def _saved_packs(out: Path, questions: list[Question]) -> dict[str, dict[str, Any]] | None:
-    """packs.jsonl's rows when it and diagnostics.json hold every question (a resumed run), else None."""
-    path = out / "packs.jsonl"
-    if path.exists() and (out / "diagnostics.json").exists():
-        rows = {r["question_id"]: r for r in read_jsonl(path)}
-        if all(q.question_id in rows for q in questions):
-            return rows
-        log.info("%s lacks some questions: retrieving again", path)
-    return None
-
-
-def _save_packs(out: Path, rows: list[dict[str, Any]], diagnostics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """diagnostics.json, then packs.jsonl (what marks the stage done), each written atomically."""
-    atomic_write_text(out / "diagnostics.json", json.dumps(diagnostics, indent=2) + "\n")
-    faults.point("diagnostics")
-    atomic_write_text(out / "packs.jsonl", "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n")
-    faults.point("packs")
-    return {row["question_id"]: row for row in rows}
-
-
-def _method_packs(cfg: MemFitConfig, out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dict[str, Any]]:
-    """A method with its own path (memfit_gpu/methods): its write-time work in the build stage, its packs
-    in the retrieve stage; neither runs again once packs.jsonl holds every question."""
-    saved = _saved_packs(out, run.questions)
-    if saved is not None:
-        return saved
-    method = make_method(cfg.method)
+    method = make_method(run.cfg.method)
     try:
         with timer.stage("build"):
             method.write(run)
@@ -320,7 +214,7 @@ def _method_packs(cfg: MemFitConfig, out: Path, timer: StageTimer, run: MethodRu
             rows, diagnostics = method.read(run)
     finally:
         method.close()
-    return _save_packs(out, rows, diagnostics)
+    return write_packs(out, rows, diagnostics)
 
 
 def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_row: dict[str, Any],
@@ -499,8 +393,8 @@ class _Judge:
         self.reader.close()
 
 
-def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], reranker: dict[str, Any],
-           ledger: Ledger, timer: StageTimer) -> dict[str, Any]:
+def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
+           timer: StageTimer) -> dict[str, Any]:
     rows = read_jsonl(out / "predictions.jsonl")
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -522,8 +416,9 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     metrics["method"] = cfg.method
     metrics["questions"] = len(questions)
     metrics["metric_variant"] = cfg.eval.table_metric
-    metrics["retrieval"] = json.loads((out / "diagnostics.json").read_text())
-    metrics["reranker"] = reranker
+    metrics["retrieval"] = json.loads((out / DIAGNOSTICS).read_text())
+    # what ranked the candidates, as the method recorded it (a method without a reranker: backend none)
+    metrics["reranker"] = metrics["retrieval"].get("reranker", {"backend": "none"})
     metrics["timings"] = dict(timer.seconds)
     metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))

@@ -5,11 +5,13 @@ directory as it was, so the corrected command works in the same --out directory.
 - the benchmark's files exist (data.benchmark, data.path, data.split);
 - index.device names devices this machine has;
 - weights are on disk for the encoder, the cross-encoder (rerank.backend=cross-encoder) and every
-  in-process reader (reader.model; eval.judge.model when the judge is on);
+  reader whose backend loads weights (its registry entry: reader.model; eval.judge.model when the judge
+  is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
-- the device plan fits (plan.py): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
+- the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
   fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
-- every OpenAI-compatible server answers (reader.base_urls; eval.judge.base_urls when the judge is on).
+- every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
+  eval.judge.base_urls when the judge is on).
 
 The plan it returns says where the run puts retrieval (`Plan.placed`).
 """
@@ -24,6 +26,7 @@ from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import load_prompt
+from memfit_gpu.readers.registry import backend_entry
 
 
 def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
@@ -49,12 +52,14 @@ def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
     if cfg.eval.judge.enabled:
         roles.append(("eval.judge", reader_config_for_judge(cfg.eval.judge, cfg.reader)))
     for key, reader in roles:
-        if reader.backend == "openai":
+        entry = backend_entry(reader.backend)  # the backend's registry entry says what it needs here
+        urls = entry.urls(reader)
+        if urls:
             # The judge without URLs of its own uses the reader's (reader_config_for_judge).
             own = key == "reader" or bool(cfg.eval.judge.base_urls)
-            probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", reader.base_urls, reader.api_key_env,
+            probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", urls, reader.api_key_env,
                             timeout_s=min(reader.timeout_s, PROBE_TIMEOUT_S))
-        else:
+        if entry.weights:
             resolve("reader", reader.model)
     return plan
 

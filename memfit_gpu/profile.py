@@ -36,8 +36,7 @@ import torch
 from memfit_gpu import pipeline
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.devices import first_device, gpu_count
-from memfit_gpu.index.bm25 import BM25Index
-from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.factory import dense_index, lexical_index
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
 from memfit_gpu.retrieve.hybrid import fuse
@@ -250,7 +249,8 @@ def _synthetic_memory(n_docs: int, n_queries: int, dim: int, seed: int) -> tuple
 
 
 def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, progress: bool = True) -> list[dict[str, Any]]:
-    """Retrieval cost vs episodes per memory: real BM25Index + DenseIndex + fusion, batched questions."""
+    """Retrieval cost vs episodes per memory: the configured lexical and dense indexes (index/factory.py) +
+    fusion, batched questions."""
     device = first_device(cfg.index.device)
     kernels = resolve_backend(cfg.retrieve.kernels, device)
     out = []
@@ -258,11 +258,10 @@ def scaling_sweep(cfg: MemFitConfig, sizes: tuple[int, ...], n_queries: int, pro
         docs, queries, doc_vecs, query_vecs = _synthetic_memory(n_docs, n_queries, 384, seed=n_docs)
         memory = [0] * n_docs
         t0 = time.perf_counter()
-        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=device)
+        bm25 = lexical_index(cfg.index, device)
         bm25.add(docs, memory)
         t1 = time.perf_counter()
-        dense = DenseIndex(dim=384, factory=cfg.index.dense_factory, device=cfg.index.dense_device,
-                           nprobe=cfg.index.dense_nprobe, batched_max_rows=cfg.index.dense_batched_max_rows)
+        dense = dense_index(cfg.index, 384)
         dense.add(doc_vecs, memory)
         t2 = time.perf_counter()
         q_memory = [0] * n_queries

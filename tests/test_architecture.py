@@ -7,6 +7,8 @@
 (b) memfit_gpu imports its own modules inside functions only in memfit_gpu/cli/ (so `memfit --help`
     stays fast); a third-party import inside a function elsewhere must be in LAZY_THIRD_PARTY, with why.
 (c) the console script and `python -m memfit_gpu.cli` answer --help, without importing torch.
+(d) no import runs up the layers of docs/design.md's module graph (read from that page: a package the
+    page does not place, or an import from a lower layer into a higher one, is named with file:line).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -207,6 +210,38 @@ def describe(cycle: list[Import]) -> str:
     return "\n".join(f"  {imp.importer} -> {imp.target}  ({imp.file}:{imp.line}, {imp.where})" for imp in cycle)
 
 
+_LAYER_LINE = re.compile(r"^layer\s+(\d+)\s+(.*)$")
+
+
+def design_layers(design: Path) -> dict[str, int]:
+    """package (a directory or module directly under memfit_gpu/) -> its layer, from the `layer N  names`
+    lines of docs/design.md's module graph (names end where `->` or `(` begins)."""
+    layers: dict[str, int] = {}
+    for line in design.read_text().splitlines():
+        match = _LAYER_LINE.match(line.strip())
+        if match:
+            names = re.split(r"->|\(", match.group(2), maxsplit=1)[0].split()
+            for name in names:
+                layers[name] = int(match.group(1))
+    return layers
+
+
+def top_package(module: str, package: str) -> str:
+    """memfit_gpu.data.jsonl -> data; memfit_gpu.render -> render; memfit_gpu -> '' (the root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == package else ""
+
+
+def upward_imports(own: list[Import], layers: dict[str, int], package: str) -> list[Import]:
+    """Imports from a module into a package of a higher layer (the root package counts as none)."""
+    found = []
+    for imp in own:
+        source, target = top_package(imp.importer, package), top_package(imp.target, package)
+        if source and target and source != target and layers[target] > layers[source]:
+            found.append(imp)
+    return found
+
+
 # ------------------------------------------------------------------------------------------- the rules
 
 
@@ -258,6 +293,37 @@ def test_the_checks_find_a_cycle_hidden_in_a_function_and_a_lazy_import(tmp_path
     (pkg / "c.py").write_text("")
     (cycle,) = cycles(import_graph(*imports_of(tmp_path, "toy")[:2]))
     assert {i.importer for i in cycle} == {"toy.sub", "toy.sub.b"}
+
+
+def test_every_package_has_a_layer_and_no_import_runs_up() -> None:
+    modules, own, _ = imports_of(REPO, PACKAGE)
+    layers = design_layers(REPO / "docs" / "design.md")
+    packages = {top_package(m, PACKAGE) for m in modules} - {""}
+    unplaced = sorted(packages - set(layers))
+    assert not unplaced, f"packages docs/design.md's module graph places in no layer: {', '.join(unplaced)}"
+    up = upward_imports(own, layers, PACKAGE)
+    assert not up, ("imports that run up the layers of docs/design.md (a lower layer importing a higher one):\n"
+                    + "\n".join(f"  {i.file}:{i.line}: {top_package(i.importer, PACKAGE)} (layer "
+                                 f"{layers[top_package(i.importer, PACKAGE)]}) -> {i.target} (layer "
+                                 f"{layers[top_package(i.target, PACKAGE)]})" for i in up))
+
+
+def test_the_layer_check_finds_an_import_up_the_layers(tmp_path: Path) -> None:
+    """The check on a small package: low -> high is named, high -> low and same-layer imports are not."""
+    pkg = tmp_path / "toy"
+    (pkg / "high").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from toy.high import mod\n    return mod\n")
+    (pkg / "peer.py").write_text("from toy import low\n")
+    (pkg / "high" / "__init__.py").write_text("")
+    (pkg / "high" / "mod.py").write_text("from toy import low, peer\n")
+    design = tmp_path / "design.md"
+    design.write_text("```\nlayer 0   low peer     (leaves)\nlayer 1   high         -> low peer\n```\n")
+    layers = design_layers(design)
+    assert layers == {"low": 0, "peer": 0, "high": 1}
+    _, own, _ = imports_of(tmp_path, "toy")
+    assert [(i.importer, i.target, i.line, i.where) for i in upward_imports(own, layers, "toy")] == [
+        ("toy.low", "toy.high.mod", 2, "function")]
 
 
 # -------------------------------------------------------------------------------------------- the CLI

@@ -4,7 +4,6 @@ and every structure that picks a device picks it there."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +13,8 @@ from memfit_gpu import devices
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark, select_questions
 from memfit_gpu.devices import first_device, reader_dtype, resolve_dtype, visible_devices, visible_gpu_ids
+from memfit_gpu.index.factory import dense_gpu_id, lexical_device
 from memfit_gpu.retrieve.view import ReadView
-from memfit_gpu.store.episodes import EpisodeStore
 
 
 @pytest.fixture
@@ -50,7 +49,8 @@ def test_store_puts_bm25_on_the_first_listed_gpu(two_gpus, setting, expected):
     # them) but reached torch.device as they were and crashed the store
     cfg = MemFitConfig()
     cfg.index.device = setting
-    assert EpisodeStore._bm25_device(SimpleNamespace(cfg=cfg)) == torch.device("cuda", expected)
+    assert lexical_device(cfg.index) == torch.device("cuda", expected)  # the store's (index/factory.py)
+    assert dense_gpu_id(cfg.index) == expected  # GPU FAISS beside it
 
 
 def test_visible_devices_on_this_machine() -> None:

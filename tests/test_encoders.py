@@ -312,7 +312,7 @@ def test_sentence_transformers_backend_scores_like_packed(cross_encoder_dir: Pat
                                                           locomo_pairs: list[tuple[str, str]]) -> None:
     cfg = RerankConfig(model=str(cross_encoder_dir))
     packed = load_reranker(cfg, device="cpu")
-    reference = load_reranker(cfg, device="cpu", encoder_backend="sentence-transformers")
+    reference = load_reranker(cfg, IndexConfig(encoder_backend="sentence-transformers"), device="cpu")
     assert isinstance(packed, CrossEncoderModule) and isinstance(reference, ReferenceCrossEncoder)
     assert isinstance(reference, PairScorer)
     pairs = locomo_pairs + [(locomo_pairs[0][0], "long " * 600)]  # truncated at 384 tokens alike

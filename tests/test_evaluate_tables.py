@@ -6,8 +6,8 @@ import csv
 
 import pytest
 
-from memfit_gpu.evaluate.render import csv_text, markdown_table
 from memfit_gpu.evaluate.tables import render_markdown, summarize, write_csv
+from memfit_gpu.render import csv_text, markdown_table
 
 
 def _row(qid, cat, f1, b1, verdict, evaluated=True, locomo_f1=None):

@@ -187,7 +187,7 @@ def test_full_context_names_max_prompt_chars_when_it_is_the_bound():
 def test_naive_rag_searches_only_its_memorys_chunks_by_cosine(bi_encoder, monkeypatch: pytest.MonkeyPatch):
     """Dense top-k over the question's own memory's chunks, best cosine first, no rerank: two memories
     that both talk about an Alex never lend each other a chunk."""
-    monkeypatch.setattr("memfit_gpu.methods.naive_rag.load_encoder", lambda cfg: bi_encoder)
+    monkeypatch.setattr("memfit_gpu.methods.naive_rag.load_bi_encoder", lambda index: bi_encoder)
     alpine, urban = _two_users()
     cfg = load_config(REPO / "configs" / "demo.yaml", [
         "method=naive_rag", "naive_rag.chunk_tokens=12", "naive_rag.overlap_tokens=4", "naive_rag.top_k=2",
@@ -205,6 +205,7 @@ def test_naive_rag_searches_only_its_memorys_chunks_by_cosine(bi_encoder, monkey
     vectors = bi_encoder.encode([c.text for c in chunks])
     assert diagnostics["method"] == {"name": "naive_rag", "chunks": len(chunks), "chunk_tokens": 12,
                                      "overlap_tokens": 4, "top_k": 2}
+    assert diagnostics["encoder"] == bi_encoder.info() and diagnostics["encoder"]["encoder_backend"] == "packed"
     for m_idx, (row, question) in enumerate(zip(rows, run.questions, strict=True)):
         own = [i for i, c in enumerate(chunks) if c.memory_idx == m_idx]
         cosine = (vectors[own] @ bi_encoder.encode([question.question])[0]).tolist()
@@ -352,7 +353,7 @@ def _lightmem_run(cfg, out: Path, memories: tuple[Memory, ...], slm: ScriptedSLM
 
 def test_lightmem_writes_per_turn_and_triggers_consolidation(tmp_path: Path, lightmem_cfg, bi_encoder,
                                                              monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("memfit_gpu.methods.lightmem.load_encoder", lambda cfg: bi_encoder)
+    monkeypatch.setattr("memfit_gpu.methods.lightmem.load_bi_encoder", lambda index: bi_encoder)
     alpine, urban = _two_users()
     slm = ScriptedSLM()
     method = LightMem()
@@ -386,7 +387,7 @@ def test_lightmem_writes_per_turn_and_triggers_consolidation(tmp_path: Path, lig
 
 def test_lightmem_keeps_users_apart(tmp_path: Path, lightmem_cfg, bi_encoder, monkeypatch: pytest.MonkeyPatch):
     """Two users who both have an Alex: their MTM, graphs and retrieved items never mix."""
-    monkeypatch.setattr("memfit_gpu.methods.lightmem.load_encoder", lambda cfg: bi_encoder)
+    monkeypatch.setattr("memfit_gpu.methods.lightmem.load_bi_encoder", lambda index: bi_encoder)
     alpine, urban = _two_users()
     slm = ScriptedSLM()
     method = LightMem()
@@ -415,6 +416,32 @@ def test_lightmem_keeps_users_apart(tmp_path: Path, lightmem_cfg, bi_encoder, mo
                           ("rerank_slm", "rerank:alpine:q0"), ("rerank_slm", "rerank:urban:q0")]
     assert diagnostics["method"]["users"] == 2 and diagnostics["method"]["mtm_entries"] == 6
     method.close()
+
+
+@pytest.mark.slow
+def test_naive_rag_and_lightmem_encode_with_the_configured_encoder_backend(tmp_path: Path, lightmem_cfg):
+    """index.encoder_backend reaches every method's bi-encoder (index/encoders/backends.load_bi_encoder):
+    naive_rag and lightmem_slm once loaded MiniLM packed whatever it said. diagnostics.json records which
+    backend encoded."""
+    alpine, urban = _two_users()
+    backend = ["index.encoder_backend=sentence-transformers"]
+    rag_cfg = load_config(REPO / "configs" / "demo.yaml", ["method=naive_rag", "index.device=cpu", *backend])
+    rag = NaiveRAG()
+    run = MethodRun(rag_cfg, None, _bench(alpine, urban), [alpine, urban], alpine.questions + urban.questions)
+    rag.write(run)
+    _, rag_diagnostics = rag.read(run)
+    assert rag_diagnostics["encoder"]["encoder_backend"] == "sentence-transformers"
+    lightmem = LightMem()
+    lightmem_run = _lightmem_run(load_config(REPO / "configs" / "demo.yaml", [
+        "method=lightmem_slm", "lightmem.mtm_window_turns=2", "index.device=cpu", *backend]),
+        tmp_path, (alpine, urban), ScriptedSLM())
+    try:
+        lightmem.write(lightmem_run)
+        _, lightmem_diagnostics = lightmem.read(lightmem_run)
+    finally:
+        lightmem.close()
+    assert lightmem_diagnostics["encoder"]["encoder_backend"] == "sentence-transformers"
+    assert lightmem_diagnostics["encoder"]["path"] == rag_diagnostics["encoder"]["path"]  # the same weights
 
 
 # ---------------------------------------------------------------------------------------------- ledger, efficiency

@@ -34,13 +34,15 @@ from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import TurnTable
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
-from memfit_gpu.pipeline import _retrieve, run
+from memfit_gpu.methods.memfit import MemFit
+from memfit_gpu.methods.packs import questions_of
+from memfit_gpu.pipeline import run
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_answer_messages
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import ROLE_PHASES, ROLES
 from memfit_gpu.retrieve.pack import excerpt_tail
-from memfit_gpu.store import EpisodeStore, RecordLog
+from memfit_gpu.store import RecordLog
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -139,8 +141,7 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
 
 
 @pytest.mark.slow
-def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], bi_encoder, tmp_path: Path,
-                                                           shared_data: Path):
+def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], shared_data: Path):
     """method=plain == MemFit's path with configs/ablations/plain_retrieval.yaml's overrides."""
     ablation = yaml.safe_load((REPO / "configs" / "ablations" / "plain_retrieval.yaml").read_text())
     overrides = ["data.limit_questions=5", "index.device=cpu",
@@ -149,10 +150,13 @@ def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path
                  *(f"retrieve.prf.{key}={value}" for key, value in ablation["retrieve"]["prf"].items())]
     cfg = load_config(DEMO, overrides)
     selected = select_from_config(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json"), cfg.data)
-    questions = [q for m in selected.memories for q in m.questions]
-    store = EpisodeStore(None, cfg, bi_encoder)
-    store.add_memories(selected.memories, progress=False)
-    expected = _retrieve(cfg, tmp_path, store, bi_encoder, None, questions, progress=False)
+    memfit_method = MemFit()  # MemFit's own method, without a reader: no summaries (plain has none either)
+    try:
+        run_ = MethodRun(cfg, None, selected, selected.memories, questions_of(selected))
+        memfit_method.write(run_)
+        expected = {row["question_id"]: row for row in memfit_method.read(run_)[0]}
+    finally:
+        memfit_method.close()
     plain = {r["question_id"]: r for r in read_jsonl(runs["plain"] / "packs.jsonl")}
     assert list(plain) == QUESTIONS
     for qid in QUESTIONS:

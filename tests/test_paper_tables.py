@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_dict, to_yaml
 from memfit_gpu.evaluate import paper_tables as pt
 from memfit_gpu.evaluate.tables import summarize
@@ -336,7 +337,7 @@ def test_efficiency_tables_list_every_method(tmp_path: Path):
         == ["0", "8", "5000"]
     # through the CLI: --efficiency writes the table by method beside the paper's two
     out = tmp_path / "tables"
-    assert pt.main(["--out", str(out), "--efficiency", *(str(tmp_path / m) for m in ledgers)]) == 0
+    assert main(["tables", "--out", str(out), "--efficiency", *(str(tmp_path / m) for m in ledgers)]) == 0
     text = (out / "efficiency_methods.md").read_text()
     assert [line.split("|")[2].strip() for line in text.splitlines()[4:9]] == list(ledgers)
 
@@ -471,6 +472,6 @@ def test_tables_from_two_real_smoke_runs(smoke_runs: Path, tmp_path: Path):
     assert cost_table.cell("k=10", "Answer input tokens / question") == f"{tokens10:.0f}"
 
     out = tmp_path / "tables"
-    assert pt.main(["--out", str(out), "--locomo-main", str(smoke_runs), "--diagnostics", str(smoke_runs),
+    assert main(["tables", "--out", str(out), "--locomo-main", str(smoke_runs), "--diagnostics", str(smoke_runs),
                     "--efficiency", str(smoke_runs)]) == 0
     assert {p.name for p in out.iterdir()} >= {"table1_locomo.md", "table1_locomo.csv", "tables.md"}

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from memfit_gpu import plan as plan_module
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.plan import (
@@ -27,6 +26,7 @@ from memfit_gpu.plan import (
     render,
     vector_bytes,
 )
+from memfit_gpu.plan import build as plan_build
 from memfit_gpu.store import EpisodeStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,7 +208,7 @@ def test_memfit_run_is_refused_in_preflight_and_leaves_no_config(tmp_path: Path,
     from memfit_gpu.cli import main
 
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
-    monkeypatch.setattr(plan_module, "describe_node", lambda: node(1, 8))
+    monkeypatch.setattr(plan_build, "describe_node", lambda: node(1, 8))  # where make_plan looks it up
     out = tmp_path / "run"
     code = main(["run", "--config", str(SMOKE), "--out", str(out), "--quiet", "reader.backend=vllm"])
     assert code == 2

@@ -14,7 +14,19 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from memfit_gpu.cli import aggregate, compare, data, efficiency, plan, profile, retrieve, run, store, sweep
+from memfit_gpu.cli import (
+    aggregate,
+    compare,
+    data,
+    efficiency,
+    plan,
+    profile,
+    retrieve,
+    run,
+    store,
+    sweep,
+    tables,
+)
 from memfit_gpu.cli.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Interrupted, one_line, user_errors, where
 
 # name -> module with register(subparsers), in `memfit --help` order.
@@ -26,11 +38,12 @@ SUBCOMMANDS: dict[str, str] = {
     "retrieve": retrieve.__name__,
     "compare": compare.__name__,
     "efficiency": efficiency.__name__,
+    "tables": tables.__name__,
     "sweep": sweep.__name__,
     "aggregate": aggregate.__name__,
     "store": store.__name__,
 }
-_MODULES = (data, run, plan, profile, retrieve, compare, efficiency, sweep, aggregate, store)
+_MODULES = (data, run, plan, profile, retrieve, compare, efficiency, tables, sweep, aggregate, store)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 
@@ -61,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        from memfit_gpu.plugins import load_plugins
+
+        load_plugins()  # $MEMFIT_PLUGINS: registered methods, backends and benchmarks of the user's own modules
         return int(args.func(args) or 0)
     except Interrupted as exc:
         print(f"memfit {args.command}: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`memfit data`: inspect and fetch the benchmarks (LoCoMo, LongMemEval, MemGallery)."""
+"""`memfit data`: inspect, fetch, validate and convert benchmarks (LoCoMo, LongMemEval, MemGallery, own jsonl)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import json
 
 from memfit_gpu.cli.errors import UsageError
 
-BENCHMARK_CHOICES = ("locomo", "longmemeval", "memgallery")
-SPLIT_CHOICES = ("s", "m", "oracle")
-
 DESCRIPTION = """\
 Benchmark data: LoCoMo (10 conversations), LongMemEval (S, M and oracle files; each question is its
-own memory) and MemGallery (20 multimodal scenarios), all read into one schema
-(Benchmark -> Memory -> Session -> Turn, plus Questions).
+own memory), MemGallery (20 multimodal scenarios) and your own data (jsonl: one memory per line, the
+schema in README.md "Your own data"), all read into one schema (Benchmark -> Memory -> Session -> Turn,
+plus Questions). NAME is a registered benchmark (memfit_gpu/data/registry.py); a misspelt one is refused
+with the list.
 
 Where data is found, first hit wins:
   1. --path FILE_OR_FOLDER
@@ -30,6 +29,14 @@ Load a benchmark and print its counts: memories, sessions, turns, questions (all
 abstention), questions per category, images, evidence coverage and the data quirks handled.
 With --json, one JSON object on one line (for scripts and CI)."""
 
+VALIDATE_HELP = """\
+Read an own-data jsonl file (one memory per line: user_id, sessions with timestamps, turns with speaker
+and text, optional images, questions with answer, category, optional evidence turn ids and question
+date) and print every problem, one per line, naming the file, the line (and user) and the field: errors
+(a missing or mistyped field, an unknown key, a repeated id, a date that is not ISO 8601) and warnings
+(evidence naming no turn, an image file that is not there, an empty turn). Exit code 0 when the file
+loads (warnings alone), 2 when it has errors. The schema: README.md "Your own data"."""
+
 FETCH_HELP = """\
 Download the official files (LoCoMo from snap-research/LoCoMo on GitHub; LongMemEval from the
 Hugging Face dataset xiaowu0162/longmemeval-cleaned; MemGallery dialogs from Ethan-Bei/Mem-Gallery on
@@ -39,10 +46,17 @@ NAME.part and renamed only when its checksum matches: a failed or corrupted down
 Files already cached with the right checksum are skipped."""
 
 
+def _benchmark_to_read(parser: argparse.ArgumentParser) -> None:
+    """NAME, --path and --split: which benchmark an action loads, found as `memfit run` finds it."""
+    parser.add_argument("name", help="benchmark (locomo, longmemeval, memgallery, jsonl, ...)")
+    parser.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
+    parser.add_argument("--split", help="LongMemEval split (s, m, oracle) when a folder holds several")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "data",
-        help="inspect and fetch benchmark data (stats, fetch)",
+        help="inspect, fetch, validate and convert benchmark data",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -53,9 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stats", help="counts of a benchmark", description=STATS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    stats.add_argument("name", choices=BENCHMARK_CHOICES, help="benchmark")
-    stats.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
-    stats.add_argument("--split", choices=SPLIT_CHOICES, help="LongMemEval split when a folder holds several")
+    _benchmark_to_read(stats)
     stats.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     stats.add_argument(
         "--problems", type=int, default=5, metavar="N", help="how many quirks to list (default 5)"
@@ -66,11 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fetch", help="download and verify the official files", description=FETCH_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    fetch.add_argument("name", choices=BENCHMARK_CHOICES, help="benchmark")
+    fetch.add_argument("name", help="benchmark with official files (locomo, longmemeval, memgallery)")
     fetch.add_argument(
         "--dest", help="folder to store into (default: $MEMFIT_CACHE/data or ~/.cache/memfit/data)"
     )
-    fetch.add_argument("--split", choices=SPLIT_CHOICES, help="LongMemEval split (default s)")
+    fetch.add_argument("--split", help="LongMemEval split: s (default), m, oracle")
     fetch.add_argument(
         "--mirror",
         help="URL (http://, file://) or folder laid out like the cache to download from instead of the "
@@ -92,6 +104,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     synth.set_defaults(func=_synth)
 
 
+    validate = actions.add_parser(
+        "validate", help="check an own-data jsonl file: every problem with its line and field",
+        description=VALIDATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    validate.add_argument("file", help="the jsonl file (README.md \"Your own data\")")
+    validate.set_defaults(func=_validate)
+
+    convert = actions.add_parser(
+        "convert", help="write a benchmark in the own-data jsonl format",
+        description="Load a benchmark (as `memfit run` would: --path, $MEMFIT_DATA_DIR, the cache) and write every "
+        "memory, turn and question in the jsonl format of `data.benchmark=jsonl` (README.md \"Your own data\"): a "
+        "starting point for your own data, and the same packs as the original.",
+    )  # fmt: skip
+    _benchmark_to_read(convert)
+    convert.add_argument("--out", required=True, help="jsonl file to write (atomically)")
+    convert.set_defaults(func=_convert)
+
+
 def _stats(args: argparse.Namespace) -> int:
     from memfit_gpu.data import load_benchmark
     from memfit_gpu.data.stats import benchmark_stats, format_stats
@@ -104,9 +134,10 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     from memfit_gpu.data.fetch import fetch_benchmark
+    from memfit_gpu.data.registry import benchmark_spec, split_benchmarks
 
-    if args.split is not None and args.name != "longmemeval":
-        raise UsageError(f"--split applies to longmemeval only, not {args.name}")
+    if args.split is not None and not benchmark_spec(args.name).splits:
+        raise UsageError(f"--split applies to {' or '.join(split_benchmarks())} only, not {args.name}")
     paths = fetch_benchmark(
         args.name, args.dest, split=args.split, mirror=args.mirror, progress=not args.no_progress
     )
@@ -122,4 +153,35 @@ def _synth(args: argparse.Namespace) -> int:
         raise UsageError(f"--questions must be >= 1, got {args.questions}")
     count = write_longmemeval(args.out, args.like, args.questions, args.seed)
     print(json.dumps({"out": args.out, "like": args.like, "questions": count, "seed": args.seed}))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from memfit_gpu.data.jsonl import read
+    from memfit_gpu.data.schema import DataError
+
+    benchmark, report = read(args.file)
+    for line in report.errors:
+        print(f"error: {line}")
+    for line in report.warnings:
+        print(f"warning: {line}")
+    if report.errors:
+        raise DataError(args.file, None, None, f"{len(report.errors)} error(s), {len(report.warnings)} warning(s) "
+                                               "(listed above)")
+    questions = sum(len(m.questions) for m in benchmark.memories)
+    turns = sum(len(m.turns()) for m in benchmark.memories)
+    print(f"ok: {args.file}: {len(benchmark.memories)} memories, {turns} turns, {questions} questions, "
+          f"{len(report.warnings)} warning(s)")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from memfit_gpu.data import load_benchmark
+    from memfit_gpu.data.jsonl import to_jsonl
+    from memfit_gpu.files import atomic_write_text
+
+    benchmark = load_benchmark(args.name, args.path, split=args.split)
+    atomic_write_text(args.out, to_jsonl(benchmark.memories))
+    print(json.dumps({"out": args.out, "from": benchmark.source, "memories": len(benchmark.memories),
+                      "questions": len(benchmark.questions())}))
     return 0

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.evaluate.efficiency import COLUMNS, efficiency_table
-    from memfit_gpu.evaluate.render import csv_text, markdown_table
+    from memfit_gpu.render import csv_text, markdown_table
 
     rows = efficiency_table(args.runs, args.price_model, args.prices)
     cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]

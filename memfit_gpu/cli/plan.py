@@ -1,4 +1,4 @@
-"""`memfit plan`: where each part of a run would live and the memory it would take, before anything loads (plan.py)."""
+"""`memfit plan`: where each part of a run would live and the memory it would take, before anything loads (memfit_gpu/plan/)."""
 
 from __future__ import annotations
 

@@ -33,15 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def command(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
     from memfit_gpu.profile import DEFAULT_SIZES, profile
+    from memfit_gpu.render import console_table
 
     cfg = load_config(args.config, args.overrides)
     sizes = DEFAULT_SIZES if args.sizes is None else tuple(int(s) for s in args.sizes.split(",") if s.strip())
     result = profile(cfg, args.out, sizes, args.scaling_questions, progress=not args.quiet)
-    width = max(len(k) for k in result["stages"])
-    print(f"{'stage':<{width}}  seconds   share   items/s")
-    for name, row in result["stages"].items():
-        ips = f"{row['items_per_s']:.4g} {row['unit']}/s" if row["items_per_s"] else "-"
-        print(f"{name:<{width}}  {row['seconds']:7.2f}  {100 * row['share']:5.1f} %  {ips}")
+    print(console_table(["stage", "seconds", "share", "items/s"], [
+        [name, f"{row['seconds']:.2f}", f"{100 * row['share']:.1f} %",
+         f"{row['items_per_s']:.4g} {row['unit']}/s" if row["items_per_s"] else "-"]
+        for name, row in result["stages"].items()], ["left", "right", "right", "right"]))
     for row in result["scaling"]:
         print(f"scaling: {row['episodes']:>9,d} episodes  search {row['search_s']:.3f} s  ({row['qps']:.0f} q/s)")
     print(f"gpu: {result['gpu']}")

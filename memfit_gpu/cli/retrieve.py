@@ -23,9 +23,15 @@ them (built by `memfit run` with summary.enabled and a reader). rerank.backend=c
 the cross-encoder weights (no PyPI package ships them); rerank.backend=none keeps the first-stage
 order. Any config key can be overridden as key=value, e.g. retrieve.scan_top_k=30 pack.k=5.
 
-method=plain | naive_rag | full_context writes that method's packs instead (memfit_gpu/methods;
-full_context bounds the history by reader.max_prompt_chars and full_context.context_tokens only, as no
-reader is loaded here); method=lightmem_slm is refused: its retrieval calls small language models."""
+method=plain | naive_rag | full_context (or a registered method whose read path calls no LLM) writes
+that method's packs instead, through the same method seam and packs writer as `memfit run`
+(memfit_gpu/methods; full_context bounds the history by reader.max_prompt_chars and
+full_context.context_tokens only, as no reader is loaded here); method=lightmem_slm is refused: its
+retrieval calls small language models."""
+
+
+# diagnostics.json's overall figures the command prints (every method's rows have them: hit@k over its ranked turns)
+SUMMARY_KEYS = ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("--config", required=True, help="YAML config (e.g. configs/memfit.yaml)")
-    parser.add_argument("--benchmark", required=True, choices=("locomo", "longmemeval", "memgallery"))
+    parser.add_argument("--benchmark", required=True,
+                        help="a registered benchmark: locomo, longmemeval, memgallery, jsonl (your own file), ...")
     parser.add_argument("--data", help="benchmark file or folder (default: data.path, $MEMFIT_DATA_DIR, the cache)")
     parser.add_argument("--out", required=True, help="output directory (packs.jsonl, diagnostics.json)")
     parser.add_argument("--limit-memories", type=int, help="first N memories only")
@@ -61,11 +68,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     diagnostics = retrieve_with_method(cfg, out, args.store)
     overall = diagnostics["overall"]
-    if cfg.method in ("memfit", "plain"):
-        print(json.dumps({"questions": overall["questions"], **{k: overall[k] for k in
-                          ("hit@5", "hit@10", "hit@20", "hit@30", "pack_hit", "pack_hit_window", "mrr")},
-                          "reranker": diagnostics["reranker"]["backend"], "out": str(out)}))
-    else:
-        print(json.dumps({"questions": overall["questions"], "method": cfg.method,
-                          **{k: overall[k] for k in ("pack_hit", "pack_hit_window", "mrr")}, "out": str(out)}))
+    print(json.dumps({"questions": overall["questions"], "method": cfg.method,
+                      **{k: overall[k] for k in SUMMARY_KEYS if k in overall},
+                      "reranker": diagnostics.get("reranker", {}).get("backend", "none"), "out": str(out)}))
     return 0

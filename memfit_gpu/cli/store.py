@@ -129,7 +129,7 @@ class _Summariser:
         self.prompts = 0
 
     def __call__(self, prompts: list[str]) -> list[str]:
-        from memfit_gpu.pipeline import summary_generate
+        from memfit_gpu.methods.memfit import summary_generate
         from memfit_gpu.readers.reader import make_reader
 
         if self.reader is None:

@@ -1,4 +1,7 @@
-"""Benchmark loaders: LoCoMo, LongMemEval (S, M, oracle), MemGallery -> one schema (schema.py).
+"""Benchmark loaders: LoCoMo, LongMemEval (S, M, oracle), MemGallery, your own jsonl -> one schema (schema.py).
+
+Each loader module carries its BenchmarkSpec (spec.py; registry.py collects them by name): where its files
+are, how they are read, its categories, protocol, judge and published shape.
 
     load_benchmark("locomo")                                   # $MEMFIT_DATA_DIR, else the fetch cache
     load_benchmark("memgallery", "/data/memgallery/dialog")    # explicit file or folder
@@ -18,18 +21,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from memfit_gpu.config import DataConfig
-from memfit_gpu.data.locomo import load_locomo
-from memfit_gpu.data.longmemeval import SPLIT_FILES, load_longmemeval
-from memfit_gpu.data.memgallery import load_memgallery
+from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
 
 log = logging.getLogger(__name__)
 
-BENCHMARKS = ("locomo", "longmemeval", "memgallery")
-LONGMEMEVAL_SPLITS = ("s", "m", "oracle")
-
 __all__ = [
-    "BENCHMARKS",
     "Benchmark",
     "DataError",
     "DataNotFoundError",
@@ -57,79 +54,31 @@ def cache_dir() -> Path:
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "memfit") / "data"
 
 
-def _check_name(name: str) -> str:
-    key = name.lower()
-    if key not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}: choose one of {', '.join(BENCHMARKS)}")
-    return key
-
-
-def _longmemeval_files(folder: Path, split: str | None) -> list[Path]:
-    """Files to read from a LongMemEval folder: the asked split, else the first official split present
-    (s, oracle, m: S is the benchmark the paper reports), else every *.json (sample folders)."""
-    if split is not None:
-        if split not in SPLIT_FILES:
-            raise ValueError(f"unknown LongMemEval split {split!r}: choose one of {', '.join(SPLIT_FILES)}")
-        candidates = [folder / name for name in SPLIT_FILES[split]]
-        return [next(p for p in candidates if p.is_file())] if any(p.is_file() for p in candidates) else []
-    for key in ("s", "oracle", "m"):
-        for name in SPLIT_FILES[key]:
-            if (folder / name).is_file():
-                return [folder / name]
-    return sorted(p for p in folder.glob("*.json") if p.is_file())
-
-
-def _files_in(name: str, root: Path, split: str | None) -> list[Path]:
-    """The benchmark's files under `root`, which may be a file, the benchmark's own folder, or a data
-    folder laid out like ../shared/data. Empty when nothing is there."""
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        return []
-    if name == "locomo":
-        for candidate in (root / "locomo10.json", root / "locomo" / "locomo10.json"):
-            if candidate.is_file():
-                return [candidate]
-        return []
-    if name == "longmemeval":
-        for folder in (root, root / "longmemeval"):
-            files = _longmemeval_files(folder, split) if folder.is_dir() else []
-            if files:
-                return files
-        return []
-    # The dialog folder before `root` itself: memgallery/ also holds image_lfs_manifest.json.
-    for folder in (root / "dialog", root / "memgallery" / "dialog", root):
-        files = sorted(p for p in folder.glob("*.json") if p.is_file()) if folder.is_dir() else []
-        if files:
-            return files
-    return []
-
-
 def resolve_data_path(name: str, path: str | Path | None = None, split: str | None = None) -> list[Path]:
     """The files load_benchmark would read, or DataNotFoundError saying where it looked and what to run."""
-    name = _check_name(name)
+    spec = benchmark_spec(name)
+    name = spec.name
+    how = f"run `memfit data fetch {name}` or pass --path" if spec.fetchable else "pass --path (data.path)"
     if path is not None:
         root = Path(path).expanduser()
-        files = _files_in(name, root, split)
+        files = spec.files_in(root, split)
         if not files:
             what = "does not exist" if not root.exists() else f"holds no {name} files"
-            raise DataNotFoundError(f"{name}: {root} {what}; run `memfit data fetch {name}` or pass --path")
+            raise DataNotFoundError(f"{name}: {root} {what}; {how}")
         return files
     looked: list[str] = []
     data_dir = os.environ.get("MEMFIT_DATA_DIR")
     if data_dir:
         looked.append(f"$MEMFIT_DATA_DIR={data_dir}")
-        files = _files_in(name, Path(data_dir).expanduser(), split)
+        files = spec.files_in(Path(data_dir).expanduser(), split)
         if files:
             return files
     cache = cache_dir()
     looked.append(f"cache {cache}")
-    files = _files_in(name, cache, split)
+    files = spec.files_in(cache, split)
     if files:
         return files
-    raise DataNotFoundError(
-        f"no {name} data found (looked in {'; '.join(looked)}): run `memfit data fetch {name}` or pass --path"
-    )
+    raise DataNotFoundError(f"no {name} data found (looked in {'; '.join(looked)}): {how}")
 
 
 def data_location(name: str, path: str | Path | None = None, split: str | None = None) -> Path:
@@ -143,30 +92,21 @@ def data_location(name: str, path: str | Path | None = None, split: str | None =
 def load_benchmark(name: str, path: str | Path | None = None, split: str | None = None) -> Benchmark:
     """Read a benchmark into the common schema.
 
-    name: locomo | longmemeval | memgallery. path: a file or folder (see module doc); None looks in
-    $MEMFIT_DATA_DIR then the fetch cache. split: LongMemEval only (s | m | oracle) when a folder holds
-    several official files. Quirks are handled and listed in Benchmark.problems; a broken file raises
-    DataError naming the file, the item and the field.
+    name: a registered benchmark (data/registry.py: locomo | longmemeval | memgallery | jsonl | ...). path: a
+    file or folder (see module doc); None looks in $MEMFIT_DATA_DIR then the fetch cache. split: LongMemEval
+    only (s | m | oracle) when a folder holds several official files. Quirks are handled and listed in
+    Benchmark.problems; a broken file raises DataError naming the file, the item and the field.
     """
-    name = _check_name(name)
-    files = resolve_data_path(name, path, split)
+    spec = benchmark_spec(name)
+    files = resolve_data_path(spec.name, path, split)
     log.info(
         "loading %s from %s",
-        name,
+        spec.name,
         files[0] if len(files) == 1 else f"{len(files)} files in {files[0].parent}",
     )
-    if name == "locomo":
-        if len(files) != 1:
-            raise DataError(
-                str(files[0].parent), None, None, "LoCoMo is one file: pass the locomo10.json path"
-            )
-        benchmark = load_locomo(files[0])
-    elif name == "longmemeval":
-        benchmark = load_longmemeval(files)
-    else:
-        benchmark = load_memgallery(files)
+    benchmark = spec.load(files)
     if benchmark.problems:
-        log.info("%s: %d data quirks handled (Benchmark.problems)", name, len(benchmark.problems))
+        log.info("%s: %d data quirks handled (Benchmark.problems)", spec.name, len(benchmark.problems))
     return benchmark
 
 

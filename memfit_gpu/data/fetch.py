@@ -23,14 +23,15 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memfit_gpu.config import ConfigError
 from memfit_gpu.data import cache_dir
+from memfit_gpu.data.registry import benchmark_spec, split_benchmarks
 from memfit_gpu.data.schema import DataError
 
 log = logging.getLogger(__name__)
 
 CHECKSUMS_FILE = Path(__file__).with_name("checksums.json")
 CHUNK_BYTES = 1 << 20
-DEFAULT_SPLIT = "s"  # LongMemEval: the split the paper reports
 
 
 class FetchError(DataError):
@@ -47,19 +48,21 @@ def _catalogue() -> tuple[dict[str, Any], ...]:
 
 
 def files_for(name: str, split: str | None = None) -> list[dict[str, Any]]:
-    """Catalogue entries of one benchmark (LongMemEval: of one split, default S)."""
-    entries = [dict(e) for e in _catalogue() if e["benchmark"] == name]
-    if not entries:
+    """Catalogue entries of one benchmark (one with splits, LongMemEval: of one split, default its spec's)."""
+    spec = benchmark_spec(name)
+    entries = [dict(e) for e in _catalogue() if e["benchmark"] == spec.name]
+    if not spec.fetchable or not entries:
         known = sorted({e["benchmark"] for e in _catalogue()})
-        raise ValueError(f"no files to fetch for {name!r}: choose one of {', '.join(known)}")
-    if name == "longmemeval":
-        wanted = split or DEFAULT_SPLIT
+        raise ConfigError(f"{spec.name} has no official files to fetch (fetchable: {', '.join(known)}); pass its "
+                          "file as --path / data.path")
+    if spec.splits:
+        wanted = split or spec.default_split
         entries = [e for e in entries if e.get("split") == wanted]
         if not entries:
-            splits = sorted({e.get("split") for e in _catalogue() if e["benchmark"] == name})
-            raise ValueError(f"unknown LongMemEval split {wanted!r}: choose one of {', '.join(splits)}")
+            splits = sorted({e.get("split") for e in _catalogue() if e["benchmark"] == spec.name})
+            raise ValueError(f"unknown {spec.title} split {wanted!r}: choose one of {', '.join(splits)}")
     elif split is not None:
-        raise ValueError(f"--split applies to longmemeval only, not {name}")
+        raise ValueError(f"--split applies to {' or '.join(split_benchmarks())} only, not {spec.name}")
     return entries
 
 

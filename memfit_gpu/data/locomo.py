@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from memfit_gpu.data._read import answer_text, check_turns, get, parse_locomo_date, read_json
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
+from memfit_gpu.data.spec import BenchmarkSpec, PublishedShape
 
 NAME = "locomo"
 NOT_EVALUATED = frozenset({"5"})  # adversarial questions are not scored (SPEC Evaluation)
@@ -227,3 +228,33 @@ def _load_question(
         extra=extra,
     )
     return question, adversarial_only
+
+
+def files_in(root: Path, split: str | None = None) -> list[Path]:
+    """locomo10.json: `root` itself, in `root`, or in a data folder's locomo/."""
+    if root.is_file():
+        return [root]
+    for candidate in (root / "locomo10.json", root / "locomo" / "locomo10.json"):
+        if candidate.is_file():
+            return [candidate]
+    return []
+
+
+def load(files: list[Path]) -> Benchmark:
+    if len(files) != 1:
+        raise DataError(str(files[0].parent), None, None, "LoCoMo is one file: pass the locomo10.json path")
+    return load_locomo(files[0])
+
+
+SPEC = BenchmarkSpec(
+    name=NAME, title="LoCoMo", load=load, files_in=files_in, layout="locomo/locomo10.json", fetchable=True,
+    # SPEC.md Evaluation, as the official code names them
+    categories={"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop", "5": "adversarial"},
+    category_source="snap-research/LoCoMo task_eval/evaluation_stats.py CATEGORY_MAPPING "
+                    "(https://github.com/snap-research/LoCoMo/blob/main/task_eval/evaluation_stats.py)",
+    averaging="category_mean",  # SPEC: "Average" = mean of the four category means
+    not_evaluated=NOT_EVALUATED,
+    # the released file: 10 conversations, 5,882 turns, 1,986 questions of which 446 adversarial
+    shapes={None: PublishedShape("locomo", memories=10, questions=1_986, tokens_per_episode=37.5, episodes=5_882,
+                                 excluded={"5": 446}, sample_memories=4)},
+)

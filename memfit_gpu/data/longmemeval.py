@@ -9,6 +9,7 @@ the session as stored in the file, so they stay stable whatever the sort does.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from memfit_gpu.data._read import answer_text, check_turns, get, parse_longmemeval_date, read_json, str_list
 from memfit_gpu.data.schema import Benchmark, DataError, Memory, Question, Session, Turn
+from memfit_gpu.data.spec import BenchmarkSpec, PublishedShape
 
 NAME = "longmemeval"
 ROLES = ("user", "assistant")  # the roles of LongMemEval's chat turns; any other is reported
@@ -153,3 +155,51 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
         )
     check_turns(NAME, memory, problems)
     return memory
+
+
+def _split_files(folder: Path, split: str | None) -> list[Path]:
+    """Files to read from a LongMemEval folder: the asked split, else the first official split present
+    (s, oracle, m: S is the benchmark the paper reports), else every *.json (sample folders)."""
+    if split is not None:
+        if split not in SPLIT_FILES:
+            raise ValueError(f"unknown LongMemEval split {split!r}: choose one of {', '.join(SPLIT_FILES)}")
+        candidates = [folder / name for name in SPLIT_FILES[split]]
+        return [next(p for p in candidates if p.is_file())] if any(p.is_file() for p in candidates) else []
+    for key in ("s", "oracle", "m"):
+        for name in SPLIT_FILES[key]:
+            if (folder / name).is_file():
+                return [folder / name]
+    return sorted(p for p in folder.glob("*.json") if p.is_file())
+
+
+def files_in(root: Path, split: str | None = None) -> list[Path]:
+    """`root` itself, or the split's file (else every *.json) in `root` or a data folder's longmemeval/."""
+    if root.is_file():
+        return [root]
+    for folder in (root, root / "longmemeval"):
+        files = _split_files(folder, split) if folder.is_dir() else []
+        if files:
+            return files
+    return []
+
+
+# The question types the official scorer reports (xiaowu0162/LongMemEval src/evaluation/print_qa_metrics.py
+# type2acc); a question id ending in _abs is an abstention question of its type.
+QUESTION_TYPES = ("single-session-user", "single-session-preference", "single-session-assistant", "multi-session",
+                  "temporal-reasoning", "knowledge-update")
+# Wu et al. 2024: 500 questions, each its own history, S ~115k tokens (~50 sessions), M ~1.5M tokens (~500
+# sessions); with synth's ~11 turns a session that is ~209 (S) and ~273 (M) LLM tokens a turn, ~0.75 words
+# a token, plus ~10 tokens of the DATE/Speaker prefix: the BM25 tokens an episode has.
+_S = PublishedShape("longmemeval-s", memories=500, questions=500, tokens_per_episode=167.0, sample_memories=8)
+SPEC = BenchmarkSpec(
+    name=NAME, title="LongMemEval", load=load_longmemeval, files_in=files_in,
+    layout="longmemeval/longmemeval_{s,m,oracle}*.json", fetchable=True, splits=tuple(SPLIT_FILES),
+    default_split="s", categories={t: t for t in QUESTION_TYPES},
+    category_source="xiaowu0162/LongMemEval src/evaluation/print_qa_metrics.py type2acc (question_type) "
+                    "(https://github.com/xiaowu0162/LongMemEval/blob/main/src/evaluation/print_qa_metrics.py)",
+    judge="longmemeval",
+    shapes={"s": _S,
+            "m": PublishedShape("longmemeval-m", memories=500, questions=500, tokens_per_episode=215.0,
+                                sample_memories=2),
+            "oracle": replace(_S, note="the oracle split has no shape here: S's, an upper bound")},
+)

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from memfit_gpu.data.schema import Benchmark
+from memfit_gpu.render import console_table
 
 
 def _natural_key(text: str) -> list[Any]:
@@ -44,19 +45,21 @@ def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, 
 
 
 def format_stats(stats: dict[str, Any]) -> str:
-    """A readable table of benchmark_stats output."""
-    lines = [f"{stats['benchmark']}  ({stats['source']})"]
-    for key in (
+    """A readable table of benchmark_stats output (the one renderer's console tables)."""
+    counts = [[key, f"{stats[key]}"] for key in (
         "memories", "sessions", "turns", "questions", "evaluated_questions", "abstention_questions",
         "images", "turns_with_images", "question_images", "questions_without_evidence",
-    ):  # fmt: skip
-        lines.append(f"  {key:<28}{stats[key]:>8}")
-    lines.append("  by category                  all  evaluated")
-    for category, count in stats["by_category"].items():
-        lines.append(f"    {category:<26}{count:>8}{stats['evaluated_by_category'].get(category, 0):>11}")
+    )]  # fmt: skip
+    categories = [[category, f"{count}", f"{stats['evaluated_by_category'].get(category, 0)}"]
+                  for category, count in stats["by_category"].items()]
     problems = stats["problems"]
-    lines.append(f"  data quirks handled         {problems['count']:>8}")
-    lines.extend(f"    - {p}" for p in problems["first"])
+    lines = [f"{stats['benchmark']}  ({stats['source']})", "",
+             console_table(["count", "value"], counts + [["data quirks handled", f"{problems['count']}"]],
+                           ["left", "right"]), "",
+             console_table(["category", "all", "evaluated"], categories, ["left", "right", "right"])]
+    if problems["first"]:
+        lines += ["", "data quirks handled:"]
+    lines.extend(f"  - {p}" for p in problems["first"])
     if problems["count"] > len(problems["first"]):
-        lines.append(f"    ... {problems['count'] - len(problems['first'])} more (--problems N shows more)")
+        lines.append(f"  ... {problems['count'] - len(problems['first'])} more (--problems N shows more)")
     return "\n".join(lines)

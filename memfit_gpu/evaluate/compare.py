@@ -17,6 +17,7 @@ from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.evaluate.metrics import VARIANTS, score
 from memfit_gpu.evaluate.stats import paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
+from memfit_gpu.render import console_table
 
 
 class PredictionsError(ValueError):
@@ -203,31 +204,24 @@ def format_comparison(result: Mapping[str, Any]) -> str:
             else f"sign-flip permutation test, {result['n_permutations']} permutations, seed {result['seed']}"
         ),
         "",
-        f"{'category':<28} {'n':>5} {'mean A':>8} {'mean B':>8} {'diff':>8} {'p':>8} {'gained':>7} {'lost':>6}",
     ]
+    rows: list[list[str]] = []
 
-    def line(label: str, r: Mapping[str, Any], mean_a: float, mean_b: float) -> str:
-        return (
-            f"{label:<28} {r['n']:>5} {scale * mean_a:>8.2f} {scale * mean_b:>8.2f} {scale * r['diff']:>+8.2f} "
-            f"{r['p_value']:>8.4f} {r['gained']:>7} {r['lost']:>6}"
-        )
+    def row(label: str, r: Mapping[str, Any], mean_a: float, mean_b: float) -> None:
+        rows.append([label, str(r["n"]), f"{scale * mean_a:.2f}", f"{scale * mean_b:.2f}", f"{scale * r['diff']:+.2f}",
+                     f"{r['p_value']:.4f}", str(r["gained"]), str(r["lost"])])
 
     for cat, r in result["by_category"].items():
-        label = r["name"] if r["name"] == cat else f"{r['name']} ({cat})"
-        lines.append(line(label, r, r["mean_a"], r["mean_b"]))
+        row(r["name"] if r["name"] == cat else f"{r['name']} ({cat})", r, r["mean_a"], r["mean_b"])
     overall = result["overall"]
-    lines.append(line("overall", overall, overall["mean_a"], overall["mean_b"]))
+    row("overall", overall, overall["mean_a"], overall["mean_b"])
     cm = result["category_mean"]
     # The weighted statistic's means: diff is exact; A and B means are the category means' mean.
     cats = list(result["by_category"].values())
-    lines.append(
-        line(
-            "average of categories",
-            cm,
-            np.mean([c["mean_a"] for c in cats]),
-            np.mean([c["mean_b"] for c in cats]),
-        )
-    )
+    row("average of categories", cm, float(np.mean([c["mean_a"] for c in cats])),
+        float(np.mean([c["mean_b"] for c in cats])))
+    lines.append(console_table(["category", "n", "mean A", "mean B", "diff", "p", "gained", "lost"], rows,
+                               ["left"] + ["right"] * 7))
     for side, key in (("A", "only_a"), ("B", "only_b")):
         ids = result[key]
         if ids:

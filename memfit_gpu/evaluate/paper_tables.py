@@ -1,6 +1,6 @@
 """The paper's tables, as Markdown and CSV, from finished `memfit run` / `memfit sweep` directories.
 
-    python experiments/paper_tables.py --out tables \
+    memfit tables --out tables \
         --locomo-main runs/paper/locomo_qwen3_8b runs/paper/locomo_gemma3_27b \
         --plain-vs-memfit runs/paper/plain_vs_memfit_locomo_qwen3_8b runs/paper/ablations_locomo_gemma3_27b \
         --ablation runs/paper/ablations_locomo_gemma3_27b \
@@ -10,7 +10,8 @@
         --longmemeval runs/paper/longmemeval_s_qwen3_8b \
         --efficiency runs/paper/efficiency_locomo_gemma3_27b runs/paper/longmemeval_s_qwen3_8b
 
-(`python -m memfit_gpu.evaluate.paper_tables` is the same program.) Every argument is `DIR` or `LABEL=DIR`.
+(the command line is memfit_gpu/cli/tables.py; `python experiments/paper_tables.py` is the same program.)
+Every argument is `DIR` or `LABEL=DIR`.
 A DIR holding `sweep.json` (a `memfit sweep --out`) stands for all its points, labelled by point id (`full`,
 `no_prf`, ...). Only finished runs (`DONE`) are read. Each table goes to OUT/<name>.md and OUT/<name>.csv;
 OUT/tables.md holds them all and is printed; the last line printed is a JSON object naming the files.
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from memfit_gpu.evaluate import render
+from memfit_gpu import render
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
@@ -674,7 +674,7 @@ def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
     return table
 
 
-# --------------------------------------------------------------------------------------------- CLI
+# ------------------------------------------------ what `memfit tables` (memfit_gpu/cli/tables.py) runs
 
 
 def build_tables(args: argparse.Namespace) -> list[Table]:
@@ -701,58 +701,14 @@ def build_tables(args: argparse.Namespace) -> list[Table]:
     return tables
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="Build the MemFit paper's tables (Markdown + CSV) from finished run or sweep directories. "
-                    "Each table option takes DIR or LABEL=DIR arguments; a sweep directory stands for all its points.",
-    )
-    p.add_argument("--out", default="tables", help="folder for <table>.md, <table>.csv and tables.md")
-    p.add_argument("--locomo-main", nargs="+", metavar="RUN", help="Table 1: one LoCoMo run per reader")
-    p.add_argument("--plain-vs-memfit", nargs="+", metavar="SWEEP",
-                   help=f"Table 6: sweeps with `{ABLATION_BASELINE}` and `{PLAIN_POINT}` points, one per reader")
-    p.add_argument("--ablation", nargs="+", metavar="RUN", help="Tables 3/7: ablation sweep (or runs)")
-    p.add_argument("--ablation-baseline", default=ABLATION_BASELINE, help="label of the full system's run")
-    p.add_argument("--diagnostics", nargs="+", metavar="RUN", help="Tables 8/9: retrieval diagnostics")
-    p.add_argument("--sensitivity", nargs="+", metavar="RUN", help="Table 10: sensitivity sweep (or runs)")
-    p.add_argument("--sensitivity-baseline", default=SENSITIVITY_BASELINE, help="label of the default run")
-    p.add_argument("--memgallery", nargs="+", metavar="RUN",
-                   help="Table 11: MemGallery runs, first = reference of the judge differences (text-only)")
-    p.add_argument("--longmemeval", nargs="+", metavar="RUN", help="Table 2: LongMemEval runs")
-    p.add_argument("--efficiency", nargs="+", metavar="RUN",
-                   help="Figure 3 / Tables 13-14 and the efficiency table by method (issue 15): any runs, any method")
-    p.add_argument("--variant", default=None, help="F1/BLEU-1 variant (paper | locomo | memgallery); "
-                                                   "default: the runs' eval.table_metric")
-    p.add_argument("--permutations", type=int, default=10_000, help="sign flips per paired test")
-    p.add_argument("--permutation-method", choices=("monte_carlo", "exact"), default="monte_carlo")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--price-model", default="gpt-4.1-mini", help="hosted model whose list price costs the tokens")
-    p.add_argument("--prices", default=None, help="price table (default configs/prices.yaml)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        tables = build_tables(args)
-    except (TablesError, FileNotFoundError) as exc:
-        print(f"paper_tables: error: {exc}", file=sys.stderr)
-        return 2
-    if not tables:
-        print("paper_tables: error: name at least one table option (see --help)", file=sys.stderr)
-        return 2
-    out = Path(args.out)
+def write_tables(tables: Sequence[Table], out: str | Path) -> list[str]:
+    """OUT/<table>.md and .csv per table and OUT/tables.md with all of them; returns the files written."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for table in tables:
         (out / f"{table.key}.md").write_text(table.markdown(), encoding="utf-8")
         table.write_csv(out / f"{table.key}.csv")
         files += [str(out / f"{table.key}.md"), str(out / f"{table.key}.csv")]
-    combined = "\n".join(t.markdown() for t in tables)
-    (out / "tables.md").write_text(combined, encoding="utf-8")
-    print(combined)
-    print(json.dumps({"tables": [t.key for t in tables], "files": files + [str(out / "tables.md")]}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    (out / "tables.md").write_text("\n".join(t.markdown() for t in tables), encoding="utf-8")
+    return files + [str(out / "tables.md")]

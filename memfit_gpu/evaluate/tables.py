@@ -14,33 +14,24 @@ from typing import Any
 
 import numpy as np
 
-from memfit_gpu.evaluate import render
+from memfit_gpu import render
+from memfit_gpu.data.registry import benchmark_spec, find_spec
+from memfit_gpu.data.spec import AVERAGING_RULES
 from memfit_gpu.evaluate.metrics import VARIANTS
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci
 
-AVERAGING_RULES: tuple[str, ...] = ("category_mean", "question_mean")
-
-LOCOMO_CATEGORIES: dict[str, str] = {
-    "1": "multi-hop",
-    "2": "temporal",
-    "3": "open-domain",
-    "4": "single-hop",
-    "5": "adversarial",
-}
-# Names the MemFit paper itself uses; the other Mem-Gallery points print as their codes.
-MEMGALLERY_CATEGORIES: dict[str, str] = {
-    "TTL": "test-time learning",
-    "VS": "visual-centric search",
-    "VR": "visual-centric reasoning",
-    "KR": "knowledge resolution",
-}
-CATEGORY_NAMES: dict[str, dict[str, str]] = {"locomo": LOCOMO_CATEGORIES, "memgallery": MEMGALLERY_CATEGORIES}
-DEFAULT_AVERAGING: dict[str, str] = {"locomo": "category_mean"}  # others: question_mean
-BENCHMARK_TITLES = {"locomo": "LoCoMo", "memgallery": "MemGallery", "longmemeval": "LongMemEval"}
+# The categories' names, the averaging rule and the title are each benchmark's (data/spec.py BenchmarkSpec).
+LOCOMO_CATEGORIES: dict[str, str] = dict(benchmark_spec("locomo").categories)
 
 
 def category_name(category: str, benchmark: str | None) -> str:
-    return CATEGORY_NAMES.get((benchmark or "").lower(), {}).get(str(category), str(category))
+    spec = find_spec(benchmark)
+    return spec.category_name(category) if spec is not None else str(category)
+
+
+def benchmark_title(benchmark: str | None) -> str:
+    spec = find_spec(benchmark)
+    return spec.title if spec is not None else str(benchmark or "")
 
 
 def category_order(categories: Iterable[str]) -> list[str]:
@@ -101,7 +92,8 @@ def summarize(
     averaging: "category_mean" | "question_mean"; None = the benchmark's rule (LoCoMo: category_mean).
     ci: percentile bootstrap 95 % intervals (seeded) for overall and average.
     """
-    averaging = averaging or DEFAULT_AVERAGING.get((benchmark or "").lower(), "question_mean")
+    spec = find_spec(benchmark)
+    averaging = averaging or (spec.averaging if spec is not None else "question_mean")
     if averaging not in AVERAGING_RULES:
         raise ValueError(f"unknown averaging rule {averaging!r}; choose one of {', '.join(AVERAGING_RULES)}")
     evaluated = [r for r in rows if r.get("evaluated", True)]
@@ -234,7 +226,7 @@ def _table_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str, int, float, 
 def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) -> str:
     """The paper's table: one row per category (n, F1, BLEU-1, judge) and an Average row."""
     benchmark = benchmark or metrics.get("benchmark")
-    title = BENCHMARK_TITLES.get((benchmark or "").lower(), benchmark or "results")
+    title = benchmark_title(benchmark) or "results"
     variant = metrics["metric_variant"]
     if metrics["averaging"] == "category_mean":
         rule = f"Average = unweighted mean of the {len(metrics['by_category'])} category means; Overall = question-weighted"

@@ -1,17 +1,30 @@
 """What a method gets from the run (`MethodRun`) and what it implements (`Method`).
 
-A method's `write` does its write-time work (indexes, LLM-written memories) and `read` returns one
-packs.jsonl row per question, in question order, and diagnostics.json. The run owns everything around
-them: packs.jsonl is written once and a rerun that finds it complete calls neither; the answer call, the
-ledger check and scoring are MemFit's. A method's LLM calls go through `MethodRun.reader()` (the run's
-reader: response cache, ledger) with its own roles (readers.ROLES), and after each batch of calls it
-calls `MethodRun.account(point)` before it stores what the calls produced, as the summaries do.
-`close` releases what the method holds open (its store); the run calls it whatever happened.
+A method's `write` stores what `run.memories` hold (its store, its indexes, LLM-written memories) and
+`read` returns one packs.jsonl row per question of `run.questions`, in that order (methods/packs.py:
+`pack_row`), and diagnostics.json. MemFit itself is a method (methods/memfit.py), as are the baselines.
+
+The caller owns everything around them: `memfit run` (pipeline.py) writes packs.jsonl once and a rerun
+that finds it complete calls neither; `memfit retrieve` (methods/offline.py) writes the same rows without
+a reader. The answer call, the ledger check and scoring are shared. A method's LLM calls go through
+`MethodRun.reader()` (the run's reader: response cache, ledger) with its own roles (readers.ROLES), and
+after each batch of calls it calls `MethodRun.account(point)` before it stores what the calls produced, as
+MemFit's summaries do. `close` releases what the method holds open (its store); the caller calls it
+whatever happened.
+
+Questions need not come from a benchmark: `read` answers any batch of (memory id, question) pairs among
+the memories written (`query` makes one without a gold answer), and `write` may be called again with more
+memories, which a method with a persistent store adds to what it holds (the registry entry's
+`incremental`). Timing: the caller times `write` as stage "build" and `read` as "retrieve" (timings.json);
+a method may time a part of its write as a stage of its own with `run.stage(name)` (MemFit's
+"summaries"), which is then not counted in "build" (StageClock).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,10 +38,41 @@ def _no_ledger(point: str) -> None:
     faults.point(point)
 
 
+def _untimed(name: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+class StageClock:
+    """Wall seconds per named stage, summed over the stage's runs. A stage opened inside another counts
+    only to the inner one (the outer stage's seconds exclude it), so nested stages never count twice.
+    `ended` is called after every stage with the clock (pipeline.StageTimer saves timings.json there)."""
+
+    def __init__(self, seconds: dict[str, float] | None = None,
+                 ended: Callable[[StageClock], None] | None = None) -> None:
+        self.seconds: dict[str, float] = dict(seconds or {})
+        self._ended = ended
+        self._inner: list[float] = []  # per open stage: seconds spent in stages nested in it
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        self._inner.append(0.0)
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            nested = self._inner.pop()
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - nested
+            if self._inner:
+                self._inner[-1] += elapsed
+            if self._ended is not None:
+                self._ended(self)
+
+
 @dataclass
 class MethodRun:
-    cfg: MemFitConfig
-    out: Path | None  # the run directory (None: nothing is kept, e.g. `memfit retrieve` in memory)
+    cfg: MemFitConfig  # the run's configuration (index.device where the device plan put retrieval)
+    out: Path | None  # the run directory (None: nothing is kept there, e.g. `memfit retrieve`)
     bench: Benchmark
     memories: list[Memory]  # the selected memories
     questions: list[Question]  # the questions to make packs for, in order
@@ -38,6 +82,18 @@ class MethodRun:
     account: Callable[[str], None] = _no_ledger
     memgallery_dir: Path | None = None  # the MemGallery prompt folder when the answer protocol is memgallery
     progress: bool = False
+    stage: Callable[[str], contextlib.AbstractContextManager[None]] = _untimed  # the caller's stage clock (timings.json)
+    # an existing store to read, never written (`memfit retrieve --store`): its memories must be there
+    store_path: Path | None = None
+
+    def store_location(self) -> Path | None:
+        """Where a method keeps its store: `store_path` when given, else store.path, else DIR/store in a run
+        directory, else nowhere (in memory)."""
+        if self.store_path is not None:
+            return Path(self.store_path)
+        if self.cfg.store.path is not None:
+            return Path(self.cfg.store.path)
+        return self.out / "store" if self.out is not None else None
 
 
 class Method(Protocol):
@@ -48,3 +104,9 @@ class Method(Protocol):
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+def query(memory_id: str, question: str, question_id: str | None = None, question_date: str | None = None) -> Question:
+    """A question to read for that is not a benchmark's: no gold answer, no evidence, no category."""
+    return Question(question_id or f"{memory_id}:query", memory_id, question, "", "", evidence=[],
+                    question_date=question_date)

@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory, Question, Turn
-from memfit_gpu.index.encoders import BiEncoder
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.dates import format_date
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics
@@ -76,11 +74,6 @@ class TurnTable:
         return "unknown date" if when is None else format_date(when.date())
 
 
-def load_encoder(cfg: MemFitConfig) -> BiEncoder:
-    """The run's bi-encoder (index.encoder), loaded as the store loads it."""
-    return BiEncoder.from_pretrained(cfg.index.encoder, device=cfg.index.device, dtype=cfg.index.dtype)
-
-
 def pack_json(rows: Sequence[int], selected: Sequence[int], turn_ids: Sequence[str]) -> dict[str, Any]:
     """The `pack` field of a packs.jsonl row: the turns whose text the excerpts hold (the answer stage
     sends their images with reader.images=retrieved), the ones chosen on their own merit among them."""
@@ -102,12 +95,3 @@ def diagnostics_for(table: Any, questions: Sequence[Question], ranked: Sequence[
     diagnostics, records = compute_diagnostics(results, questions, table, reranker={"backend": "none"})
     diagnostics["method"] = method
     return diagnostics, records
-
-
-def pack_row(question: Question, excerpts: str, pack: dict[str, Any], record: dict[str, Any] | None,
-             method: str, **extra: Any) -> dict[str, Any]:
-    """One packs.jsonl row: what every method's row holds (the answer stage reads `excerpts`, `pack` and
-    `retrieval`), then the method's own fields."""
-    return {"question_id": question.question_id, "category": question.category, "evidence": question.evidence,
-            "memory_id": question.memory_id, "question": question.question, "method": method, "pack": pack,
-            "excerpts": excerpts, "retrieval": record, **extra}

@@ -33,8 +33,10 @@ from typing import Any
 from memfit_gpu import models
 from memfit_gpu.data.schema import Question
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json, pack_row
+from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars, resolve_protocol
+from memfit_gpu.readers.registry import backend_entry
 from memfit_gpu.retrieve.pack import excerpt_tail
 
 TokenCount = Callable[[list[dict[str, Any]]], int]
@@ -57,7 +59,8 @@ def token_budget(run: MethodRun, reader: Any) -> tuple[int, TokenCount, str] | N
     """(prompt tokens allowed, counter, why) or None when no token limit is known."""
     cfg = run.cfg
     known = reader.prompt_token_limit() if reader is not None else None
-    if known is None and reader is not None and cfg.reader.backend == "vllm":
+    # the backend's registry entry says where its context is known: vllm's is reader.max_model_len
+    if known is None and reader is not None and backend_entry(cfg.reader.backend).context == "max_model_len":
         known = (cfg.reader.max_model_len, _tokenizer_count(cfg.reader.model, dict(cfg.reader.chat_template_kwargs)))
     if cfg.full_context.context_tokens is not None:
         count = known[1] if known is not None else (lambda messages: math.ceil(prompt_chars(messages) / 4))
@@ -151,6 +154,7 @@ class FullContext:
         out = []
         for (q, text, kept, truncation, cut), record in zip(rows_out, records, strict=True):
             extra = {"excerpt_chars_cut": cut} if cut else {}
-            out.append(pack_row(q, text, pack_json(kept, kept, table.ep_turn_id), record, self.name,
-                                method_notes={"truncation": truncation}, **extra))
+            out.append(pack_row(q, self.name, {"pack": pack_json(kept, kept, table.ep_turn_id), "excerpts": text,
+                                               "retrieval": record, "method_notes": {"truncation": truncation},
+                                               **extra}))
         return out, diagnostics

@@ -72,8 +72,11 @@ from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import DataError, Memory, Question
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.encoders import load_bi_encoder
+from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import diagnostics_for, load_encoder, pack_json, pack_row
+from memfit_gpu.methods.common import diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.names import mentioned, normalise
 from memfit_gpu.readers.prompts import PROMPT_DIR, fill, load_prompt
 from memfit_gpu.readers.types import Request
@@ -315,8 +318,7 @@ class LightMem:
         if run.out is None or run.reader is None:
             raise ValueError("method=lightmem_slm needs a run directory and a reader (memfit run), "
                              "its memory is written and read by small language models")
-        store_path = run.out / "store" if cfg.store.path is None else Path(cfg.store.path)
-        self.store = EpisodeStore(store_path, cfg, load_encoder(cfg))
+        self.store = EpisodeStore(run.store_location(), cfg, load_bi_encoder(cfg.index))
         appended = sum(self._append_turns(memory) for memory in run.memories)
         self.store.snapshot()  # the next open loads the appended turns instead of encoding them again
         faults.point("lightmem.turns")
@@ -473,13 +475,16 @@ class LightMem:
                   "ltm_edges": sum(len(self.memlog.user(u).graph.edges) for u in users),
                   "ltm_lines_dropped": sum(self.memlog.user(u).dropped for u in users)}
         diagnostics, records = diagnostics_for(view, questions, ranked, selected, selected, method)
+        diagnostics["encoder"] = self.store.encoder.info()
         out = []
         for (q, plan, picks, stm, score), rows, record in zip(rows_out, selected, records, strict=True):
             hqs = [{"text": hq.text, "tier": hq.tier, "budget": hq.budget} for hq in plan]
             items = [{"tier": tier, "id": item, "score": score.get((tier, item))} for tier, item in picks]
             excerpts = self._excerpts(cfg, q.memory_id, stm, picks, tiers)
-            out.append(pack_row(q, excerpts, pack_json(rows, rows, view.ep_turn_id), record, self.name, lightmem={"hqs": hqs, "candidates": len(score), "items": items},
-                                method_notes={"hqs": [[hq.tier, hq.text] for hq in plan]}))
+            out.append(pack_row(q, self.name, {
+                "pack": pack_json(rows, rows, view.ep_turn_id), "excerpts": excerpts, "retrieval": record,
+                "lightmem": {"hqs": hqs, "candidates": len(score), "items": items},
+                "method_notes": {"hqs": [[hq.tier, hq.text] for hq in plan]}}))
         return out, diagnostics
 
     def _rerank(self, run: MethodRun, reader: Any, questions: list[Question], candidates: list[list[list[Scored]]],
@@ -627,7 +632,8 @@ class TierIndex:
         index = {}
         start = 0
         for tier in TIERS:
-            index[tier] = DenseIndex(int(encoder.dim), factory="Flat", device=cfg.index.dense_device)
+            # exact search whatever index.dense_factory says: every item of the user is a candidate
+            index[tier] = dense_index(cfg.index, int(encoder.dim), factory="Flat")
             n = len(docs[tier])
             if n:
                 index[tier].add(vectors[start:start + n], [u for u, _, _ in docs[tier]])

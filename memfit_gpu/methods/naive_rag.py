@@ -28,8 +28,11 @@ from typing import Any
 import torch
 
 from memfit_gpu.index.dense import DenseIndex
+from memfit_gpu.index.encoders import load_bi_encoder
+from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import TurnTable, diagnostics_for, load_encoder, pack_json, pack_row
+from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
+from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.retrieve.pack import cut_excerpt, quote_lines
 
 _TOKEN = re.compile(r"\S+")
@@ -92,11 +95,10 @@ class NaiveRAG:
             rows = self.table.memory_rows(m_idx)
             self.chunks.extend(chunk_history([self.table.ep_text[r] for r in rows], rows, m_idx,
                                              cfg.naive_rag.chunk_tokens, cfg.naive_rag.overlap_tokens))
-        self.encoder = load_encoder(cfg)
+        self.encoder = load_bi_encoder(cfg.index)
         vectors = self.encoder.encode([c.text for c in self.chunks], batch_size=cfg.index.encode_batch_size,
                                       progress=run.progress)
-        self.index = DenseIndex(int(self.encoder.dim), factory=cfg.index.dense_factory,
-                                device=cfg.index.dense_device, nprobe=cfg.index.dense_nprobe)
+        self.index = dense_index(cfg.index, int(self.encoder.dim))
         if self.chunks:
             self.index.add(vectors, [c.memory_idx for c in self.chunks])
 
@@ -123,6 +125,7 @@ class NaiveRAG:
         method = {"name": self.name, "chunks": len(self.chunks), "chunk_tokens": cfg.naive_rag.chunk_tokens,
                   "overlap_tokens": cfg.naive_rag.overlap_tokens, "top_k": cfg.naive_rag.top_k}
         diagnostics, records = diagnostics_for(table, questions, ranked, ranked, ranked, method)
+        diagnostics["encoder"] = self.encoder.info()
         out = []
         for q, hits, rows, record in zip(questions, packs, ranked, records, strict=True):
             lines, cut_total = [], 0
@@ -133,6 +136,7 @@ class NaiveRAG:
             chunks = [{"chunk": c, "score": score, "tokens": list(self.chunks[c].tokens),
                        "turn_ids": [table.ep_turn_id[r] for r in self.chunks[c].rows]} for c, score in hits]
             extra = {"excerpt_chars_cut": cut_total} if cut_total else {}
-            out.append(pack_row(q, "\n".join(lines), pack_json(rows, rows, table.ep_turn_id), record, self.name,
-                                chunks=chunks, **extra))
+            out.append(pack_row(q, self.name, {"pack": pack_json(rows, rows, table.ep_turn_id),
+                                               "excerpts": "\n".join(lines), "retrieval": record, "chunks": chunks,
+                                               **extra}))
         return out, diagnostics

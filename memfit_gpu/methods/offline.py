@@ -1,53 +1,53 @@
-"""`memfit retrieve` for any LLM-free method: packs.jsonl and diagnostics.json without a run directory.
+"""`memfit retrieve` for any method whose read path calls no LLM: packs.jsonl and diagnostics.json.
 
-memfit and plain (MemFit's read path, plain with its switches) go through retrieve.offline; naive_rag and
-full_context make their packs in memory here (full_context bounds the history by reader.max_prompt_chars
-and full_context.context_tokens only, as no reader is loaded); lightmem_slm is refused, since its
-retrieval calls small language models that only `memfit run` makes and accounts for.
+The same seam as `memfit run` (pipeline.py): the method from the registry, `write` then `read` over the
+questions of `packs.questions_of`, rows written by `packs.write_packs`; so for one configuration both
+commands give the same rows. No reader is loaded: MemFit retrieves without summaries unless `store_path`
+names a store that holds them; full_context bounds the history by reader.max_prompt_chars and
+full_context.context_tokens only. A method that needs a reader to read (lightmem_slm) is refused.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu.config import ConfigError, MemFitConfig, to_dict
 from memfit_gpu.data import load_benchmark, select_from_config
-from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.registry import NEEDS_READER_TO_RETRIEVE, make_method, memfit_path_config
-from memfit_gpu.retrieve.offline import retrieve_benchmark
+from memfit_gpu.methods.base import MethodRun, StageClock
+from memfit_gpu.methods.packs import questions_of, write_packs
+from memfit_gpu.methods.registry import method_entry
 
 
 def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
-    """Write OUT/packs.jsonl and OUT/diagnostics.json for cfg.method; returns diagnostics.json's content
-    (with `method` naming the method).
+    """Write OUT/packs.jsonl and OUT/diagnostics.json for cfg.method; returns diagnostics.json's content.
 
+    Args:
+        store_path: an existing EpisodeStore directory to read (keeps its summaries; never written); None
+            builds the store in memory (or at store.path) from the benchmark.
     Raises:
         ConfigError: cfg.method needs a reader to retrieve (lightmem_slm).
+        FileNotFoundError: the store at `store_path` lacks memories of the benchmark.
     """
-    if cfg.method in NEEDS_READER_TO_RETRIEVE:
+    entry = method_entry(cfg.method)
+    if not entry.reader_free:
         raise ConfigError(f"method={cfg.method} retrieves with LLM calls (small language models): "
                           "use `memfit run`, which makes and accounts for them")
-    memfit_cfg = memfit_path_config(cfg)
-    if memfit_cfg is not None:
-        return retrieve_benchmark(memfit_cfg, out, store_path)
-    started = time.perf_counter()
-    benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split), cfg.data)
-    questions = [q for q in benchmark.questions() if q.evaluated]
-    method = make_method(cfg.method)
+    clock = StageClock()
+    with clock.stage("load"):
+        benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split),
+                                       cfg.data)
+    method = entry.make()
+    run = MethodRun(cfg, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
+                    stage=clock.stage, store_path=None if store_path is None else Path(store_path))
     try:
-        run = MethodRun(cfg, None, benchmark, benchmark.memories, questions, progress=True)
-        method.write(run)
-        rows, diagnostics = method.read(run)
+        with clock.stage("build"):
+            method.write(run)
+        with clock.stage("retrieve"):
+            rows, diagnostics = method.read(run)
     finally:
         method.close()
-    diagnostics["timings"] = {"total_s": time.perf_counter() - started}
+    diagnostics["timings"] = {f"{name}_s": seconds for name, seconds in clock.seconds.items()}
     diagnostics["config"] = to_dict(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "packs.jsonl", "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    (out / "diagnostics.json").write_text(json.dumps(diagnostics, indent=2) + "\n")
+    write_packs(out, rows, diagnostics)
     return diagnostics

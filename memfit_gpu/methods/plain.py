@@ -2,7 +2,7 @@
 MemFit addition off (SPEC: "Plain retrieval = all off, same store, same encoders, same cross-encoder,
 same reader").
 
-`method=plain` runs MemFit's own path (pipeline: store -> retrieve) with exactly the switches of
+`method=plain` is MemFit's method (methods/memfit.py: store -> retrieve) with exactly the switches of
 configs/ablations/plain_retrieval.yaml applied over the run's configuration, and no summaries: plain
 retrieval never reads them, so building them would only spend write-time calls it does not use.
 config.yaml keeps the configuration as given (with method: plain); the switches are fixed by the method,
@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.methods.memfit import MemFit
 
 # configs/ablations/plain_retrieval.yaml, key by key (tests/test_methods.py checks that they agree)
 SWITCHES: dict[str, Any] = {
@@ -39,3 +40,13 @@ def plain_config(cfg: MemFitConfig) -> MemFitConfig:
     for dotted, value in {**SWITCHES, "summary.enabled": False}.items():
         cfg = _with(cfg, dotted, value)
     return cfg
+
+
+class Plain(MemFit):
+    name = "plain"
+
+    def path_config(self, cfg: MemFitConfig) -> MemFitConfig:
+        return plain_config(cfg)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "switches": {**SWITCHES, "summary.enabled": False}}

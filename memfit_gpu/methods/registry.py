@@ -1,46 +1,63 @@
-"""Method name -> implementation (the `method` key; names in config.METHODS).
+"""Method name -> implementation and capabilities (the `method` key).
 
-`memfit` and `plain` run MemFit's own path in memfit_gpu.pipeline (store, summaries, batched
-retrieval), `plain` with its fixed switches (`memfit_path_config`). The others are `Method`s
-(methods/base.py) with a write and a read step of their own.
+Every method, MemFit included, is a `Method` (methods/base.py) with a write and a read step; `memfit run`
+(pipeline.py) and `memfit retrieve` (methods/offline.py) both build it from here. A new method is one
+module and one call:
+
+    register_method("my_method", MethodEntry(MyMethod, reader_free=True))
+
+(config.register_choice lets `method=my_method` load; config.METHODS lists the built-in names.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
-from memfit_gpu.config import METHODS, ConfigError, MemFitConfig
+from memfit_gpu.config import ConfigError
 from memfit_gpu.methods.base import Method
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import LightMem
+from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.naive_rag import NaiveRAG
-from memfit_gpu.methods.plain import SWITCHES, plain_config
-
-OWN_PATH: dict[str, Callable[[], Method]] = {"naive_rag": NaiveRAG, "full_context": FullContext,
-                                               "lightmem_slm": LightMem}
-# methods whose read path calls an LLM: `memfit retrieve` (LLM-free) refuses them
-NEEDS_READER_TO_RETRIEVE = ("lightmem_slm",)
+from memfit_gpu.methods.plain import Plain
+from memfit_gpu.registries import Registry
 
 
-def memfit_path_config(cfg: MemFitConfig) -> MemFitConfig | None:
-    """The configuration MemFit's own path runs with for this method; None for a method with its own."""
-    if cfg.method == "memfit":
-        return cfg
-    if cfg.method == "plain":
-        return plain_config(cfg)
-    return None
+@dataclass(frozen=True)
+class MethodEntry:
+    make: Callable[[], Method]  # a fresh instance (it holds its write-time state until read)
+    # its read path calls no LLM, so `memfit retrieve` runs it (lightmem_slm's small models are calls
+    # that only `memfit run` makes and accounts for)
+    reader_free: bool = True
+    # a second write with more memories adds them to what a persistent store holds (memfit, plain: the
+    # episode store; lightmem_slm: the store and its log); the others rebuild in memory every time
+    incremental: bool = False
 
 
-def method_info(cfg: MemFitConfig) -> dict[str, Any]:
-    """What diagnostics.json records of a MemFit-path method: its name, and plain's fixed switches."""
-    if cfg.method == "plain":
-        return {"name": "plain", "switches": {**SWITCHES, "summary.enabled": False}}
-    return {"name": cfg.method}
+REGISTRY: dict[str, MethodEntry] = {
+    "memfit": MethodEntry(MemFit, incremental=True),
+    "plain": MethodEntry(Plain, incremental=True),
+    "naive_rag": MethodEntry(NaiveRAG),
+    "full_context": MethodEntry(FullContext),
+    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True),
+}
+
+
+METHODS: Registry[MethodEntry] = Registry(
+    "method", REGISTRY, lambda name, known: ConfigError(f"method={name!r} is not registered (methods: {', '.join(known)})"))
+
+
+def register_method(name: str, entry: MethodEntry) -> None:
+    """Add a method: `method=name` then runs it in `memfit run` (and `memfit retrieve` when reader_free)."""
+    METHODS.register(name, entry)
+
+
+def method_entry(name: str) -> MethodEntry:
+    """The registered entry of `name`; ConfigError naming the registered methods otherwise."""
+    return METHODS.get(name)
 
 
 def make_method(name: str) -> Method:
-    """A fresh instance of a method with its own path (it holds its write-time state until read)."""
-    if name not in OWN_PATH:
-        raise ConfigError(f"method={name!r} has no write/read path of its own (methods: {', '.join(METHODS)})")
-    return OWN_PATH[name]()
+    """A fresh instance of the method `name`."""
+    return method_entry(name).make()

@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 
 from memfit_gpu.files import atomic_write_text
+from memfit_gpu.readers.registry import is_local
 from memfit_gpu.readers.types import ROLE_PHASES, ROLES, Response
 
-LOCAL_BACKENDS = ("transformers", "vllm")
 # Package data, so an installed (non-editable) memfit finds it too; configs/prices.yaml links to it.
 DEFAULT_PRICES = resources.files(__package__).joinpath("prices.yaml")
 PHASES = ("write", "read", "eval")  # ROLE_PHASES' values: ledger.json totals its roles per phase
@@ -133,7 +133,7 @@ class Ledger:
         unpriced: list[str] = []
         total = 0.0
         for name, m in self.models.items():
-            if m.backend in LOCAL_BACKENDS:
+            if is_local(m.backend):  # the backend's registry entry: it ran on this node
                 by_model[name] = 0.0
                 continue
             price = prices.get(m.model)

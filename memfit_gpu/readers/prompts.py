@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.config import ConfigError
+from memfit_gpu.data.registry import find_spec
+from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
 
 # Package data (importlib.resources), so an installed memfit finds its prompts wherever it runs from.
 PROMPT_DIR = resources.files("memfit_gpu").joinpath("prompts")
-PROTOCOLS = ("paper", "memgallery")
-JUDGE_KINDS: tuple[str, ...] = ("paper", "longmemeval", "memgallery")  # evaluate/judge.py reads each kind's reply
+# PROTOCOLS, JUDGE_KINDS (data/spec.py): the answer protocols and judge kinds a benchmark can name; evaluate/judge.py
+# reads each kind's reply
 LONGMEMEVAL_JUDGE_FILES = {
     "single-session-user": "judge_longmemeval_default.txt",
     "single-session-assistant": "judge_longmemeval_default.txt",
@@ -101,19 +103,22 @@ class MemGalleryPrompts:
 
 
 def resolve_protocol(protocol: str, benchmark: str) -> str:
-    """`auto` = the benchmark's official protocol: MemGallery's own prompts for MemGallery, else the paper's."""
+    """`auto` = the benchmark's official protocol (its BenchmarkSpec: MemGallery's own prompts for
+    MemGallery), the paper's for a benchmark memfit does not know."""
     if protocol == "auto":
-        return "memgallery" if benchmark == "memgallery" else "paper"
+        spec = find_spec(benchmark)
+        return spec.protocol if spec is not None else "paper"
     if protocol not in PROTOCOLS:
         raise ConfigError(f"reader.protocol={protocol!r} is not one of auto, {', '.join(PROTOCOLS)}")
     return protocol
 
 
 def judge_kind(benchmark: str, prompt: str = "auto") -> str:
-    """eval.judge.prompt -> judge kind. `auto` = the benchmark's own: the paper judge for LoCoMo, the
-    per-type judges for LongMemEval, MemGallery's graded judge for MemGallery."""
+    """eval.judge.prompt -> judge kind. `auto` = the benchmark's own (its BenchmarkSpec): the paper judge for
+    LoCoMo, the per-type judges for LongMemEval, MemGallery's graded judge for MemGallery."""
     if prompt == "auto":
-        return {"longmemeval": "longmemeval", "memgallery": "memgallery"}.get(benchmark, "paper")
+        spec = find_spec(benchmark)
+        return spec.judge if spec is not None else "paper"
     if prompt not in JUDGE_KINDS:
         raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, {', '.join(JUDGE_KINDS)}")
     return prompt

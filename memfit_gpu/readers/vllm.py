@@ -28,20 +28,10 @@ from typing import IO, Any
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
 from memfit_gpu.devices import visible_gpu_ids
+from memfit_gpu.readers.registry import engine_groups
 from memfit_gpu.readers.types import Backend, ReaderError, Request, Response
 
 logger = logging.getLogger(__name__)
-
-
-def gpu_groups(gpus: Sequence[str], instances: int, tensor_parallel_size: int) -> list[list[str]]:
-    """Disjoint GPU groups, one per engine; an error when there are not enough GPUs."""
-    need = instances * tensor_parallel_size
-    if need > len(gpus):
-        raise ValueError(
-            f"reader.instances={instances} x reader.tensor_parallel_size={tensor_parallel_size} needs {need} GPUs, "
-            f"but {len(gpus)} are visible ({','.join(gpus) or 'none'})"
-        )
-    return [list(gpus[i * tensor_parallel_size:(i + 1) * tensor_parallel_size]) for i in range(instances)]
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
@@ -145,7 +135,7 @@ class VLLMBackend(Backend):
                                cfg.instances, cfg.tensor_parallel_size)
             groups: list[list[str]] = [[]]
         else:
-            groups = gpu_groups(gpus, cfg.instances, cfg.tensor_parallel_size)
+            groups = engine_groups(gpus, cfg.instances, cfg.tensor_parallel_size)
         self.gpus = sum(len(g) for g in groups)
         self.chunk_size = 256 * len(groups)
         if max_images is None:

@@ -18,29 +18,27 @@ from typing import Any
 
 import torch
 
-from memfit_gpu.config import RerankConfig
-from memfit_gpu.index.encoders import EncoderBackend, PairScorer, load_cross_encoder
+from memfit_gpu.config import IndexConfig, RerankConfig
+from memfit_gpu.index.encoders import PairScorer, load_cross_encoder
 
 log = logging.getLogger(__name__)
 
 
-def load_reranker(cfg: RerankConfig, device: str = "auto",
-                  encoder_backend: str | EncoderBackend = EncoderBackend.PACKED,
-                  workers: str = "auto") -> PairScorer | None:
-    """The cross-encoder for rerank.backend=cross-encoder, None for rerank.backend=none.
+def load_reranker(cfg: RerankConfig, index: IndexConfig | None = None, device: str | None = None) -> PairScorer | None:
+    """The cross-encoder for rerank.backend=cross-encoder (index/encoders/backends.load_cross_encoder), None
+    for rerank.backend=none.
 
     Args:
-        device: index.device (the cross-encoder shares the bi-encoder's devices).
-        encoder_backend: index.encoder_backend (packed | sentence-transformers).
-        workers: index.encoder_workers (replicas on several devices: threads | processes | auto).
+        index: the run's index settings: the cross-encoder shares index.device, index.encoder_backend and
+            index.encoder_workers with the bi-encoder (default: IndexConfig()).
+        device: overrides index.device (where the plan placed retrieval).
     Raises models.MissingWeightsError (with how to get the weights, or to choose
     rerank.backend=none) when the weights are not available."""
     if cfg.backend == "none":
         return None
     if cfg.backend != "cross-encoder":
         raise ValueError(f"rerank.backend={cfg.backend!r} is not one of cross-encoder, none")
-    return load_cross_encoder(cfg.model, device=device, max_length=cfg.max_length, dtype=cfg.dtype,
-                              backend=encoder_backend, workers=workers)
+    return load_cross_encoder(cfg, index if index is not None else IndexConfig(), device)
 
 
 def reranker_info(cfg: RerankConfig, module: PairScorer | None) -> dict[str, Any]:

@@ -19,10 +19,8 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Memory
-from memfit_gpu.devices import first_device
-from memfit_gpu.index.bm25 import BM25Index
-from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import TextEncoder
+from memfit_gpu.index.factory import dense_index, lexical_index
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
@@ -61,7 +59,7 @@ class ReadView:
     def from_memories(cls, memories: Sequence[Memory], encoder: TextEncoder | None, cfg: MemFitConfig,
                       progress: bool = False,
                       embeddings: torch.Tensor | None = None) -> ReadView:
-        """Episodes of `memories` in the real BM25Index and DenseIndex; no summaries.
+        """Episodes of `memories` in the configured lexical and dense indexes (index/factory.py); no summaries.
 
         embeddings: precomputed episode embeddings in turn order (else `encoder.encode`; encoder may then be None)."""
         texts, mem, sess, pos, times, spk, tids = [], [], [], [], [], [], []
@@ -85,11 +83,10 @@ class ReadView:
                 session_counter += 1
         if embeddings is None:
             embeddings = encoder.encode(texts, batch_size=cfg.index.encode_batch_size, progress=progress)
-        # on index.device's first device, like the store's (EpisodeStore._bm25_device)
-        bm25 = BM25Index(k1=cfg.index.bm25_k1, b=cfg.index.bm25_b, device=first_device(cfg.index.device))
+        # built as the store builds its own (index/factory.py)
+        bm25 = lexical_index(cfg.index)
         bm25.add(tokenize_many(texts), mem)
-        dense = DenseIndex(dim=int(embeddings.shape[1]), factory=cfg.index.dense_factory, device=cfg.index.dense_device,
-                           batched_max_rows=cfg.index.dense_batched_max_rows)
+        dense = dense_index(cfg.index, int(embeddings.shape[1]))
         dense.add(embeddings, mem)
         info = encoder.info() if hasattr(encoder, "info") else {}
         return cls(

@@ -1,4 +1,5 @@
-"""EpisodeStore: every memory's episodes (and summaries) in one store, with the indexes it owns.
+"""EpisodeStore: every memory's episodes (and summaries) in one store, with the indexes it owns (the chunked
+write path is store/write_path.py, opening and log replay store/replay.py; EpisodeStore inherits both).
 
 Rows are global sequence numbers in append order across memories (design.md "Identifiers"); a
 deleted row keeps its number. The read path gets numpy columns indexed by row, the memories'
@@ -35,7 +36,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +46,25 @@ import torch
 from memfit_gpu import faults
 from memfit_gpu.buffers import GrowableArray, TextColumn
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.schema import DataError, Memory, Turn
-from memfit_gpu.devices import first_device
+from memfit_gpu.data.schema import Turn
 from memfit_gpu.index.bm25 import BM25Index
-from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
+from memfit_gpu.index.factory import dense_gpu_id, dense_index, lexical_index
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store import compaction
-from memfit_gpu.store.log import RecordLog, StoreCorruptError
-from memfit_gpu.store.snapshot import clear_staging, load_newest, write_snapshot
+from memfit_gpu.store.log import RecordLog
+from memfit_gpu.store.replay import LogReplay
+from memfit_gpu.store.snapshot import write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
-from memfit_gpu.store.text import episode_prefix, episode_text
+from memfit_gpu.store.text import episode_prefix
+from memfit_gpu.store.write_path import WritePath
 
 log = logging.getLogger(__name__)
 
-LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
-# What one pending episode costs a write chunk, for store.write_budget_mb: its record (a dict), its text
-# (several copies: record, log line, column), its token ids and their sort (per character, tokens being
-# shorter than 4 characters on average) and its vector (float32, and the torch copy).
-_RECORD_BYTES = 1500
-_BYTES_PER_CHAR = 20
-_BYTES_PER_DIM = 8
 
 
 def _timestamp(value: str | None) -> np.datetime64:
@@ -81,8 +76,9 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64("NaT", "s")
 
 
-class EpisodeStore:
-    """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them."""
+class EpisodeStore(WritePath, LogReplay):
+    """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them. The
+    chunked write path is store/write_path.py's WritePath, opening and log replay store/replay.py's LogReplay."""
 
     def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None):
         self.cfg = cfg or MemFitConfig()
@@ -130,22 +126,15 @@ class EpisodeStore:
             self._open()
 
     # ------------------------------------------------------------------ index construction
-    def _bm25_device(self) -> torch.device:
-        return first_device(self.cfg.index.device)  # "gpu", "cuda:0,cuda:1": the first GPU
+    def _dense_gpu_id(self) -> int:
+        """The GPU of GPU FAISS (index/factory.py: the BM25 index's GPU, else GPU 0)."""
+        return dense_gpu_id(self.cfg.index)
 
     def _new_bm25(self) -> LexicalIndex:
-        kind: type[BM25Index] | type[ReferenceBM25] = BM25Index if self.cfg.index.bm25_backend == "torch" else ReferenceBM25
-        return kind(k1=self.cfg.index.bm25_k1, b=self.cfg.index.bm25_b, device=self._bm25_device())
-
-    def _dense_gpu_id(self) -> int:
-        """The GPU of GPU FAISS: the BM25 index's (the retrieval device the plan chose), else GPU 0."""
-        device = self._bm25_device()
-        return (device.index or 0) if device.type == "cuda" else 0
+        return lexical_index(self.cfg.index)
 
     def _new_dense(self) -> DenseIndex:
-        ic = self.cfg.index
-        return DenseIndex(self.dim, factory=ic.dense_factory, device=ic.dense_device, nprobe=ic.dense_nprobe,
-                          gpu_id=self._dense_gpu_id(), batched_max_rows=ic.dense_batched_max_rows)
+        return dense_index(self.cfg.index, self.dim)
 
     # ------------------------------------------------------------------ read-side columns
     @property
@@ -476,183 +465,7 @@ class EpisodeStore:
         faults.point("store.encode", len(texts))
         return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
 
-    def _commit(
-        self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True,
-        embeddings: torch.Tensor | None = None,
-    ) -> None:
-        """One write batch in one chunk: encode (unless `embeddings` are given), then log, then apply to the
-        metadata and the indexes, then (persistent stores) snapshot.
-
-        Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
-        self._write_chunk(records, embeddings, progress, commit=len(records))
-        self._end_batch(None, snapshot)
-
-    def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool,
-                     commit: int | None = None) -> None:
-        """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
-        batch's record count when this is its last chunk (its commit record goes in the same write)."""
-        if embeddings is None:
-            embeddings = self._encode_records(records, progress)
-        else:
-            self.last_timings.setdefault("encode_s", 0.0)
-        started = time.perf_counter()
-        if self._log is not None:
-            closing = [{"t": "commit", "records": commit}] if commit is not None and self._commits else []
-            self._log.append([*records, *closing])
-        logged = time.perf_counter()
-        self._apply_all(records)
-        applied = time.perf_counter()
-        self._index_records(records, embeddings)
-        for key, seconds in (("log_s", logged - started), ("metadata_s", applied - logged)):
-            self.last_timings[key] = self.last_timings.get(key, 0.0) + seconds
-
-    def _end_batch(self, count: int | None, snapshot: bool = True) -> None:
-        """The commit record of a batch of `count` records (format-2 logs; None: written with its last
-        chunk), then the snapshot."""
-        if self._log is not None and self._commits and count is not None:
-            self._log.append([{"t": "commit", "records": count}])
-        if snapshot:
-            t0 = time.perf_counter()
-            self.snapshot()
-            self.last_timings["snapshot_s"] = self.last_timings.get("snapshot_s", 0.0) + time.perf_counter() - t0
-
     # ------------------------------------------------------------------ writes
-    def _memory_records(self, memory_id: str, speakers: Sequence[str], pending: dict[str, int]) -> tuple[int, list[dict[str, Any]]]:
-        if memory_id in pending:  # created earlier in this batch (maybe applied already, by an earlier chunk)
-            return pending[memory_id], []
-        if memory_id in self._memory_index:
-            memory = self._memory_index[memory_id]
-            known = self._speaker_index[memory]
-            return memory, [{"t": "speaker", "memory": memory, "name": name} for name in dict.fromkeys(speakers) if name not in known]
-        memory = max(len(self.memory_ids), max(pending.values(), default=-1) + 1)
-        pending[memory_id] = memory
-        return memory, [{"t": "memory", "memory": memory, "id": memory_id, "speakers": list(dict.fromkeys(speakers))}]
-
-    @staticmethod
-    def _episode_record(row: int, memory: int, session_id: str, turn: Turn) -> dict[str, Any]:
-        return {
-            "t": "episode",
-            "row": row,
-            "memory": memory,
-            "session": session_id,
-            "turn": turn.turn_id,
-            "speaker": turn.speaker,
-            "ts": turn.timestamp,
-            "date": turn.date_text,
-            "images": [image.image_id for image in turn.images if image.image_id],
-            "text": episode_text(turn),
-        }
-
-    def _chunk_cost(self, record: dict[str, Any]) -> int:
-        return _RECORD_BYTES + _BYTES_PER_CHAR * len(record["text"]) + _BYTES_PER_DIM * self.dim
-
-    def _chunks(self, memories: Iterable[Memory], precomputed: bool
-                ) -> Iterator[tuple[list[dict[str, Any]], torch.Tensor | None, bool]]:
-        """The batch's records (and precomputed vectors) in chunks of about store.write_budget_mb, built
-        lazily: a memory's turns may span chunks; nothing of a later chunk exists before it is asked for.
-        The flag marks the chunk known to be the last (the memories ran out while it was being filled)."""
-        budget = self.cfg.store.write_budget_mb * (1 << 20)
-        pending: dict[str, int] = {}
-        row = self.size
-        records: list[dict[str, Any]] = []
-        vectors: list[np.ndarray] = []
-        used = 0
-
-        def cut(last: bool) -> tuple[list[dict[str, Any]], torch.Tensor | None, bool]:
-            nonlocal records, vectors, used
-            given: torch.Tensor | None = None
-            if precomputed:
-                given = torch.from_numpy(np.concatenate(vectors)) if vectors else torch.empty((0, self.dim))
-            out = records, given, last
-            records, vectors, used = [], [], 0
-            return out
-
-        for memory in memories:
-            memory_idx, created = self._memory_records(memory.memory_id, memory.speakers, pending)
-            records.extend(created)
-            given = self._precomputed(memory) if precomputed else None
-            taken = 0  # turns of this memory whose vectors are in `vectors`
-            position = 0
-            for session in memory.sessions:
-                for turn in session.turns:
-                    record = self._episode_record(row, memory_idx, session.session_id, turn)
-                    records.append(record)
-                    row += 1
-                    position += 1
-                    used += self._chunk_cost(record)
-                    if used >= budget:
-                        if given is not None:
-                            vectors.append(given[taken:position])
-                            taken = position
-                        yield cut(False)
-            if given is not None and taken < position:
-                vectors.append(given[taken:position])
-        if records:
-            yield cut(True)
-
-    def _precomputed(self, memory: Memory) -> np.ndarray:
-        vectors = memory.extra.get("embeddings")
-        turns = sum(len(s.turns) for s in memory.sessions)
-        if vectors is None:
-            raise ValueError(f"EpisodeStore.add_memories(precomputed=True): memory {memory.memory_id!r} has no "
-                             f"extra['embeddings'] (memfit_gpu.data.synth writes them with embedding_dim)")
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.shape != (turns, self.dim):
-            raise ValueError(f"EpisodeStore.add_memories(precomputed=True): memory {memory.memory_id!r} has "
-                             f"embeddings of shape {vectors.shape}, expected ({turns}, {self.dim})")
-        return vectors
-
-    def add_memories(self, memories: Iterable[Memory], progress: bool = True, precomputed: bool = False) -> np.ndarray:
-        """Store whole memories (a benchmark) as one write batch, in chunks of about store.write_budget_mb:
-        one encoder pass per chunk (one in all when everything fits). `memories` may be any iterable (a
-        generator streams LongMemEval-M: only the current chunk's memories are held).
-
-        A memory id already in the store gets the turns appended. precomputed: take each memory's vectors
-        from `memory.extra["embeddings"]` [turns, dim] instead of encoding. Returns the new episode rows.
-
-        A failure while writing a later chunk leaves nothing of the batch: a persistent store drops the
-        batch's records from its log and reopens itself (then raises); an in-memory store keeps the chunks
-        written before the failure (logged at ERROR)."""
-        started = time.perf_counter()
-        self.last_timings = {}
-        first = self.size
-        batch_start = len(self._log) if self._log is not None else 0
-        count = chunks = 0
-        committed = False
-        try:
-            for records, embeddings, last in self._chunks(memories, precomputed):
-                count += len(records)
-                self._write_chunk(records, embeddings, progress, commit=count if last else None)
-                committed = last
-                chunks += 1
-        except BaseException:
-            if chunks:
-                self._undo_batch(batch_start)
-            raise
-        if count:
-            self._end_batch(None if committed else count)
-        self.last_timings["chunks"] = chunks
-        self.last_timings["total_s"] = time.perf_counter() - started
-        log.info(
-            "EpisodeStore: stored %d episodes in %d chunk(s) in %.1f s (%s)",
-            self.size - first, chunks, self.last_timings["total_s"],
-            ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k not in ("total_s", "chunks")),
-        )
-        return np.arange(first, self.size, dtype=np.int64)
-
-    def _undo_batch(self, batch_start: int) -> None:
-        """After a failed multi-chunk batch: drop its uncommitted records and reload the store from disk."""
-        if self._log is None:
-            log.error("EpisodeStore: a write batch failed after some of its chunks were applied; this in-memory "
-                      "store keeps them (%d episodes in all now)", self.size)
-            return
-        log.error("EpisodeStore: %s: a write batch failed after some of its chunks were logged: dropping them "
-                  "and reopening the store", self.path)
-        self._log.drop_records(batch_start)
-        self._log.close()
-        self._log = None
-        self.__init__(self.path, self.cfg, self.encoder)  # type: ignore[misc]
-
     def append_turn(self, memory_id: str, turn: Turn, session_id: str | None = None, speakers: Sequence[str] = ()) -> int:
         """A live agent's one new turn: logged (fsync with store.fsync) and indexed; returns its row.
 
@@ -772,109 +585,6 @@ class EpisodeStore:
             dense={"episode_dense": self.episode_dense, "summary_dense": self.summary_dense},
         )
         self._snapshot_records = count
-
-    def _load_snapshot(self) -> int:
-        """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
-        assert self._log is not None
-        loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
-                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device,
-                             self.cfg.index.dense_batched_max_rows, self._dense_gpu_id())
-        if loaded is None:
-            return 0
-        self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])
-        self.summary_bm25.load_state_dict(loaded.bm25["summary_bm25"])
-        self.episode_dense, self.summary_dense = loaded.dense["episode_dense"], loaded.dense["summary_dense"]
-        log.info("EpisodeStore: loaded snapshot %s (%d records)", loaded.folder, loaded.records)
-        return loaded.records
-
-    def _committed_records(self) -> int:
-        """How many records of a format-2 log belong to committed batches (the header is its own batch)."""
-        assert self._log is not None
-        committed = start = 1
-        for number, record in enumerate(self._log.iter_records(1), 1):
-            if record.get("t") != "commit":
-                continue
-            if record.get("records") != number - start:
-                raise StoreCorruptError(
-                    str(self._log.path), f"record {number + 1}", "records",
-                    f"a commit of {record.get('records')} records follows {number - start} records since the "
-                    f"previous commit: the log's batches do not add up; the file was left unmodified",
-                )
-            committed = start = number + 1
-        return committed
-
-    def _open(self) -> None:
-        assert self.path is not None
-        compaction.finish_compaction(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        clear_staging(self._snapshot_dir())  # a snapshot interrupted while being written
-        self._log = RecordLog(self.path / "log.jsonl", fsync=self.cfg.store.fsync)
-        if not len(self._log):
-            self._log.append([{"t": "header", "format": LOG_FORMAT, "encoder": self.cfg.index.encoder, "dim": self.dim}])
-            return
-        header = next(self._log.iter_records(0, 1))
-        if header.get("t") != "header":
-            raise ValueError(f"{self._log.path}: first record is not a store header")
-        if header.get("format") not in (1, LOG_FORMAT):
-            raise DataError(str(self._log.path), "record 1", "format",
-                            f"store format {header.get('format')!r}; this memfit_gpu reads formats 1 and {LOG_FORMAT}")
-        if header.get("dim") != self.dim:
-            raise ValueError(f"{self._log.path}: store was built with {header.get('dim')}-d embeddings "
-                             f"({header.get('encoder')}), the encoder gives {self.dim}-d")
-        if header.get("encoder") != self.cfg.index.encoder:
-            log.warning("%s: built with encoder %s, opened with %s", self._log.path, header.get("encoder"), self.cfg.index.encoder)
-        self._commits = header.get("format") == LOG_FORMAT
-        if self._commits:
-            committed = self._committed_records()
-            if committed < len(self._log):
-                log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
-                            "killed): dropping them whole", self._log.path, len(self._log) - committed)
-                self._log.drop_records(committed)
-        covered = self._load_snapshot()
-        self._snapshot_records = covered
-        # the metadata of every record, streamed; the episodes the snapshot covers are counted on the way
-        expected = 0
-
-        def counted(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-            nonlocal expected
-            for number, record in enumerate(records):
-                if number < covered and record.get("t") == "episode":
-                    expected += 1
-                yield record
-
-        self._apply_all(counted(self._log.iter_records()))
-        if int(self.episode_bm25.num_rows) != expected or self.episode_dense.size != expected:
-            raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
-                             f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")
-        tail = len(self._log) - covered
-        texts = sum(1 for r in self._log.iter_records(covered) if r.get("t") in ("episode", "summary"))
-        if texts:
-            log.log(logging.WARNING if covered == 0 else logging.INFO,
-                    "EpisodeStore: %s: replaying %d log records after %s (re-encoding %d texts)", self.path,
-                    tail, f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
-        for chunk in self._replay_chunks(covered):
-            self._index_records(chunk)
-        if tail:  # so that the next open loads everything from a snapshot and encodes nothing
-            self.snapshot()
-        log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
-                 self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
-
-    def _replay_chunks(self, start: int) -> Iterator[list[dict[str, Any]]]:
-        """The log's records from `start` on, in chunks of about store.write_budget_mb (one chunk, so one
-        encoder pass, when they fit)."""
-        assert self._log is not None
-        budget = self.cfg.store.write_budget_mb * (1 << 20)
-        chunk: list[dict[str, Any]] = []
-        used = 0
-        for record in self._log.iter_records(start):
-            chunk.append(record)
-            if "text" in record:
-                used += self._chunk_cost(record)
-                if used >= budget:
-                    yield chunk
-                    chunk, used = [], 0
-        if chunk:
-            yield chunk
 
     # ------------------------------------------------------------------ compaction
     def _compacted(self) -> tuple[list[dict[str, Any]], torch.Tensor]:

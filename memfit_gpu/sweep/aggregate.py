@@ -14,9 +14,9 @@ from typing import Any
 
 import datasets
 
-from memfit_gpu.evaluate.render import csv_text, markdown_table
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.mappings import flatten, get_path
+from memfit_gpu.render import csv_text, markdown_table
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import PointState, read_sweep_record
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.files import write_json_atomic
 from memfit_gpu.locks import LOCK_WAIT_ENV
+from memfit_gpu.readers.registry import backend_entry
 from memfit_gpu.sweep.progress import Progress
 from memfit_gpu.sweep.spec import SweepError, SweepPoint, SweepSpec, point_command, point_overrides
 from memfit_gpu.sweep.state import (
@@ -81,11 +82,14 @@ class PointTask:
 
 
 def gpus_needed(cfg: MemFitConfig) -> int:
-    """GPUs one `memfit run` of this config holds at once: its in-process vLLM engines (reader, and a
-    vllm judge, which starts its own), 0 for transformers/openai readers (the encoders share them)."""
-    need = cfg.reader.instances * cfg.reader.tensor_parallel_size if cfg.reader.backend == "vllm" else 0
-    if cfg.eval.judge.enabled and cfg.eval.judge.backend == "vllm":
-        need += cfg.reader.instances * cfg.reader.tensor_parallel_size
+    """GPUs one `memfit run` of this config holds at once: what the reader's backend entry says its engines
+    hold (vLLM: instances x tensor_parallel_size), and a judge's, which starts its own; 0 for in-process and
+    server readers (the encoders share the GPUs)."""
+    need = backend_entry(cfg.reader.backend).gpus(cfg.reader)
+    if cfg.eval.judge.enabled:
+        # the judge's engines take the reader's instances and tensor_parallel_size
+        # (evaluate/judge.reader_config_for_judge)
+        need += backend_entry(cfg.eval.judge.backend).gpus(cfg.reader)
     return need
 
 

@@ -1,7 +1,12 @@
 """Which implementation encodes: `index.encoder_backend: packed | sentence-transformers`.
 
-    load_bi_encoder(cfg.index)                           -> TextEncoder (the store's and the questions')
-    load_cross_encoder(model, device, max_length, dtype, backend, workers) -> PairScorer (rerank.load_reranker)
+    load_bi_encoder(cfg.index)                  -> TextEncoder (the store's, the questions', every method's)
+    load_cross_encoder(cfg.rerank, cfg.index)   -> PairScorer (rerank.load_reranker)
+
+These are the only builders of an encoder from the configuration: every path (the store, the methods,
+profile, the benchmarks) calls them, so index.encoder_backend, index.dtype, index.normalize, the token
+budget and the workers reach every encoder a run loads. Each `info()` names its `encoder_backend`, which
+the outputs record.
 
 packed (the default) runs the batched, length-sorted modules of this package; sentence-transformers runs
 the library's SentenceTransformer / CrossEncoder on the same weights, devices and dtype (reference.py),
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from memfit_gpu.config import ConfigError, IndexConfig
+from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig
 from memfit_gpu.index.encoders.bi_encoder import BiEncoder
 from memfit_gpu.index.encoders.cross_encoder import CrossEncoderModule
 from memfit_gpu.index.encoders.protocols import PairScorer, TextEncoder
@@ -50,14 +55,16 @@ def load_bi_encoder(cfg: IndexConfig, device: str | None = None) -> TextEncoder:
                                      workers=cfg.encoder_workers)
 
 
-def load_cross_encoder(model: str, device: str = "auto", max_length: int = 384, dtype: str = "auto",
-                       backend: str | EncoderBackend = EncoderBackend.PACKED, workers: str = "auto") -> PairScorer:
-    """The cross-encoder `model` (hub id or folder) on `device` in `dtype` (rerank.dtype), by `backend`;
-    `workers` (index.encoder_workers) feeds replicas on several devices (packed only).
+def load_cross_encoder(rerank: RerankConfig, index: IndexConfig, device: str | None = None) -> PairScorer:
+    """The cross-encoder rerank.model on index.device (the bi-encoder's devices) in rerank.dtype, by
+    index.encoder_backend, fed by index.encoder_workers (packed only).
 
+    Args:
+        device: overrides index.device (where the plan placed retrieval, a benchmark's --device).
     Raises models.MissingWeightsError when the weights are not available."""
-    if EncoderBackend.parse(backend) is EncoderBackend.SENTENCE_TRANSFORMERS:
-        return ReferenceCrossEncoder.from_pretrained(model, device=device, max_length=max_length, dtype=dtype,
-                                                     setting="rerank.dtype")
-    return CrossEncoderModule.from_pretrained(model, device=device, max_length=max_length, dtype=dtype,
-                                              setting="rerank.dtype", workers=workers)
+    where = index.device if device is None else device
+    if EncoderBackend.parse(index.encoder_backend) is EncoderBackend.SENTENCE_TRANSFORMERS:
+        return ReferenceCrossEncoder.from_pretrained(rerank.model, device=where, max_length=rerank.max_length,
+                                                     dtype=rerank.dtype, setting="rerank.dtype")
+    return CrossEncoderModule.from_pretrained(rerank.model, device=where, max_length=rerank.max_length,
+                                              dtype=rerank.dtype, setting="rerank.dtype", workers=index.encoder_workers)

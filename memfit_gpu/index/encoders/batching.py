@@ -142,7 +142,7 @@ class BatchedEncoder(torch.nn.Module):
     def info(self) -> dict[str, Any]:
         """What encoded: the weights that loaded, the compute dtype, the devices (recorded in outputs)."""
         weights = self.loaded_from.to_dict() if self.loaded_from is not None else {}
-        return {**weights, "dtype": str(self.dtype).removeprefix("torch."),
+        return {**weights, "encoder_backend": "packed", "dtype": str(self.dtype).removeprefix("torch."),
                 "devices": [str(d) for d in self.devices], "packed_bert": self.fast_path,
                 "workers": self.workers.value, "batch_tokens": self.max_batch_tokens}
 

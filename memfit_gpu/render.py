@@ -1,4 +1,5 @@
-"""Markdown and CSV tables: the package's one renderer (results.md, `memfit aggregate`, the paper's tables).
+"""Markdown, CSV and console tables: the package's one renderer (results.md, `memfit aggregate`, the paper's
+tables, the console tables of plan, compare, profile and data stats). A leaf: it imports nothing of memfit_gpu.
 
 Callers format their cells (x100, decimals, "-" for a missing value) and choose each column's
 alignment; tabulate lays out the Markdown (its number parsing off, so "50.00" stays "50.00"), the
@@ -41,6 +42,18 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     text = tabulate(body, headers=[_escape(h) for h in header], tablefmt="pipe", disable_numparse=True,
                     colalign=align)
     return text + "\n"
+
+
+def console_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                  align: Sequence[Align] | None = None) -> str:
+    """A plain-text table for the terminal: the header, a rule of dashes, the rows, columns padded to width
+    and two spaces apart (tabulate's "simple" layout). Same arguments as `markdown_table`; no trailing
+    newline, so callers join it with their own lines."""
+    align = list(align) if align is not None else ["left"] * len(header)
+    if len(align) != len(header) or any(len(row) != len(header) for row in rows):
+        raise ValueError(f"table of {len(header)} columns: every row and the alignment need as many cells")
+    return tabulate([[str(cell) for cell in row] for row in rows], headers=list(header), tablefmt="simple",
+                    disable_numparse=True, colalign=align)
 
 
 def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

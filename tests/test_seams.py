@@ -1,0 +1,275 @@
+"""Issue 21: one seam per extension. The registries' names are the config's choices; a reader backend, a
+benchmark and a method are added from tests/ alone (one module and one registry call each: the seam_*.py
+modules beside this file, loaded by `memfit` through MEMFIT_PLUGINS) and `memfit run` runs end to end with
+them; your own data in the jsonl format is validated, runs with the real reader and judge, and a LoCoMo or
+LongMemEval file written in that format gives identical packs.
+
+The echo backend answers with the first line of its prompt: the runs that use it check the machinery (which
+code ran, what was written, what the ledger holds), never a score.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
+
+from memfit_gpu import config
+from memfit_gpu.cli import main
+from memfit_gpu.config import load_config
+from memfit_gpu.data import load_benchmark, select_from_config
+from memfit_gpu.data.jsonl import read, to_jsonl
+from memfit_gpu.data.registry import REGISTRY as BENCHMARKS
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
+from memfit_gpu.evaluate.metrics import VARIANTS
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.memfit import MemFit
+from memfit_gpu.methods.packs import questions_of
+from memfit_gpu.methods.registry import REGISTRY as METHODS
+from memfit_gpu.plugins import PLUGINS_ENV
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.registry import REGISTRY as BACKENDS
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+SMOKE = REPO / "configs" / "smoke.yaml"
+EXAMPLE = REPO / "configs" / "data" / "example.jsonl"
+EXAMPLE_QUESTIONS = ["alice:q0", "alice:q1", "alice:q2", "alice:q3", "alice:q4", "bob:q0", "bob:q1", "bob:q2"]
+
+
+# ------------------------------------------------------------------------------------------- registries
+def test_registry_keys_are_the_configs_choices() -> None:
+    """Each name list exists once: config.py spells the built-in names (it imports nothing of memfit_gpu),
+    each registry holds an entry per name, and a register call adds to both (config.register_choice)."""
+    assert tuple(METHODS) == config.choices("method") and config.choices("method")[:5] == config.METHODS
+    assert tuple(BENCHMARKS) == config.choices("data.benchmark")
+    assert config.choices("data.benchmark")[:4] == config.BENCHMARKS
+    assert tuple(BACKENDS) == config.choices("reader.backend")
+    assert config.choices("reader.backend")[:3] == config.READER_BACKENDS
+    assert config._CHOICES["eval.judge.backend"] is config._REGISTERED["reader.backend"]  # any reader backend judges
+    # the other names config.py must spell for itself, checked against their one owner
+    assert set(config._CHOICES["reader.protocol"]) == {"auto", *PROTOCOLS}
+    assert set(config._CHOICES["eval.judge.prompt"]) == {"auto", *JUDGE_KINDS}
+    assert config._CHOICES["eval.table_metric"] == config._METRICS == VARIANTS
+    with pytest.raises(config.ConfigError, match=r"data.benchmark='tiny' is not one of locomo, longmemeval"):
+        load_config(None, ["data.benchmark=tiny"])  # registered only where its module is loaded
+
+
+def test_what_asks_a_backend_entry() -> None:
+    """The ledger, the plan, preflight, slurm and full_context read the entry, not the name."""
+    vllm, openai, transformers = BACKENDS["vllm"], BACKENDS["openai"], BACKENDS["transformers"]
+    cfg = load_config(None, ["reader.instances=3", "reader.tensor_parallel_size=2",
+                             "reader.base_urls=[http://h:1/v1]"])
+    assert (vllm.gpus(cfg.reader), openai.gpus(cfg.reader), transformers.gpus(cfg.reader)) == (6, 0, 0)
+    assert (vllm.plan, openai.plan, transformers.plan) == ("engines", "server", "in_process")
+    assert openai.urls(cfg.reader) == ["http://h:1/v1"] and vllm.urls(cfg.reader) == []
+    assert (vllm.local, openai.local, vllm.context, transformers.context) == (True, False, "max_model_len", "backend")
+    assert not openai.weights and vllm.weights
+
+
+# ------------------------------------------------------------------------------------ added from tests/
+def _memfit(*args: str, shared_data: Path, plugins: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           PLUGINS_ENV: plugins, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+TINY = """\
+# two memories of the test-only `tiny` chat-log format (tests/seam_tiny_benchmark.py)
+M ann
+T 2024-01-05T09:00:00 | Ann | My sister Jo moved to Oslo last winter.
+T 2024-01-05T09:00:00 | Max | Does she like the cold?
+T 2024-02-11T18:00:00 | Ann | Jo says the dark afternoons are the hardest part.
+Q fact | Where did Ann's sister move? | Oslo | 1
+M max
+T 2024-03-01T12:00:00 | Max | I bought a red bicycle for the commute.
+T 2024-03-01T12:00:00 | Ann | Nice, how far is your office?
+T 2024-03-01T12:00:00 | Max | Eleven kilometres along the canal.
+Q fact | What colour is Max's bicycle? | red | 1
+Q fact | How far is Max's office? | eleven kilometres | 3
+"""
+
+
+@pytest.mark.slow
+def test_a_backend_and_a_benchmark_added_from_tests_run_memfit_end_to_end(tmp_path: Path, shared_data: Path) -> None:
+    """MemFit's own method over the test-only `tiny` benchmark, answered by the test-only `echo` backend."""
+    data = tmp_path / "tiny.txt"
+    data.write_text(TINY)
+    out = tmp_path / "run"
+    proc = _memfit("run", "--config", str(SMOKE), "--out", str(out), "--quiet", "data.benchmark=tiny",
+                   f"data.path={data}", "data.limit_memories=null", "reader.backend=echo",
+                   shared_data=shared_data, plugins="seam_echo_backend,seam_tiny_benchmark")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Tiny" in proc.stdout  # the results table is headed by the benchmark's own title
+    predictions = read_jsonl(out / "predictions.jsonl")
+    assert [p["question_id"] for p in predictions] == ["ann:q0", "max:q0", "max:q1"]
+    packs = {p["question_id"]: p for p in read_jsonl(out / "packs.jsonl")}
+    for prediction in predictions:
+        pack = packs[prediction["question_id"]]
+        assert pack["method"] == "memfit" and pack["ranked"] and pack["retrieval"]["pack_hit"] is True
+        # the echo of the answer prompt's first line: the reader received MemFit's prompt
+        assert prediction["raw_output"] == (REPO / "memfit_gpu" / "prompts" / "answer.txt").read_text().splitlines()[0]
+    ledger = Ledger.load(out / "ledger.json")
+    ledger.check_one_answer_per_question(["ann:q0", "max:q0", "max:q1"])
+    assert list(ledger.models) == ["echo|HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert json.loads((out / "ledger.json").read_text())["cost"]["by_model"] == {
+        "echo|HuggingFaceTB/SmolLM2-135M-Instruct": 0.0}  # a local backend: no price (its entry says so)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["benchmark"] == "tiny" and metrics["by_category"]["fact"]["name"] == "single fact"
+    assert metrics["retrieval"]["overall"]["pack_hit"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_method_added_from_tests_runs_memfit_end_to_end(tmp_path: Path, shared_data: Path) -> None:
+    """The test-only `recent_turns` method over the example own-data file, answered by `echo`; then
+    `memfit retrieve` writes the same rows through the same seam."""
+    out = tmp_path / "run"
+    plugins = "seam_echo_backend,seam_recent_turns_method"
+    proc = _memfit("run", "--config", str(SMOKE), "--out", str(out), "--quiet", "data.benchmark=jsonl",
+                   f"data.path={EXAMPLE}", "data.limit_memories=null", "method=recent_turns", "pack.k=3",
+                   "reader.backend=echo", shared_data=shared_data, plugins=plugins)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    packs = read_jsonl(out / "packs.jsonl")
+    assert [p["question_id"] for p in packs] == EXAMPLE_QUESTIONS
+    alice = packs[0]
+    assert alice["method"] == "recent_turns" and [e["turn_id"] for e in alice["pack"]["episodes"]] == [
+        "s3:1", "s3:2", "s3:3"]
+    assert alice["excerpts"].startswith("EXCERPT 1 (recorded 1 June 2024): Speaker Alice says: I am flying to Lisbon")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["method"] == "recent_turns" and metrics["retrieval"]["method"] == {"name": "recent_turns",
+                                                                                      "turns": 3}
+    assert metrics["reranker"] == {"backend": "none"}  # what the method recorded, whatever rerank.backend says
+    retrieved = tmp_path / "retrieve"
+    proc = _memfit("retrieve", "--config", str(SMOKE), "--benchmark", "jsonl", "--data", str(EXAMPLE), "--out",
+                   str(retrieved), "data.limit_memories=null", "method=recent_turns", "pack.k=3",
+                   shared_data=shared_data, plugins=plugins)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_jsonl(retrieved / "packs.jsonl") == packs
+
+
+def test_an_unknown_plugin_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLUGINS_ENV, "no_such_plugin_module")
+    assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "memfit compare: error: $MEMFIT_PLUGINS names 'no_such_plugin_module', which cannot be imported")
+
+
+# ------------------------------------------------------------------------------------------ your own data
+BROKEN = [
+    {"user_id": "u1", "sessions": [{"timestamp": "2024-13-01", "turns": [{"speaker": "A", "text": "hi"}]}],
+     "questions": [{"question": "Q?", "category": "x", "evidence": ["S1:9"]}]},
+    {"user_id": "u1", "sessions": [{"timestamp": "2024-01-01", "turns": [
+        {"turn_id": "t", "speaker": "A", "text": "a"}, {"turn_id": "t", "speaker": "", "text": "b", "colour": 1}]}]},
+]
+
+
+def test_validate_reports_every_problem_with_line_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(json.dumps(m) for m in BROKEN) + "\nnot json\n")
+    _, report = read(broken)
+    assert report.errors == [
+        f"{broken}, item line 1 (user 'u1'), field 'sessions[0].timestamp': '2024-13-01' is not an ISO 8601 date or "
+        "time (e.g. 2024-03-02 or 2024-03-02T10:00:00)",
+        f"{broken}, item line 1 (user 'u1'), field 'questions[0].answer': required field is missing",
+        f"{broken}, item line 2 (user 'u1'), field 'sessions[0].turns[1].colour': unknown field (allowed: turn_id, "
+        "speaker, text, images, timestamp, date_text)",
+        f"{broken}, item line 2 (user 'u1'), field 'sessions[0].turns[1].turn_id': 't' is also the id of "
+        "sessions[0].turns[0]: turn ids must be unique within a memory",
+        f"{broken}, item line 2 (user 'u1'), field 'sessions[0].turns[1].speaker': must not be empty",
+        f"{broken}, item line 2 (user 'u1'), field 'user_id': also the user_id of line 1: ids must be unique",
+        f"{broken}, item line 3: not valid JSON (Expecting value at column 1)",
+    ]
+    assert report.warnings == [f"{broken}, item line 1 (user 'u1'), field 'questions[0].evidence': names no turn of "
+                               "this memory: S1:9 (kept; diagnostics count it as unmatched)"]
+    assert main(["data", "validate", str(broken)]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
+    assert err.strip() == f"memfit data: error: {broken}: 7 error(s), 1 warning(s) (listed above)"
+    # loading names the first problem and how many more there are
+    with pytest.raises(DataError, match=r"broken.jsonl, item line 1 \(user 'u1'\), field 'sessions\[0\].timestamp': "
+                                        r"'2024-13-01' is not an ISO 8601 .* \(and 6 more problems: `memfit data "
+                                        r"validate .*broken.jsonl` lists them\)"):
+        load_benchmark("jsonl", broken)
+    assert main(["data", "validate", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.strip() == f"ok: {EXAMPLE}: 2 memories, 17 turns, 8 questions, 0 warning(s)"
+
+
+def test_the_example_file_loads_as_documented() -> None:
+    bench = load_benchmark("jsonl", EXAMPLE)
+    alice, bob = bench.memories
+    assert [q.question_id for q in bench.questions()] == EXAMPLE_QUESTIONS
+    first = alice.sessions[0].turns[2]
+    assert (first.turn_id, first.date_text, first.timestamp) == ("s1:3", "10:00 am on 2 March, 2024",
+                                                                 "2024-03-02T10:00:00")
+    assert first.images[0].caption == "a brown and white beagle puppy on a blue blanket"
+    assert [t.turn_id for t in bob.turns()] == ["a:1", "a:2", "a:3", "b:1", "b:2"]  # ids by default
+    assert bob.sessions[0].date_text == "10 January, 2024" and bob.sessions[1].date_text == "8:00 pm on 20 February, 2024"
+    assert alice.questions[2].question_date == "2024-04-20T00:00:00" and bob.questions[0].abstention
+
+
+@pytest.mark.slow
+def test_own_data_runs_the_whole_pipeline_with_the_real_reader_and_judge(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The example file through `memfit run` with the packaged SmolLM2 as reader and judge, on each user's
+    first question (bob's has no evidence: it is a question to decline)."""
+    out = tmp_path / "mine"
+    assert main(["run", "--config", str(SMOKE), "--out", str(out), "--quiet", "data.benchmark=jsonl",
+                 f"data.path={EXAMPLE}", "data.limit_memories=null", "data.limit_questions=1", "reader.max_new_tokens=8",
+                 "eval.judge.enabled=true", "eval.judge.max_new_tokens=16"]) == 0
+    asked = ["alice:q0", "bob:q0"]
+    predictions = read_jsonl(out / "predictions.jsonl")
+    assert [p["question_id"] for p in predictions] == asked
+    assert all(p["judge"] is not None and isinstance(p["judge"]["verdict"], bool) for p in predictions)
+    Ledger.load(out / "ledger.json").check_one_answer_per_question(asked)
+    metrics = json.loads((out / "metrics.json").read_text())
+    # diagnostics where evidence is given: alice's question (its gold turn s1:1), not bob's
+    assert metrics["retrieval"]["overall"]["questions"] == 1 and metrics["retrieval"]["questions_without_evidence"] == 1
+    assert predictions[0]["retrieval"]["pack_hit"] is True and predictions[1]["retrieval"] is None
+    assert set(metrics["by_category"]) == {"single-hop", "unanswerable"}
+    assert metrics["overall"]["judge"] is not None and metrics["ledger"]["answer_calls"] == 2
+    assert "Own data (jsonl)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["locomo", "longmemeval"])
+def test_a_benchmark_written_as_jsonl_gives_identical_packs(name: str, tmp_path: Path, shared_data: Path,
+                                                           bi_encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Load the real file, write it in the own-data format (`memfit data convert`), load that: MemFit's packs
+    (rankings, excerpts, diagnostics) are the same row for row."""
+    # conv-26's first three sessions (58 turns, 20 questions); three oracle histories
+    source = {"locomo": write_small_locomo(shared_data, tmp_path, questions=20),
+              "longmemeval": shared_data / "longmemeval" / "longmemeval_oracle_sample47.json"}[name]
+    memories = {"locomo": 1, "longmemeval": 3}[name]
+    converted = tmp_path / f"{name}.jsonl"
+    assert main(["data", "convert", name, "--path", str(source), "--out", str(converted)]) == 0
+    monkeypatch.setattr("memfit_gpu.methods.memfit.load_bi_encoder", lambda index: bi_encoder)  # loaded once
+
+    def packs(benchmark: str, path: Path) -> tuple[list[dict], dict]:
+        cfg = load_config(REPO / "configs" / "memfit.yaml", [f"data.benchmark={benchmark}", f"data.path={path}",
+                                                             f"data.limit_memories={memories}", "rerank.backend=none",
+                                                             "index.device=cpu"])
+        selected = select_from_config(load_benchmark(benchmark, path), cfg.data)
+        method = MemFit()
+        try:
+            run = MethodRun(cfg, None, selected, selected.memories, questions_of(selected))
+            method.write(run)
+            rows, diagnostics = method.read(run)
+        finally:
+            method.close()
+        return rows, {k: diagnostics[k] for k in ("overall", "by_category", "questions_total")}
+
+    original, again = packs(name, source), packs("jsonl", converted)
+    assert len(original[0]) >= 3 and original == again
+    _, report = read(converted)
+    assert report.errors == []
+    # converting the converted file changes nothing
+    assert to_jsonl(load_benchmark("jsonl", converted).memories) == converted.read_text()
