@@ -50,7 +50,9 @@ from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.encoders import BiEncoder, CrossEncoderModule, random_cross_encoder
 from memfit_gpu.index.tokenize import tokenize, tokenize_many
 from memfit_gpu.kernels._launch import interpreting, triton_available
-from memfit_gpu.plan import CUDA_CONTEXT_BYTES, GIB, Gpu, Node, host_memory_bytes, make_plan, workload_of
+from memfit_gpu.plan import GIB, Gpu, Node, make_plan, workload_of
+from memfit_gpu.plan.node import host_memory_bytes
+from memfit_gpu.plan.sizes import CUDA_CONTEXT_BYTES
 from memfit_gpu.readers.types import Request
 from memfit_gpu.retrieve.batched import RetrievalResult, kernel_backend, retrieve_batch
 from memfit_gpu.retrieve.view import ReadView
