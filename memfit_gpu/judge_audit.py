@@ -78,7 +78,8 @@ _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                  "twelve")
 _TITLED = "|".join(w.title() for w in (*MONTH_NAMES, *_WEEKDAYS))
-_PERTURBABLE = re.compile(rf"\b(?:(?P<name>{_TITLED})|(?P<digits>\d+)|(?P<word>{'|'.join(_NUMBER_WORDS)}))\b",
+# month and weekday names only capitalised (a date; "may" is a verb), number words in any case
+_PERTURBABLE = re.compile(rf"\b(?:(?P<name>(?-i:{_TITLED}))|(?P<digits>\d+)|(?P<word>{'|'.join(_NUMBER_WORDS)}))\b",
                           re.IGNORECASE)
 _FLIP = {"yes": "no", "no": "yes", "true": "false", "false": "true"}
 _LEADING_YES_NO = re.compile(r"^(?P<lead>(?:likely|probably|definitely|maybe)\s+)?(?P<word>yes|no|true|false)\b",

@@ -261,6 +261,9 @@ def drift(records: Mapping[str, Mapping[str, Any] | None], varied: Sequence[str]
     marked as expected."""
     labels = list(records)
     present = [label for label in labels if records[label] is not None]
+    if not present:
+        return [f"note: no {FILE} in {', '.join(labels)} (made before memfit recorded provenance): provenance not "
+                "compared"] if labels else []
     lines = [f"note: {label} has no {FILE} (made before memfit recorded provenance): not compared"
              for label in labels if records[label] is None]
     if len(present) < 2:

@@ -18,7 +18,7 @@ Writes RUN_DIR/judge_audit.json (every probe with its outcome) and RUN_DIR/judge
 also printed). Deterministic given the seed; every call is cached in RUN_DIR/cache.sqlite and counted in
 RUN_DIR/ledger.json under role judge (phase eval), so a rerun makes no call twice.
 
-Trailing eval.judge.* overrides audit another judge on the same questions (eval.judge.model=...,
+eval.judge.* settings after RUN_DIR (options before it) audit another judge on the same questions (eval.judge.model=...,
 eval.judge.backend=openai eval.judge.base_urls=[http://127.0.0.1:8200/v1]); the report says it is not
 the judge the run was scored with. A tiny judge such as the demo's SmolLM2-135M measures the machinery,
 not a judge worth trusting."""
