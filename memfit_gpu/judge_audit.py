@@ -48,7 +48,7 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import paper_tokens, score
 from memfit_gpu.evaluate.tables import category_name, category_order
 from memfit_gpu.files import atomic_write_text, read_jsonl, write_json_atomic
-from memfit_gpu.inputs import data_record, judge_record
+from memfit_gpu.inputs import data_record, judge_record, model_record, model_uses
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.months import MONTH_NAMES
 from memfit_gpu.preflight import check_judge_can_start
@@ -306,7 +306,7 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
                          progress=progress)
     made = 0
     try:
-        for batch in reader.generate_batches(requests, max(1, cfg.reader.flush_every), progress=progress):
+        for batch in reader.generate_batches(requests, max(1, cfg.reader.flush_every), progress=progress) if requests else ():
             for j, response in batch:
                 outcomes[where[j]] = _outcome(response, kind)
                 made += int(not response.cached)
@@ -324,6 +324,8 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
     report = {
         "run_dir": str(run_dir), "benchmark": bench.name, "seed": seed,
         "judge": judge_record(cfg, selected, enabled=True), "judge_of_the_run": runs_own,
+        # the judge's model as provenance.json records a model (its weights' sha256 when they load here)
+        "judge_model": next(model_record(u) for u in model_uses(cfg, retrieval=False, judge=True) if u.role == "judge"),
         "agreement_metric": f"{variant} F1 >= {AGREEMENT_F1}",
         "questions": len(questions), "judge_requests": len(requests), "probes": PROBES,
         "overall": _block(items, len(questions)),

@@ -174,8 +174,13 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
         # before any LLM call: what makes this run's numbers, compared on every resume
+        record = collect(cfg, selected)
+        if not (out / provenance.FILE).exists() and (out / "predictions.jsonl").exists():
+            log.warning("%s: a directory started by a memfit that recorded no provenance: recorded now, after its "
+                        "first answers (recorded_late)", out)
+            record["recorded_late"] = True
         try:
-            record = provenance.reconcile(out, collect(cfg, selected), allow_provenance_change)
+            record = provenance.reconcile(out, record, allow_provenance_change)
         except provenance.ProvenanceError as exc:
             raise RunError(str(exc)) from None
         tracker.log_provenance(record)
