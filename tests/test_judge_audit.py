@@ -128,6 +128,7 @@ def test_the_audit_is_deterministic_cached_and_counted_under_judge(accept_all_au
     assert probes_for(questions, 0) == probes_for(questions, 0) != probes_for(questions, 1)
 
 
+@pytest.mark.slow
 def test_a_killed_audit_reruns_from_the_cache_to_the_same_report(accept_all_audit, tmp_path: Path, shared_data: Path):
     run_dir = tmp_path / "run"
     shutil.copytree(accept_all_audit[0], run_dir)
