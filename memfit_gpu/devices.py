@@ -10,6 +10,7 @@
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
     synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
     is_oom(exc)                      a device out of memory (torch's error or a CUDA library's)
+    describe()                       the CPU and the visible GPUs (name, memory, capability, driver, CUDA)
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
 fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
@@ -20,13 +21,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
+import shutil
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype", "resolve_dtype",
-           "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
+__all__ = ["DTYPES", "describe", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
+           "resolve_dtype", "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +108,47 @@ def visible_gpu_ids() -> list[str]:
     if count == 0:
         return []
     return ids[:count] if ids is not None else [str(i) for i in range(count)]
+
+
+def describe() -> dict[str, Any]:
+    """The machine a run computes on, for its record (provenance.json): the CPU (model, cores, RAM) and
+    every GPU this process sees (name, memory, compute capability), with torch's CUDA version and the
+    driver's (nvidia-smi; None when it is not there)."""
+    gpus = []
+    for index in range(gpu_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append({"index": index, "name": str(props.name), "memory_bytes": int(props.total_memory),
+                     "capability": f"{props.major}.{props.minor}"})
+    return {
+        "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+                "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+        "gpus": gpus,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch_cuda": torch.version.cuda,
+        "driver": _driver_version() if gpus else None,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.strip().splitlines() if done.returncode == 0 else []
+    return lines[0].strip() if lines else None
 
 
 def parse_dtype(dtype: str | torch.dtype, setting: str = "dtype") -> torch.dtype | None:

@@ -8,7 +8,8 @@ encoded. With neither variable set a point costs two environment lookups.
 
 Points (each right after its write is on disk, unless named otherwise):
 config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,
-metrics, score.ledger, results, DONE (pipeline.py); store.log (store/log.py, each append);
+metrics, score.ledger, results, DONE (pipeline.py); provenance (provenance.py, provenance.json written);
+audit.ledger, audit.json, audit.md (judge_audit.py); store.log (store/log.py, each append);
 store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,

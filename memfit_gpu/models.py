@@ -15,6 +15,7 @@ Every outcome is logged at INFO and returned as a `ResolvedModel` that outputs c
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -93,9 +94,21 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+# The files that hold a model's weights (and the index of a sharded checkpoint).
+_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin", "*.safetensors.index.json", "*.gguf")
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The weight files of a model folder (safetensors, torch .bin, a sharded checkpoint's index, GGUF), by
+    name; a .gguf file is its own weights."""
+    folder = Path(folder)
+    if folder.is_file():
+        return [folder]
+    return sorted({path for pattern in _WEIGHT_PATTERNS for path in folder.glob(pattern) if path.is_file()})
+
+
 def _has_weights(folder: Path) -> bool:
-    patterns = ("*.safetensors", "pytorch_model*.bin", "model*.bin", "*.safetensors.index.json")
-    return any(any(folder.glob(p)) for p in patterns)
+    return any(path.suffix != ".gguf" for path in weight_files(folder))
 
 
 def _try_hub(repo_id: str, looked: list[str]) -> ResolvedModel | None:
@@ -261,6 +274,39 @@ def resolve(kind: str, name: str) -> ResolvedModel:
     logger.info("%s '%s': loading %s weights from %s (%s)", kind, name, resolved.source, resolved.path,
                 resolved.note)
     return resolved
+
+
+def origin(resolved: ResolvedModel) -> dict[str, str | None]:
+    """Where `resolved`'s weights came from, for the record (provenance.json): `source` hub (with the
+    snapshot `revision`, the hub commit the cache folder is named by), package (with the package and its
+    version), converted-gguf (the package or file the GGUF came from) or local (a folder or file)."""
+    out: dict[str, str | None] = {"source": "local", "revision": None, "package": None, "package_version": None,
+                                  "gguf": None}
+    where = resolved.source
+    if resolved.source == "converted-gguf":
+        try:
+            marker = json.loads((Path(resolved.path) / _MARKER).read_text())
+        except (OSError, json.JSONDecodeError):
+            marker = {}
+        out["source"], out["gguf"] = "converted-gguf", marker.get("gguf")
+        where = str(marker.get("origin", ""))
+    elif resolved.source == "hub-cache":
+        out["source"], out["revision"] = "hub", Path(resolved.path).name
+    if where.startswith("package:"):
+        module = where.removeprefix("package:")
+        packaged = next((p for p in PACKAGED.values() if p.package == module), None)
+        pip_name = packaged.pip_name if packaged is not None else module
+        out["package"], out["package_version"] = pip_name, _distribution_version(pip_name)
+        if out["source"] == "local":
+            out["source"] = "package"
+    return out
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def find_local(name: str) -> Path | None:

@@ -29,9 +29,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from memfit_gpu import faults
+from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
+from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.evaluate.judge import (
     empty_verdict,
     is_empty_prediction,
@@ -41,6 +42,7 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
+from memfit_gpu.inputs import collect
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import MethodRun, StageClock
@@ -122,8 +124,13 @@ def _question_payload(q: Question) -> dict[str, Any]:
             "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
 
 
-def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) one configuration into `out_dir`; returns metrics.json's content."""
+def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
+        allow_provenance_change: bool = False) -> dict[str, Any]:
+    """Run (or resume) one configuration into `out_dir`; returns metrics.json's content.
+
+    A resume whose provenance (code, packages, data files, weights, judge, prompts: provenance.CHECKED)
+    differs from the record the run started with is refused (RunError naming the field and its file)
+    unless `allow_provenance_change`, which records the change in provenance.json."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out):
@@ -136,15 +143,16 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True) -> dict[s
         _check_config(cfg, out)
         # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
         # keeps the configuration as given, so a resume on another node plans again
-        return _run_locked(cfg, out, progress, plan.placed(cfg))
+        return _run_locked(cfg, out, progress, plan.placed(cfg), allow_provenance_change)
 
 
-def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConfig) -> dict[str, Any]:
+def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConfig,
+                allow_provenance_change: bool) -> dict[str, Any]:
     timer = StageTimer.load(out / "timings.json")
 
     tracker = Tracker.start(cfg, out)
     try:
-        metrics = _run_stages(cfg, out, timer, progress, placed)
+        metrics = _run_stages(cfg, out, timer, progress, placed, tracker, allow_provenance_change)
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
@@ -155,7 +163,8 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConf
     return metrics
 
 
-def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig) -> dict[str, Any]:
+def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
+                tracker: Tracker, allow_provenance_change: bool) -> dict[str, Any]:
     """The stages; `placed` is `cfg` with index.device as the device plan placed retrieval (encoders, BM25)."""
     with timer.stage("load"):
         bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
@@ -164,6 +173,17 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
         if not questions:
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
+        # before any LLM call: what makes this run's numbers, compared on every resume
+        record = collect(cfg, selected)
+        if not (out / provenance.FILE).exists() and (out / "predictions.jsonl").exists():
+            log.warning("%s: a directory started by a memfit that recorded no provenance: recorded now, after its "
+                        "first answers (recorded_late)", out)
+            record["recorded_late"] = True
+        try:
+            record = provenance.reconcile(out, record, allow_provenance_change)
+        except provenance.ProvenanceError as exc:
+            raise RunError(str(exc)) from None
+        tracker.log_provenance(record)
 
     ledger_path = out / "ledger.json"
     try:
@@ -191,7 +211,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
 
         with timer.stage("score"):
-            metrics = _score(cfg, out, bench, questions, ledger, timer)
+            metrics = _score(cfg, out, bench, questions, ledger, timer, record)
     finally:
         if reader is not None:
             reader.close()
@@ -354,11 +374,7 @@ def _account_answered(out: Path, questions: list[Question], answered: dict[str, 
 
 def _memgallery_dir(bench: Benchmark) -> Path:
     """The MemGallery folder that holds prompt/ (the loader's source is its dialog/ folder or a file in it)."""
-    source = Path(bench.source)
-    for candidate in (source, source.parent, source.parent.parent):
-        if (candidate / "prompt").is_dir():
-            return candidate
-    return source.parent if source.is_dir() else source.parent.parent
+    return benchmark_folder(bench.source)
 
 
 class _Judge:
@@ -394,7 +410,7 @@ class _Judge:
 
 
 def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
-           timer: StageTimer) -> dict[str, Any]:
+           timer: StageTimer, record: dict[str, Any]) -> dict[str, Any]:
     rows = read_jsonl(out / "predictions.jsonl")
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -425,7 +441,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     faults.point("metrics")
     ledger.save(out / "ledger.json")
     faults.point("score.ledger")
-    table = render_markdown(metrics, benchmark=bench.name)
+    table = render_markdown(metrics, benchmark=bench.name) + "\n" + provenance.markdown_block(record)
     atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics

@@ -4,9 +4,9 @@ A refusal here is one line (exit code 2 from the CLI) naming the setting to chan
 directory as it was, so the corrected command works in the same --out directory. Checked, cheapest first:
 - the benchmark's files exist (data.benchmark, data.path, data.split);
 - index.device names devices this machine has;
-- weights are on disk for the encoder, the cross-encoder (rerank.backend=cross-encoder) and every
-  reader whose backend loads weights (its registry entry: reader.model; eval.judge.model when the judge
-  is on);
+- weights are on disk for every model the configuration loads (inputs.model_uses: the encoder, the
+  cross-encoder with rerank.backend=cross-encoder, every reader whose backend loads weights: reader.model;
+  eval.judge.model when the judge is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
 - the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
   fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
@@ -22,6 +22,7 @@ from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.data import resolve_data_path
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.evaluate.judge import reader_config_for_judge
+from memfit_gpu.inputs import model_uses
 from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
@@ -38,9 +39,8 @@ def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
     except RuntimeError as exc:
         raise ConfigError(f"index.device={cfg.index.device!r} cannot be used here: {exc} "
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
-    resolve("encoder", cfg.index.encoder)
-    if cfg.rerank.backend == "cross-encoder":
-        resolve("cross-encoder", cfg.rerank.model)
+    for use in model_uses(cfg, readers=False):
+        resolve(use.kind, use.name)
     if not readers:
         return _fitting_plan(cfg, readers=False)
     template = load_prompt(cfg.reader.prompt)
@@ -48,20 +48,30 @@ def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
                           f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
     plan = _fitting_plan(cfg, readers=True)
-    roles = [("reader", cfg.reader)]
-    if cfg.eval.judge.enabled:
+    _check_readers(cfg, judge=cfg.eval.judge.enabled)
+    return plan
+
+
+def check_judge_can_start(cfg: MemFitConfig) -> None:
+    """The checks of check_can_start for eval.judge alone, on or off (`memfit judge-audit` runs it): its
+    servers answer, its weights are on disk."""
+    _check_readers(cfg, judge=True, reader=False)
+
+
+def _check_readers(cfg: MemFitConfig, judge: bool, reader: bool = True) -> None:
+    roles = [("reader", cfg.reader)] if reader else []
+    if judge:
         roles.append(("eval.judge", reader_config_for_judge(cfg.eval.judge, cfg.reader)))
-    for key, reader in roles:
-        entry = backend_entry(reader.backend)  # the backend's registry entry says what it needs here
-        urls = entry.urls(reader)
+    for key, settings in roles:
+        urls = backend_entry(settings.backend).urls(settings)  # the backend's registry entry says what it calls
         if urls:
             # The judge without URLs of its own uses the reader's (reader_config_for_judge).
             own = key == "reader" or bool(cfg.eval.judge.base_urls)
-            probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", urls, reader.api_key_env,
-                            timeout_s=min(reader.timeout_s, PROBE_TIMEOUT_S))
-        if entry.weights:
-            resolve("reader", reader.model)
-    return plan
+            probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", urls, settings.api_key_env,
+                            timeout_s=min(settings.timeout_s, PROBE_TIMEOUT_S))
+    for use in model_uses(cfg, retrieval=False, judge=judge):  # the readers whose backend loads weights here
+        if use.weights and (reader or use.role == "judge"):
+            resolve(use.kind, use.name)
 
 
 def _fitting_plan(cfg: MemFitConfig, readers: bool) -> Plan:

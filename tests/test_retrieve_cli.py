@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,11 @@ def test_retrieve_writes_packs_and_diagnostics(tmp_path, locomo_path, capsys) ->
     assert first["evidence"] == ["D1:3"] and first["ranked"][0]["turn_id"] == "D1:3"
     assert "yesterday (7 May 2023)" in first["excerpts"]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["reranker"] == "none"
+    # what made the packs (issue 20): retrieval alone, no reader, judge or prompts
+    record = json.loads((out / "provenance.json").read_text())
+    assert record["command"] == "memfit retrieve" and set(record["models"]) == {"encoder"}
+    assert record["judge"] == {"enabled": False} and record["prompts"] == {}
+    assert record["data"]["files"]["locomo10.json"]["sha256"] == hashlib.sha256(locomo_path.read_bytes()).hexdigest()
 
 
 def test_retrieve_without_cross_encoder_weights_fails_clearly(tmp_path, locomo_path, capsys) -> None:

@@ -162,10 +162,12 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
     assert to_markdown(columns, rows) == expected_md
     assert to_csv(columns, rows).splitlines()[1] == "k=5,5,done,paper,0.25,0.125,0.5,0.75,4"
 
-    # the CLI prints the same table and writes both files
+    # the CLI prints the same table and writes both files; below it, what it could not compare (issue 20)
     assert memfit_main(["aggregate", str(sweep_dir)]) == 0
-    assert capsys.readouterr().out == expected_md
-    assert (sweep_dir / "aggregate.md").read_text() == expected_md
+    note = ("\nnote: no provenance.json in k=5, k=10 (made before memfit recorded provenance): provenance not "
+            "compared\n")
+    assert capsys.readouterr().out == expected_md + note
+    assert (sweep_dir / "aggregate.md").read_text() == expected_md + note
     assert (sweep_dir / "aggregate.csv").read_text() == to_csv(columns, rows)
 
 

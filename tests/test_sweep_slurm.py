@@ -211,6 +211,9 @@ def test_aggregate_reads_every_point(cancelled_sweep: dict) -> None:
         assert pack_hit == pack_hit_rate(point_dir / "predictions.jsonl")  # the same rate, two sources
         assert _cells(line) == [f"k={k}", str(k), "done", variant, f"{100 * metrics['average'][variant]['f1']:.2f}",
                                 f"{100 * metrics['average'][variant]['bleu1']:.2f}", f"{100 * pack_hit:.2f}", "6"]
+    # both points read the same data with the same models and code: no provenance line below the table
+    assert all((out / "points" / f"k={k}" / "provenance.json").is_file() for k in (5, 10))
+    assert not [line for line in lines if line.startswith(("warning: ", "note: "))]
     assert (out / "aggregate.md").read_text() == result.stdout
     csv_lines = (out / "aggregate.csv").read_text().splitlines()
     assert csv_lines[0] == "point,pack.k,status,metric,f1,bleu1,pack_hit,questions" and len(csv_lines) == 3

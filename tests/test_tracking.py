@@ -105,6 +105,7 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
 
     tracker = Tracker.start(cfg, run_dir)
     assert isinstance(tracker, WandbTracker)
+    tracker.log_provenance({"schema": 1, "data": {"files": {"locomo10.json": {"sha256": "79fa87e9"}}}})
     tracker.log_timings({"build": 1.5, "retrieve": 0.25})
     tracker.log_metrics(METRICS)
     tracker.log_predictions(ROWS, predictions)
@@ -121,6 +122,8 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     assert run.config["pack"]["k"] == 7
     assert run.config["tracking"]["wandb"]["group"] == "smoke-sweep"
     assert run.config["retrieve"]["scan_top_k"] == 60
+    # provenance.json's record beside it (issue 20)
+    assert run.config["provenance"]["data"]["files"]["locomo10.json"]["sha256"] == "79fa87e9"
     # timings and metrics in the summary and in history
     assert run.summary["timings/build"] == 1.5 and run.summary["timings/retrieve"] == 0.25
     assert run.summary["overall/paper/f1"] == 0.83335 and run.summary["questions"] == 2

@@ -19,6 +19,7 @@ from memfit_gpu.cli import (
     compare,
     data,
     efficiency,
+    judge_audit,
     plan,
     profile,
     retrieve,
@@ -37,13 +38,14 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": profile.__name__,
     "retrieve": retrieve.__name__,
     "compare": compare.__name__,
+    "judge-audit": judge_audit.__name__,
     "efficiency": efficiency.__name__,
     "tables": tables.__name__,
     "sweep": sweep.__name__,
     "aggregate": aggregate.__name__,
     "store": store.__name__,
 }
-_MODULES = (data, run, plan, profile, retrieve, compare, efficiency, tables, sweep, aggregate, store)
+_MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, tables, sweep, aggregate, store)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 

@@ -10,17 +10,25 @@ log = logging.getLogger(__name__)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.provenance import ProvenanceError
     from memfit_gpu.sweep.spec import SweepError
 
-    return (SweepError,)
+    return (SweepError, ProvenanceError)
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
+    from memfit_gpu.sweep.aggregate import (
+        aggregate,
+        predictions_dataset,
+        provenance_drift,
+        to_csv,
+        to_markdown,
+    )
 
     sweep_dir = Path(args.dir)
     columns, rows = aggregate(sweep_dir)
-    markdown = to_markdown(columns, rows)
+    drift = provenance_drift(sweep_dir)
+    markdown = to_markdown(columns, rows) + ("\n" + "\n".join(drift) + "\n" if drift else "")
     md_path = Path(args.md) if args.md else sweep_dir / "aggregate.md"
     csv_path = Path(args.csv) if args.csv else sweep_dir / "aggregate.csv"
     md_path.write_text(markdown)
@@ -38,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "aggregate",
         help="one table of a sweep's points: sweep keys and main metrics",
-        description="Read every point's metrics.json; print a markdown table; write aggregate.md/.csv.",
+        description="Read every point's metrics.json; print a markdown table; write aggregate.md/.csv. Below the "
+                    "table: a line per provenance section that differs between the points (warning: data files, "
+                    "category names, weights, judge, prompts; note: code version, python, packages, devices), a "
+                    "model or judge the sweep varies marked as expected.",
     )
     p.add_argument("dir", help="sweep directory (has sweep.json)")
     p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")

@@ -19,7 +19,11 @@ for F1: B higher) and lost.
 
 --metric judge uses the judge verdicts (default when every paired question has one in both runs);
 --metric f1 uses token F1 under --variant (the stored score, or scored from prediction and gold
-when the run did not store that variant). A malformed line is an error naming the file and line."""
+when the run did not store that variant). A malformed line is an error naming the file and line.
+
+Below the table, one line per provenance section that differs between the two runs' provenance.json
+(`warning:` for the data files, category names, weights, judge and prompts, whose change makes the
+numbers incomparable; `note:` for the code version, python, packages and devices)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -13,7 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run MemFit end to end on a benchmark: store every turn (one encoder pass), build segment summaries, "
             "retrieve for every question in one batched pass, make one reader call per question, and score. "
-            "Writes DIR/config.yaml, predictions.jsonl, metrics.json, ledger.json, results.md and DONE. "
+            "Writes DIR/config.yaml, provenance.json (before the first answer: code, packages, devices, data files, "
+            "models, categories, judge and prompts, with hashes), predictions.jsonl, metrics.json, ledger.json, "
+            "results.md and DONE. "
             "Killed at any point, the same command resumes: no lost or duplicated predictions, no repeated LLM calls."
         ),
     )
@@ -22,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dot-list overrides, e.g. retrieve.scan_top_k=30 rerank.backend=none")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--allow-provenance-change", action="store_true",
+                        help="resume even though the code, packages, data files, weights, judge or prompts differ "
+                             "from the run's provenance.json (the change is recorded there); without it such a "
+                             "resume is refused, naming the field and its file")
     parser.set_defaults(func=command, user_errors=user_errors)
 
 
@@ -36,6 +42,6 @@ def command(args: argparse.Namespace) -> int:
     from memfit_gpu.pipeline import run
 
     cfg = load_config(args.config, args.overrides)
-    run(cfg, args.out, progress=not args.quiet)
+    run(cfg, args.out, progress=not args.quiet, allow_provenance_change=args.allow_provenance_change)
     print((Path(args.out) / "results.md").read_text())
     return 0

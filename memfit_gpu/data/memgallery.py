@@ -168,6 +168,16 @@ def files_in(root: Path, split: str | None = None) -> list[Path]:
     return []
 
 
+def benchmark_folder(source: str | Path) -> Path:
+    """The MemGallery folder that holds prompt/ (its official prompts), from a loaded benchmark's source (its
+    dialog/ folder or a file in it)."""
+    source = Path(source)
+    for candidate in (source, source.parent, source.parent.parent):
+        if (candidate / "prompt").is_dir():
+            return candidate
+    return source.parent if source.is_dir() else source.parent.parent
+
+
 SPEC = BenchmarkSpec(
     name=NAME, title="MemGallery", load=load_memgallery, files_in=files_in, layout="memgallery/dialog/*.json",
     fetchable=True,

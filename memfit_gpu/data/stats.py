@@ -15,6 +15,22 @@ def _natural_key(text: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
+def quirk_kind(problem: str) -> str:
+    """A data quirk's message without what names its place (the question or memory before the first
+    ": ", ids, quoted values, counts): the kind that `quirk_counts` counts."""
+    text = problem.split(": ", 1)[1] if ": " in problem else problem
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", text)
+    text = re.sub(r"\([^)]*\)", "(...)", text)
+    text = re.sub(r"\[[^\]]*\]", "[...]", text)
+    return re.sub(r"[\w-]*\d(?:[\w#.,-]|:(?=\w))*", "N", text)
+
+
+def quirk_counts(problems: list[str]) -> dict[str, int]:
+    """How many data quirks a loader handled, by kind (`quirk_kind`), most frequent first."""
+    counts = Counter(quirk_kind(p) for p in problems)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, Any]:
     """memories, sessions, turns, questions (all / evaluated / abstention), questions per category,
     images (in turns, on questions), evidence coverage, and the data quirks handled."""

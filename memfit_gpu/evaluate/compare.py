@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from memfit_gpu import provenance
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.evaluate.metrics import VARIANTS, score
 from memfit_gpu.evaluate.stats import paired_permutation_test
@@ -173,6 +174,8 @@ def compare_runs(
         "only_a": only_a,
         "only_b": only_b,
         "warnings": warnings,
+        # which provenance fields differ (provenance.drift: warnings for data, weights, judge, ...; notes)
+        "provenance": provenance.drift({"A": provenance.read(path_a.parent), "B": provenance.read(path_b.parent)}),
         "seed": seed,
         "method": method,
         "n_permutations": n_permutations,
@@ -228,4 +231,5 @@ def format_comparison(result: Mapping[str, Any]) -> str:
             shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
             lines.append(f"only in {side}: {len(ids)} questions ({shown})")
     lines += [f"warning: {w}" for w in result["warnings"]]
+    lines += list(result.get("provenance", []))
     return "\n".join(lines) + "\n"

@@ -12,15 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import provenance
 from memfit_gpu.config import ConfigError, MemFitConfig, to_dict
 from memfit_gpu.data import load_benchmark, select_from_config
+from memfit_gpu.inputs import collect
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import questions_of, write_packs
 from memfit_gpu.methods.registry import method_entry
 
 
 def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
-    """Write OUT/packs.jsonl and OUT/diagnostics.json for cfg.method; returns diagnostics.json's content.
+    """Write OUT/provenance.json, OUT/packs.jsonl and OUT/diagnostics.json for cfg.method; returns
+    diagnostics.json's content.
 
     Args:
         store_path: an existing EpisodeStore directory to read (keeps its summaries; never written); None
@@ -37,6 +40,9 @@ def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | 
     with clock.stage("load"):
         benchmark = select_from_config(load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split),
                                        cfg.data)
+        out.mkdir(parents=True, exist_ok=True)
+        # what made these packs (no reader, judge or prompts: retrieval alone), before the packs themselves
+        provenance.write(out, collect(cfg, benchmark, readers=False, command="memfit retrieve"))
     method = entry.make()
     run = MethodRun(cfg, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
                     stage=clock.stage, store_path=None if store_path is None else Path(store_path))

@@ -13,10 +13,10 @@ import json
 import sqlite3
 import time
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu.digests import file_sha256
 from memfit_gpu.readers.images import is_remote
 from memfit_gpu.readers.types import Request, Response
 
@@ -37,22 +37,11 @@ CREATE TABLE IF NOT EXISTS responses (
 """
 
 
-@lru_cache(maxsize=4096)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    # size and mtime are part of the cache key of this memo, so an edited file is hashed again.
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def image_fingerprint(image: str) -> str:
     """A local file by the sha256 of its bytes; a URL (or a path that is not a file) as written."""
     path = Path(image)
     if not is_remote(image) and path.is_file():
-        st = path.stat()
-        return "sha256:" + _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
+        return "sha256:" + file_sha256(path)
     return image
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import datasets
 
+from memfit_gpu import provenance
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.render import csv_text, markdown_table
@@ -52,9 +53,7 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     keys = list(record.sweep_keys)
     rows: list[dict[str, Any]] = []
     for point in record.points:
-        point_dir = Path(point.dir)
-        if not point_dir.is_absolute() or not point_dir.exists():
-            point_dir = sweep_dir / "points" / point.point_id
+        point_dir = _point_dir(sweep_dir, point)
         row: dict[str, Any] = {"point": point.point_id}
         row.update({k: point.overrides.get(k) for k in keys})
         row["status"] = PointState.DONE.value if (point_dir / "DONE").exists() else point.state.value
@@ -76,6 +75,28 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     if all(r.get("judge") is None for r in rows):
         columns.remove("judge")
     return columns, rows
+
+
+def _point_dir(sweep_dir: Path, point: Any) -> Path:
+    """A point's run directory: as sweep.json records it, else OUT/points/<id> (a sweep folder moved)."""
+    point_dir = Path(point.dir)
+    if not point_dir.is_absolute() or not point_dir.exists():
+        point_dir = sweep_dir / "points" / point.point_id
+    return point_dir
+
+
+def provenance_drift(sweep_dir: str | Path) -> list[str]:
+    """provenance.drift over the points that have started (a provenance.json or a DONE), the first one the
+    reference: which provenance fields differ between the runs the table combines; a model or judge the
+    sweep's keys vary is marked as expected."""
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir / "sweep.json")
+    records = {}
+    for point in record.points:
+        point_dir = _point_dir(sweep_dir, point)
+        if (point_dir / provenance.FILE).exists() or (point_dir / "DONE").exists():
+            records[point.point_id] = provenance.read(point_dir)
+    return provenance.drift(records, varied=record.sweep_keys)
 
 
 def _arrow_safe(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,10 +127,7 @@ def predictions_dataset(sweep_dir: str | Path) -> datasets.Dataset:
     record = read_sweep_record(sweep_dir / "sweep.json")
     rows: list[dict[str, Any]] = []
     for point in record.points:
-        point_dir = Path(point.dir)
-        if not point_dir.is_absolute() or not point_dir.exists():
-            point_dir = sweep_dir / "points" / point.point_id
-        path = point_dir / "predictions.jsonl"
+        path = _point_dir(sweep_dir, point) / "predictions.jsonl"
         if not path.exists():
             continue
         sweep_values = {f"sweep.{k}": point.overrides.get(k) for k in record.sweep_keys}

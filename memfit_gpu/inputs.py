@@ -1,0 +1,167 @@
+"""A run's inputs: the benchmark files, the models its configuration loads, its prompt files and its judge.
+
+    model_uses(cfg)                     every model a configuration loads (preflight checks each is here)
+    collect(cfg, benchmark)             the run's provenance record (provenance.py: what each field means)
+    judge_record(cfg, benchmark)        the judge part of it (also what `memfit judge-audit` records)
+
+`memfit run` writes the record before its first answer and compares it on every resume (pipeline.py);
+`memfit retrieve` writes it beside its packs (methods/offline.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memfit_gpu import provenance
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data import Benchmark, resolve_data_path
+from memfit_gpu.data.memgallery import benchmark_folder
+from memfit_gpu.data.registry import benchmark_spec
+from memfit_gpu.data.stats import quirk_counts
+from memfit_gpu.digests import file_sha256, text_sha256
+from memfit_gpu.evaluate.judge import reader_config_for_judge
+from memfit_gpu.models import origin, resolve
+from memfit_gpu.readers.prompts import (
+    LONGMEMEVAL_JUDGE_FILES,
+    MEMGALLERY_FILES,
+    PROMPT_DIR,
+    judge_kind,
+    load_prompt,
+    resolve_protocol,
+)
+from memfit_gpu.readers.registry import backend_entry
+
+
+@dataclass(frozen=True)
+class ModelUse:
+    role: str  # encoder | cross_encoder | reader | judge: its key under the record's `models`
+    kind: str  # models.KINDS: how models.resolve looks for it
+    name: str  # the id the configuration names
+    config_key: str  # the key that names it
+    backend: str | None = None  # a reader's or judge's backend
+    weights: bool = True  # loaded from disk here (False: a server's model, named only)
+    base_urls: tuple[str, ...] = ()
+
+
+def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = True,
+               judge: bool | None = None) -> list[ModelUse]:
+    """The models `cfg` loads: the encoder, the cross-encoder (rerank.backend=cross-encoder) and, with
+    readers, the reader and the judge (eval.judge.enabled, or `judge`); a reader whose backend loads no
+    weights (its registry entry: a server) is listed with weights=False."""
+    uses = []
+    if retrieval:
+        uses.append(ModelUse("encoder", "encoder", cfg.index.encoder, "index.encoder"))
+        if cfg.rerank.backend == "cross-encoder":
+            uses.append(ModelUse("cross_encoder", "cross-encoder", cfg.rerank.model, "rerank.model"))
+    if readers:
+        roles = [("reader", cfg.reader, "reader.model")]
+        if cfg.eval.judge.enabled if judge is None else judge:
+            roles.append(("judge", reader_config_for_judge(cfg.eval.judge, cfg.reader), "eval.judge.model"))
+        for role, reader, key in roles:
+            weights = backend_entry(reader.backend).weights
+            uses.append(ModelUse(role, "reader", reader.model, key, reader.backend, weights,
+                                 () if weights else tuple(reader.base_urls)))
+    return uses
+
+
+def model_record(use: ModelUse) -> dict[str, Any]:
+    """What the record says of one model: its id, where its weights came from and their sha256."""
+    record: dict[str, Any] = {"name": use.name, "config_key": use.config_key}
+    if use.backend is not None:
+        record["backend"] = use.backend
+    if not use.weights:
+        return {**record, "source": "server", "base_urls": list(use.base_urls)}
+    resolved = resolve(use.kind, use.name)
+    came_from = origin(resolved)
+    record.update(path=resolved.path, **came_from, weights=provenance.weights_entry(resolved.path))
+    if came_from["gguf"] and Path(came_from["gguf"]).is_file():
+        record["gguf_sha256"] = file_sha256(came_from["gguf"])
+    return record
+
+
+def data_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, Any]:
+    """The benchmark's files as read (bytes, sha256; named relative to their folder) and the quirks its
+    loader handled, by kind."""
+    files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
+    root = files[0].parent if len(files) == 1 else Path(os.path.commonpath([f.parent for f in files]))
+    return {"benchmark": benchmark_spec(cfg.data.benchmark).name, "split": cfg.data.split, "root": str(root.resolve()),
+            "files": {str(f.relative_to(root)): provenance.file_entry(f) for f in files},
+            "quirks": {"count": len(benchmark.problems), "by_kind": quirk_counts(benchmark.problems)}}
+
+
+def category_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, Any]:
+    """The benchmark's category id -> name map and where it is written (data/spec.py BenchmarkSpec), and the
+    categories of the questions the run selected."""
+    spec = benchmark_spec(cfg.data.benchmark)
+    used = sorted({q.category for q in benchmark.questions()})
+    return {"map": dict(spec.categories),
+            "source": spec.category_source or "none: the benchmark's own labels are its category names",
+            "in_run": {c: spec.category_name(c) for c in used}}
+
+
+def _prompt_hashes(names: list[str], prompt_dir: str | None = None) -> dict[str, str]:
+    return {name: text_sha256(load_prompt(name, prompt_dir)) for name in dict.fromkeys(names)}
+
+
+def _memgallery_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str]:
+    folder = benchmark_folder(benchmark.source) / "prompt"
+    return {f"prompt/{name}": file_sha256(folder / name) for name in names if (folder / name).is_file()}
+
+
+def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None = None) -> dict[str, Any]:
+    """The judge (eval.judge, through evaluate/judge.py's reader config): backend, model, kind and the
+    sha256 of each prompt file its kind reads; {"enabled": false} when the run has no judge (`enabled`
+    overrides eval.judge.enabled: the judge audit records the judge it runs)."""
+    if not (cfg.eval.judge.enabled if enabled is None else enabled):
+        return {"enabled": False}
+    reader = reader_config_for_judge(cfg.eval.judge, cfg.reader)
+    kind = judge_kind(benchmark.name, cfg.eval.judge.prompt)
+    if kind == "paper":
+        prompts = _prompt_hashes(["judge.txt"])
+    elif kind == "longmemeval":
+        prompts = _prompt_hashes(sorted(set(LONGMEMEVAL_JUDGE_FILES.values())))
+    else:
+        prompts = _memgallery_prompts(benchmark, [MEMGALLERY_FILES["judge"]])
+    local = backend_entry(reader.backend).weights
+    return {"enabled": True, "backend": reader.backend, "model": reader.model, "kind": kind,
+            "max_new_tokens": reader.max_new_tokens, "base_urls": [] if local else list(reader.base_urls),
+            "prompts": prompts}
+
+
+def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str, str]]:
+    """The sha256 of each prompt file the reader's calls are made from: the answer prompt (MemGallery's
+    official files under its protocol; the multimodal variant when images are sent), the summary prompt
+    when summaries are on, LightMem's four prompts for method=lightmem_slm."""
+    out: dict[str, dict[str, str]] = {}
+    if resolve_protocol(cfg.reader.protocol, benchmark.name) == "memgallery":
+        official = [MEMGALLERY_FILES[k] for k in ("system", "AR", "CD", "VS")]
+        out["answer"] = {**_prompt_hashes(["answer_memgallery.txt"]), **_memgallery_prompts(benchmark, official)}
+    else:
+        multimodal = cfg.reader.images != "none" and cfg.reader.prompt == "answer.txt"
+        out["answer"] = _prompt_hashes([cfg.reader.prompt, *(["answer_multimodal.txt"] if multimodal else [])])
+    if cfg.summary.enabled:
+        out["summary"] = _prompt_hashes([cfg.summary.prompt])
+    if cfg.method == "lightmem_slm":
+        folder = Path(cfg.lightmem.prompt_dir)
+        folder = folder if folder.is_absolute() else Path(str(PROMPT_DIR)) / folder
+        out["lightmem"] = _prompt_hashes(sorted(p.name for p in folder.glob("*.txt")), str(folder))
+    return out
+
+
+def collect(cfg: MemFitConfig, benchmark: Benchmark, *, readers: bool = True, command: str = "memfit run") -> dict[str, Any]:
+    """The provenance record of a run of `cfg` over `benchmark` (the questions data.* selected; the
+    selection keeps the loader's quirks): readers=False for retrieval alone (`memfit retrieve`: no reader,
+    judge or prompts). Hashes what it records (each file once per process: digests.py)."""
+    return {
+        "schema": provenance.SCHEMA, "written": provenance.now(), "command": command, "argv": list(sys.argv),
+        **provenance.environment(),
+        "data": data_record(cfg, benchmark),
+        "categories": category_record(cfg, benchmark),
+        "models": {use.role: model_record(use) for use in model_uses(cfg, readers=readers)},
+        "judge": judge_record(cfg, benchmark) if readers else {"enabled": False},
+        "prompts": prompt_record(cfg, benchmark) if readers else {},
+    }
