@@ -19,10 +19,12 @@ from memfit_gpu.cli import (
     compare,
     data,
     efficiency,
+    keys,
     plan,
     profile,
     retrieve,
     run,
+    serve,
     store,
     sweep,
     tables,
@@ -42,8 +44,10 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": sweep.__name__,
     "aggregate": aggregate.__name__,
     "store": store.__name__,
+    "serve": serve.__name__,
+    "keys": keys.__name__,
 }
-_MODULES = (data, run, plan, profile, retrieve, compare, efficiency, tables, sweep, aggregate, store)
+_MODULES = (data, run, plan, profile, retrieve, compare, efficiency, tables, sweep, aggregate, store, serve, keys)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 
