@@ -462,7 +462,7 @@ class Memory:
     def _live_rows(self, user_id: str) -> list[int]:
         rows = self.store.live_turns(user_id)
         if not rows:
-            raise UnknownUserError(f"user {user_id!r} has no turns in the memory at {self.path}")
+            raise UnknownUserError(f"user {user_id!r} has no turns in this memory")
         return rows
 
     def search(self, user_id: str | Sequence[str], queries: Sequence[str], k: int = 10) -> list[list[Hit]]:

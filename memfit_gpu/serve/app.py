@@ -263,7 +263,10 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None) -> 
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"detail": f"{where}: {first.get('msg')}", "errors": json.loads(json.dumps(errors, default=str))},
+        message = f"{where}: {first.get('msg')}"
+        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
+            message = "body: not read as JSON: send it with Content-Type: application/json"
+        return JSONResponse({"detail": message, "errors": json.loads(json.dumps(errors, default=str))},
                             status_code=422)
 
     @app.exception_handler(_Refused)
