@@ -406,8 +406,7 @@ class Memory:
         with self.holding():
             counts = self.store.compact()
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
-            self.method.attach(self.run, self.store)
-            self.method.compact(self.run)
+            self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
             return counts
 
     def consolidate(self, user_ids: Sequence[str] | None = None) -> dict[str, int]:

@@ -175,8 +175,9 @@ class MemFit:
             run.account("summaries.ledger")  # before the store logs them, as in write
             return {"summaries": self.store.commit_summaries(records)}
 
-    def compact(self, run: MethodRun) -> None:
-        """Nothing of MemFit's own: the store's compaction is all (the caller reattaches)."""
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+        """Nothing of MemFit's own to rewrite: the compacted store is all."""
+        self.attach(run, store)
 
     def close(self) -> None:
         if self.store is not None:

@@ -159,10 +159,9 @@ class NaiveRAG:
     def consolidate(self, run: MethodRun, memory_ids: list[str], holding: Any) -> dict[str, int]:
         return {}  # nothing is written off the query path
 
-    def compact(self, run: MethodRun) -> None:
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """The store's rows were renumbered: chunk it all again."""
-        assert self.store is not None
-        self.attach(run, self.store)
+        self.attach(run, store)
 
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         assert self.table is not None and self.index is not None, "NaiveRAG.read before write"
