@@ -3,12 +3,15 @@
 The memory is opened first (its lock taken, the store replayed: a second server on the same folder is
 refused before any port is bound), then uvicorn serves the app (serve/app.py). On SIGTERM uvicorn stops
 accepting connections, lets in-flight requests finish (serve.drain_timeout_s at most), and the app's
-lifespan runs what the batchers still hold, then closes the memory (index snapshot, lock released).
+lifespan runs what the batchers still hold, then closes the memory (index snapshot, lock released), and
+the process exits 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -19,6 +22,19 @@ from memfit_gpu.serve.app import make_app
 from memfit_gpu.serve.keys import KeyRing
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn raises a captured SIGTERM / SIGINT again once its graceful shutdown is done, so the process
+    would end as killed by the signal; by then memfit serve has drained and closed the memory: exit 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            if self._captured_signals:
+                log.info("memfit serve: stopped by signal %s after draining", self._captured_signals[-1])
+            self._captured_signals.clear()
 
 
 def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = None, host: str | None = None,
@@ -38,7 +54,7 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
     config = uvicorn.Config(app, host=host or cfg.serve.host, port=cfg.serve.port if port is None else port,
                             log_level="info", timeout_graceful_shutdown=cfg.serve.drain_timeout_s, lifespan="on",
                             access_log=False)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     log.info("memfit serve: %s with %d keys on http://%s:%d (OpenAPI: /docs)", store, len(keys.keys), config.host,
              config.port)
     try:
