@@ -284,6 +284,34 @@ class LightMemConfig:
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
 
 
+# ---- issue 22: the live memory (memfit_gpu.Memory) and its server (memfit serve)
+@dataclass
+class LiveConfig:
+    # Off the query path, as the paper builds its summaries: "background" runs consolidate() on a worker
+    # thread once a user has consolidate_after_turns new turns (MemFit: segment summaries; lightmem_slm:
+    # MTM notes and LTM consolidation); "manual" only when Memory.consolidate() is called.
+    consolidate: str = "background"
+    consolidate_after_turns: int = 64
+    # Appended turns are logged (fsynced) at once and indexed in memory; the index state is snapshotted
+    # after this many turns (and on close), so a restart re-encodes at most this many.
+    snapshot_after_turns: int = 1024
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"  # memfit serve --host
+    port: int = 8765  # memfit serve --port
+    keys_file: Optional[str] = None  # hashed API keys bound to user ids (memfit keys new); required to serve
+    # Dynamic batching: concurrent searches (and answers, adds) that arrive within this window of the first,
+    # or until max_batch are waiting, are answered by one batched call (max_batch 1 = one at a time).
+    batch_window_ms: float = 5.0
+    max_batch: int = 64
+    max_body_bytes: int = 1_048_576  # larger request bodies get 413
+    max_turns_per_request: int = 1024  # more get 422
+    max_queries_per_request: int = 64  # more get 422
+    max_k: int = 100  # search k above this gets 422
+    drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish, then the store closes
+
 
 @dataclass
 class MemFitConfig:
@@ -304,6 +332,9 @@ class MemFitConfig:
     naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     lightmem: LightMemConfig = field(default_factory=LightMemConfig)
+    # issue 22: memfit_gpu.Memory and memfit serve
+    live: LiveConfig = field(default_factory=LiveConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
 
 class ConfigError(ValueError):
@@ -334,6 +365,7 @@ _CHOICES: dict[str, Sequence[str | None]] = {
     "tracking.wandb.mode": ("online", "offline", "disabled"),
     "method": _REGISTERED["method"],
     "lightmem.routing": ("slm", "mtm", "ltm"),
+    "live.consolidate": ("background", "manual"),
 }
 
 
@@ -469,6 +501,16 @@ _RANGES: dict[str, _Range] = {
     "lightmem.consolidate_max_new_tokens": _AT_LEAST_1,
     "lightmem.rewrite_max_new_tokens": _AT_LEAST_1,
     "lightmem.rerank_max_new_tokens": _AT_LEAST_1,
+    "live.consolidate_after_turns": _AT_LEAST_1,
+    "live.snapshot_after_turns": _AT_LEAST_1,
+    "serve.port": _Range(0, 65535),  # 0: any free port (tests)
+    "serve.batch_window_ms": _AT_LEAST_0,
+    "serve.max_batch": _AT_LEAST_1,
+    "serve.max_body_bytes": _AT_LEAST_1,
+    "serve.max_turns_per_request": _AT_LEAST_1,
+    "serve.max_queries_per_request": _AT_LEAST_1,
+    "serve.max_k": _AT_LEAST_1,
+    "serve.drain_timeout_s": _AT_LEAST_0,
 }
 
 

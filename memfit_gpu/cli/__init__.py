@@ -20,10 +20,12 @@ from memfit_gpu.cli import (
     data,
     efficiency,
     judge_audit,
+    keys,
     plan,
     profile,
     retrieve,
     run,
+    serve,
     store,
     sweep,
     tables,
@@ -44,8 +46,11 @@ SUBCOMMANDS: dict[str, str] = {
     "sweep": sweep.__name__,
     "aggregate": aggregate.__name__,
     "store": store.__name__,
+    "serve": serve.__name__,
+    "keys": keys.__name__,
 }
-_MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, tables, sweep, aggregate, store)
+_MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, tables, sweep, aggregate, store, serve,
+            keys)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 

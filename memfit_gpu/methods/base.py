@@ -18,6 +18,14 @@ memories, which a method with a persistent store adds to what it holds (the regi
 `incremental`). Timing: the caller times `write` as stage "build" and `read` as "retrieve" (timings.json);
 a method may time a part of its write as a stage of its own with `run.stage(name)` (MemFit's
 "summaries"), which is then not counted in "build" (StageClock).
+
+Live (issue 22): a method whose registry entry says `live` is also a `LiveMethod`, which memfit_gpu.Memory
+drives while turns arrive: the Memory owns one EpisodeStore (the turns, verbatim, whatever the method) and
+hands it to `attach`; after each write batch (turns added or deleted) it calls `changed` with the memories
+touched, so the method brings what it derives from the turns up to date; `read` then answers any batch
+of (memory id, query) pairs exactly as for a benchmark, and `hits` turns one of its rows into ranked hits.
+`consolidate` is the write-time work that stays off the query path (MemFit's segment summaries,
+LightMem's MTM notes and LTM graph), through `run.reader`; `compact` follows the store's compaction.
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Benchmark, Memory, Question
+from memfit_gpu.store.episodes import EpisodeStore
 
 
 def _no_ledger(point: str) -> None:
@@ -104,6 +115,46 @@ class Method(Protocol):
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class Hit:
+    """One ranked item a live search returns: a turn (kind episode), or what a method made from turns (a
+    MemFit summary, a naive_rag chunk, a LightMem note or graph node), with the turns behind it."""
+
+    kind: str  # episode | summary | chunk | mtm | ltm
+    text: str  # the turn's own words (episode), else the item's text
+    score: float  # the method's final score (rank order)
+    turn_ids: list[str]  # the turn itself, or the turns the item was made from
+    scores: dict[str, float | None]  # the stage scores behind `score` (MemFit: bm25, dense, fused, boost, rerank)
+    speaker: str | None = None  # episode only
+    timestamp: str | None = None  # episode only: ISO 8601
+    session_id: str | None = None  # episode only
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "turn_id": self.turn_ids[0] if self.kind == "episode" else None,
+                "text": self.text, "score": self.score, "scores": self.scores, "turn_ids": self.turn_ids,
+                "speaker": self.speaker, "timestamp": self.timestamp, "session_id": self.session_id}
+
+
+def episode_hit(store: EpisodeStore, row: int, score: float, scores: dict[str, float | None]) -> Hit:
+    """A Hit for one stored turn."""
+    stamp = store.timestamp[row]
+    return Hit("episode", store.body(row), score, [str(store.turn_id[row])], scores, store.speaker_name(row),
+               None if np.isnat(stamp) else str(stamp), store.session_ids[int(store.session_idx[row])])
+
+
+class LiveMethod(Method, Protocol):
+    def attach(self, run: MethodRun, store: EpisodeStore) -> None: ...
+
+    def changed(self, run: MethodRun, memory_ids: list[str]) -> None: ...
+
+    def hits(self, row: dict[str, Any], k: int) -> list[Hit]: ...
+
+    def consolidate(self, run: MethodRun, memory_ids: list[str],
+                    holding: Callable[[], contextlib.AbstractContextManager[Any]]) -> dict[str, int]: ...
+
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None: ...
 
 
 def query(memory_id: str, question: str, question_id: str | None = None, question_date: str | None = None) -> Question:

@@ -60,8 +60,10 @@ Where the paper is silent, this implementation chooses (and the defaults are in 
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +76,7 @@ from memfit_gpu.data.schema import DataError, Memory, Question
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
-from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
 from memfit_gpu.methods.common import diagnostics_for, pack_json
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.names import mentioned, normalise
@@ -310,6 +312,8 @@ class LightMem:
         self.store: EpisodeStore | None = None
         self.memlog: LightMemLog | None = None
         self.view: ReadView | None = None
+        self._view_generation = -1
+        self._tiers: tuple[Any, TierIndex] | None = None  # (what it was built from, the index)
         self.stats: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------ write path
@@ -322,13 +326,20 @@ class LightMem:
         appended = sum(self._append_turns(memory) for memory in run.memories)
         self.store.snapshot()  # the next open loads the appended turns instead of encoding them again
         faults.point("lightmem.turns")
-        self.view = ReadView.from_store(self.store)
         self.memlog = LightMemLog(run.out / "lightmem" / "log.jsonl", cfg)
         reader = run.reader()
-        mtm = self._write_mtm(run, reader)
-        ltm = self._write_ltm(run, reader)
+        users = [m.memory_id for m in run.memories]
+        mtm = self._write_mtm(run, reader, users, final=True)
+        ltm = self._write_ltm(run, reader, users)
         self.stats = {"turns_appended": appended, "mtm_written": mtm, "ltm_batches_written": ltm}
         log.info("lightmem: %d turns appended, %d MTM entries and %d LTM batches written", appended, mtm, ltm)
+
+    def current_view(self) -> ReadView:
+        """The store's ReadView, built again after the store changed (live writes)."""
+        assert self.store is not None
+        if self.view is None or self._view_generation != self.store.generation:
+            self.view, self._view_generation = ReadView.from_store(self.store), self.store.generation
+        return self.view
 
     def _append_turns(self, memory: Memory) -> int:
         """The user's turns not yet in the store, one `append_turn` each (the live write path)."""
@@ -345,72 +356,100 @@ class LightMem:
             self.store.append_turn(memory.memory_id, turn, session_id=session_id, speakers=memory.speakers)
         return len(turns) - len(stored)
 
-    def _user_rows(self, user: str) -> list[int]:
+    def _user_rows(self, user: str, live: bool = False) -> list[int]:
+        """The user's rows in order: every row ever (MTM windows are cut over them, so a deletion never
+        moves a window), or only the live ones (what the reader may see)."""
         assert self.store is not None
-        return self.store.memory_rows(self.store.memory_of(user), live=False).tolist()
+        if user not in self.store.memory_ids:
+            return []
+        return self.store.memory_rows(self.store.memory_of(user), live=live).tolist()
 
-    def _write_mtm(self, run: MethodRun, reader: Any) -> int:
+    def _write_mtm(self, run: MethodRun, reader: Any, users: list[str], final: bool) -> int:
         """SLM-3 notes of every closed window that has none yet, one batch across users."""
-        assert self.store is not None and self.memlog is not None and self.view is not None
-        cfg, view = run.cfg, self.view
+        jobs, requests = self._mtm_jobs(run.cfg, users, final)
+        if not jobs:
+            return 0
+        responses = reader.generate(requests)
+        run.account("lightmem.mtm.ledger")
+        self._log_mtm(jobs, responses)
+        return len(jobs)
+
+    def _mtm_jobs(self, cfg: MemFitConfig, users: list[str], final: bool) -> tuple[list[dict[str, Any]], list[Request]]:
+        """The MTM entries due (closed windows without a note; `final`: the last window closes too) and
+        their SLM-3 requests; a window whose turns were all deleted gets an empty note, with no call."""
+        assert self.store is not None and self.memlog is not None
+        view = self.current_view()
         template = _prompt(cfg, "mtm_summary.txt")
         jobs: list[dict[str, Any]] = []
-        for memory in run.memories:
-            rows = self._user_rows(memory.memory_id)
-            done = self.memlog.user(memory.memory_id).mtm
+        for user in users:
+            rows = self._user_rows(user)
+            done = self.memlog.user(user).mtm
             sessions = [int(view.ep_session[r]) for r in rows]
-            for entry, positions in enumerate(mtm_windows(sessions, cfg.lightmem.mtm_window_turns, final=True)):
+            for entry, positions in enumerate(mtm_windows(sessions, cfg.lightmem.mtm_window_turns, final=final)):
                 window = [rows[p] for p in positions]
                 if entry in done:
                     if done[entry]["rows"] != window:
                         raise StoreCorruptError(
-                            str(self.memlog.log.path), None, "rows", f"MTM entry {entry} of {memory.memory_id} covers "
+                            str(self.memlog.log.path), None, "rows", f"MTM entry {entry} of {user} covers "
                             f"rows {done[entry]['rows']}, the store's window is {window}")
                     continue
+                shown = [r for r in window if not view.ep_deleted[r]]
                 speakers = list(dict.fromkeys(view.ep_speaker[r] for r in window))
                 lines = [f"- {view.ep_speaker[r]}: {quote_lines(self.store.body(r)[:cfg.lightmem.turn_chars])}"
-                         for r in window]
+                         for r in shown]
                 first, last = view.recorded(window[0]), view.recorded(window[-1])
                 prompt = fill(template, speakers=_speakers(speakers), turns="\n".join(lines),
-                              date=first if first == last else f"{first} to {last}")
-                jobs.append({"t": "mtm", "user": memory.memory_id, "entry": entry,
+                              date=first if first == last else f"{first} to {last}") if shown else None
+                jobs.append({"t": "mtm", "user": user, "entry": entry,
                              "session": self.store.session_ids[int(view.ep_session[window[0]])],
                              "turns": [view.ep_turn_id[r] for r in window], "rows": window, "date": last,
                              "speakers": speakers, "prompt": prompt})
-        if not jobs:
-            return 0
-        requests = [Request([{"role": "user", "content": j.pop("prompt")}], role="mtm_summary",
+        requests = [Request([{"role": "user", "content": j["prompt"]}], role="mtm_summary",
                             max_new_tokens=cfg.lightmem.mtm_max_new_tokens, temperature=cfg.lightmem.temperature,
-                            key=f"mtm:{j['user']}:{j['entry']}") for j in jobs]
-        responses = reader.generate(requests)
-        run.account("lightmem.mtm.ledger")
-        self.memlog.append([{**job, "text": r.text.strip()} for job, r in zip(jobs, responses, strict=True)])
-        faults.point("lightmem.mtm")
-        return len(jobs)
+                            key=f"mtm:{j['user']}:{j['entry']}") for j in jobs if j["prompt"] is not None]
+        return jobs, requests
 
-    def _write_ltm(self, run: MethodRun, reader: Any) -> int:
-        """Consolidations due (module doc), one batch across users."""
+    def _log_mtm(self, jobs: list[dict[str, Any]], responses: Sequence[Any]) -> None:
         assert self.memlog is not None
-        cfg = run.cfg
-        every = cfg.lightmem.consolidate_every
-        template = _prompt(cfg, "consolidate.txt")
-        jobs: list[tuple[str, int, list[int]]] = []
-        requests: list[Request] = []
-        for memory in run.memories:
-            user = self.memlog.user(memory.memory_id)
-            for batch in due_consolidations(len(user.mtm), every, user.ltm_done):
-                entries = list(range(batch * every, (batch + 1) * every))
-                notes = "\n".join(f"- ({user.mtm[e]['date']}) {quote_lines(user.mtm[e]['text'])}" for e in entries)
-                speakers = list(dict.fromkeys(s for e in entries for s in user.mtm[e]["speakers"]))
-                jobs.append((memory.memory_id, batch, entries))
-                requests.append(Request([{"role": "user", "content": fill(template, speakers=_speakers(speakers),
-                                                                           notes=notes)}],
-                                        role="consolidate", max_new_tokens=cfg.lightmem.consolidate_max_new_tokens,
-                                        temperature=cfg.lightmem.temperature, key=f"ltm:{memory.memory_id}:{batch}"))
+        texts = iter(responses)
+        records = []
+        for job in jobs:
+            prompt = job.pop("prompt")
+            records.append({**job, "text": "" if prompt is None else next(texts).text.strip()})
+        self.memlog.append(records)
+        faults.point("lightmem.mtm")
+
+    def _write_ltm(self, run: MethodRun, reader: Any, users: list[str]) -> int:
+        """Consolidations due (module doc), one batch across users."""
+        jobs, requests = self._ltm_jobs(run.cfg, users)
         if not jobs:
             return 0
         responses = reader.generate(requests)
         run.account("lightmem.ltm.ledger")
+        self._log_ltm(jobs, responses)
+        return len(jobs)
+
+    def _ltm_jobs(self, cfg: MemFitConfig, users: list[str]) -> tuple[list[tuple[str, int, list[int]]], list[Request]]:
+        assert self.memlog is not None
+        every = cfg.lightmem.consolidate_every
+        template = _prompt(cfg, "consolidate.txt")
+        jobs: list[tuple[str, int, list[int]]] = []
+        requests: list[Request] = []
+        for user_id in users:
+            user = self.memlog.user(user_id)
+            for batch in due_consolidations(len(user.mtm), every, user.ltm_done):
+                entries = list(range(batch * every, (batch + 1) * every))
+                notes = "\n".join(f"- ({user.mtm[e]['date']}) {quote_lines(user.mtm[e]['text'])}" for e in entries)
+                speakers = list(dict.fromkeys(s for e in entries for s in user.mtm[e]["speakers"]))
+                jobs.append((user_id, batch, entries))
+                requests.append(Request([{"role": "user", "content": fill(template, speakers=_speakers(speakers),
+                                                                           notes=notes)}],
+                                        role="consolidate", max_new_tokens=cfg.lightmem.consolidate_max_new_tokens,
+                                        temperature=cfg.lightmem.temperature, key=f"ltm:{user_id}:{batch}"))
+        return jobs, requests
+
+    def _log_ltm(self, jobs: list[tuple[str, int, list[int]]], responses: Sequence[Any]) -> None:
+        assert self.memlog is not None
         records = []
         for (user_id, batch, entries), response in zip(jobs, responses, strict=True):
             parsed = parse_consolidation(response.text)
@@ -419,22 +458,104 @@ class LightMem:
                             "dropped": parsed.dropped})
         self.memlog.append(records)
         faults.point("lightmem.ltm")
-        return len(jobs)
 
     def close(self) -> None:
         if self.memlog is not None:
             self.memlog.close()
+            self.memlog = None
         if self.store is not None:
             self.store.close()
 
+    # ------------------------------------------------------------------------------ live (issue 22)
+    def attach(self, run: MethodRun, store: EpisodeStore) -> None:
+        if run.out is None:
+            raise ValueError("method=lightmem_slm keeps its notes in the memory's folder: it needs one")
+        if self.memlog is not None:
+            self.memlog.close()
+        self.store, self.view, self._tiers = store, None, None
+        self.memlog = LightMemLog(run.out / "lightmem" / "log.jsonl", run.cfg)
+
+    def changed(self, run: MethodRun, memory_ids: list[str]) -> None:
+        """Nothing online but the turns (STM), which are the store's; notes wait for consolidate."""
+
+    def hits(self, row: dict[str, Any], k: int) -> list[Hit]:
+        """The chosen MTM notes and LTM nodes (SLM-2's order), then the STM turns the excerpts show."""
+        assert self.store is not None and self._tiers is not None
+        tiers, user = self._tiers[1], row["memory_id"]
+        out = []
+        for item in row["lightmem"]["items"]:
+            key = (item["tier"], int(item["id"]))
+            turns = [str(self.store.turn_id[r]) for r in tiers.rows_of(user, key)]
+            out.append(Hit(item["tier"], tiers.note(user, key) if key[0] == "mtm" else tiers.text(user, key),
+                           float(item["score"] if item["score"] is not None else 0.0), turns,
+                           {"dense": item["score"]}))
+        chosen = {t for h in out for t in h.turn_ids}
+        for episode in row["pack"]["episodes"]:
+            if episode["turn_id"] not in chosen:
+                out.append(episode_hit(self.store, int(episode["row"]), 0.0, {}))
+        return out[:k]
+
+    def consolidate(self, run: MethodRun, memory_ids: list[str],
+                    holding: Callable[[], AbstractContextManager[Any]]) -> dict[str, int]:
+        """MTM notes of the windows closed since (a session's last window stays open while it may grow),
+        then the LTM consolidations due; the SLM calls run without holding the memory."""
+        assert run.reader is not None
+        reader = run.reader()
+        with holding():
+            jobs, requests = self._mtm_jobs(run.cfg, memory_ids, final=False)
+        responses = reader.generate(requests) if requests else []
+        with holding():
+            run.account("lightmem.mtm.ledger")
+            if jobs:
+                self._log_mtm(jobs, responses)
+            ltm_jobs, ltm_requests = self._ltm_jobs(run.cfg, memory_ids)
+        ltm_responses = reader.generate(ltm_requests) if ltm_requests else []
+        with holding():
+            run.account("lightmem.ltm.ledger")
+            if ltm_jobs:
+                self._log_ltm(ltm_jobs, ltm_responses)
+        return {"mtm_entries": len(jobs), "ltm_batches": len(ltm_jobs)}
+
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+        """After the store's compaction (rows renumbered, deleted turns gone): the log is rewritten with
+        each kept MTM entry's rows renumbered; every record of a user that lost turns goes (its windows
+        moved: the next consolidate writes them again from the turns that are left)."""
+        assert self.memlog is not None
+        path = self.memlog.log.path
+        kept: list[dict[str, Any]] = []
+        gone: set[str] = set()
+        for record in self.memlog.log.records[1:]:
+            if record.get("t") != "mtm":
+                continue
+            rows = [store.has_turn(record["user"], t) if record["user"] in store.memory_ids else None
+                    for t in record["turns"]]
+            if any(r is None for r in rows):
+                gone.add(record["user"])
+        for record in self.memlog.log.records[1:]:
+            kind = record.get("t")
+            if kind == "commit" or record.get("user") in gone:
+                continue
+            if kind == "mtm":
+                record = {**record, "rows": [store.has_turn(record["user"], t) for t in record["turns"]]}
+            kept.append(record)
+        self.memlog.close()
+        self.memlog = None
+        fresh = path.with_name(path.name + ".compact")
+        fresh.unlink(missing_ok=True)
+        rewritten = LightMemLog(fresh, run.cfg)
+        rewritten.append(kept)
+        rewritten.close()
+        os.replace(fresh, path)
+        self.attach(run, store)
+
     # ------------------------------------------------------------------------------------- read path
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        assert self.store is not None and self.memlog is not None and self.view is not None, "read before write"
-        cfg, view = run.cfg, self.view
+        assert self.store is not None and self.memlog is not None, "read before write"
+        cfg, view = run.cfg, self.current_view()
         lm = cfg.lightmem
         reader = run.reader()  # type: ignore[misc]
-        users = [m.memory_id for m in run.memories]
-        tiers = TierIndex.build(self.memlog, users, self.store.encoder, cfg)
+        users = [m.memory_id for m in run.memories] if run.memories else list(self.store.memory_ids)
+        tiers = self._tier_index(cfg, users)
         questions = run.questions
         speakers = {u: view.speakers[view.memory_index(u)] for u in users}
 
@@ -461,7 +582,7 @@ class LightMem:
         ranked, selected, rows_out = [], [], []
         for q, plan, cands, picks in zip(questions, plans, candidates, chosen, strict=True):
             user = q.memory_id
-            user_rows = self._user_rows(user)
+            user_rows = self._user_rows(user, live=True)
             stm = user_rows[-lm.stm_turns:] if lm.stm_turns else []
             provenance = list(dict.fromkeys(r for item in picks for r in tiers.rows_of(user, item)))
             ranked.append(provenance)
@@ -486,6 +607,15 @@ class LightMem:
                 "lightmem": {"hqs": hqs, "candidates": len(score), "items": items},
                 "method_notes": {"hqs": [[hq.tier, hq.text] for hq in plan]}}))
         return out, diagnostics
+
+    def _tier_index(self, cfg: MemFitConfig, users: list[str]) -> TierIndex:
+        """The MTM / LTM search index of `users`, built again only when the log or the deletions changed
+        (a live memory reads many times between consolidations). Entries over a deleted turn are hidden."""
+        assert self.store is not None and self.memlog is not None
+        key = (tuple(users), len(self.memlog.log), int(self.store.deleted.sum()))
+        if self._tiers is None or self._tiers[0] != key:
+            self._tiers = key, TierIndex.build(self.memlog, users, self.store.encoder, cfg, self.store.deleted)
+        return self._tiers[1]
 
     def _rerank(self, run: MethodRun, reader: Any, questions: list[Question], candidates: list[list[list[Scored]]],
                 tiers: TierIndex) -> list[list[Item]]:
@@ -513,10 +643,10 @@ class LightMem:
 
     def _excerpts(self, cfg: MemFitConfig, user: str, stm: list[int], picks: list[Item],
                   tiers: TierIndex) -> str:
-        assert self.view is not None
+        view = self.current_view()
         parts = []
         if stm:
-            lines = [f"EXCERPT {i} {excerpt_tail(self.view, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0]}"
+            lines = [f"EXCERPT {i} {excerpt_tail(view, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0]}"
                      for i, r in enumerate(stm, start=1)]
             parts.append("RECENT TURNS:\n" + "\n".join(lines))
         notes = [f"- (recorded {tiers.date(user, c)}) {quote_lines(tiers.note(user, c))}"
@@ -611,20 +741,25 @@ class TierIndex:
     encoder: Any
 
     @classmethod
-    def build(cls, memlog: LightMemLog, users: list[str], encoder: Any, cfg: MemFitConfig) -> TierIndex:
+    def build(cls, memlog: LightMemLog, users: list[str], encoder: Any, cfg: MemFitConfig,
+              deleted: np.ndarray | None = None) -> TierIndex:
+        """`deleted` (the store's tombstones): an MTM entry over a deleted turn is not searched, nor is an
+        LTM node one of whose source entries it is (a deleted turn is found nowhere)."""
         docs: dict[str, list[tuple[int, str, int]]] = {"mtm": [], "ltm": []}
         speakers: dict[tuple[str, int], list[str]] = {}
         texts: dict[tuple[str, int], str] = {}
         for u, user in enumerate(users):
             memory = memlog.user(user)
+            hidden = {e for e, record in memory.mtm.items()
+                      if deleted is not None and deleted[np.asarray(record["rows"], dtype=np.int64)].any()}
             for entry in sorted(memory.mtm):
                 record = memory.mtm[entry]
                 speakers[(user, entry)] = list(record["speakers"])
-                if record["text"]:
+                if record["text"] and entry not in hidden:
                     docs["mtm"].append((u, f"DATE: {record['date']} | {record['text']}", entry))
             for node in range(len(memory.graph.names)):
                 document = memory.graph.document(node)
-                if document is not None:
+                if document is not None and not hidden.intersection(memory.graph.sources[node]):
                     docs["ltm"].append((u, document, node))
                     texts[(user, node)] = document
         everything = docs["mtm"] + docs["ltm"]

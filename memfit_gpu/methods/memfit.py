@@ -12,19 +12,25 @@ read (SPEC read path 1-9): `retrieve_batch` over every question at once, its dia
 ranked candidates with their stage scores, the PRF terms, the reranker, the pack and the excerpts.
 
 `plain` is this method with plain.SWITCHES applied and no summaries (methods/plain.py).
+
+live (memfit_gpu.Memory, methods/base.py LiveMethod): the live memory's store is MemFit's index, so
+`attach` only loads the cross-encoder and `changed` has nothing to do; `read` keeps its ReadView while the
+store's generation is unchanged (one view per write batch, not per search); `consolidate` summarises the
+closed segments of each memory's new turns (EpisodeStore.summarise_closed_segments), off the query path.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
-from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.readers.types import Request
 from memfit_gpu.retrieve.batched import retrieve_batch
@@ -32,6 +38,7 @@ from memfit_gpu.retrieve.diagnostics import compute_diagnostics
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store.episodes import EpisodeStore
+from memfit_gpu.store.summaries import summary_records
 
 
 def summary_generate(reader: Any, cfg: MemFitConfig) -> Callable[[list[str]], list[str]]:
@@ -53,6 +60,8 @@ class MemFit:
         self.encoder: TextEncoder | None = None
         self.reranker: PairScorer | None = None
         self.cfg: MemFitConfig | None = None
+        self._view: ReadView | None = None
+        self._view_generation = -1
 
     def path_config(self, cfg: MemFitConfig) -> MemFitConfig:
         """The configuration MemFit's path runs with (plain: its switches applied)."""
@@ -100,7 +109,7 @@ class MemFit:
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         assert self.store is not None and self.encoder is not None and self.cfg is not None, "read before write"
         cfg, encoder = self.cfg, self.encoder
-        view = ReadView.from_store(self.store)
+        view = self.view()
         stage_seconds: dict[str, float] = {}
         questions = run.questions
         results = retrieve_batch(
@@ -119,6 +128,56 @@ class MemFit:
             del made["memory_id"], made["question"]  # the question's own fields lead the row
             rows.append(pack_row(q, self.name, {**made, "retrieval": record}))
         return rows, diagnostics
+
+    def view(self) -> ReadView:
+        """The store's ReadView, built again only after the store changed (a live memory's writes)."""
+        assert self.store is not None
+        if self._view is None or self._view_generation != self.store.generation:
+            self._view, self._view_generation = ReadView.from_store(self.store), self.store.generation
+        return self._view
+
+    # ------------------------------------------------------------------------------ live (issue 22)
+    def attach(self, run: MethodRun, store: EpisodeStore) -> None:
+        self.cfg = self.path_config(run.cfg)
+        self.reranker = load_reranker(self.cfg.rerank, self.cfg.index)
+        self.encoder, self.store = store.encoder, store
+
+    def changed(self, run: MethodRun, memory_ids: list[str]) -> None:
+        """Nothing to do: the store is MemFit's index."""
+
+    def hits(self, row: dict[str, Any], k: int) -> list[Hit]:
+        """The first k of the row's ranked candidates (final order), with their stage scores."""
+        assert self.store is not None
+        out = []
+        for item in row["ranked"][:k]:
+            scores = {key: item[key] for key in ("bm25", "dense", "fused", "boost", "rerank")}
+            if item["kind"] == "episode":
+                out.append(episode_hit(self.store, int(item["row"]), float(item["final"]), scores))
+            else:
+                members = self.store.summaries.members[int(item["row"])]
+                out.append(Hit("summary", self.store.summaries.text[int(item["row"])], float(item["final"]),
+                               [str(self.store.turn_id[int(m)]) for m in members], scores))
+        return out
+
+    def consolidate(self, run: MethodRun, memory_ids: list[str],
+                    holding: Callable[[], AbstractContextManager[Any]]) -> dict[str, int]:
+        """Summaries of the closed segments of the memories' new turns: planned and committed while
+        `holding()` the live memory, generated (the LLM calls) without it, so searches go on meanwhile."""
+        assert self.store is not None and self.cfg is not None
+        if not self.cfg.summary.enabled or run.reader is None:
+            return {"summaries": 0}
+        with holding():
+            jobs = self.store.closed_segment_jobs(memory_ids)
+        if not jobs:
+            return {"summaries": 0}
+        records = summary_records(jobs, summary_generate(run.reader(), self.cfg), self.cfg.summary, first_row=0)
+        with holding():
+            run.account("summaries.ledger")  # before the store logs them, as in write
+            return {"summaries": self.store.commit_summaries(records)}
+
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+        """Nothing of MemFit's own to rewrite: the compacted store is all."""
+        self.attach(run, store)
 
     def close(self) -> None:
         if self.store is not None:

@@ -16,6 +16,12 @@ date resolution, no neighbours, no reranker.
 Nothing here calls an LLM, so the chunk index is not kept on disk: a run killed before packs.jsonl exists
 chunks and encodes again (the same texts in the same single pass give the same vectors), and once
 packs.jsonl exists nothing is rebuilt.
+
+Live (memfit_gpu.Memory): the chunks are cut from the live memory's store (its live turns, rows = store
+rows), all of them when the memory opens; after a write batch each touched memory is chunked again and
+only the chunks that differ from the ones held (the tail, as turns are appended; everything after a
+deleted turn) leave the index and enter it again, encoded in one pass. `chunks[i]` is the chunk of dense
+row i (a replaced chunk keeps its slot, tombstoned in the index).
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import torch
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
-from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.base import Hit, MethodRun
 from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.retrieve.pack import cut_excerpt, quote_lines
+from memfit_gpu.retrieve.view import ReadView
+from memfit_gpu.store.episodes import EpisodeStore
 
 _TOKEN = re.compile(r"\S+")
 
@@ -73,7 +81,7 @@ def chunk_history(texts: Sequence[str], rows: Sequence[int], memory_idx: int, si
     return chunks
 
 
-def chunk_dates(chunk: Chunk, table: TurnTable) -> str:
+def chunk_dates(chunk: Chunk, table: TurnTable | ReadView) -> str:
     first, last = table.recorded(chunk.rows[0]), table.recorded(chunk.rows[-1])
     return first if first == last else f"{first} to {last}"
 
@@ -82,10 +90,12 @@ class NaiveRAG:
     name = "naive_rag"
 
     def __init__(self) -> None:
-        self.table: TurnTable | None = None
-        self.chunks: list[Chunk] = []
+        self.table: TurnTable | ReadView | None = None
+        self.chunks: list[Chunk] = []  # by dense row
         self.index: DenseIndex | None = None
         self.encoder: Any = None
+        self.store: EpisodeStore | None = None  # live only
+        self._rows_of: dict[int, list[int]] = {}  # live: memory index -> dense rows of its current chunks
 
     def write(self, run: MethodRun) -> None:
         cfg = run.cfg
@@ -104,6 +114,54 @@ class NaiveRAG:
 
     def close(self) -> None:
         pass
+
+    # ------------------------------------------------------------------------------ live (issue 22)
+    def attach(self, run: MethodRun, store: EpisodeStore) -> None:
+        self.store, self.encoder = store, store.encoder
+        self.index = dense_index(run.cfg.index, int(self.encoder.dim))
+        self.chunks, self._rows_of = [], {}
+        self.changed(run, list(store.memory_ids))
+
+    def changed(self, run: MethodRun, memory_ids: list[str]) -> None:
+        """Chunk the touched memories again; re-index the chunks that differ (module doc)."""
+        assert self.store is not None and self.index is not None
+        cfg = run.cfg.naive_rag
+        self.table = table = ReadView.from_store(self.store)
+        stale: list[int] = []
+        fresh: list[Chunk] = []
+        for memory_id in memory_ids:
+            m = self.store.memory_of(memory_id)
+            rows = self.store.memory_rows(m).tolist()
+            now = chunk_history([table.ep_text[r] for r in rows], rows, m, cfg.chunk_tokens, cfg.overlap_tokens)
+            held = self._rows_of.get(m, [])
+            same = 0
+            while same < min(len(held), len(now)) and self.chunks[held[same]] == now[same]:
+                same += 1
+            stale.extend(held[same:])
+            fresh.extend(now[same:])
+            self._rows_of[m] = held[:same]
+        if stale:
+            self.index.delete(stale)
+        if not fresh:
+            return
+        vectors = self.encoder.encode([c.text for c in fresh], batch_size=run.cfg.index.encode_batch_size)
+        rows = self.index.add(vectors, [c.memory_idx for c in fresh]).tolist()
+        if rows != list(range(len(self.chunks), len(self.chunks) + len(fresh))):
+            raise RuntimeError(f"naive_rag: the chunk index gave rows {rows[:3]}..., expected {len(self.chunks)}...")
+        self.chunks.extend(fresh)
+        for chunk, row in zip(fresh, rows, strict=True):
+            self._rows_of[chunk.memory_idx].append(row)
+
+    def hits(self, row: dict[str, Any], k: int) -> list[Hit]:
+        return [Hit("chunk", self.chunks[c["chunk"]].text, float(c["score"]), list(c["turn_ids"]),
+                    {"dense": float(c["score"])}) for c in row["chunks"][:k]]
+
+    def consolidate(self, run: MethodRun, memory_ids: list[str], holding: Any) -> dict[str, int]:
+        return {}  # nothing is written off the query path
+
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+        """The store's rows were renumbered: chunk it all again."""
+        self.attach(run, store)
 
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         assert self.table is not None and self.index is not None, "NaiveRAG.read before write"

@@ -33,14 +33,17 @@ class MethodEntry:
     # a second write with more memories adds them to what a persistent store holds (memfit, plain: the
     # episode store; lightmem_slm: the store and its log); the others rebuild in memory every time
     incremental: bool = False
+    # a LiveMethod (methods/base.py): memfit_gpu.Memory and memfit serve run it on a store that grows turn
+    # by turn (attach, changed, hits, consolidate, compact)
+    live: bool = False
 
 
 REGISTRY: dict[str, MethodEntry] = {
-    "memfit": MethodEntry(MemFit, incremental=True),
-    "plain": MethodEntry(Plain, incremental=True),
-    "naive_rag": MethodEntry(NaiveRAG),
+    "memfit": MethodEntry(MemFit, incremental=True, live=True),
+    "plain": MethodEntry(Plain, incremental=True, live=True),
+    "naive_rag": MethodEntry(NaiveRAG, live=True),
     "full_context": MethodEntry(FullContext),
-    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True),
+    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True),
 }
 
 

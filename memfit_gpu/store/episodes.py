@@ -37,6 +37,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from memfit_gpu.index.factory import dense_gpu_id, dense_index, lexical_index
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
+from memfit_gpu.segment import segment_batch, summary_segments
 from memfit_gpu.store import compaction
 from memfit_gpu.store.log import RecordLog
 from memfit_gpu.store.replay import LogReplay
@@ -61,7 +63,7 @@ from memfit_gpu.store.snapshot import write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
 from memfit_gpu.store.text import episode_prefix
-from memfit_gpu.store.write_path import WritePath
+from memfit_gpu.store.write_path import GENERATIONS, WritePath
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class EpisodeStore(WritePath, LogReplay):
         path = path if path is not None else self.cfg.store.path
         self.path = Path(path) if path is not None else None
         self.last_timings: dict[str, float] = {}
+        self.generation = next(GENERATIONS)  # a new number after every write batch (write_path.GENERATIONS)
 
         # memories
         self.memory_ids: list[str] = []
@@ -472,13 +475,39 @@ class EpisodeStore(WritePath, LogReplay):
         session_id None: the turn's date text names its session. A new memory id creates the memory
         with `speakers` (more speakers are added as they first speak).
         """
+        return self.append_turns([(memory_id, turn, session_id, speakers)])[0]
+
+    def append_turns(self, turns: Sequence[tuple[str, Turn, str | None, Sequence[str]]]) -> list[int]:
+        """New turns of any memories, (memory id, turn, session id, speakers) each, as ONE write batch: one
+        log append ending in its commit record (fsync with store.fsync), one encoder pass, one BM25 and one
+        dense add; returns their rows in order. Logged only, like append_turn: the next snapshot() (or
+        close()) saves the index state, else the next open re-encodes them."""
         records: list[dict[str, Any]] = []
-        memory_idx, created = self._memory_records(memory_id, speakers, {})
-        records.extend(created)
+        pending: dict[str, int] = {}
+        rows: list[int] = []
         row = self.size
-        records.append(self._episode_record(row, memory_idx, session_id if session_id is not None else turn.date_text, turn))
-        self._commit(records, snapshot=False)
-        return row
+        for memory_id, turn, session_id, speakers in turns:
+            memory_idx, created = self._memory_records(memory_id, speakers, pending)
+            records.extend(created)
+            records.append(self._episode_record(row, memory_idx, session_id if session_id is not None else turn.date_text,
+                                                turn))
+            rows.append(row)
+            row += 1
+        if records:
+            self._commit(records, snapshot=False)
+        return rows
+
+    def live_turns(self, memory_id: str) -> list[int]:
+        """The live rows of one memory in conversation order ([] for a memory never stored)."""
+        memory = self._memory_index.get(memory_id)
+        return [] if memory is None else self.memory_rows(memory).tolist()
+
+    def has_turn(self, memory_id: str, turn_id: str) -> int | None:
+        """The live row of a turn id in a memory, None when there is none (row_of raises instead)."""
+        try:
+            return self.row_of(memory_id, turn_id)
+        except KeyError:
+            return None
 
     def delete_episode(
         self, memory_id: str, turn_id: str, generate: Callable[[list[str]], list[str]] | None = None
@@ -497,10 +526,20 @@ class EpisodeStore(WritePath, LogReplay):
 
         Returns counts: episodes deleted, summaries retired and rebuilt. The text stays in the log (a
         tombstone hides it) until `compact()`."""
-        memory = self.memory_of(memory_id)
         if not turn_ids:
             raise ValueError(f"EpisodeStore.delete_episodes: no turn ids given for memory {memory_id!r}")
         rows = sorted({self.row_of(memory_id, turn_id) for turn_id in turn_ids})
+        return self.delete_rows(memory_id, rows, generate, label=", ".join(turn_ids))
+
+    def delete_rows(self, memory_id: str, rows: Sequence[int], generate: Callable[[list[str]], list[str]] | None = None,
+                    label: str = "") -> dict[str, int]:
+        """`delete_episodes` by live rows of the memory (a live memory's delete_user: every row, whatever
+        its turn id)."""
+        memory = self.memory_of(memory_id)
+        rows = sorted(set(int(r) for r in rows))
+        foreign = [r for r in rows if int(self.memory_idx[r]) != memory or self.deleted[r]]
+        if foreign:
+            raise KeyError(f"EpisodeStore: rows {foreign[:5]} are no live turns of memory {memory_id!r}")
         records: list[dict[str, Any]] = [{"t": "delete", "row": row} for row in rows]
         doomed = set(rows)
         affected = [s for s in self.summaries.live_rows(memory) if doomed & set(self.summaries.members[s].tolist())]
@@ -513,7 +552,7 @@ class EpisodeStore(WritePath, LogReplay):
         if rebuild and generate is None:
             log.warning(
                 "EpisodeStore: deleting %s/%s retires %d summar%s; no generate callable was given, so the "
-                "segment is left without one", memory_id, ", ".join(turn_ids), len(rebuild),
+                "segment is left without one", memory_id, label or f"{len(rows)} turns", len(rebuild),
                 "y" if len(rebuild) == 1 else "ies",
             )
         rebuilt: list[dict[str, Any]] = []
@@ -555,6 +594,54 @@ class EpisodeStore(WritePath, LogReplay):
         built = len(records) - 1
         log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
         return built
+
+    def closed_segment_jobs(self, memory_ids: Sequence[str] | None = None) -> list[SummaryJob]:
+        """What a live memory summarises next (memfit_gpu.Memory.consolidate): per memory, the live turns
+        after the last one any live summary covers are segmented with TextTiling (as build_summaries
+        segments a whole memory); every segment but the last is closed and gets a summary by the same rules
+        (summary.min_segment; summary.max_summaries counts the memory's live summaries); the last one may
+        still grow, so it waits. Nothing stored is re-summarised. Pure planning: commit the records made
+        from these jobs with `commit_summaries` (the LLM calls need no hold on the store in between)."""
+        if not self.cfg.summary.enabled:
+            return []
+        wanted = range(len(self.memory_ids)) if memory_ids is None else [self.memory_of(m) for m in memory_ids]
+        memories, tails = [], []
+        for memory in wanted:
+            live = self.memory_rows(memory)
+            summaries = self.summaries.live_rows(memory)
+            covered = max((int(self.summaries.members[s].max()) for s in summaries if len(self.summaries.members[s])),
+                          default=-1)
+            tail = live[live > covered]
+            room = self.cfg.summary.max_summaries - len(summaries)
+            if len(tail) >= 2 * self.cfg.summary.min_segment and room > 0:
+                memories.append((memory, room))
+                tails.append(tail)
+        if not memories:
+            return []
+        segments = segment_batch([self.episode_dense.vectors(t) for t in tails], self.cfg.segment)
+        jobs = []
+        for (memory, room), tail, cuts in zip(memories, tails, segments, strict=True):
+            kept = summary_segments(list(cuts)[:-1], replace(self.cfg.summary, max_summaries=room))
+            jobs.extend(self.summary_job(memory, tail[start:end]) for start, end in kept)
+        return jobs
+
+    def commit_summaries(self, records: Sequence[dict[str, Any]]) -> int:
+        """Summary records made (summaries.summary_records) from `closed_segment_jobs`, as one committed
+        write batch, rows renumbered from the table's end; a record whose members were deleted or covered
+        by another summary since its jobs were planned is dropped (the next consolidation plans again).
+        Returns how many were stored."""
+        kept = []
+        for record in records:
+            members = np.asarray(record["members"], dtype=np.int64)
+            memory = int(record["memory"])
+            covered = [int(self.summaries.members[s].max()) for s in self.summaries.live_rows(memory)
+                       if len(self.summaries.members[s])]
+            if self.deleted[members].any() or (covered and members.min() <= max(covered)):
+                continue
+            kept.append({**record, "row": len(self.summaries) + len(kept)})
+        if kept:
+            self._commit(kept)
+        return len(kept)
 
     def summary_job(self, memory_idx: int, members: Sequence[int] | np.ndarray, replaces: int | None = None) -> SummaryJob:
         """What a summary of these member turns (episode rows in time order) is made from."""

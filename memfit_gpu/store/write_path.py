@@ -10,6 +10,7 @@ log and reopens it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -29,6 +30,9 @@ log = logging.getLogger("memfit_gpu.store.episodes")
 _RECORD_BYTES = 1500
 _BYTES_PER_CHAR = 20
 _BYTES_PER_DIM = 8
+# Each change of a store's content takes the next number as its `generation`: a reader's cached view of
+# the store (a live memory's ReadView) is current while the generation it was built at is.
+GENERATIONS = itertools.count(1)
 
 
 class WritePath:
@@ -61,6 +65,7 @@ class WritePath:
         self._apply_all(records)
         applied = time.perf_counter()
         self._index_records(records, embeddings)
+        self.generation = next(GENERATIONS)
         for key, seconds in (("log_s", logged - started), ("metadata_s", applied - logged)):
             self.last_timings[key] = self.last_timings.get(key, 0.0) + seconds
 

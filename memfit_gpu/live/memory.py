@@ -1,0 +1,585 @@
+"""memfit_gpu.Memory: a live memory that an agent writes turn by turn and asks questions of.
+
+A Memory is a folder: `store/` (the EpisodeStore: every turn verbatim in its append-only log, BM25 and
+dense indexes), `cache.sqlite` and `ledger.json` (the reader's response cache and its calls, as in a run
+directory), `lightmem/` for method=lightmem_slm, and `.lock`: one process writes a memory at a time (the
+run-directory lock of locks.py; a second `Memory.open` or `memfit serve` on it is refused naming the
+holder's pid). Inside that process every call is thread-safe (one lock; searches and writes take turns).
+
+Every method of the method seam whose registry entry is `live` runs behind it (methods/base.py
+LiveMethod: memfit, plain, naive_rag, lightmem_slm): the Memory owns the store of turns, whatever the
+method, and the method derives its own state from it (MemFit: nothing, the store is its index; naive_rag:
+chunks; LightMem: MTM notes and an LTM graph). So the same turns, encoder and reader serve every method,
+and the online table compares them on equal terms.
+
+Batch first, like the rest: `add` takes many turns of many users and writes them as ONE store batch (one
+log append, fsynced before it returns, one encoder pass); `search` answers every query given with one
+batched read of the method (MemFit: one `retrieve_batch`); `answer` makes one reader call per question,
+all in one batch. Work that is not on the query path (MemFit's segment summaries, LightMem's notes) is
+`consolidate()`, which a background worker runs once a user has `live.consolidate_after_turns` new turns
+(`live.consolidate: manual` leaves it to the caller); its LLM calls run without holding the memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memfit_gpu import faults
+from memfit_gpu.config import ConfigError, MemFitConfig, load_config
+from memfit_gpu.data.jsonl import date_text
+from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn
+from memfit_gpu.index.encoders import load_bi_encoder
+from memfit_gpu.locks import exclusive, lock_path
+from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
+from memfit_gpu.methods.registry import METHODS, method_entry
+from memfit_gpu.readers.clean import clean_answer
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.prompts import bounded_answer_messages
+from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.types import Request
+from memfit_gpu.store.episodes import EpisodeStore
+
+log = logging.getLogger(__name__)
+
+TURN_FIELDS = ("turn_id", "speaker", "text", "timestamp", "session_id", "date_text", "images")
+IMAGE_FIELDS = ("caption", "image_id", "path")
+LIVE_SESSION = "live"  # the session of a turn given without timestamp or session_id
+
+
+class UnknownUserError(KeyError):
+    """A read or delete for a user id that has no live turns in the memory."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown user"
+
+
+class TurnConflictError(ValueError):
+    """An add that reuses a stored turn id of the user with another speaker or text."""
+
+
+@dataclass(frozen=True)
+class Added:
+    """One turn of an add: where it is (turn id, store row) and whether it was there already (the same
+    turn id with the same speaker and text: an add retried after a lost reply is stored once)."""
+
+    user_id: str
+    turn_id: str
+    row: int
+    duplicate: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user_id": self.user_id, "turn_id": self.turn_id, "row": self.row, "duplicate": self.duplicate}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer call's result: the cleaned answer, the reader's raw text, and the pack it read."""
+
+    user_id: str
+    question: str
+    answer: str
+    raw_output: str
+    abstained: bool
+    hits: list[Hit]
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user_id": self.user_id, "question": self.question, "answer": self.answer,
+                "raw_output": self.raw_output, "abstained": self.abstained, "error": self.error,
+                "hits": [h.to_json() for h in self.hits]}
+
+
+@dataclass(frozen=True)
+class _NewTurn:
+    user_id: str
+    turn: Turn
+    session_id: str
+
+
+def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, source: str = "add") -> tuple[Turn, str | None]:
+    """A turn as given to `add` (a dict with TURN_FIELDS, or a data.schema.Turn) -> (Turn, session id or
+    None). Bad input is a DataError naming the source, the user and turn position, and the field."""
+    item = f"user {user_id!r} turn {position}"
+    if isinstance(raw, Turn):
+        return raw, None
+    if not isinstance(raw, Mapping):
+        raise DataError(source, item, None, f"a turn is an object with {', '.join(TURN_FIELDS)}, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(TURN_FIELDS))
+    if unknown:
+        raise DataError(source, item, unknown[0], f"unknown field (a turn has {', '.join(TURN_FIELDS)})")
+
+    def text(key: str, required: bool) -> str | None:
+        value = raw.get(key)
+        if value is None:
+            if required:
+                raise DataError(source, item, key, "is required")
+            return None
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise DataError(source, item, key, f"must be a non-empty string, got {value!r:.60}")
+        return value
+
+    speaker, body = text("speaker", True), text("text", True)
+    stamp = text("timestamp", False)
+    if stamp is not None:
+        try:
+            when = datetime.fromisoformat(stamp)
+        except ValueError:
+            raise DataError(source, item, "timestamp", f"{stamp!r} is not an ISO 8601 date or time "
+                                                       "(e.g. 2024-03-02T10:00:00)") from None
+        if when.tzinfo is not None:
+            raise DataError(source, item, "timestamp", f"{stamp!r} has a UTC offset: give local time without one")
+        stamp = when.isoformat()
+    images = []
+    for n, image in enumerate(raw.get("images") or []):
+        if not isinstance(image, Mapping) or not isinstance(image.get("caption"), str) or set(image) - set(IMAGE_FIELDS):
+            raise DataError(source, item, f"images[{n}]", f"an image is an object with a caption and optionally "
+                                                          f"image_id, path: got {image!r:.60}")
+        images.append(Image(image["caption"], image.get("image_id"), image.get("path")))
+    written = text("date_text", False)
+    turn = Turn(text("turn_id", False) or "", str(speaker), str(body), stamp or "",
+                written if written is not None else (date_text(stamp) if stamp else ""), images)
+    return turn, text("session_id", False) or (stamp[:10] if stamp else None)
+
+
+def _check_queries(texts: Sequence[Any], k: int) -> None:
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r}: ask for at least one hit")
+    if isinstance(texts, (str, bytes)) or not texts:
+        raise ValueError("give a non-empty list of queries")
+    for text in texts:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"a query is a non-empty string, got {text!r:.60}")
+
+
+def _as_batch(user_ids: str | Sequence[str], items: Sequence[Any], what: str) -> list[tuple[str, Any]]:
+    """(user, item) pairs: one user for every item, or one user per item."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise TypeError(f"{what} must be a list, got {type(items).__name__}")
+    if isinstance(user_ids, str):
+        return [(user_ids, item) for item in items]
+    users = list(user_ids)
+    if len(users) != len(items):
+        raise ValueError(f"{len(users)} user ids for {len(items)} {what}: give one user id, or one per item")
+    for user in users:
+        if not isinstance(user, str) or not user:
+            raise ValueError(f"a user id is a non-empty string, got {user!r}")
+    return list(zip(users, items, strict=True))
+
+
+class Memory:
+    """A live memory (module doc). Open it with `Memory.open`; close it (or use `with`)."""
+
+    def __init__(self, path: Path, cfg: MemFitConfig, lock: contextlib.ExitStack) -> None:
+        self.path, self.cfg = path, cfg
+        self._exit = lock
+        self._lock = threading.RLock()
+        self._consolidating = threading.Lock()  # one consolidation at a time
+        self.entry = method_entry(cfg.method)
+        self.ledger_path = path / "ledger.json"
+        self.ledger = Ledger.load(self.ledger_path) if self.ledger_path.exists() else Ledger()
+        self._reader: Reader | None = None
+        self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))
+        self.method: LiveMethod = self.entry.make()  # type: ignore[assignment]
+        self.run = self._method_run([])
+        self.method.attach(self.run, self.store)
+        self._new_turns: dict[str, int] = {}  # per user: turns added since its last consolidation
+        self._since_snapshot = 0
+        self._closed = False
+        self._wake = threading.Event()
+        self._worker: threading.Thread | None = None
+        self.consolidation_error: BaseException | None = None
+        if cfg.live.consolidate == "background":
+            self._worker = threading.Thread(target=self._consolidate_forever, name="memfit-consolidate", daemon=True)
+            self._worker.start()
+
+    # --------------------------------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, path: str | Path, config: str | Path | MemFitConfig | None = None, *, method: str | None = None,
+             overrides: Sequence[str] = ()) -> Memory:
+        """Open (or create) the memory in folder `path`.
+
+        Args:
+            config: a YAML config (configs/demo.yaml), a MemFitConfig, or None for the defaults.
+            method: the method to run (default: the config's `method`); any registered live method.
+            overrides: dot-list overrides on a YAML config (rerank.backend=none).
+        Raises:
+            ConfigError: the method is not live, or a bad config value.
+            DirectoryBusyError: another process has this memory open.
+        """
+        if isinstance(config, MemFitConfig):
+            if overrides:
+                raise ConfigError("overrides apply to a YAML config; pass a MemFitConfig already overridden")
+            cfg = config
+        else:
+            cfg = load_config(config, overrides)
+        if method is not None:
+            cfg = replace(cfg, method=method)
+        entry = method_entry(cfg.method)
+        if not entry.live:
+            raise ConfigError(f"method={cfg.method} has no live write path (live methods: "
+                              f"{', '.join(live_methods())})")
+        # durable when add returns: every write batch is fsynced; the memory's own folder holds the store
+        cfg = replace(cfg, store=replace(cfg.store, fsync=True, path=None))
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        stack = contextlib.ExitStack()
+        stack.enter_context(exclusive(lock_path(folder), "close the Memory (or stop `memfit serve`) that has it open"))
+        try:
+            return cls(folder, cfg, stack)
+        except BaseException:
+            stack.close()
+            raise
+
+    def _method_run(self, questions: list[Question]) -> MethodRun:
+        return MethodRun(self.cfg, self.path, Benchmark("live", str(self.path)), [], questions, reader=self.reader,
+                         account=self._account)
+
+    def _account(self, point: str) -> None:
+        """MethodRun.account: the ledger saved, then the kill point passed (as in a run)."""
+        self.ledger.save(self.ledger_path)
+        faults.point(point)
+
+    def reader(self) -> Reader:
+        """The memory's reader (reader.*): loaded on first use, cached in cache.sqlite, counted in ledger.json."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = make_reader(self.cfg.reader, self.path, ledger=self.ledger, progress=False)
+            return self._reader
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the memory (no add, search or delete runs meanwhile)."""
+        with self._lock:
+            self._check_open()
+            yield
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the Memory at {self.path} is closed")
+
+    # ---------------------------------------------------------------------------------------- writes
+    def add(self, user_id: str | Sequence[str], turns: Sequence[Any]) -> list[Added]:
+        """Store turns, durably: when add returns, its log record is fsynced.
+
+        add("u1", [turn, ...]) stores turns of one user; add(["u1", "u2"], [[...], [...]]) one list of
+        turns per user. A turn is a dict: speaker, text (required), timestamp (ISO 8601 local time),
+        turn_id (default t1, t2, ... per user), session_id (default the timestamp's day), date_text
+        (default "1:56 pm on 8 May, 2023" from the timestamp), images ([{caption, image_id, path}]).
+        Everything is one write batch: one log append, one encoder pass. A turn id the user already has
+        with the same speaker and text is not stored again (`duplicate`); with other words it is a
+        TurnConflictError and nothing of the call is stored. Returns one Added per turn, in order."""
+        if isinstance(user_id, str):
+            requests = [(user_id, list(turns))]
+        else:
+            requests = [(u, list(t)) for u, t in _as_batch(user_id, turns, "turn lists")]
+        results = self.add_batch(requests)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [added for result in results for added in result]  # type: ignore[union-attr]
+
+    def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Added] | BaseException]:
+        """Several adds (user id, turns) as ONE write batch (what the server's dynamic batching sends):
+        per add, its Added list, or the error that refused that add alone (bad input, a turn-id conflict);
+        the others are stored."""
+        parsed: list[list[tuple[Turn, str | None]] | BaseException] = []
+        for user, turns in requests:
+            try:
+                if not isinstance(user, str) or not user:
+                    raise DataError("add", None, "user_id", f"must be a non-empty string, got {user!r}")
+                parsed.append([parse_turn(t, user, n) for n, t in enumerate(turns)])
+            except (DataError, TypeError) as exc:
+                parsed.append(exc)
+        with self.holding():
+            outcome: list[list[Added] | BaseException] = []
+            fresh: list[_NewTurn] = []
+            planned: dict[tuple[str, str], tuple[str, str]] = {}  # (user, turn id) -> (speaker, text) in this batch
+            counts: dict[str, int] = {}
+            for (user, _), turns in zip(requests, parsed, strict=True):
+                if isinstance(turns, BaseException):
+                    outcome.append(turns)
+                    continue
+                try:
+                    outcome.append(self._plan_add(user, turns, fresh, planned, counts))
+                except TurnConflictError as exc:
+                    outcome.append(exc)
+            rows = self.store.append_turns([(t.user_id, t.turn, t.session_id, ()) for t in fresh])
+            row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
+            outcome = [o if isinstance(o, BaseException) else
+                       [a if a.duplicate else replace(a, row=row_of[(a.user_id, a.turn_id)]) for a in o]
+                       for o in outcome]
+            touched = list(dict.fromkeys(t.user_id for t in fresh))
+            if touched:
+                self.method.changed(self.run, touched)
+                for user in touched:
+                    self._new_turns[user] = self._new_turns.get(user, 0) + sum(1 for t in fresh if t.user_id == user)
+                self._since_snapshot += len(fresh)
+                if self._since_snapshot >= self.cfg.live.snapshot_after_turns:
+                    self.store.snapshot()
+                    self._since_snapshot = 0
+                if any(n >= self.cfg.live.consolidate_after_turns for n in self._new_turns.values()):
+                    self._wake.set()
+            return outcome
+
+    def _plan_add(self, user: str, turns: list[tuple[Turn, str | None]], fresh: list[_NewTurn],
+                  planned: dict[tuple[str, str], tuple[str, str]], counts: dict[str, int]) -> list[Added]:
+        """The Added of one request's turns; its new turns join `fresh` only when none conflicts."""
+        mine: list[_NewTurn] = []
+        out: list[Added] = []
+        mine_planned: dict[tuple[str, str], tuple[str, str]] = {}
+        if user not in counts:
+            counts[user] = len(self.store.memory_rows(self.store.memory_of(user), live=False)) \
+                if user in self.store.memory_ids else 0
+        for turn, session in turns:
+            if not turn.turn_id:
+                turn = replace(turn, turn_id=self._next_turn_id(user, counts, planned, mine_planned))
+            key = (user, turn.turn_id)
+            words = (turn.speaker, turn.text)
+            earlier = planned.get(key) or mine_planned.get(key)
+            row = self.store.has_turn(user, turn.turn_id) if user in self.store.memory_ids else None
+            if row is not None:
+                earlier = (self.store.speaker_name(row), self.store.body(row))
+            if earlier is not None:
+                if earlier != words:
+                    raise TurnConflictError(f"user {user!r} turn {turn.turn_id!r}: that turn id is already stored "
+                                            f"with other words ({earlier[0]}: {earlier[1][:60]!r})")
+                out.append(Added(user, turn.turn_id, -1 if row is None else row, duplicate=True))
+                continue
+            mine_planned[key] = words
+            mine.append(_NewTurn(user, turn, session or turn.date_text or LIVE_SESSION))
+            out.append(Added(user, turn.turn_id, -1))
+            counts[user] += 1
+        planned.update(mine_planned)
+        fresh.extend(mine)
+        return out
+
+    def _next_turn_id(self, user: str, counts: dict[str, int], *taken: dict[tuple[str, str], Any]) -> str:
+        n = counts[user] + 1
+        while any((user, f"t{n}") in t for t in taken) or (
+                user in self.store.memory_ids and self.store.has_turn(user, f"t{n}") is not None):
+            n += 1
+        return f"t{n}"
+
+    def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
+        """Delete turns of a user (SPEC write path 5): gone from every index at once; a summary covering one
+        is retired and rebuilt over the rest with the reader. Their text leaves the disk with `compact()`."""
+        with self.holding():
+            self._live_rows(user_id)
+            if not turn_ids:
+                raise ValueError(f"delete: no turn ids given for user {user_id!r}")
+            try:
+                rows = [self.store.row_of(user_id, t) for t in turn_ids]
+            except KeyError as exc:
+                raise UnknownUserError(str(exc.args[0])) from None
+            counts = self.store.delete_rows(user_id, rows, self._summary_generate)
+            self.method.changed(self.run, [user_id])
+            return counts
+
+    def delete_user(self, user_id: str) -> dict[str, int]:
+        """Delete every turn of a user (and the summaries over them): nothing of it is found any more;
+        after `compact()` its turns' text and vectors are not on disk either."""
+        with self.holding():
+            counts = self.store.delete_rows(user_id, self._live_rows(user_id), self._summary_generate)
+            self.method.changed(self.run, [user_id])
+            self._new_turns.pop(user_id, None)
+            return counts
+
+    def _summary_generate(self, prompts: list[str]) -> list[str]:
+        requests = [Request([{"role": "user", "content": p}], role="summary", max_new_tokens=self.cfg.summary.max_new_tokens,
+                            temperature=self.cfg.summary.temperature, key=f"summary:{i}") for i, p in enumerate(prompts)]
+        texts = [r.text.strip() for r in self.reader().generate(requests)]
+        self._account("summaries.ledger")
+        return texts
+
+    def compact(self) -> dict[str, int]:
+        """Rewrite the store on disk without deleted turns (EpisodeStore.compact), then reopen it: the
+        same search results, and deleted text is nowhere under the folder."""
+        with self.holding():
+            counts = self.store.compact()
+            self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
+            self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
+            return counts
+
+    def consolidate(self, user_ids: Sequence[str] | None = None) -> dict[str, int]:
+        """The write-time work of the method that stays off the query path (MemFit: segment summaries of
+        the new turns; lightmem_slm: MTM notes and LTM consolidation), for the given users (default: those
+        with new turns). Its LLM calls do not hold the memory; searches go on meanwhile."""
+        with self._consolidating:
+            with self.holding():
+                users = list(user_ids) if user_ids is not None else [u for u, n in self._new_turns.items() if n]
+                users = [u for u in users if u in self.store.memory_ids]
+                for user in users:
+                    self._new_turns[user] = 0
+            if not users:
+                return {}
+            counts = self.method.consolidate(self.run, users, self.holding)
+            with self.holding():
+                self.store.snapshot()
+                self._since_snapshot = 0
+            return counts
+
+    def _consolidate_forever(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                ready = [u for u, n in list(self._new_turns.items()) if n >= self.cfg.live.consolidate_after_turns]
+                if ready:
+                    self.consolidate(ready)
+            except BaseException as exc:  # noqa: BLE001  (kept for the owner; the worker must not die silently)
+                log.exception("memfit live: background consolidation failed")
+                self.consolidation_error = exc
+
+    # ----------------------------------------------------------------------------------------- reads
+    def users(self) -> list[str]:
+        """User ids with at least one live turn."""
+        with self.holding():
+            return [u for u in self.store.memory_ids if self.store.live_turns(u)]
+
+    def turns(self, user_id: str) -> list[dict[str, Any]]:
+        """A user's live turns in conversation order: turn_id, speaker, text, timestamp, session_id."""
+        with self.holding():
+            out = []
+            for row in self._live_rows(user_id):
+                stamp = self.store.timestamp[row]
+                out.append({"turn_id": str(self.store.turn_id[row]), "speaker": self.store.speaker_name(row),
+                            "text": self.store.body(row), "timestamp": None if np.isnat(stamp) else str(stamp),
+                            "session_id": self.store.session_ids[int(self.store.session_idx[row])]})
+            return out
+
+    def _live_rows(self, user_id: str) -> list[int]:
+        rows = self.store.live_turns(user_id)
+        if not rows:
+            raise UnknownUserError(f"user {user_id!r} has no turns in this memory")
+        return rows
+
+    def search(self, user_id: str | Sequence[str], queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        """Ranked hits for each query: search("u1", [q, ...]) asks one user, search(["u1", "u2"], [q1, q2])
+        one user per query. One batched read of the method over every query (MemFit: one retrieve_batch);
+        a hit holds the text, the turn ids, the final score and its stage scores."""
+        return [hits for _, hits in self._read(_as_batch(user_id, queries, "queries"), k)]
+
+    def search_batch(self, requests: Sequence[tuple[str, Sequence[str], int]]) -> list[list[list[Hit]] | BaseException]:
+        """Several searches (user id, queries, k) answered by ONE batched read (what the server's dynamic
+        batching sends): per search its hits per query, or the error that refused it alone (an unknown
+        user, an empty query)."""
+        with self.holding():
+            ok, refused = self._admit(requests)
+            pairs = [(user, text) for i in ok for user, text in _as_batch(requests[i][0], requests[i][1], "queries")]
+            found = self._read(pairs, max((requests[i][2] for i in ok), default=1)) if pairs else []
+        out: list[list[list[Hit]] | BaseException] = list(refused)
+        cursor = 0
+        for i in ok:
+            user, texts, k = requests[i]
+            out[i] = [hits[:k] for _, hits in found[cursor:cursor + len(texts)]]
+            cursor += len(texts)
+        return out
+
+    def _admit(self, requests: Sequence[tuple[str, Sequence[str], int]]) -> tuple[list[int], list[BaseException | None]]:
+        """Which requests of a batch can be read, and the error of each one that cannot."""
+        ok, refused = [], []
+        for i, (user, texts, k) in enumerate(requests):
+            try:
+                self._live_rows(user)
+                _check_queries(texts, k)
+                ok.append(i)
+                refused.append(None)
+            except (UnknownUserError, ValueError) as exc:
+                refused.append(exc)
+        return ok, refused
+
+    def _read(self, pairs: list[tuple[str, str]], k: int) -> list[tuple[dict[str, Any], list[Hit]]]:
+        _check_queries([text for _, text in pairs], k)
+        with self.holding():
+            for user in dict.fromkeys(u for u, _ in pairs):
+                self._live_rows(user)
+            questions = [query(u, q, question_id=f"{u}:q{i}") for i, (u, q) in enumerate(pairs)]
+            rows, _ = self.method.read(replace(self.run, questions=questions))
+            return [(row, self.method.hits(row, k)) for row in rows]
+
+    def answer(self, user_id: str | Sequence[str], questions: Sequence[str], k: int = 10,
+               question_date: str | None = None) -> list[Answer]:
+        """One reader call per question (all in one batch), each on the excerpts the method packs for it
+        (MemFit: pack.k turns with their neighbours); `k` bounds the hits returned with each answer."""
+        found = self.answer_batch([(user_id, questions, k)] if isinstance(user_id, str) else
+                                  [(u, [q], k) for u, q in _as_batch(user_id, questions, "questions")],
+                                  question_date)
+        for result in found:
+            if isinstance(result, BaseException):
+                raise result
+        return [a for result in found for a in result]  # type: ignore[union-attr]
+
+    def answer_batch(self, requests: Sequence[tuple[str, Sequence[str], int]],
+                     question_date: str | None = None) -> list[list[Answer] | BaseException]:
+        """Several answer requests (user id, questions, k): one batched read, then one reader batch with one
+        answer call per question; per request its answers or the error that refused it alone."""
+        with self.holding():
+            ok, refused = self._admit(requests)
+            pairs = [(user, text) for i in ok for user, text in _as_batch(requests[i][0], requests[i][1], "questions")]
+            packs = self._read(pairs, max((requests[i][2] for i in ok), default=1)) if pairs else []
+        out: list[list[Answer] | BaseException] = list(refused)  # type: ignore[arg-type]
+        if not pairs:
+            return out
+        reader = self.reader()
+        requests_out = []
+        for (user, text), (row, _) in zip(pairs, packs, strict=True):
+            messages, _ = bounded_answer_messages(text, row["excerpts"], question_date, None, "paper",
+                                                  prompt=self.cfg.reader.prompt,
+                                                  max_prompt_chars=self.cfg.reader.max_prompt_chars,
+                                                  token_limit=reader.prompt_token_limit())
+            requests_out.append(Request(messages, role="answer", key=f"live:{user}"))
+        responses = reader.generate(requests_out)
+        with self.holding():
+            self.ledger.save(self.ledger_path)
+        answers = []
+        for (user, text), (_, hits), response in zip(pairs, packs, responses, strict=True):
+            cleaned = clean_answer(response.text)
+            answers.append(Answer(user, text, cleaned.text, response.text, cleaned.abstained, hits, response.error))
+        cursor = 0
+        for i in ok:
+            _, texts, k = requests[i]
+            out[i] = [replace(a, hits=a.hits[:k]) for a in answers[cursor:cursor + len(texts)]]
+            cursor += len(texts)
+        return out
+
+    # --------------------------------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Stop the worker, snapshot the store, release the reader and the lock. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake.set()
+        if self._worker is not None:
+            self._worker.join()
+        with self._lock:
+            try:
+                self.method.close()
+                self.store.close()
+                if self._reader is not None:
+                    self.ledger.save(self.ledger_path)
+                    self._reader.close()
+            finally:
+                self._exit.close()
+
+    def __enter__(self) -> Memory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def live_methods() -> list[str]:
+    """The registered methods a Memory can run (the registry's `live` capability)."""
+    return [name for name, entry in METHODS.entries.items() if entry.live]

@@ -1,0 +1,354 @@
+"""The HTTP API of `memfit serve` over one live memory (memfit_gpu.Memory), as a FastAPI app.
+
+Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, serve/keys.py):
+
+    POST   /v1/users/{user_id}/turns     {"turns": [{speaker, text, timestamp?, turn_id?, session_id?, ...}]}
+    GET    /v1/users/{user_id}/turns     the user's live turns, in order
+    POST   /v1/users/{user_id}/search    {"queries": [...], "k": 10}      -> one list of hits per query
+    POST   /v1/users/{user_id}/answer    {"questions": [...], "k": 10}    -> one reader call per question
+    POST   /v1/users/{user_id}/delete    {"turn_ids": [...]}
+    DELETE /v1/users/{user_id}           every turn of the user
+    POST   /v1/compact, /v1/consolidate  admin keys only: the whole store
+    GET    /healthz                      liveness (no key)
+    GET    /metrics                      Prometheus: request latency histograms per route, batch sizes, turns
+
+Before any body is read, a request's key is checked (401 missing or unknown, 403 a user the key is not
+bound to) and its size (413 above serve.max_body_bytes), in one ASGI middleware, so a refused request
+reads nothing. Bodies are validated by pydantic (422 naming the field, wrong types included) and by the
+serve.max_* limits (422 with the limit). An unknown user is 404, a turn id reused with other words 409.
+Searches, answers and adds go through dynamic batching (serve/batching.py; serve.batch_window_ms,
+serve.max_batch); every call on the memory runs on one worker thread, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import unquote
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, ConfigDict, Field
+
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.live.memory import Memory, TurnConflictError, UnknownUserError
+from memfit_gpu.serve.batching import Batcher
+from memfit_gpu.serve.keys import ApiKey, KeyRing
+
+log = logging.getLogger(__name__)
+
+_USER_PATH = re.compile(r"^/v1/users/([^/]+)(?:/|$)")
+_ADMIN_PATHS = ("/v1/compact", "/v1/consolidate")
+_OPEN_PATHS = ("/healthz", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+# ------------------------------------------------------------------------------------------ the bodies
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ImageIn(_Body):
+    caption: str
+    image_id: str | None = None
+    path: str | None = None
+
+
+class TurnIn(_Body):
+    speaker: str = Field(min_length=1, description="who said it")
+    text: str = Field(min_length=1, description="what was said, stored verbatim")
+    timestamp: str | None = Field(None, description="ISO 8601 local time, e.g. 2023-05-08T13:56:00")
+    turn_id: str | None = Field(None, description="unique within the user (default t1, t2, ...); re-adding the "
+                                                  "same id with the same words stores nothing new")
+    session_id: str | None = Field(None, description="default: the timestamp's day")
+    date_text: str | None = Field(None, description="how the episode text writes the date (default from timestamp)")
+    images: list[ImageIn] = Field(default_factory=list)
+
+
+class AddIn(_Body):
+    turns: list[TurnIn] = Field(min_length=1)
+
+
+class SearchIn(_Body):
+    queries: list[str] = Field(min_length=1)
+    k: int = Field(10, ge=1)
+
+
+class AnswerIn(_Body):
+    questions: list[str] = Field(min_length=1)
+    k: int = Field(10, ge=1, description="hits returned with each answer (the reader reads the method's pack)")
+    question_date: str | None = None
+
+
+class DeleteIn(_Body):
+    turn_ids: list[str] = Field(min_length=1)
+
+
+class ConsolidateIn(_Body):
+    user_ids: list[str] | None = None
+
+
+# ------------------------------------------------------------------------------------------- metrics
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("memfit_request_seconds", "HTTP request latency", ["route", "method", "status"],
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("memfit_batch_size", "requests answered by one batched call", ["op"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
+        self.batch_seconds = Histogram("memfit_batch_seconds", "wall time of one batched call", ["op"],
+                                       buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.turns = Counter("memfit_turns_added", "turns stored", registry=self.registry)
+        self.in_flight = Gauge("memfit_requests_in_flight", "requests being served", registry=self.registry)
+
+    def batch(self, op: str, size: int, seconds: float) -> None:
+        self.batch_size.labels(op).observe(size)
+        self.batch_seconds.labels(op).observe(seconds)
+
+
+# ---------------------------------------------------------------------------------------- the guard
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+class Guard:
+    """ASGI middleware: request size (413), API key (401) and user binding (403) before the app reads
+    anything; the request's latency into the metrics."""
+
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics) -> None:
+        self.app, self.keys, self.max_body, self.metrics = app, keys, max_body_bytes, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            refusal = self._refusal(scope)
+            body = b""
+            if refusal is None:
+                body, too_big = await self._body(receive)
+                if too_big:
+                    refusal = _error(413, f"request body larger than serve.max_body_bytes={self.max_body:,} bytes")
+            if refusal is not None:
+                await refusal(scope, receive, sending)
+                return
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, sending)
+        finally:
+            self.metrics.in_flight.dec()
+            route = scope.get("route")
+            path = getattr(route, "path", None) or ("other" if not scope["path"].startswith("/v1/") else "/v1/unmatched")
+            self.metrics.latency.labels(path, scope["method"], str(status["code"])).observe(time.perf_counter() - started)
+
+    def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
+        path = scope["path"]
+        if not path.startswith("/v1/"):
+            return None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        presented = headers.get("x-api-key")
+        bearer = headers.get("authorization", "")
+        if presented is None and bearer.lower().startswith("bearer "):
+            presented = bearer[7:].strip()
+        key = self.keys.find(presented)
+        if key is None:
+            return _error(401, "missing or unknown API key (send Authorization: Bearer <key>)")
+        scope["memfit.key"] = key
+        user = _USER_PATH.match(path)
+        if user is not None:
+            from_path = unquote(user.group(1))
+            if not key.may(from_path):
+                return _error(403, f"key {key.name!r} is not bound to user {from_path!r}")
+        elif path in _ADMIN_PATHS and not key.admin:
+            return _error(403, f"key {key.name!r} is not an admin key ({path} touches the whole store)")
+        return None
+
+    async def _body(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[bytes, bool]:
+        """The whole body, or (b"", True) when it passes the limit (read to its end, then dropped, so the
+        client gets the 413 instead of a broken pipe)."""
+        parts, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body:
+                parts.append(chunk)
+            more = message.get("more_body", False)
+        return (b"", True) if size > self.max_body else (b"".join(parts), False)
+
+
+# -------------------------------------------------------------------------------------------- the app
+def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None) -> FastAPI:
+    """The app over an open memory; its lifespan starts the batchers and, at shutdown, drains them and
+    closes the memory."""
+    cfg = cfg or memory.cfg
+    serve = cfg.serve
+    metrics = Metrics()
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-memory")
+    window = serve.batch_window_ms / 1000.0
+
+    def add_run(items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
+        results = memory.add_batch(items)
+        metrics.turns.inc(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
+        return results
+
+    adds = Batcher("add", add_run, window, serve.max_batch, worker, metrics.batch)
+    searches = Batcher("search", memory.search_batch, window, serve.max_batch, worker, metrics.batch)
+    answers = Batcher("answer", memory.answer_batch, window, serve.max_batch, worker, metrics.batch)
+    batchers = (adds, searches, answers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for batcher in batchers:
+            batcher.start()
+        log.info("memfit serve: %s (method %s), batching window %.1f ms, max batch %d", memory.path,
+                 cfg.method, serve.batch_window_ms, serve.max_batch)
+        try:
+            yield
+        finally:
+            for batcher in batchers:  # uvicorn has let in-flight requests finish; run what is still queued
+                await batcher.stop()
+            await asyncio.get_running_loop().run_in_executor(worker, memory.close)
+            worker.shutdown(wait=True)
+            log.info("memfit serve: drained; %s closed", memory.path)
+
+    app = FastAPI(title="memfit serve", version="1", lifespan=lifespan,
+                  description="A live MemFit memory: add turns, search and answer per user (memfit_gpu/serve/app.py).")
+
+    async def on_worker(call: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(worker, call, *args)
+
+    def limit(count: int, most: int, what: str, key: str) -> None:
+        if count > most:
+            raise _Refused(422, f"{count} {what} in one request; at most {key}={most}")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"{where}: {first.get('msg')}"
+        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
+            message = "body: not read as JSON: send it with Content-Type: application/json"
+        return JSONResponse({"detail": message, "errors": json.loads(json.dumps(errors, default=str))},
+                            status_code=422)
+
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> JSONResponse:
+        return _error(exc.status, exc.message)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "method": cfg.method}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/users/{user_id}/turns")
+    async def add(user_id: str, body: AddIn) -> dict[str, Any]:
+        """Store turns of the user, durably (fsynced when the reply comes); concurrent adds are batched."""
+        limit(len(body.turns), serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
+        turns = [t.model_dump(exclude_none=True) for t in body.turns]
+        for turn in turns:
+            if not turn.get("images"):
+                turn.pop("images", None)
+        added = await _call(adds.submit((user_id, turns)))
+        return {"added": [a.to_json() for a in added]}
+
+    @app.get("/v1/users/{user_id}/turns")
+    async def turns(user_id: str) -> dict[str, Any]:
+        return {"user_id": user_id, "turns": await _call(on_worker(memory.turns, user_id))}
+
+    @app.post("/v1/users/{user_id}/search")
+    async def search(user_id: str, body: SearchIn) -> dict[str, Any]:
+        """Ranked hits per query (text, turn ids, final and stage scores); concurrent searches are batched."""
+        limit(len(body.queries), serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
+        limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
+        found = await _call(searches.submit((user_id, body.queries, body.k)))
+        return {"results": [[h.to_json() for h in hits] for hits in found]}
+
+    @app.post("/v1/users/{user_id}/answer")
+    async def answer(user_id: str, body: AnswerIn) -> dict[str, Any]:
+        """One reader call per question on the method's pack; concurrent answers are batched."""
+        limit(len(body.questions), serve.max_queries_per_request, "questions", "serve.max_queries_per_request")
+        limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
+        found = await _call(answers.submit((user_id, body.questions, body.k)))
+        return {"answers": [a.to_json() for a in found]}
+
+    @app.post("/v1/users/{user_id}/delete")
+    async def delete(user_id: str, body: DeleteIn) -> dict[str, Any]:
+        limit(len(body.turn_ids), serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
+        return {"deleted": await _call(on_worker(memory.delete, user_id, body.turn_ids))}
+
+    @app.delete("/v1/users/{user_id}")
+    async def delete_user(user_id: str) -> dict[str, Any]:
+        return {"deleted": await _call(on_worker(memory.delete_user, user_id))}
+
+    @app.post("/v1/compact")
+    async def compact() -> dict[str, Any]:
+        return {"compacted": await _call(on_worker(memory.compact))}
+
+    @app.post("/v1/consolidate")
+    async def consolidate(body: ConsolidateIn) -> dict[str, Any]:
+        return {"consolidated": await _call(asyncio.get_running_loop().run_in_executor(None, memory.consolidate,
+                                                                                       body.user_ids))}
+
+    return Guard(app, keys, serve.max_body_bytes, metrics)  # type: ignore[return-value]
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def _call(pending: Awaitable[Any]) -> Any:
+    """The memory's result, its refusals as HTTP errors with their message."""
+    try:
+        return await pending
+    except UnknownUserError as exc:
+        raise _Refused(404, str(exc)) from None
+    except TurnConflictError as exc:
+        raise _Refused(409, str(exc)) from None
+    except (DataError, ValueError, TypeError) as exc:
+        raise _Refused(422, str(exc)) from None
+
+
+__all__ = ["ApiKey", "Metrics", "make_app"]

@@ -1,0 +1,100 @@
+"""API keys of `memfit serve`: a file of hashed keys, each bound to the user ids it may touch.
+
+The file is JSON Lines, one key per line: `{"name": "agent-1", "sha256": "<hex of the key>", "users":
+["u1", "u2"], "admin": false}`. Only the SHA-256 of a key is stored: keys are 256-bit random tokens
+(`memfit keys new`), so a fast hash is enough and the file reveals no key. A request names its key in
+`Authorization: Bearer <key>` (or `X-API-Key`); a missing or unknown key is 401, a known key asking for
+a user it is not bound to is 403, and neither reads anything. `admin` keys may also call the store-wide
+operations (compact, consolidate); they touch no user they are not bound to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.files import atomic_write_text
+
+KEY_PREFIX = "mfk_"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    sha256: str
+    users: frozenset[str]
+    admin: bool = False
+
+    def may(self, user_id: str) -> bool:
+        return user_id in self.users
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "sha256": self.sha256, "users": sorted(self.users), "admin": self.admin}
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class KeyRing:
+    """The keys of a keys file, looked up by the hash of a presented key."""
+
+    def __init__(self, keys: Sequence[ApiKey]) -> None:
+        self.keys = list(keys)
+        self._by_hash = {k.sha256: k for k in self.keys}
+
+    @classmethod
+    def load(cls, path: str | Path) -> KeyRing:
+        """Read a keys file; a bad line is a DataError naming the file, the line and the field."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"keys file {path} not found (make one with `memfit keys new --keys {path} "
+                                    "--user USER_ID`)")
+        keys = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(str(path), f"line {number}", None, f"not JSON: {exc.msg}") from None
+            if not isinstance(raw, dict):
+                raise DataError(str(path), f"line {number}", None, "a key is a JSON object")
+            sha = raw.get("sha256")
+            if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+                raise DataError(str(path), f"line {number}", "sha256", "must be 64 lowercase hex digits")
+            users = raw.get("users")
+            if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+                raise DataError(str(path), f"line {number}", "users", "must be a list of user ids")
+            if sha in {k.sha256 for k in keys}:
+                raise DataError(str(path), f"line {number}", "sha256", "the same key is listed twice")
+            keys.append(ApiKey(str(raw.get("name") or f"key{number}"), sha, frozenset(users), bool(raw.get("admin", False))))
+        if not keys:
+            raise DataError(str(path), None, None, "holds no key: every request would be refused")
+        return cls(keys)
+
+    def find(self, presented: str | None) -> ApiKey | None:
+        """The key a request presented, or None (unknown or missing)."""
+        if not presented:
+            return None
+        found = self._by_hash.get(digest(presented))
+        # the lookup is by hash; compare again in constant time so timing says nothing about near misses
+        return found if found is not None and hmac.compare_digest(found.sha256, digest(presented)) else None
+
+
+def new_key(path: str | Path, users: Sequence[str], name: str | None = None, admin: bool = False) -> str:
+    """Add a fresh key bound to `users` to the keys file (created when missing); returns the key itself,
+    which is shown once and stored nowhere."""
+    path = Path(path)
+    existing = KeyRing.load(path).keys if path.is_file() and path.read_text(encoding="utf-8").strip() else []
+    key = KEY_PREFIX + secrets.token_urlsafe(32)
+    entry = ApiKey(name or f"key{len(existing) + 1}", digest(key), frozenset(users), admin)
+    lines = [json.dumps(k.to_json()) for k in [*existing, entry]]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return key

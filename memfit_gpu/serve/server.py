@@ -1,0 +1,63 @@
+"""`memfit serve`: one live memory behind uvicorn on one port, until SIGTERM or Ctrl-C.
+
+The memory is opened first (its lock taken, the store replayed: a second server on the same folder is
+refused before any port is bound), then uvicorn serves the app (serve/app.py). On SIGTERM uvicorn stops
+accepting connections, lets in-flight requests finish (serve.drain_timeout_s at most), and the app's
+lifespan runs what the batchers still hold, then closes the memory (index snapshot, lock released), and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from memfit_gpu.config import ConfigError, MemFitConfig
+from memfit_gpu.live.memory import Memory
+from memfit_gpu.serve.app import make_app
+from memfit_gpu.serve.keys import KeyRing
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn raises a captured SIGTERM / SIGINT again once its graceful shutdown is done, so the process
+    would end as killed by the signal; by then memfit serve has drained and closed the memory: exit 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            if self._captured_signals:
+                log.info("memfit serve: stopped by signal %s after draining", self._captured_signals[-1])
+            self._captured_signals.clear()
+
+
+def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = None, host: str | None = None,
+          port: int | None = None) -> None:
+    """Serve the memory in folder `store` (created when missing) until stopped."""
+    keys_path = keys_file or cfg.serve.keys_file
+    if keys_path is None:
+        raise ConfigError("memfit serve needs API keys: --keys FILE or serve.keys_file "
+                          "(make one with `memfit keys new --keys FILE --user USER_ID`)")
+    keys = KeyRing.load(keys_path)
+    memory = Memory.open(store, cfg)
+    try:
+        app = make_app(memory, keys, cfg)
+    except BaseException:
+        memory.close()
+        raise
+    config = uvicorn.Config(app, host=host or cfg.serve.host, port=cfg.serve.port if port is None else port,
+                            log_level="info", timeout_graceful_shutdown=cfg.serve.drain_timeout_s, lifespan="on",
+                            access_log=False)
+    server = _Server(config)
+    log.info("memfit serve: %s with %d keys on http://%s:%d (OpenAPI: /docs)", store, len(keys.keys), config.host,
+             config.port)
+    try:
+        server.run()
+    finally:
+        memory.close()  # a no-op after the lifespan closed it; closes it when uvicorn failed to start

@@ -1,0 +1,256 @@
+"""memfit_gpu.Memory (issue 22), in process: the README example as written, batch writes (one log append,
+one encoder pass), duplicates and conflicts, bad input, deletion and compaction, every live method of the
+seam, consolidation off the query path, and many threads at once.
+
+Real parts: LoCoMo's first conversation (its first sessions), the packaged MiniLM, the real store, BM25
+and FAISS. The reader, where one is needed, is the test-only echo backend (tests/seam_echo_backend.py):
+these tests check the machinery around a reader (one call per question, the ledger, what is logged),
+never what a reader says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import seam_echo_backend  # noqa: E402,F401  (registers reader.backend=echo)
+
+from memfit_gpu.config import ConfigError  # noqa: E402
+from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.data.schema import DataError  # noqa: E402
+from memfit_gpu.faults import TRACE_ENV  # noqa: E402
+from memfit_gpu.live import Memory, TurnConflictError, UnknownUserError, live_methods  # noqa: E402
+from memfit_gpu.locks import DirectoryBusyError  # noqa: E402
+from memfit_gpu.methods.lightmem import mtm_windows  # noqa: E402
+from memfit_gpu.methods.naive_rag import chunk_history  # noqa: E402
+from memfit_gpu.readers.ledger import Ledger  # noqa: E402
+from memfit_gpu.store import RecordLog  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "configs" / "demo.yaml"
+CHEAP = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual"]
+
+pytestmark = pytest.mark.slow  # loads the real MiniLM weights
+
+
+@pytest.fixture(scope="module")
+def conv_turns(locomo_path: Path) -> list[dict[str, Any]]:
+    """The first three sessions of LoCoMo conv-26 (58 turns) as `add` takes them."""
+    memory = load_benchmark("locomo", locomo_path).memories[0]
+    return [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
+             "session_id": s.session_id, "date_text": t.date_text} for s in memory.sessions[:3] for t in s.turns]
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    match = re.search(r"```python\n(from memfit_gpu import Memory\n.*?)```", text, re.S)
+    assert match, "README.md has no ```python block starting with `from memfit_gpu import Memory`"
+    return match.group(1)
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        scope: dict[str, Any] = {}
+        exec(compile(readme_example(), "README.md", "exec"), scope)  # noqa: S102
+    finally:
+        os.chdir(cwd)
+    hits = scope["hits"]
+    assert len(hits) == 1 and hits[0][0].text == "I adopted a grey cat named Pixel." and hits[0][0].turn_ids == ["t1"]
+    assert set(hits[0][0].scores) == {"bm25", "dense", "fused", "boost", "rerank"}
+    with Memory.open(tmp_path / "my_store", config=DEMO, overrides=CHEAP) as reopened:  # the lock was released
+        assert reopened.users() == []  # delete_user left nothing to find
+
+
+def test_one_add_of_many_users_is_one_log_append_and_one_encoder_pass(tmp_path: Path, conv_turns, monkeypatch) -> None:
+    trace = tmp_path / "trace"
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        monkeypatch.setenv(TRACE_ENV, str(trace))
+        added = memory.add(["a", "b", "c"], [conv_turns[:5], conv_turns[5:12], conv_turns[12:20]])
+        monkeypatch.delenv(TRACE_ENV)
+        assert trace.read_text().splitlines() == ["store.encode\t20", "store.log"]
+        assert [a.row for a in added] == list(range(20)) and not any(a.duplicate for a in added)
+        assert [t["turn_id"] for t in memory.turns("b")] == [t["turn_id"] for t in conv_turns[5:12]]
+        records = RecordLog(tmp_path / "m" / "store" / "log.jsonl").records
+        assert [r["t"] for r in records].count("commit") == 1  # one committed batch for the three users
+        assert records[-1] == {"t": "commit", "records": 23}  # 3 memories + 20 episodes
+
+
+def test_an_add_is_stored_once_however_often_it_is_retried(tmp_path: Path, conv_turns) -> None:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        first = memory.add("u", conv_turns[:3])
+        again = memory.add("u", conv_turns[:4])
+        assert [a.duplicate for a in again] == [True, True, True, False]
+        assert [a.row for a in again[:3]] == [a.row for a in first]
+        assert len(memory.turns("u")) == 4
+        auto = memory.add("u", [{"speaker": "Ann", "text": "no id given"}, {"speaker": "Ann", "text": "nor here"}])
+        assert [a.turn_id for a in auto] == ["t5", "t6"]  # the user's 5th and 6th turns
+        with pytest.raises(TurnConflictError, match="turn 'D1:1': that turn id is already stored with other words"):
+            memory.add("u", [{**conv_turns[0], "text": "something else"}, conv_turns[10]])
+        assert len(memory.turns("u")) == 6  # nothing of the refused add was stored
+
+
+BAD_TURNS = [
+    ({"text": "hi"}, "speaker", "is required"),
+    ({"speaker": "Ann", "text": ""}, "text", "must be a non-empty string"),
+    ({"speaker": "Ann", "text": 5}, "text", "must be a non-empty string"),
+    ({"speaker": "Ann", "text": "hi", "timestamp": "yesterday"}, "timestamp", "is not an ISO 8601"),
+    ({"speaker": "Ann", "text": "hi", "timestamp": "2023-05-08T13:56:00+02:00"}, "timestamp", "UTC offset"),
+    ({"speaker": "Ann", "text": "hi", "mood": "good"}, "mood", "unknown field"),
+]
+
+
+def test_bad_turns_are_refused_naming_the_user_turn_and_field(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u", [{"speaker": "Ann", "text": "a fine first turn"}])
+        for turn, field, reason in BAD_TURNS:
+            with pytest.raises(DataError) as refused:
+                memory.add("u", [{"speaker": "Ann", "text": "fine"}, turn])
+            assert f"item user 'u' turn 1, field '{field}'" in str(refused.value) and reason in str(refused.value)
+        assert len(memory.turns("u")) == 1
+
+
+def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP):
+        with pytest.raises(DirectoryBusyError, match=f"pid {os.getpid()}"):
+            Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP)
+    with pytest.raises(ConfigError, match="method=full_context has no live write path"):
+        Memory.open(tmp_path / "m2", config=DEMO, overrides=CHEAP, method="full_context")
+    assert live_methods() == ["memfit", "plain", "naive_rag", "lightmem_slm"]
+
+
+def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_path: Path, conv_turns) -> None:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("keep", conv_turns[:20])
+        secret = {"speaker": "Eve", "text": "my locker code is zebra-4471", "turn_id": "s1"}
+        memory.add("gone", [*conv_turns[:20], secret])
+        before = memory.search("keep", ["what did Caroline say about the support group?"], k=5)
+        assert memory.search("gone", ["locker code"], k=1)[0][0].text == secret["text"]
+        memory.delete("gone", ["s1"])
+        assert all("zebra" not in h.text for h in memory.search("gone", ["locker code zebra"], k=20)[0])
+        memory.delete_user("gone")
+        with pytest.raises(UnknownUserError):
+            memory.search("gone", ["locker code"])
+        with pytest.raises(UnknownUserError):
+            memory.delete_user("gone")
+        assert b"zebra-4471" in b"".join(p.read_bytes() for p in (tmp_path / "m").rglob("*") if p.is_file())
+        memory.compact()
+        assert not any(b"zebra-4471" in p.read_bytes() for p in (tmp_path / "m").rglob("*") if p.is_file())
+        gone = [r for r in RecordLog(tmp_path / "m" / "store" / "log.jsonl").records
+                if r["t"] == "episode" and r["memory"] == memory.store.memory_of("gone")]
+        assert gone == []  # the deleted user's turns left the log
+        after = memory.search("keep", ["what did Caroline say about the support group?"], k=5)
+        assert [(h.turn_ids, round(h.score, 5)) for h in after[0]] == [(h.turn_ids, round(h.score, 5)) for h in before[0]]
+
+
+@pytest.mark.parametrize("method", ["plain", "naive_rag"])
+def test_a_method_grown_turn_by_turn_reads_as_one_built_at_once(tmp_path: Path, conv_turns, method: str) -> None:
+    """Incremental writes (many small adds, a deletion) give the reads of the same turns written at once."""
+    questions = ["When did Caroline go to the LGBTQ support group?", "What did Melanie paint recently?"]
+    turns = conv_turns[:30]
+    with Memory.open(tmp_path / "live", config=DEMO, overrides=CHEAP, method=method) as grown:
+        for start in range(0, len(turns), 6):
+            grown.add("u", turns[start:start + 6])
+        grown.delete("u", [conv_turns[3]["turn_id"]])
+        live = grown.search("u", questions, k=5)
+        if method == "naive_rag":
+            store = grown.store
+            rows = store.memory_rows(0).tolist()
+            cfg = grown.cfg.naive_rag
+            expected = chunk_history([store.text[r] for r in rows], rows, 0, cfg.chunk_tokens, cfg.overlap_tokens)
+            held = [grown.method.chunks[r] for r in grown.method._rows_of[0]]
+            assert held == expected
+    kept = [t for t in turns if t["turn_id"] != conv_turns[3]["turn_id"]]
+    with Memory.open(tmp_path / "once", config=DEMO, overrides=CHEAP, method=method) as once:
+        once.add("u", kept)
+        built = once.search("u", questions, k=5)
+    assert [[h.turn_ids for h in hits] for hits in live] == [[h.turn_ids for h in hits] for hits in built]
+    for a, b in zip(live, built, strict=True):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_answer_makes_one_reader_call_per_question_in_one_batch(tmp_path: Path, conv_turns) -> None:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add(["a", "b"], [conv_turns[:10], conv_turns[10:20]])
+        answers = memory.answer(["a", "b", "a"], ["Who is Caroline?", "What did Melanie say?", "Where?"], k=2)
+        assert [a.user_id for a in answers] == ["a", "b", "a"] and all(len(a.hits) <= 2 for a in answers)
+        assert all(a.answer and a.error is None for a in answers)
+    assert Ledger.load(tmp_path / "m" / "ledger.json").roles["answer"].calls == 3
+
+
+def test_memfit_summarises_closed_segments_off_the_query_path(tmp_path: Path, conv_turns) -> None:
+    overrides = [*CHEAP, "live.consolidate=background", "live.consolidate_after_turns=30"]
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=overrides) as memory:
+        memory.add("u", conv_turns[:29])
+        assert memory.consolidate([]) == {}
+        assert len(memory.store.summaries) == 0  # below the threshold: the worker was not woken
+        memory.add("u", conv_turns[29:])
+        for _ in range(600):  # the worker builds them on its own thread
+            if len(memory.store.summaries):
+                break
+            threading.Event().wait(0.1)
+        assert memory.consolidation_error is None
+        summaries = memory.store.summaries
+        assert len(summaries) > 0
+        last = max(int(m.max()) for m in summaries.members)
+        assert last < memory.store.size - 1  # the last segment is still open: it may grow
+        again = memory.consolidate(["u"])
+        assert again == {"summaries": 0}  # nothing stored is re-summarised
+        hits = memory.search("u", ["Caroline support group"], k=40)[0]
+        assert any(h.kind == "summary" for h in hits)
+    ledger = Ledger.load(tmp_path / "m" / "ledger.json")
+    assert ledger.roles["summary"].calls == len(summaries)
+
+
+def test_lightmem_notes_follow_the_turns_deletions_and_compaction(tmp_path: Path, conv_turns) -> None:
+    overrides = [*CHEAP, "lightmem.mtm_window_turns=6", "lightmem.consolidate_every=2"]
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=overrides, method="lightmem_slm") as memory:
+        memory.add(["a", "b"], [conv_turns[:20], conv_turns[20:40]])
+        sessions = [[t["session_id"] for t in part] for part in (conv_turns[:20], conv_turns[20:40])]
+        windows = [len(mtm_windows(s, 6, final=False)) for s in sessions]  # a session's last short window waits
+        assert memory.consolidate() == {"mtm_entries": sum(windows), "ltm_batches": sum(w // 2 for w in windows)}
+        hits = memory.search("a", ["What did Caroline talk about?"], k=10)[0]
+        assert {h.kind for h in hits} >= {"mtm"} and all(set(h.turn_ids) <= {t["turn_id"] for t in conv_turns[:20]}
+                                                         for h in hits)
+        memory.delete("a", [conv_turns[0]["turn_id"]])  # in a's first window
+        hits = memory.search("a", ["What did Caroline talk about?"], k=10)[0]
+        assert all(conv_turns[0]["turn_id"] not in h.turn_ids for h in hits)
+        memory.compact()
+        users = {r.get("user") for r in RecordLog(tmp_path / "m" / "lightmem" / "log.jsonl").records}
+        assert users == {None, "b"}  # a lost a turn: its notes go, to be written again (header, commits: None)
+        assert memory.consolidate(["a"])["mtm_entries"] == len(mtm_windows(sessions[0][1:], 6, final=False))
+        assert memory.search("b", ["What did Melanie say?"], k=3)[0]
+
+
+def test_threads_add_and_search_at_once(tmp_path: Path, conv_turns) -> None:
+    errors: list[BaseException] = []
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("seed", conv_turns[:5])
+
+        def writer(user: str) -> None:
+            try:
+                for turn in conv_turns[:12]:
+                    memory.add(user, [turn])
+                    memory.search([user, "seed"], [turn["text"][:40], "Caroline"], k=3)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(f"w{i}",)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        assert all([t["turn_id"] for t in memory.turns(f"w{i}")] == [t["turn_id"] for t in conv_turns[:12]]
+                   for i in range(4))
+    shutil.rmtree(tmp_path / "m")
