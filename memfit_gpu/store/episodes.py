@@ -918,6 +918,7 @@ class EpisodeStore:
         after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
         fresh.close()
         compaction.fsync_tree(new)
+        faults.point("compact.built")
         self._log.close()  # no last snapshot: this store is about to go
         self._log = None
         compaction.swap(self.path)
