@@ -6,12 +6,21 @@ no `finally`, no flush. `MEMFIT_FAULT_TRACE=<file>` appends one line per point p
 `name<TAB>count`), which tells a test every boundary a run crosses and how many texts the store
 encoded. With neither variable set a point costs two environment lookups.
 
+`MEMFIT_IO_FAULT=<file name>:<ERRNO>[:<n>]` makes the n-th durable write of a file of that name (default
+the first; `cache.sqlite` = a response-cache commit) fail with that error (ENOSPC, EDQUOT, EACCES, EROFS,
+EIO), as a full disk, a quota or a file system remounted read-only would (`io_fault`, called by
+files.py, store/log.py and readers/cache.py before each write).
+
 Points (each right after its write is on disk, unless named otherwise):
 config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,
 metrics, score.ledger, results, DONE (pipeline.py); provenance (provenance.py, provenance.json written);
 audit.ledger, audit.json, audit.md (judge_audit.py); store.log (store/log.py, each append);
 store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
+compact.built (the compacted store durable beside the old one), compact.retired (the old store renamed
+aside), compact.swapped (the new store in its place), compact.removed (the old one deleted)
+(store/episodes.py, `memfit store compact`); reader.commit (readers/reader.py: a group of responses and
+their call records committed to cache.sqlite, before the ledger.json that reports them);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
 lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
 gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it).
@@ -19,15 +28,18 @@ gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections import Counter
 
 FAULT_ENV = "MEMFIT_FAULT"
 TRACE_ENV = "MEMFIT_FAULT_TRACE"
+IO_FAULT_ENV = "MEMFIT_IO_FAULT"
 
 # Times each armed point was passed in this process: the n of `point:n` counts per process.
 _passed: Counter[str] = Counter()
+_written: Counter[str] = Counter()
 
 
 def point(name: str, count: int | None = None) -> None:
@@ -57,3 +69,24 @@ def parse_trace(path: str | os.PathLike[str]) -> list[tuple[str, int | None]]:
             if name:
                 rows.append((name, int(count) if count else None))
     return rows
+
+
+def reset() -> None:
+    """Forget how often each point and write was passed (a test arming the same setting again in-process)."""
+    _passed.clear()
+    _written.clear()
+
+
+def io_fault(path: str | os.PathLike[str]) -> None:
+    """Raise the OSError MEMFIT_IO_FAULT names when this is the armed n-th write of a file named like `path`."""
+    spec = os.environ.get(IO_FAULT_ENV)
+    if not spec:
+        return
+    name, _, rest = spec.partition(":")
+    code, _, nth = rest.partition(":")
+    if os.path.basename(os.fspath(path)) != name:
+        return
+    _written[name] += 1
+    if _written[name] == int(nth or 1):
+        number = getattr(errno, code or "ENOSPC")
+        raise OSError(number, f"{os.strerror(number)} ({IO_FAULT_ENV})", os.fspath(path))

@@ -5,31 +5,93 @@ fsyncs and renames, so a reader sees the old file or the new one, never half of 
 (predictions, packs) are appended a batch at a time and fsynced; `read_jsonl` drops a torn last line
 (what a kill mid-append leaves) by cutting it off the file, and refuses a bad line in the middle,
 which is corruption, naming the file and line.
+
+A write the file system refuses (full disk, quota, permission, read-only, I/O error) is a `StorageError`
+naming the file and what to do (exit code 2 from the CLI, one line): everything written before it is
+complete, so the same command resumes once the cause is fixed.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
 from memfit_gpu.data.schema import DataError
 
 log = logging.getLogger(__name__)
+
+# What to do about each refusal of the file system; any other OSError is not the user's to fix.
+STORAGE_ADVICE: dict[int, str] = {
+    errno.ENOSPC: "free space on its file system",
+    errno.EDQUOT: "free space under the quota (or raise it)",
+    errno.EFBIG: "the file system does not take a file this large: use another one",
+    errno.EACCES: "give this user write permission there (or use another directory)",
+    errno.EPERM: "give this user write permission there (or use another directory)",
+    errno.EROFS: "the file system is read-only: remount it writable or use another directory",
+    errno.EIO: "the disk reported an I/O error: check it (dmesg) before trusting the directory",
+}
+RESUME = "then rerun the same command: what was written before is kept"
+
+
+class StorageError(OSError):
+    """A file the file system would not write (or a damaged database): the message names the file and
+    what to do. Exit code 2 from the CLI, one line, like a bad setting."""
+
+    def __init__(self, path: str | Path, message: str, code: int | None = None):
+        super().__init__(code, message)
+        self.path = str(path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def storage_error(path: str | Path, exc: OSError, doing: str = "writing") -> StorageError | None:
+    """The StorageError for a refusal `exc` of `doing` `path` (None for an error that is not one)."""
+    advice = STORAGE_ADVICE.get(exc.errno or -1)
+    if advice is None:
+        return None
+    code = errno.errorcode.get(exc.errno or -1, exc.errno)
+    return StorageError(path, f"{path}: {doing} failed: {exc.strerror or exc} ({code}); {advice}, {RESUME}", exc.errno)
+
+
+@contextmanager
+def storage_errors(path: str | Path, doing: str = "writing") -> Iterator[None]:
+    """Turn a refusal of the file system inside the block into a StorageError naming `path`."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        error = storage_error(path, exc, doing)
+        if error is None:
+            raise
+        raise error from None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Replace `path` with `text` in one step (tmp file beside it, fsync, rename)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    with storage_errors(path):
+        try:
+            faults.io_fault(path)
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            with suppress(OSError):  # a full disk keeps no half-written copy beside the file
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:
@@ -65,7 +127,8 @@ def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
 def append_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
     """Append rows, one JSON object per line, in one write, fsynced before returning."""
     payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    with open(path, "a", encoding="utf-8") as handle:
+    with storage_errors(path), open(path, "a", encoding="utf-8") as handle:
+        faults.io_fault(path)
         handle.write(payload)
         handle.flush()
         os.fsync(handle.fileno())

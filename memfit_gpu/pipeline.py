@@ -10,15 +10,21 @@ a rerun only reports. One process writes a directory at a time (an exclusive loc
 a directory started with another configuration, finished or not, is refused.
 
 Write order, so that a kill anywhere leaves a state the rerun completes to the same results: the
-response cache commits a batch of calls, then `ledger.json` accounts for them, then their predictions
-are appended; a rerun re-serves a lost prediction from the cache and the ledger does not count it
-again. Every durable write is a `faults.point`, where tests kill runs (tests/test_crash_consistency.py).
+response cache commits each group of calls together with their ledger entries, then `ledger.json`
+reports the ledger, then the predictions are appended; a rerun rebuilds the ledger from the cache's
+entries (`load_ledger`), re-serves a lost prediction from the cache and does not count it again. Every
+durable write is a `faults.point`, where tests kill runs (tests/test_crash_consistency.py).
+
+A question whose answer (or verdict) a server never gave after its retries gets no row: the run
+answers the others, then stops before scoring (`UnansweredError`, exit code 1), and the same command
+asks only those again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -57,8 +63,8 @@ from memfit_gpu.readers.prompts import (
     judge_kind,
     resolve_protocol,
 )
-from memfit_gpu.readers.reader import Reader, make_reader
-from memfit_gpu.readers.types import Request
+from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
+from memfit_gpu.readers.types import PromptTokenLimit, Request
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,11 @@ log = logging.getLogger(__name__)
 
 class RunError(RuntimeError):
     """A run directory that cannot be resumed as asked."""
+
+
+class UnansweredError(RuntimeError):
+    """Questions the reader (or the judge) got no answer for after its retries: every other question is
+    answered and saved; the same command asks only these again."""
 
 
 @contextmanager
@@ -97,6 +108,13 @@ class StageTimer(StageClock):
         return cls(path, {k: float(v) for k, v in seconds.items()})
 
     def _save(self) -> None:
+        if sys.exc_info()[0] is not None:
+            # the stage failed: its own failure is what the user must see, not a second one (a full disk) here
+            try:
+                atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
+            except OSError as exc:
+                log.warning("%s not updated: %s", self.path, exc)
+            return
         atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
         faults.point("timings")
 
@@ -187,7 +205,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
 
     ledger_path = out / "ledger.json"
     try:
-        ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
+        ledger = load_ledger(out)  # from the entries cache.sqlite committed with the responses
     except (json.JSONDecodeError, TypeError) as exc:
         raise RunError(f"{ledger_path}: not a ledger memfit wrote ({exc})") from None
     reader: Reader | None = None
@@ -264,6 +282,14 @@ def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_ro
     return resolved, has_question_image
 
 
+def answer_token_limit(reader: Reader, cfg: MemFitConfig) -> PromptTokenLimit | None:
+    """The prompt tokens an answer call may use, and the reader's token counter: its context less the
+    reader.max_new_tokens the answer may take (a prompt cut to the whole context leaves the answer no
+    room); None where the reader does not know its context (a server)."""
+    context = reader.prompt_token_limit()
+    return None if context is None else (context[0] - cfg.reader.max_new_tokens, context[1])
+
+
 def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
             packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool) -> None:
     """One answer call per question, appended to predictions.jsonl a batch at a time.
@@ -274,11 +300,13 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
     the reader never waits for it. Per batch: the reader has committed its calls to the response cache,
     the ledger is saved, then the rows (with their verdicts) are appended, in batch order. A kill before
     the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
-    count twice (Ledger.accounted_keys)."""
+    count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
+    after its retries) gets no row; once the others are written, UnansweredError counts them."""
     protocol = resolve_protocol(cfg.reader.protocol, bench.name)
     memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
     turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
                    for m in bench.memories for t in m.turns() if t.images}
+    token_limit = answer_token_limit(reader, cfg)
 
     def request_for(q: Question) -> tuple[Request, dict[str, int]]:
         """The answer request (the same bytes on every resume: its cache key) and what the prompt
@@ -287,7 +315,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
         messages, prompt_cut = bounded_answer_messages(
             q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
             question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=reader.prompt_token_limit(),
+            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
         )
         return (Request(messages, role="answer", images=images, key=q.question_id),
                 {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
@@ -301,13 +329,17 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
                       ledger, ledger_path)
     judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
     judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
-    waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any]]] | None]] = deque()
+    waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any] | None]] | None]] = deque()
     bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
 
-    def write(rows: list[dict[str, Any]], verdicts: Future[list[dict[str, Any]]] | None) -> None:
+    unanswered: list[tuple[str, str]] = []  # (question id, why): no answer or no verdict came back
+
+    def write(rows: list[dict[str, Any]], verdicts: Future[list[dict[str, Any] | None]] | None) -> None:
         if verdicts is not None:
             for row, verdict in zip(rows, verdicts.result(), strict=True):
                 row["judge"] = verdict
+            unanswered.extend((row["question_id"], "the judge gave no verdict") for row in rows if row["judge"] is None)
+            rows = [row for row in rows if row["judge"] is not None]
         ledger.save(ledger_path)
         faults.point("answer.ledger")
         append_jsonl(pred_path, rows)
@@ -317,6 +349,10 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
     try:
         requests, prompt_cuts = zip(*[request_for(q) for q in todo], strict=True) if todo else ((), ())
         for batch in reader.generate_batches(list(requests), max(1, cfg.reader.flush_every)):
+            unanswered.extend((todo[i].question_id, str(r.error)) for i, r in batch if not r.answered)
+            batch = [(i, r) for i, r in batch if r.answered]
+            if not batch:
+                continue
             chunk = [todo[i] for i, _ in batch]
             responses = [response for _, response in batch]
             cleaned = [clean_answer(r.text) for r in responses]
@@ -340,6 +376,11 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
         while waiting:
             write(*waiting.popleft())
         bar.close()
+        if unanswered:
+            raise UnansweredError(
+                f"{len(unanswered)} of {len(questions)} questions got no answer (first: {unanswered[0][0]}: "
+                f"{unanswered[0][1]}); the other answers are in {pred_path}: rerun the same command to ask only these "
+                f"again")
     finally:
         if judging is not None:
             judging.shutdown(wait=True, cancel_futures=True)
@@ -390,7 +431,8 @@ class _Judge:
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 
-    def __call__(self, questions: list[Question], predictions: list[str]) -> list[dict[str, Any]]:
+    def __call__(self, questions: list[Question], predictions: list[str]) -> list[dict[str, Any] | None]:
+        """One verdict per question; None where the judge got no answer (a rerun asks it again)."""
         verdicts: list[dict[str, Any] | None] = [None] * len(questions)
         requests, where = [], []
         for i, (q, pred) in enumerate(zip(questions, predictions, strict=True)):
@@ -401,9 +443,10 @@ class _Judge:
                                             memgallery_dir=self.memgallery_dir, abstention=q.abstention)
             requests.append(Request(messages, role="judge", key=f"judge:{q.question_id}"))
             where.append(i)
-        for i, resp in zip(where, self.reader.generate(requests) if requests else [], strict=True):
-            verdicts[i] = parse_judge_reply(resp.text, kind=self.kind, strict=False)
-        return verdicts  # type: ignore[return-value]
+        for i, resp in zip(where, self.reader.generate(requests, partial=True) if requests else [], strict=True):
+            if resp.answered:
+                verdicts[i] = parse_judge_reply(resp.text, kind=self.kind, strict=False)
+        return verdicts
 
     def close(self) -> None:
         self.reader.close()

@@ -6,7 +6,12 @@ by the packaged MiniLM encoder and SmolLM2 reader. An uninterrupted run is the r
 placed exactly at a boundary by MEMFIT_FAULT=<point>:<n>, never by timing, and the rerun must leave
 the directory as the reference left it: the same predictions (one per question), the same metrics
 (timings aside), a ledger with exactly one answer call per question and the reference's call counts,
-and a store that encoded only what no snapshot held when the process died.
+and a store that encoded only what no snapshot held when the process died. A kill after the build
+stage starts from a copy of a run killed at the build's end (`prepared`), not from nothing.
+
+Against a server (tests/counting_server.py: a real HTTP server that counts what it delivered), the
+ledger a killed and resumed run reports holds exactly the calls and tokens the server was paid for,
+and a question the server did not answer fails alone and is asked again by the rerun.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from counting_server import MODEL, CountingServer  # tests/counting_server.py (tests/ is on sys.path)
 from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
@@ -47,7 +54,10 @@ OVERRIDES = [
 NOT_BOUNDARIES = {"timings", "store.encode"}
 # The durable writes issue 11 lists; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
-            "answer.ledger", "score.ledger", "metrics", "DONE"}
+            "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
+# The end of the build stage (the second stage timings.json records): the store is built and snapshotted.
+# A kill after it starts from a copy of a run killed there.
+PREPARED_AT = "timings:2"
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +115,33 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_locomo: Path, shar
     assert [r["question_id"] for r in read_jsonl(out / "predictions.jsonl")] == QUESTIONS
     assert encoded(trace) == store_texts(out / "store") == 60  # 58 turns + 2 summaries, each encoded once
     return out
+
+
+def prepare(out: Path, data: Path, shared_data: Path, *extra_args: str, **env: str) -> Path:
+    """A run killed at the end of its build stage (PREPARED_AT), for kill scenarios that start later."""
+    killed = memfit_run(out, data, shared_data, *extra_args, MEMFIT_FAULT=PREPARED_AT, **env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert snapshot_coverage(out / "store") > 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def prepared(reference: Path, small_locomo: Path, shared_data: Path) -> Path:
+    return prepare(reference.parent / "prepared", small_locomo, shared_data)
+
+
+def start_state(trace: list[str], point: str) -> tuple[bool, str]:
+    """Whether a kill at `point` (name:n of the reference trace) starts from the prepared copy, and the
+    point as that run counts it (what the prepared run passed already is not passed again)."""
+    def index(which: str) -> int:
+        name, _, nth = which.partition(":")
+        return [i for i, seen in enumerate(trace) if seen == name][int(nth or 1) - 1]
+
+    name, _, nth = point.partition(":")
+    cut = index(PREPARED_AT)
+    if index(point) <= cut:
+        return False, point
+    return True, f"{name}:{int(nth or 1) - trace[:cut + 1].count(name)}"
 
 
 def boundaries(reference: Path) -> list[str]:
@@ -187,12 +224,24 @@ def test_kill_between_a_prediction_flush_and_the_ledger_save_resumes(tmp_path: P
     ledger = Ledger.load(out / "ledger.json")
     assert ledger.answer_keys == QUESTIONS
     assert (ledger.roles["answer"].calls, ledger.roles["answer"].cached) == (4, 0)
-    # Again without its ledger, as an older memfit left a kill between the two writes: the answers the
-    # predictions hold are accounted from the response cache (hits, not calls), the others answered.
-    for name in ("DONE", "ledger.json", "metrics.json"):
-        (out / name).unlink()
-    with open(out / "predictions.jsonl", "r+b") as handle:
-        handle.truncate(len(b"".join(handle.readlines()[:2])))
+    # Without ledger.json (a report of the ledger) nothing is lost: the cache's entries hold every call.
+    def cut_to_two_predictions() -> None:
+        for name in ("DONE", "ledger.json", "metrics.json"):
+            (out / name).unlink()
+        with open(out / "predictions.jsonl", "r+b") as handle:
+            handle.truncate(len(b"".join(handle.readlines()[:2])))
+
+    cut_to_two_predictions()
+    rerun = memfit_run(out, small_locomo, shared_data, "summary.enabled=false")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "predictions have no answer call" not in rerun.stderr
+    ledger = Ledger.load(out / "ledger.json")
+    assert ledger.answer_keys == QUESTIONS and (ledger.roles["answer"].calls, ledger.roles["answer"].cached) == (4, 0)
+    # Again as an older memfit left a kill between the two writes (its cache held no ledger entries): the
+    # answers the predictions hold are accounted from the response cache (hits, not calls), the others answered.
+    cut_to_two_predictions()
+    with sqlite3.connect(out / "cache.sqlite") as conn:
+        conn.execute("DELETE FROM calls")
     rerun = memfit_run(out, small_locomo, shared_data, "summary.enabled=false")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "2 predictions have no answer call" in rerun.stderr
@@ -203,7 +252,7 @@ def test_kill_between_a_prediction_flush_and_the_ledger_save_resumes(tmp_path: P
 
 
 @pytest.mark.slow
-def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path, tmp_path: Path,
+def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path, prepared: Path, tmp_path: Path,
                                                                 small_locomo: Path, shared_data: Path):
     points = boundaries(reference)
     names = {p.split(":")[0] for p in points}
@@ -217,11 +266,16 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
     torn = reference_lines[2] + reference_lines[3][: len(reference_lines[3]) // 2]
     scenarios: list[tuple[str, bytes]] = [(p, b"") for p in points] + [("answer.ledger:2", torn)]
 
+    trace = [name for name, _ in parse_trace(reference.parent / "reference.trace")]
+
     def scenario(index: int, point: str, tail: bytes) -> list[str]:
         label = f"killed at {point}" + (" with a torn chunk" if tail else "")
         out = tmp_path / f"s{index:02d}"
         traces = tmp_path / f"s{index:02d}.killed", tmp_path / f"s{index:02d}.rerun"
-        killed = memfit_run(out, small_locomo, shared_data, MEMFIT_FAULT=point, MEMFIT_FAULT_TRACE=str(traces[0]))
+        from_prepared, fault = start_state(trace, point)
+        if from_prepared:
+            shutil.copytree(prepared, out)
+        killed = memfit_run(out, small_locomo, shared_data, MEMFIT_FAULT=fault, MEMFIT_FAULT_TRACE=str(traces[0]))
         if killed.returncode != -signal.SIGKILL:
             return [f"{label}: the run was not killed (exit code {killed.returncode}): {killed.stderr[-1500:]}"]
         last = parse_trace(traces[0])[-1][0]
@@ -248,3 +302,164 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
         results = pool.map(lambda args: scenario(*args), [(i, p, t) for i, (p, t) in enumerate(scenarios)])
         problems = [problem for result in results for problem in result]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_the_rerun_resumes_to_the_reference(reference: Path, prepared: Path,
+                                                                        tmp_path: Path, small_locomo: Path,
+                                                                        shared_data: Path):
+    """Issue 23.1/23.7: a full disk at the ledger save gave three chained ENOSPC tracebacks naming no file,
+    and lost the calls made since the last save. At the ledger report and at a response-cache commit,
+    the run stops with one line naming the file (exit code 2); the same command then finishes as the
+    reference did, its ledger counting every call once."""
+    from memfit_gpu.faults import IO_FAULT_ENV
+
+    def scenario(index: int, fault: str, file: str) -> list[str]:
+        out = tmp_path / f"disk{index}"
+        shutil.copytree(prepared, out)
+        full = memfit_run(out, small_locomo, shared_data, **{IO_FAULT_ENV: fault})
+        line = full.stderr.strip().splitlines()[-1] if full.stderr.strip() else ""
+        problems = []
+        if full.returncode != 2 or "Traceback" in full.stderr:
+            problems.append(f"{fault}: exit code {full.returncode}: {full.stderr[-1500:]}")
+        elif not line.startswith(f"memfit run: error: {out / file}") or "(ENOSPC); free space" not in line:
+            problems.append(f"{fault}: {line}")
+        rerun = memfit_run(out, small_locomo, shared_data)
+        if rerun.returncode != 0:
+            return [*problems, f"{fault}: rerun exit code {rerun.returncode}: {rerun.stderr[-1500:]}"]
+        return problems + check_resumed(out, reference, f"full disk at {fault}")
+
+    faults_at = [("ledger.json:ENOSPC:2", "ledger.json"), ("cache.sqlite:ENOSPC:2", "cache.sqlite")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        problems = [p for result in pool.map(lambda args: scenario(*args), [(i, *f) for i, f in enumerate(faults_at)])
+                    for p in result]
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- against a counting server
+
+SERVER_KEY_ENV = "MEMFIT_TEST_SERVER_KEY"  # reader.api_key_env: the server tells runs apart by their key
+# What the server is paid for, as the ledger reports it: its calls and tokens over the roles that ask it.
+PAID_ROLES = ("summary", "answer")
+# The kills around the calls a server is paid for: after a response's commit (the summaries' before their
+# ledger report; the first answer's while the second is in flight; the second's, which completes the first
+# batch, before its ledger report), and after that batch's predictions.
+SERVER_KILLS = ["reader.commit:1", "reader.commit:3", "reader.commit:4", "predictions:1"]
+
+
+@pytest.fixture(scope="module")
+def counting_server() -> Any:
+    # Replies 0.3 s apart: at a kill, no reply is on its way (one whose client died waiting is not sent).
+    server = CountingServer(gap_s=0.3)
+    yield server
+    server.close()
+
+
+def server_args(server: CountingServer) -> list[str]:
+    return ["reader.backend=openai", f"reader.model={MODEL}", f"reader.base_urls=[{server.url}]",
+            "reader.concurrency=2", "reader.max_retries=1", "reader.timeout_s=60", f"reader.api_key_env={SERVER_KEY_ENV}"]
+
+
+def server_run(out: Path, server: CountingServer, key: str, data: Path, shared_data: Path,
+               **env: str) -> subprocess.CompletedProcess[str]:
+    return memfit_run(out, data, shared_data, *server_args(server), **{SERVER_KEY_ENV: key, **env})
+
+
+@pytest.fixture(scope="module")
+def server_reference(tmp_path_factory: pytest.TempPathFactory, counting_server: CountingServer, small_locomo: Path,
+                     shared_data: Path) -> Path:
+    out = tmp_path_factory.mktemp("server") / "reference"
+    proc = server_run(out, counting_server, "reference", small_locomo, shared_data,
+                      MEMFIT_FAULT_TRACE=str(out.parent / "reference.trace"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert counting_server.paid["reference"]["calls"] == 6  # 2 summaries + 4 answers
+    return out
+
+
+def paid_problems(run_dir: Path, paid: Counter[str], label: str) -> list[str]:
+    """What differs between the ledger's calls and tokens and what the server delivered."""
+    ledger = Ledger.load(run_dir / "ledger.json")
+    roles = [ledger.roles[role] for role in PAID_ROLES]
+    booked = {"calls": sum(r.calls - r.errors for r in roles), "input_tokens": sum(r.input_tokens for r in roles),
+              "output_tokens": sum(r.output_tokens for r in roles)}
+    if booked != dict(paid):
+        return [f"{label}: the ledger reports {booked}, the server delivered {dict(paid)}"]
+    return []
+
+
+def by_question(run_dir: Path) -> dict[str, dict[str, Any]]:
+    return {row["question_id"]: row for row in read_jsonl(run_dir / "predictions.jsonl")}
+
+
+@pytest.mark.slow
+def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
+        counting_server: CountingServer, server_reference: Path, tmp_path: Path, small_locomo: Path,
+        shared_data: Path) -> None:
+    """Issue 23.1: killed after a response was committed but before ledger.json reported it, a rerun
+    reported 3 calls / 3 cached where 6 were paid. Each kill here, then the rerun, leaves a ledger whose
+    calls and tokens are those the server delivered to both processes, and the reference's results."""
+    trace = [name for name, _ in parse_trace(server_reference.parent / "reference.trace")]
+    assert Counter(trace)["reader.commit"] == 6
+    prepared = prepare(tmp_path / "prepared", small_locomo, shared_data, *server_args(counting_server),
+                       **{SERVER_KEY_ENV: "prepared"})
+    assert not counting_server.paid["prepared"]  # the build asks the server nothing
+
+    def scenario(index: int, point: str) -> list[str]:
+        label, key, out = f"killed at {point}", f"s{index}", tmp_path / f"s{index}"
+        from_prepared, fault = start_state(trace, point)
+        assert from_prepared
+        shutil.copytree(prepared, out)
+        killed = server_run(out, counting_server, key, small_locomo, shared_data, MEMFIT_FAULT=fault)
+        if killed.returncode != -signal.SIGKILL:
+            return [f"{label}: the run was not killed (exit code {killed.returncode}): {killed.stderr[-1500:]}"]
+        rerun = server_run(out, counting_server, key, small_locomo, shared_data)
+        if rerun.returncode != 0:
+            return [f"{label}: rerun exit code {rerun.returncode}: {rerun.stderr[-1500:]}"]
+        problems = paid_problems(out, counting_server.paid[key], label)
+        if by_question(out) != by_question(server_reference):
+            problems.append(f"{label}: predictions differ from the reference")
+        if comparable_metrics(out) != comparable_metrics(server_reference):
+            problems.append(f"{label}: metrics.json differs from the reference")
+        ledger = Ledger.load(out / "ledger.json")
+        if sorted(ledger.answer_keys) != QUESTIONS:
+            problems.append(f"{label}: ledger answer keys {ledger.answer_keys}")
+        if not problems:
+            shutil.rmtree(out)
+        return problems
+
+    assert not paid_problems(server_reference, counting_server.paid["reference"], "the reference")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda args: scenario(*args), list(enumerate(SERVER_KILLS)))
+        problems = [problem for result in results for problem in result]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_a_question_the_server_does_not_answer_fails_alone_and_is_asked_again(
+        counting_server: CountingServer, server_reference: Path, tmp_path: Path, small_locomo: Path,
+        shared_data: Path) -> None:
+    """Issue 23.6: `message.content: null` became an empty, cached answer (a table of zeros, exit 0). Now
+    that question alone fails after the transport's retries: the run answers the others, exits 1 with
+    the count, caches nothing for it, and the rerun asks only that question again."""
+    question = json.loads(small_locomo.read_text())[0]["qa"][2]["question"]
+    counting_server.null_for["nulls"] = {question}
+    out = tmp_path / "run"
+    first = server_run(out, counting_server, "nulls", small_locomo, shared_data)
+    assert first.returncode == 1, first.stderr[-3000:]
+    line = first.stderr.strip().splitlines()[-1]
+    assert line.startswith("memfit run: 1 of 4 questions got no answer (first: conv-26:q2: ")
+    assert "message.content is null" in line and "rerun the same command" in line
+    assert "Traceback" not in first.stderr
+    assert counting_server.attempts["nulls"][question] == 2  # reader.max_retries=1: asked twice
+    assert sorted(by_question(out)) == ["conv-26:q0", "conv-26:q1", "conv-26:q3"]
+    assert not (out / "DONE").exists()
+    counting_server.null_for["nulls"] = set()
+    rerun = server_run(out, counting_server, "nulls", small_locomo, shared_data)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert by_question(out) == by_question(server_reference)
+    metrics, want = comparable_metrics(out), comparable_metrics(server_reference)
+    assert (metrics.pop("ledger"), want.pop("ledger")) == ({"answer_calls": 5}, {"answer_calls": 4})
+    assert metrics == want
+    answer = Ledger.load(out / "ledger.json").roles["answer"]
+    assert (answer.calls, answer.errors, answer.cached) == (5, 1, 0)  # q2 twice: failed, then answered
+    assert not paid_problems(out, counting_server.paid["nulls"], "after the rerun")

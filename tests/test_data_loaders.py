@@ -464,6 +464,33 @@ def test_locomo_turn_quirks_are_reported(tmp_path: Path) -> None:
     ]
 
 
+def test_empty_questions_gold_answers_and_conversations_are_quirks_excluded_from_scoring(tmp_path: Path) -> None:
+    """Issue 23.7: an empty conversation, an empty gold answer ("", "   ") and an empty question were
+    accepted and scored with no quirk. Each is reported, counted and never selected for a run."""
+    sample = _locomo_sample()
+    sample["qa"] = [{"question": "q?", "answer": "a", "evidence": ["D1:1"], "category": 4},
+                    {"question": "q2?", "answer": "", "evidence": ["D1:1"], "category": 4},
+                    {"question": "q3?", "answer": "   ", "evidence": ["D1:1"], "category": 1},
+                    {"question": "  ", "answer": "a", "evidence": ["D1:1"], "category": 2}]
+    silent = _locomo_sample()
+    silent["sample_id"] = "c2"
+    silent["conversation"]["session_1"] = [{"speaker": "A", "dia_id": "D1:1", "text": " "}]
+    benchmark = load_benchmark("locomo", _write(tmp_path, "locomo10.json", [sample, silent]))
+    assert [p for p in benchmark.problems if "excluded" in p] == [
+        "locomo c1: the gold answer is empty for 2 questions (c1:q1, c1:q2): excluded from scoring",
+        "locomo c1: the question is empty for 1 question (c1:q3): excluded from scoring",
+        "locomo c2: the conversation is empty for 1 question (c2:q0): excluded from scoring",
+    ]
+    assert [q.question_id for q in benchmark.questions() if q.evaluated] == ["c1:q0"]
+    assert benchmark.questions()[1].extra["excluded"] == "the gold answer is empty"
+    for selected in (select_questions(benchmark), select_questions(benchmark, include_categories=["1", "2", "4"])):
+        assert [q.question_id for q in selected.questions()] == ["c1:q0"]
+    from memfit_gpu.data.stats import benchmark_stats
+
+    stats = benchmark_stats(benchmark)
+    assert (stats["evaluated_questions"], stats["excluded_questions"]) == (1, 4)
+
+
 def test_longmemeval_system_role_and_empty_turn_are_reported(tmp_path: Path) -> None:
     record = _lme_record("a", ["2023/05/01 (Mon) 09:00"], [True])
     record["haystack_sessions"][0].insert(0, {"role": "system", "content": "You are a helpful assistant."})

@@ -40,7 +40,7 @@ from memfit_gpu.pipeline import run
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_answer_messages
 from memfit_gpu.readers.reader import make_reader
-from memfit_gpu.readers.types import ROLE_PHASES, ROLES
+from memfit_gpu.readers.types import ROLE_PHASES
 from memfit_gpu.retrieve.pack import excerpt_tail
 from memfit_gpu.store import RecordLog
 
@@ -71,6 +71,12 @@ def demo_run(out: Path, method: str, shared_data: Path, *extra: str, **env: str)
 def cache_rows(run_dir: Path) -> int:
     with sqlite3.connect(run_dir / "cache.sqlite") as db:
         return db.execute("select count(*) from responses").fetchone()[0]
+
+
+def calls_made(run_dir: Path) -> int:
+    """Backend calls the directory's ledger entries record (readers/cache.py: every paid call, once)."""
+    with sqlite3.connect(run_dir / "cache.sqlite") as db:
+        return db.execute("select count(*) from calls where served = 'call'").fetchone()[0]
 
 
 # the longest runs first (measured: lightmem_slm ~3 min, full_context ~1.3 min, the others ~0.5-1 min)
@@ -122,9 +128,10 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
     again = demo_run(run_dir, method, shared_data)  # a finished run only reports
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / "ledger.json").read_bytes() == before[0] and cache_rows(run_dir) == before[1]
-    # Without its packs, predictions and ledger the run is made again from what it kept: the write-time
-    # state (store, summaries, LightMem's log) asks for nothing, every read-time call is a cache hit, and
-    # the predictions are the same.
+    # Without its packs, predictions and ledger.json the run is made again from what it kept: the write-time
+    # state (store, summaries, LightMem's log) asks for nothing, every read-time call is a cache hit (no
+    # new call: the ledger, rebuilt from cache.sqlite's entries, holds the first run's calls), and the
+    # predictions are the same.
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
     for name in ("DONE", "packs.jsonl", "diagnostics.json", "predictions.jsonl", "metrics.json", "results.md",
@@ -133,9 +140,12 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
     run(load_config(DEMO, [f"method={method}", "data.limit_questions=5"]), copy, progress=False)
     first, second = Ledger.load(run_dir / "ledger.json"), Ledger.load(copy / "ledger.json")
-    assert {r: s.calls for r, s in second.roles.items()} == {r: 0 for r in ROLES}
+    assert {r: s.calls for r, s in second.roles.items()} == {r: s.calls for r, s in first.roles.items()}
+    assert calls_made(copy) == calls_made(run_dir) == sum(s.calls for s in first.roles.values())
+    # what a rerun re-serves is counted as cached, except the answers, each of which has its one call
     assert {r: s.cached for r, s in second.roles.items()} == {
-        r: s.calls + s.cached if ROLE_PHASES[r] == "read" else 0 for r, s in first.roles.items()}
+        r: s.cached + (s.calls + s.cached if ROLE_PHASES[r] == "read" and r != "answer" else 0)
+        for r, s in first.roles.items()}
     assert cache_rows(copy) == before[1]
     assert read_jsonl(copy / "predictions.jsonl") == read_jsonl(run_dir / "predictions.jsonl")
 

@@ -2,8 +2,10 @@
 
 The server is real (http.server on 127.0.0.1, one thread per connection); the path picks the behaviour:
 /flaky (503 twice, then a reply without usage), /slow (the first call hangs past the client timeout),
-/broken (always 500), /bad (400), /limited (429 with Retry-After once), /ok-* (echo after 0.2 s, with usage,
-recording how many calls were in flight at once). GET .../models lists the model, except under /locked (401).
+/broken (always 500), /bad (400), /limited (429 with Retry-After once), /null (200 with `content: null` and
+only `reasoning_content`), /nullonce (that once, then an answer), /nochoices (200 with `choices: []`),
+/garbage (200 that is not JSON), /ok-* (echo after 0.2 s, with usage, recording how many calls were in
+flight at once). GET .../models lists the model, except under /locked (401).
 """
 
 from __future__ import annotations
@@ -91,6 +93,13 @@ class FaultServer:
                     return self._send(200, {**reply, "usage": {"prompt_tokens": 11, "completion_tokens": 3}})
                 if mode == "broken":
                     return self._send(500, "internal boom")
+                if mode == "null" or (mode == "nullonce" and n == 1):
+                    thinking = {"role": "assistant", "content": None, "reasoning_content": "Let me think..."}
+                    return self._send(200, {"model": body["model"], "choices": [{"message": thinking}]})
+                if mode == "nochoices":
+                    return self._send(200, {"model": body["model"], "choices": []})
+                if mode == "garbage":
+                    return self._send(200, "<html>upstream proxy error</html>")
                 if mode == "bad":
                     return self._send(400, {"error": "max_tokens too large"})
                 if mode == "limited":
@@ -252,18 +261,62 @@ def test_batches_do_not_bound_what_is_in_flight(server: FaultServer, tmp_path: P
     for batch in reader.generate_batches(requests, batch_size=10):
         assert [i for i, _ in batch] == sorted(i for i, _ in batch) and len(batch) >= 10 or len(handed) + len(batch) == 150
         handed.extend(i for i, _ in batch)
-        assert len(reader.cache) == len(handed)
+        assert len(reader.cache) >= len(handed)  # committed as they arrive, handed out afterwards
         assert all(response.text == f"echo: question {i}" for i, response in batch)
     assert sorted(handed) == list(range(150)) and server.max_in_flight["ok-wide"] > 64
     assert reader.generate(requests[:3])[0].cached  # a second pass is served by the cache
 
 
 def test_a_failed_call_keeps_the_answers_that_finished(server: FaultServer, tmp_path: Path) -> None:
-    """One request refused (400) among answered ones: the error is raised after the others finished, and
-    those are in the cache, so a rerun asks only for what failed."""
+    """One request refused (400) among answered ones: it alone comes back unanswered (not cached), the
+    others are in the cache, so a rerun asks only for what failed; `generate` raises once all are in."""
     reader = _reader([server.url("ok-partial")], concurrency=4)
     reader.cache = ResponseCache(tmp_path / "cache.sqlite")
     requests = [_ask(f"question {i}", key=f"q{i}") for i in range(6)] + [_ask("please refuse", key="bad")]
-    with pytest.raises(ReaderError, match="refused request 'bad'"):
-        list(reader.generate_batches(requests, batch_size=100))
-    assert len(reader.cache) == 6
+    out = {i: r for batch in reader.generate_batches(requests, batch_size=100) for i, r in batch}
+    assert [i for i, r in out.items() if not r.answered] == [6] and "refused request 'bad'" in str(out[6].error)
+    assert len(reader.cache) == 6 and reader.ledger.roles["answer"].errors == 1
+    with pytest.raises(ReaderError, match=r"1 of 7 answer calls to openai got no answer \(first: .*refused request"):
+        reader.generate(requests)
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    ("null", "message.content is null (the reply holds only reasoning_content: a reasoning model that spent "
+             "max_tokens thinking; raise reader.max_new_tokens or turn its thinking off)"),
+    ("nochoices", "reply is not a chat completion (IndexError"),
+    ("garbage", "reply is not a chat completion (JSONDecodeError"),
+])
+def test_a_reply_without_an_answer_is_retried_then_that_question_alone_fails(server: FaultServer, tmp_path: Path,
+                                                                            mode: str, why: str) -> None:
+    """Issue 23.6: `content: null` became an empty answer, cached, never asked again; empty `choices` and a
+    body that is not JSON stopped the run. Each is retried like a 5xx, then is a response without an
+    answer for that request alone: never cached, counted as an error, asked again next time."""
+    reader = _reader([server.url(mode)], max_retries=2)
+    reader.cache = ResponseCache(tmp_path / "cache.sqlite")
+    before = server.calls[mode]
+    out = reader.generate([_ask("Where?", key="q1")], partial=True)
+    assert server.calls[mode] - before == 3  # retried with the transport's policy
+    assert out[0].answered is False and out[0].text == ""
+    assert why in str(out[0].error) and "after 3 attempts" in str(out[0].error)
+    assert len(reader.cache) == 0 and reader.ledger.roles["answer"].errors == 1
+
+
+def test_a_null_reply_once_is_retried_and_answered(server: FaultServer) -> None:
+    out = _reader([server.url("nullonce")]).generate([_ask("Who?")])
+    assert server.calls["nullonce"] == 2 and out[0].answered and out[0].text == "echo: Who?"
+
+
+def test_responses_are_committed_as_they_arrive(server: FaultServer, tmp_path: Path) -> None:
+    """Issue 23.1: responses that arrived while the caller was busy with an earlier batch waited, uncommitted,
+    until it asked for the next one: a kill then lost calls the server had been paid for. They are
+    committed on arrival, with their ledger entries."""
+    reader = _reader([server.url("ok-arrive")], concurrency=4)
+    reader.cache = ResponseCache(tmp_path / "cache.sqlite")
+    batches = reader.generate_batches([_ask(f"question {i}", key=f"q{i}") for i in range(4)], batch_size=1)
+    first = next(batches)
+    assert len(first) == 1
+    deadline = time.monotonic() + 20
+    while len(reader.cache) < 4 and time.monotonic() < deadline:  # the caller holds the first batch meanwhile
+        time.sleep(0.05)
+    assert len(reader.cache) == 4 and len(reader.cache.entries()) == 4
+    assert sum(1 for _ in batches) == 3

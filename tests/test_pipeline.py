@@ -40,6 +40,12 @@ def _answer_stats(run_dir: Path) -> dict:
     return json.loads((run_dir / "ledger.json").read_text())["roles"]["answer"]
 
 
+def _calls_made(run_dir: Path) -> int:
+    """Backend calls the directory's ledger entries record (readers/cache.py: every paid call, once)."""
+    with sqlite3.connect(run_dir / "cache.sqlite") as db:
+        return db.execute("select count(*) from calls where served = 'call'").fetchone()[0]
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     out = tmp_path_factory.mktemp("pipeline") / "smoke"
@@ -174,7 +180,8 @@ def test_rerun_of_a_finished_run_makes_no_call(smoke_run: Path, shared_data: Pat
 @pytest.mark.slow
 def test_answers_come_from_the_cache_when_predictions_are_lost(smoke_run: Path, tmp_path: Path, shared_data: Path,
                                                                monkeypatch: pytest.MonkeyPatch):
-    """A run that lost its predictions (but kept cache.sqlite) answers again with zero backend calls."""
+    """A run that lost its predictions and ledger.json (but kept cache.sqlite) answers again with zero
+    backend calls: the ledger, rebuilt from the cache's entries, holds the first run's six."""
     import shutil
 
     copy = tmp_path / "copy"
@@ -185,7 +192,7 @@ def test_answers_come_from_the_cache_when_predictions_are_lost(smoke_run: Path, 
     old = [p["prediction"] for p in read_jsonl(smoke_run / "predictions.jsonl")]
     run(load_config(SMOKE), copy, progress=False)
     answer = _answer_stats(copy)
-    assert (answer["calls"], answer["cached"]) == (0, 6)
+    assert (answer["calls"], answer["cached"]) == (6, 0) and _calls_made(copy) == _calls_made(smoke_run) == 6
     assert [p["prediction"] for p in read_jsonl(copy / "predictions.jsonl")] == old
 
 
@@ -374,12 +381,14 @@ def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Pa
     assert judge["calls"] + judge["cached"] == non_empty
     expected = sum(r["judge"]["verdict"] for r in rows) / 2
     assert metrics["overall"]["judge"] == pytest.approx(expected)
-    # the same answers judged again come from the cache
+    # the same answers judged again come from the cache: no new call (the rebuilt ledger keeps the first ones)
+    calls = _calls_made(out)
     for name in ("DONE", "predictions.jsonl", "metrics.json", "ledger.json", "results.md"):
         (out / name).unlink()
     run(cfg, out, progress=False)
     again = json.loads((out / "ledger.json").read_text())["roles"]
-    assert (again["judge"]["calls"], again["answer"]["calls"]) == (0, 0)
+    assert _calls_made(out) == calls == judge["calls"] + 2
+    assert (again["judge"]["calls"], again["answer"]["calls"]) == (judge["calls"], 2)
     assert [r["judge"] for r in read_jsonl(out / "predictions.jsonl")] == [r["judge"] for r in rows]
     # the judge audit of this run, with its own SmolLM2 judge (issue 20): one row per category, counts that
     # add up to the questions audited, the run's own verdicts served from its cache

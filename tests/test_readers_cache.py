@@ -221,3 +221,97 @@ def test_an_in_process_backend_generates_one_flush_at_a_time(tmp_path: Path) -> 
     assert backend.calls == [3, 3, 3]
     assert batches == [[0, 1, 2], [9], [3, 4, 5], [6, 7, 8]]  # the repeat comes with the call that made it
     assert reader.ledger.roles["answer"].calls == 9 and reader.ledger.roles["answer"].cached == 1
+
+
+class _FailsAfter(_Echo):
+    """_Echo that raises on its `fail_on`-th call, after answering the calls before it."""
+
+    def __init__(self, fail_on: int) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+
+    def generate(self, requests):  # noqa: ANN001, ANN201
+        if len(self.calls) + 1 == self.fail_on:
+            self.calls.append(len(requests))
+            raise RuntimeError("the reader died")
+        return super().generate(requests)
+
+
+def _paid(ledger: Ledger) -> tuple[int, int, int, int]:
+    answer = ledger.roles["answer"]
+    return answer.calls, answer.cached, answer.input_tokens, answer.output_tokens
+
+
+def test_the_ledger_is_rebuilt_from_what_was_committed_whatever_stopped_the_run(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23.1: a kill after a batch's cache commit and before ledger.json, a reader failure after some
+    answers, or a full disk at the ledger save lost calls the reader had made (a rerun reported them as
+    cache hits). Each response's ledger entry is committed with it; `load_ledger` rebuilds from those."""
+    from memfit_gpu import faults
+    from memfit_gpu.faults import IO_FAULT_ENV
+    from memfit_gpu.files import StorageError
+    from memfit_gpu.readers.reader import load_ledger
+
+    requests = [_req(f"q{i}?", key=f"k{i}") for i in range(6)]
+    cache_path = tmp_path / "cache.sqlite"
+
+    # a kill after the first batch's commit, before anything saved ledger.json
+    reader = Reader(_Echo(), ResponseCache(cache_path), load_ledger(tmp_path), 8, 0.0, progress=False)
+    first = next(reader.generate_batches(requests, batch_size=2))
+    assert [i for i, _ in first] == [0, 1]
+    reader.cache.close()  # type: ignore[union-attr]
+    assert not (tmp_path / "ledger.json").exists()
+    assert _paid(load_ledger(tmp_path)) == (2, 0, 6, 2)
+
+    # a reader that fails after answering one more batch
+    reader = Reader(_FailsAfter(2), ResponseCache(cache_path), load_ledger(tmp_path), 8, 0.0, progress=False)
+    with pytest.raises(RuntimeError, match="the reader died"):
+        list(reader.generate_batches(requests, batch_size=2))
+    reader.cache.close()  # type: ignore[union-attr]
+    rebuilt = load_ledger(tmp_path)
+    assert _paid(rebuilt) == (4, 0, 12, 4)  # k0, k1 re-served (accounted), k2, k3 answered, then the failure
+    assert rebuilt.answer_keys == ["k0", "k1", "k2", "k3"]
+
+    # a full disk at the ledger save: the save fails naming the file, and nothing is lost
+    monkeypatch.setenv(IO_FAULT_ENV, "ledger.json:ENOSPC")
+    faults.reset()
+    with pytest.raises(StorageError, match=r"ledger\.json: writing failed: No space left on device .*\(ENOSPC\); "
+                                           r"free space on its file system, then rerun the same command"):
+        rebuilt.save(tmp_path / "ledger.json")
+    monkeypatch.delenv(IO_FAULT_ENV)
+    assert not (tmp_path / "ledger.json").exists() and not (tmp_path / "ledger.json.tmp").exists()
+
+    # the rerun: what was committed is served again without counting, the rest is answered
+    backend = _Echo()
+    reader = Reader(backend, ResponseCache(cache_path), load_ledger(tmp_path), 8, 0.0, progress=False)
+    out = reader.generate(requests)
+    assert [r.cached for r in out] == [True] * 4 + [False] * 2 and backend.calls == [2]
+    assert _paid(reader.ledger) == (6, 0, 18, 6)
+    reader.ledger.check_one_answer_per_question([r.key for r in requests])
+    reader.ledger.save(tmp_path / "ledger.json")
+    reader.cache.close()  # type: ignore[union-attr]
+    assert _paid(load_ledger(tmp_path)) == (6, 0, 18, 6)
+    # a question answered twice within one process is still one too many, in the live and the rebuilt ledger
+    reader = Reader(_Echo(), ResponseCache(cache_path), load_ledger(tmp_path), 8, 0.0, progress=False)
+    reader.generate(requests[:1])
+    reader.generate(requests[:1])
+    for ledger in (reader.ledger, load_ledger(tmp_path)):
+        with pytest.raises(LedgerCheckError, match=r"more than one answer call: \['k0 x2'\]"):
+            ledger.check_one_answer_per_question([r.key for r in requests])
+
+
+def test_a_cache_without_entries_starts_from_the_ledger_json_it_had(tmp_path: Path) -> None:
+    """A directory an older memfit wrote (or whose damaged cache was deleted): its ledger.json's counts are
+    the base, kept in the new cache, and new calls add to them."""
+    from memfit_gpu.readers.reader import load_ledger
+
+    old = Ledger()
+    old.record("answer", "k0", Response("x", 40, 4, 0.5, False, "echo"), backend="echo")
+    old.add_wall("answer", 3.0)
+    old.save(tmp_path / "ledger.json")
+    reader = Reader(_Echo(), ResponseCache(tmp_path / "cache.sqlite"), load_ledger(tmp_path), 8, 0.0, progress=False)
+    reader.generate([_req("q1?", key="k1")])
+    reader.cache.close()  # type: ignore[union-attr]
+    rebuilt = load_ledger(tmp_path)
+    assert _paid(rebuilt) == (2, 0, 43, 5) and rebuilt.answer_keys == ["k0", "k1"]
+    assert rebuilt.roles["answer"].wall_s == 3.0  # wall time comes from the last ledger.json saved

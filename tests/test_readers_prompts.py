@@ -214,10 +214,42 @@ def test_a_token_limit_keeps_the_longest_prefix_that_fits() -> None:
     messages, cut = bounded_answer_messages("q?", excerpts, None, "1", max_prompt_chars=1_000_000,
                                             token_limit=(2_000, count))
     kept = len(excerpts) - cut
-    note = f"\n[... {cut:,} more characters of excerpts cut: the reader's context of 2,000 tokens]"
+    note = (f"\n[... {cut:,} more characters of excerpts cut: the reader's context less reader.max_new_tokens "
+            f"(2,000 prompt tokens)]")
     assert messages == build_answer_messages("q?", excerpts[:kept] + note, None, "1")
     assert count(messages) <= 2_000 < count(build_answer_messages("q?", excerpts[:kept + 1] + note, None, "1"))
     # a prompt within the context is left as it is
     assert bounded_answer_messages("q?", excerpts[:500], None, "1", max_prompt_chars=1_000_000,
                                    token_limit=(2_000, count)) == (build_answer_messages("q?", excerpts[:500], None,
                                                                                           "1"), 0)
+
+
+def test_an_answer_prompt_leaves_room_for_max_new_tokens() -> None:
+    """Issue 23.7: a prompt cut to the reader's whole context left no room for the answer. The answer's
+    token budget is the context less reader.max_new_tokens."""
+    from memfit_gpu.config import MemFitConfig, ReaderConfig
+    from memfit_gpu.pipeline import answer_token_limit
+    from memfit_gpu.readers.ledger import Ledger
+    from memfit_gpu.readers.reader import Reader
+    from memfit_gpu.readers.types import Backend
+
+    def count(messages: list[dict]) -> int:
+        return prompt_chars(messages) // 4
+
+    class Context(Backend):  # the context a local backend knows (transformers: max_position_embeddings)
+        name = "context"
+
+        def generate(self, requests):  # noqa: ANN001, ANN201
+            raise AssertionError("not called")
+
+        def prompt_token_limit(self):  # noqa: ANN201
+            return 2_000, count
+
+    cfg = MemFitConfig()
+    cfg.reader.max_new_tokens = 300
+    reader = Reader(Context(ReaderConfig()), None, Ledger(), 300, 0.0, progress=False)
+    limit = answer_token_limit(reader, cfg)
+    assert limit is not None and limit[0] == 1_700
+    excerpts = "\n".join(f"EXCERPT {i} (recorded 8 May 2023): Speaker Ann says: turn {i}" for i in range(1, 401))
+    messages, cut = bounded_answer_messages("q?", excerpts, None, "1", max_prompt_chars=1_000_000, token_limit=limit)
+    assert cut > 0 and 1_600 < count(messages) <= 2_000 - 300

@@ -135,7 +135,8 @@ def test_a_prompt_past_the_model_context_is_cut_to_fit(smollm_reader: Reader) ->
                                             max_prompt_chars=1_000_000, token_limit=(context, count))
     kept = len(excerpts) - cut
     assert 0 < kept < len(excerpts) and count(messages) <= context
-    note = f"\n[... {cut:,} more characters of excerpts cut: the reader's context of 8,192 tokens]"
+    note = (f"\n[... {cut:,} more characters of excerpts cut: the reader's context less reader.max_new_tokens "
+            f"(8,192 prompt tokens)]")
     assert messages == build_answer_messages("What flew over the lake?", excerpts[:kept] + note, None, "1")
     longer = build_answer_messages("What flew over the lake?", excerpts[: kept + 1] + note, None, "1")
     assert count(longer) > context  # the longest prefix that fits was kept

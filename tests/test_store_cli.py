@@ -150,3 +150,89 @@ def test_a_store_folder_outside_a_run_directory_needs_its_config(run_dir: Path, 
     assert line.endswith("nothing: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
     line = _error(capsys, ["store", "compact", str(run_dir)])  # its store has moved away
     assert line.endswith(f"{run_dir / 'store' / 'log.jsonl'}: no store there (was the run's build stage reached?)")
+
+
+def _store_state(run: Path, bi_encoder) -> dict:
+    """What a store holds, as its readers see it: the log's bytes, and the rows and vectors it reopens with."""
+    store = _reopen(run, bi_encoder)
+    try:
+        rows = list(range(store.size))
+        return {"log": (run / "store" / "log.jsonl").read_bytes(), "turns": store.turn_id.tolist(),
+                "texts": [store.text[r] for r in rows], "deleted": store.deleted.tolist(),
+                "vectors": store.episode_dense.vectors(rows).tobytes(), "summaries": len(store.summaries),
+                "snapshots": sorted(p.name for p in (run / "store" / "snapshots").iterdir())}
+    finally:
+        store.close()
+
+
+def test_compact_killed_at_each_step_then_rerun_gives_the_undisturbed_store(run_dir: Path, bi_encoder, tmp_path: Path,
+                                                                           capsys, monkeypatch):
+    """Issue 23.4: killed between the swap's two renames a compaction left no store/ folder, and `memfit
+    store compact` / `memfit store delete` answered "no store there". Killed (SIGKILL) at each step of
+    the compaction, the store commands finish or undo it, and a rerun gives the undisturbed result.
+
+    Each killed compaction is a process of its own, forked from one that loaded the encoder once first
+    (with one OpenMP thread, so no thread pool is forked): one interpreter start, one set of imports."""
+    import json
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
+
+    assert main(["store", "delete", str(run_dir), "--memory", "conv-a", "--turn", "D1:2", "--no-resummarize"]) == 0
+    reference = tmp_path / "reference"
+    shutil.copytree(run_dir, reference)
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path / "compact.trace"))
+    assert main(["store", "compact", str(reference)]) == 0
+    monkeypatch.delenv(TRACE_ENV)
+    want = _store_state(reference, bi_encoder)
+    seen: dict[str, int] = {}
+    points = []
+    for name, _ in parse_trace(tmp_path / "compact.trace"):
+        seen[name] = seen.get(name, 0) + 1
+        if name != "store.encode":
+            points.append(f"{name}:{seen[name]}")
+    assert {"store.log", "store.snapshot", "compact.built", "compact.retired", "compact.swapped",
+            "compact.removed"} <= {p.split(":")[0] for p in points}
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
+    runs = []
+    for index, point in enumerate(points):
+        runs.append((point, str(tmp_path / f"k{index}")))
+        shutil.copytree(run_dir, runs[-1][1])
+    forks = (
+        "import json, os, sys\n"
+        "import memfit_gpu.cli, memfit_gpu.cli.store, memfit_gpu.config, memfit_gpu.index.encoders\n"
+        # what loading the encoder imports (transformers and its company) is paid once, here
+        f"memfit_gpu.index.encoders.load_bi_encoder(memfit_gpu.config.load_config({str(run_dir / 'config.yaml')!r}).index)\n"
+        "codes = []\n"
+        "for point, run in json.loads(sys.argv[1]):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        f"        os.environ[{FAULT_ENV!r}] = point\n"
+        "        os._exit(memfit_gpu.cli.main(['store', 'compact', run]))\n"
+        "    codes.append(os.waitpid(pid, 0)[1])\n"
+        "print(json.dumps(codes))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", forks, json.dumps(runs)], env={**env, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    statuses = json.loads(proc.stdout.strip().splitlines()[-1])
+    capsys.readouterr()
+    for (point, folder), status in zip(runs, statuses, strict=True):
+        run = Path(folder)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (point, status, proc.stderr[-2000:])
+        if point.startswith("compact.retired"):  # between the renames: no store/ folder at all
+            assert not (run / "store").exists()
+            other = tmp_path / "delete-after-kill"
+            shutil.copytree(run, other)
+            assert main(["store", "delete", str(other), "--memory", "conv-a", "--turn", "D2:1", "--no-resummarize"]) == 0
+            store = _reopen(other, bi_encoder)
+            assert store.turn_id.tolist() == ["D1:1", "D1:3", "D2:1", "D2:2"]  # the compaction was finished
+            assert store.deleted.tolist() == [False, False, True, False]
+            store.close()
+        assert main(["store", "compact", str(run)]) == 0, (point, capsys.readouterr().err)
+        assert _store_state(run, bi_encoder) == want, point
+        assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "store"], point

@@ -433,3 +433,61 @@ def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
     monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "12")
     slurm.PointTask()(argv, str(point_dir), str(status))
     assert (point_dir / "DONE").read_text() == "12"
+
+
+@pytest.mark.slow
+def test_a_killed_local_sweep_takes_its_points_with_it_and_the_next_start_corrects_the_record(
+        tmp_path: Path, shared_data: Path) -> None:
+    """Issue 23.7: a SIGKILLed local sweep left its point's `memfit run` running unsupervised (ppid 1) and
+    sweep.json saying RUNNING. The child dies with the driver; the next start records it as stopped.
+    (The points' command stands in for `memfit run`: it sleeps on its first start, finishes on the next.)"""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = ("import pathlib, sys, time; out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True); "
+              "started = out / 'started'\n"
+              "if started.exists(): (out / 'DONE').write_text('done')\n"
+              "else: started.write_text('1'); time.sleep(120)")
+    path = write_sweep(tmp_path, f"""
+name: orphans
+config: BASE
+grid: {{pack.k: [5]}}
+command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher", "local",
+               "--out", str(out)]
+    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data)}
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child_pid = None
+    deadline = time.monotonic() + 120
+    while child_pid is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (out / "points" / "k=5" / "started").exists():
+            record = json.loads((out / "sweep.json").read_text())["points"][0]
+            child_pid = int(record["jobs"][0]["job_id"].removeprefix("local:"))
+    assert child_pid is not None, driver.stderr.read().decode() if driver.poll() is not None else "no start"
+    driver.kill()
+    driver.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state not in ("Z", "X")  # a zombie nobody reaps is dead all the same
+
+    deadline = time.monotonic() + 10
+    while alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(child_pid):
+        os.kill(child_pid, signal.SIGKILL)
+        pytest.fail("the point's process outlived its SIGKILLed sweep")
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["state"] == "running"  # as the driver left it
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    record = json.loads((out / "sweep.json").read_text())["points"][0]
+    assert record["state"] == "done"
+    assert [job["state"] for job in record["jobs"]] == ["CANCELLED", "COMPLETED"]

@@ -30,7 +30,17 @@ from memfit_gpu.cli import (
     sweep,
     tables,
 )
-from memfit_gpu.cli.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Interrupted, one_line, user_errors, where
+from memfit_gpu.cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_UNFINISHED,
+    EXIT_USER_ERROR,
+    Interrupted,
+    one_line,
+    storage_line,
+    unfinished_errors,
+    user_errors,
+    where,
+)
 
 # name -> module with register(subparsers), in `memfit --help` order.
 SUBCOMMANDS: dict[str, str] = {
@@ -89,10 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"memfit {args.command}: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        # What the user must change (a setting, a file, weights to download): one line, exit code 2.
-        # Anything else is a bug and keeps its traceback.
-        if not isinstance(exc, user_errors(args)):
+        # Work saved but left undone (a server that did not answer some questions): one line, exit code 1.
+        if isinstance(exc, unfinished_errors(args)):
+            print(f"{where(args, exc)}: {one_line(exc)}", file=sys.stderr)
+            return EXIT_UNFINISHED
+        # What the user must change (a setting, a file, weights to download, a full disk): one line, exit
+        # code 2. Anything else is a bug and keeps its traceback.
+        storage = storage_line(exc)
+        if storage is None and not isinstance(exc, user_errors(args)):
             raise
-        print(f"{where(args, exc)}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"{where(args, exc)}: error: {storage or one_line(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
 

@@ -16,7 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Writes DIR/config.yaml, provenance.json (before the first answer: code, packages, devices, data files, "
             "models, categories, judge and prompts, with hashes), predictions.jsonl, metrics.json, ledger.json, "
             "results.md and DONE. "
-            "Killed at any point, the same command resumes: no lost or duplicated predictions, no repeated LLM calls."
+            "Killed at any point, the same command resumes: no lost or duplicated predictions, no repeated LLM calls, "
+            "and a ledger that counts every paid call once. Questions a server gave no answer for after its retries "
+            "fail alone: the others are answered, the command exits 1 counting them, and a rerun asks only those. "
+            "A full disk or a damaged cache.sqlite is one line naming the file (exit 2)."
         ),
     )
     parser.add_argument("--config", required=True, help="YAML config (configs/memfit.yaml, configs/demo.yaml, ...)")
@@ -28,13 +31,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="resume even though the code, packages, data files, weights, judge or prompts differ "
                              "from the run's provenance.json (the change is recorded there); without it such a "
                              "resume is refused, naming the field and its file")
-    parser.set_defaults(func=command, user_errors=user_errors)
+    parser.set_defaults(func=command, user_errors=user_errors, unfinished=unfinished)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     from memfit_gpu.pipeline import RunError  # a directory that cannot be resumed as asked
 
     return (RunError,)
+
+
+def unfinished() -> tuple[type[Exception], ...]:
+    """Exit code 1, one line: questions a server did not answer, a reader that failed; the rest is saved."""
+    from memfit_gpu.pipeline import UnansweredError
+    from memfit_gpu.readers.types import ReaderError
+
+    return (UnansweredError, ReaderError)
 
 
 def command(args: argparse.Namespace) -> int:

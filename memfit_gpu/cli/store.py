@@ -72,15 +72,18 @@ class Target:
 
 
 def resolve_target(directory: str | Path, config: str | None) -> Target:
-    """The store a DIR argument names, its config, and the lock that keeps runs out."""
+    """The store a DIR argument names, its config, and the lock that keeps runs out. A store whose
+    compaction was killed counts as there (even between the swap's two renames, when its folder is
+    missing): opening it under the lock finishes or undoes the compaction."""
     from memfit_gpu.config import ConfigError, load_config
+    from memfit_gpu.store.compaction import interrupted
 
     path = Path(directory)
     if (path / "config.yaml").is_file():
         cfg = load_config(config or path / "config.yaml")
         store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
         run_dir: Path | None = path
-    elif (path / "log.jsonl").is_file():
+    elif (path / "log.jsonl").is_file() or interrupted(path):
         store = path
         run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
         if config is None and run_dir is None:
@@ -89,7 +92,7 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         cfg = load_config(config or path.parent / "config.yaml")
     else:
         raise FileNotFoundError(f"{path}: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
-    if not (store / "log.jsonl").is_file():
+    if not (store / "log.jsonl").is_file() and not interrupted(store):
         raise FileNotFoundError(f"{store / 'log.jsonl'}: no store there (was the run's build stage reached?)")
     lock = run_dir / ".lock" if run_dir is not None else store.parent / f".{store.name}.lock"
     return Target(store=store, run_dir=run_dir, lock=lock, cfg=cfg)

@@ -120,7 +120,8 @@ def select_questions(
     """A new Benchmark holding only the questions a run should answer.
 
     include_categories None keeps the benchmark's evaluated questions (LoCoMo: not category 5); a list
-    keeps exactly those categories, evaluated or not. exclude_categories then drops categories.
+    keeps exactly those categories, evaluated or not, except questions a data quirk excludes (an empty
+    question, gold answer or conversation: `extra["excluded"]`). exclude_categories then drops categories.
     Memories left without questions are dropped (nothing would read them); then the first
     `limit_memories` memories are kept and the first `limit_questions` questions of each. Sessions and
     turns are shared with the input, not copied.
@@ -137,7 +138,8 @@ def select_questions(
         kept = [
             q
             for q in memory.questions
-            if (q.evaluated if include is None else q.category in include) and q.category not in exclude
+            if (q.evaluated if include is None else q.category in include and "excluded" not in q.extra)
+            and q.category not in exclude
         ]
         if limit_questions is not None:
             kept = kept[:limit_questions]

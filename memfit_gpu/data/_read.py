@@ -49,6 +49,7 @@ def check_turns(benchmark: str, memory: Memory, problems: list[str]) -> None:
     - An empty (or whitespace-only) turn: kept, so turn ids and neighbours stay as in the benchmark.
     - A turn longer than HUGE_TURN_CHARS: kept whole in the store; its excerpt is cut to
       pack.max_excerpt_chars when a reader sees it.
+    Then the memory's questions (`check_questions`).
     """
     seen: dict[str, int] = {}
     taken = {turn.turn_id for turn in memory.turns()}
@@ -77,6 +78,31 @@ def check_turns(benchmark: str, memory: Memory, problems: list[str]) -> None:
     if empty:
         problems.append(f"{benchmark} {memory.memory_id}: {len(empty)} empty turn{'s' if len(empty) > 1 else ''} "
                         f"({', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''}): kept")
+    check_questions(benchmark, memory, problems)
+
+
+def check_questions(benchmark: str, memory: Memory, problems: list[str]) -> None:
+    """Questions that cannot be scored, reported the same way by every loader and excluded from scoring
+    (`Question.evaluated` False, the reason in `extra["excluded"]`; `select_questions` never selects
+    them): an empty (or whitespace-only) question, an empty gold answer of an evaluated question, and
+    every question of a memory whose conversation holds no text at all."""
+    conversation_empty = not any(turn.text.strip() for turn in memory.turns())
+    excluded: dict[str, list[str]] = {}
+    for question in memory.questions:
+        if conversation_empty:
+            why = "the conversation is empty"
+        elif not question.question.strip():
+            why = "the question is empty"
+        elif question.evaluated and not question.answer.strip():
+            why = "the gold answer is empty"
+        else:
+            continue
+        question.evaluated = False
+        question.extra["excluded"] = why
+        excluded.setdefault(why, []).append(question.question_id)
+    for why, ids in excluded.items():
+        problems.append(f"{benchmark} {memory.memory_id}: {why} for {len(ids)} question{'s' if len(ids) > 1 else ''} "
+                        f"({', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}): excluded from scoring")
 
 
 def type_name(types: type | tuple[type, ...]) -> str:

@@ -47,6 +47,8 @@ def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, 
         "turns": len(turns),
         "questions": len(questions),
         "evaluated_questions": sum(q.evaluated for q in questions),
+        # an empty question, gold answer or conversation (data/_read.py check_questions): never scored
+        "excluded_questions": sum("excluded" in q.extra for q in questions),
         "abstention_questions": sum(q.abstention for q in questions),
         "by_category": {c: by_category[c] for c in categories},
         "evaluated_by_category": {
@@ -63,7 +65,8 @@ def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, 
 def format_stats(stats: dict[str, Any]) -> str:
     """A readable table of benchmark_stats output (the one renderer's console tables)."""
     counts = [[key, f"{stats[key]}"] for key in (
-        "memories", "sessions", "turns", "questions", "evaluated_questions", "abstention_questions",
+        "memories", "sessions", "turns", "questions", "evaluated_questions", "excluded_questions",
+        "abstention_questions",
         "images", "turns_with_images", "question_images", "questions_without_evidence",
     )]  # fmt: skip
     categories = [[category, f"{count}", f"{stats['evaluated_by_category'].get(category, 0)}"]

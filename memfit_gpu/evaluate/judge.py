@@ -3,10 +3,15 @@
 
 Three judges, three reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
-  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the LAST
-  top-level JSON object that carries a label, else the last CORRECT/WRONG/INCORRECT word in the text.
-  score = 1.0 for CORRECT, 0.0 for WRONG. The last, because a reply may first repeat the prediction
-  under judgement (which may itself hold a labelled object) before giving its own verdict.
+  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the LAST of the
+  judge's own top-level JSON objects that carries a label (the last, as a judge may reconsider; an
+  object on an indented or `>`-quoted line, or inside a quotation its line opened, is text the judge
+  quotes, such as the prediction under judgement, never its verdict). Without one it reads only a
+  verdict the judge states unambiguously: the last `verdict: X` field, a reply that starts with the
+  label (`WRONG: ...`), or one whose last word is the label in capitals (not after NOT). Anything else
+  is unparsed (JudgeParseError; `parse_judge_reply(strict=False)` records it as `unparsed`, never as
+  CORRECT): prose such as "The answer is wrong; the correct date is ..." names both labels and is not
+  guessed at. score = 1.0 for CORRECT, 0.0 for WRONG.
 - ``memgallery``: Mem-Gallery's graded judge (data/memgallery/prompt/llm_judge.txt) answers
   ``{"score": <0, 0.25, 0.5, 0.75, or 1>, "reasoning": "..."}``. Mem-Gallery's released
   evaluation.py snaps the grade to 0 / 0.5 / 1 (below 0.25 -> 0, below 0.75 -> 0.5, else 1) before
@@ -18,7 +23,8 @@ Three judges, three reply formats:
   ``rule="word"`` reads the first whole yes/no word instead (asked to answer yes or no, a judge leads
   with it: "No, although it says yes elsewhere.").
 
-The memgallery grade is likewise the last top-level object with a score (else the last `score:` field).
+The memgallery grade is likewise the last of the judge's own top-level objects with a score (else the
+last `score:` field on one of its own lines).
 
 An empty prediction is wrong without asking a judge (SPEC): `needs_judge` and `empty_verdict` say
 so. An abstention ("NOT_FOUND") is not empty: on LongMemEval's `_abs` questions declining is right.
@@ -37,8 +43,14 @@ from memfit_gpu.readers.prompts import JUDGE_KINDS
 
 _LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
 _REASON_KEYS = ("reason", "reasoning", "explanation", "rationale", "justification")
-_LABEL_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
+_LABEL_FIELD = re.compile(r"\b(?:verdict|label|judge?ment|result|grade|decision)[\"'*]*\s*[:=]\s*[\"'*]*"
+                          r"(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
+_LEADING_LABEL = re.compile(r"^[\s*_#\"'`]*(CORRECT|INCORRECT|WRONG)(?=[\s*_\"'`.:,;!\-\u2013\u2014]|$)",
+                            re.IGNORECASE)
+_TRAILING_LABEL = re.compile(r"(?<![\w-])(CORRECT|INCORRECT|WRONG)[\s*_.!\"'`]*$")
+_NEGATION = re.compile(r"(?:\bnot|n't|\bnever|\bno)[\s*_\"'`]*$", re.IGNORECASE)
 _SCORE_FIELD = re.compile(r"[\"']?score[\"']?\s*[:=]\s*\"?([0-9]*\.?[0-9]+)", re.IGNORECASE)
+
 _YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
@@ -75,9 +87,32 @@ def empty_verdict() -> dict[str, Any]:
     return {"verdict": False, "reason": "empty prediction (judged wrong without a call)", "score": 0.0}
 
 
+def _quoted_at(text: str, position: int) -> bool:
+    """Whether `position` lies in text the reply quotes: on an indented or `>`-quoted line, or inside a
+    quotation its line opened (an odd number of straight double quotes before it, or an open curly one)."""
+    line_start = text.rfind("\n", 0, position) + 1
+    before = text[line_start:position]
+    return (text[line_start:line_start + 1] in (" ", "\t", ">") or before.count('"') % 2 == 1
+            or before.count("\u201c") > before.count("\u201d"))
+
+
+def _field_start(text: str, position: int) -> int:
+    """Where a `verdict: X` field at `position` starts, its JSON key's quote and brace included."""
+    for char in ('"', "{"):
+        if position > 0 and text[position - 1] == char:
+            position -= 1
+    return position
+
+
+def _own_lines(text: str) -> str:
+    """The reply without the lines it quotes (indented or `>`-quoted)."""
+    return "\n".join(line for line in text.split("\n") if line[:1] not in (" ", "\t", ">"))
+
+
 def _json_objects(text: str) -> list[dict[str, Any]]:
-    """The top-level JSON objects of the reply, in the order they appear (an object nested in another is
-    part of it, not a verdict of its own). Fences need no special case: the scan finds objects inside them."""
+    """The judge's own top-level JSON objects, in the order they appear (an object nested in another is
+    part of it, not a verdict of its own; one the reply quotes is not the judge's). Fences need no
+    special case: the scan finds objects inside them."""
     decoder = json.JSONDecoder()
     found: list[dict[str, Any]] = []
     start = text.find("{")
@@ -87,7 +122,7 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             start = text.find("{", start + 1)
             continue
-        if isinstance(value, dict):
+        if isinstance(value, dict) and not _quoted_at(text, start):
             found.append(value)
         start = text.find("{", end)
     return found
@@ -118,12 +153,29 @@ def parse_paper_reply(reply: str) -> dict[str, Any]:
                 if word in ("CORRECT", "WRONG", "INCORRECT"):
                     verdict = word == "CORRECT"
                     return {"verdict": verdict, "reason": _reason(fields), "score": float(verdict)}
-    words = _LABEL_WORD.findall(text)
-    if not words:
-        raise JudgeParseError("paper", text, "no CORRECT/WRONG label")
-    # Judges that think aloud end with their decision: the last label wins.
-    verdict = words[-1].upper() == "CORRECT"
+    label = _stated_label(_own_lines(text))
+    if label is None:
+        named = re.search(r"correct|wrong", text, re.IGNORECASE)
+        raise JudgeParseError("paper", text, "no verdict it states unambiguously (a verdict field, a leading "
+                              "label, or a final label in capitals)" if named else "no CORRECT/WRONG label")
+    verdict = label == "CORRECT"
     return {"verdict": verdict, "reason": text.strip(), "score": float(verdict)}
+
+
+def _stated_label(text: str) -> str | None:
+    """CORRECT or WRONG where the judge states it unambiguously, else None (refusing to guess)."""
+    fields = [m.group(1) for m in _LABEL_FIELD.finditer(text) if not _quoted_at(text, _field_start(text, m.start()))]
+    if fields:
+        word = fields[-1].upper()  # judges that think aloud end with their decision
+    else:
+        leading, trailing = _LEADING_LABEL.match(text), _TRAILING_LABEL.search(text.strip())
+        if leading is not None:
+            word = leading.group(1).upper()
+        elif trailing is not None and not _NEGATION.search(text.strip()[:trailing.start(1)]):
+            word = trailing.group(1)
+        else:
+            return None
+    return "CORRECT" if word == "CORRECT" else "WRONG"
 
 
 def snap_memgallery_grade(grade: float) -> float:
@@ -152,7 +204,7 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
             reason = _reason(fields)
             break
     if grade is None:
-        matches = list(_SCORE_FIELD.finditer(text))
+        matches = list(_SCORE_FIELD.finditer(_own_lines(text)))
         if not matches:
             raise JudgeParseError("memgallery", text, "no score")
         match = matches[-1]
@@ -179,8 +231,9 @@ def parse_longmemeval_reply(reply: str, rule: str = "official") -> dict[str, Any
 
 
 def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **options: Any) -> dict[str, Any]:
-    """Dispatch on the judge kind. strict=False turns an unreadable reply into a WRONG verdict whose
-    reason starts with "unparseable judge reply" (so it can be counted), instead of raising."""
+    """Dispatch on the judge kind. strict=False records a reply that states no verdict unambiguously as
+    `unparsed` (`{"verdict": False, "score": 0.0, "unparsed": True, "reason": "unparsed judge reply ..."}`:
+    never CORRECT, counted in metrics.json as `judge_unparsed`) instead of raising."""
     parsers = {
         "paper": parse_paper_reply,
         "memgallery": parse_memgallery_reply,
@@ -193,4 +246,4 @@ def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **op
     except JudgeParseError as exc:
         if strict:
             raise
-        return {"verdict": False, "reason": f"unparseable judge reply ({exc})", "score": 0.0}
+        return {"verdict": False, "reason": f"unparsed judge reply ({exc})", "score": 0.0, "unparsed": True}

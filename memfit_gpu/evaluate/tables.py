@@ -67,6 +67,8 @@ def _block(rows: Sequence[Mapping[str, Any]], variants: Sequence[str], judge: bo
     if judge:
         judged = [j for j in (_judge_record(r) for r in rows) if j is not None]
         block["judged"] = len(judged)
+        # replies that stated no verdict (evaluate/judge.py): counted as not correct, and counted here
+        block["judge_unparsed"] = sum(1 for j in judged if j.get("unparsed"))
         block["judge"] = float(np.mean([bool(j["verdict"]) for j in judged])) if judged else None
         block["judge_score"] = (
             float(np.mean([float(j.get("score", float(bool(j["verdict"])))) for j in judged]))
@@ -112,7 +114,7 @@ def summarize(
 
     overall = _block(evaluated, variants, judge)
     if averaging == "question_mean":
-        average = {k: v for k, v in overall.items() if k not in ("judged",)}
+        average = {k: v for k, v in overall.items() if k not in ("judged", "judge_unparsed")}
     else:
         average = {"n": len(evaluated), "categories": len(order)}
         for v in variants:

@@ -2,22 +2,36 @@
 
 The key is sha256 over (backend, model, messages, images, generation parameters); an image that is a
 local file enters by the sha256 of its bytes, so renaming a folder does not invalidate answers but changing
-a picture does. WAL mode and one commit per batch: a run killed mid-way keeps every finished call, and a
-rerun makes no repeat calls.
+a picture does. WAL mode and one commit per group of responses: a run killed mid-way keeps every finished
+call, and a rerun makes no repeat calls.
+
+The same file holds the run's ledger entries (`calls`: every response handed out, a paid backend call or
+a cache hit; readers/ledger.py), each committed in the transaction of the response it accounts for, so
+the ledger a resumed run rebuilds counts every paid call exactly once. A failed request is an entry
+without a cached response (asked again next time).
+
+A damaged file (not a database, malformed pages), a full disk or a read-only one is a `StorageError`
+naming the file and what to do: the cache holds nothing the run cannot make again, so deleting a
+damaged one is safe.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
 from memfit_gpu.digests import file_sha256
+from memfit_gpu.files import RESUME, STORAGE_ADVICE, StorageError, storage_error
 from memfit_gpu.readers.images import is_remote
+from memfit_gpu.readers.ledger import ENTRY_FIELDS
 from memfit_gpu.readers.types import Request, Response
 
 _SCHEMA = """
@@ -35,6 +49,31 @@ CREATE TABLE IF NOT EXISTS responses (
     notes TEXT NOT NULL DEFAULT '{}'
 )
 """
+# Ledger entries (readers/ledger.py ENTRY_FIELDS), in commit order.
+_CALLS = """
+CREATE TABLE IF NOT EXISTS calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    served TEXT NOT NULL,
+    role TEXT NOT NULL,
+    key TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    tokens_estimated INTEGER NOT NULL,
+    gpu_seconds REAL NOT NULL,
+    error TEXT,
+    created REAL NOT NULL
+)
+"""
+# A ledger.json written before this file held entries (Ledger.rebuilt's base), kept once taken.
+_BASE = "CREATE TABLE IF NOT EXISTS ledger_base (id INTEGER PRIMARY KEY CHECK (id = 1), ledger TEXT NOT NULL)"
+# SQLite's result codes (sqlite3.Error.sqlite_errorname) -> the errno whose advice applies.
+_SQLITE_ERRNO = {"SQLITE_FULL": errno.ENOSPC, "SQLITE_READONLY": errno.EROFS, "SQLITE_PERM": errno.EACCES,
+                 "SQLITE_CANTOPEN": errno.EACCES, "SQLITE_IOERR": errno.EIO}
+_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
 
 
 def image_fingerprint(image: str) -> str:
@@ -68,44 +107,114 @@ def request_key(backend: str, model: str, request: Request, template_kwargs: dic
 class ResponseCache:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # A Reader may be built on one thread and used on another; calls on it are never concurrent.
-        self._conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(_SCHEMA)
-        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
-        if "notes" not in columns:  # a cache written before responses carried notes
-            self._conn.execute("ALTER TABLE responses ADD COLUMN notes TEXT NOT NULL DEFAULT '{}'")
-        self._conn.commit()
+        with self._guard("opening"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # A Reader may be built on one thread and used on another; calls on it are never concurrent.
+            self._conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False)
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute(_SCHEMA)
+                self._conn.execute(_CALLS)
+                self._conn.execute(_BASE)
+                columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
+                if "notes" not in columns:  # a cache written before responses carried notes
+                    self._conn.execute("ALTER TABLE responses ADD COLUMN notes TEXT NOT NULL DEFAULT '{}'")
+                self._conn.commit()
+            except BaseException:
+                self._conn.close()
+                raise
+
+    @contextmanager
+    def _guard(self, doing: str) -> Iterator[None]:
+        """SQLite's and the file system's failures as one StorageError naming this file and what to do."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, doing) from None
+        except OSError as exc:
+            error = storage_error(self.path, exc, doing)
+            if error is None:
+                raise
+            raise error from None
+
+    def _error(self, exc: sqlite3.DatabaseError, doing: str) -> StorageError:
+        name = str(getattr(exc, "sqlite_errorname", "") or "")
+        text = str(exc)
+        files = f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
+        if name.startswith(_DAMAGED) or "malformed" in text or "not a database" in text:
+            return StorageError(self.path, (
+                f"{self.path}: damaged ({text}); it holds only this run's response cache and call records, so "
+                f"deleting it is safe: remove {files} and rerun the same command (the reader is asked again for "
+                "what it held: a greedy reader gives the same answers, and ledger.json's counts are kept)"))
+        code = next((c for prefix, c in _SQLITE_ERRNO.items() if name.startswith(prefix)), None)
+        if code is None and "disk is full" in text:
+            code = errno.ENOSPC
+        if code is None and "readonly" in text:
+            code = errno.EROFS
+        advice = STORAGE_ADVICE.get(code, "") if code is not None else ""
+        if not advice:
+            advice = f"if it persists, delete {files} (safe: it only caches responses and call records) and"
+            return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice} {RESUME}", code)
+        return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice}, {RESUME}", code)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Response]:
         found: dict[str, Response] = {}
         unique = list(dict.fromkeys(keys))
         # SQLite limits bound parameters per statement; 500 stays far below every build's limit.
-        for i in range(0, len(unique), 500):
-            part = unique[i:i + 500]
-            rows = self._conn.execute(
-                "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model, notes "
-                f"FROM responses WHERE key IN ({','.join('?' * len(part))})", part
-            ).fetchall()
-            for key, text, n_in, n_out, latency, estimated, model, notes in rows:
-                found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated), json.loads(notes))
+        with self._guard("reading"):
+            for i in range(0, len(unique), 500):
+                part = unique[i:i + 500]
+                rows = self._conn.execute(
+                    "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model, notes "
+                    f"FROM responses WHERE key IN ({','.join('?' * len(part))})", part
+                ).fetchall()
+                for key, text, n_in, n_out, latency, estimated, model, notes in rows:
+                    found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated), json.loads(notes))
         return found
 
-    def put_many(self, backend: str, rows: Sequence[tuple[str, str, Response]]) -> None:
-        """rows = (key, role, response) from `backend`; one transaction, committed before returning."""
+    def commit(self, backend: str, rows: Sequence[tuple[str, str, Response]],
+               entries: Sequence[Mapping[str, Any]] = ()) -> None:
+        """rows = (key, role, response) from `backend` to cache, and the ledger entries that account for
+        what was handed out; one transaction, committed before returning. A response with an error, or
+        one that never came (`answered` False), is not cached: a rerun asks again."""
         now = time.time()
-        with self._conn:
+        with self._guard("writing"), self._conn:
+            faults.io_fault(self.path)
             self._conn.executemany(
                 "INSERT OR REPLACE INTO responses (key, backend, model, role, text, input_tokens, output_tokens, "
                 "latency_s, tokens_estimated, created, notes) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [(k, backend, r.model, role, r.text, r.input_tokens, r.output_tokens, r.latency_s,
-                  int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True)) for k, role, r in rows],
+                  int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True))
+                 for k, role, r in rows if r.error is None and r.answered],
+            )
+            self._conn.executemany(
+                f"INSERT INTO calls ({', '.join(ENTRY_FIELDS)}) VALUES ({','.join('?' * len(ENTRY_FIELDS))})",
+                [tuple(entry[name] for name in ENTRY_FIELDS) for entry in entries],
             )
 
+    def put_many(self, backend: str, rows: Sequence[tuple[str, str, Response]]) -> None:
+        """rows = (key, role, response) from `backend`, cached in one transaction (no ledger entries)."""
+        self.commit(backend, rows)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every ledger entry, in commit order."""
+        with self._guard("reading"):
+            rows = self._conn.execute(f"SELECT {', '.join(ENTRY_FIELDS)} FROM calls ORDER BY seq").fetchall()
+        return [dict(zip(ENTRY_FIELDS, row, strict=True)) for row in rows]
+
+    def ledger_base(self) -> dict[str, Any] | None:
+        with self._guard("reading"):
+            row = self._conn.execute("SELECT ledger FROM ledger_base WHERE id = 1").fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def set_ledger_base(self, ledger: dict[str, Any]) -> None:
+        with self._guard("writing"), self._conn:
+            self._conn.execute("INSERT OR REPLACE INTO ledger_base (id, ledger) VALUES (1, ?)", (json.dumps(ledger),))
+
     def __len__(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+        with self._guard("reading"):
+            return int(self._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
     def close(self) -> None:
         self._conn.close()

@@ -1,11 +1,15 @@
 """Answer cleaning (SPEC read path 9): from a reader's raw output to the answer that is scored.
 
 Only the reply's own final answer counts, never text it quotes (an excerpt may hold `{"answer": ...}`
-or `Answer:` lines of its own). Order: thinking blocks and whitespace; code fences (a reply that is one
-fenced block, else the reply's LAST fenced block); a JSON object's `answer` field, only when the whole
-remaining text is that object; the text after the LAST line-leading `ANSWER:` marker; surrounding quotes
-and markdown emphasis; whitespace again (repeated until stable, so `"ANSWER: \"Paris\""` and a fenced
-JSON both come out as `Paris`). NOT_FOUND in any case, with a space or underscore, alone or with
+or `Answer:` lines of its own). The reply's own lines start at column 0; an indented line or one that
+starts with `>` is quoted text (excerpts reach the prompt with every line after their first indented,
+memfit_gpu/quoting.py, so an echoed excerpt stays indented). Order: thinking blocks and whitespace; code
+fences opened at column 0 (a reply that is one fenced block, else the reply's LAST such block); a JSON
+object's `answer` field, only when the whole remaining text is that object; the text after the LAST
+`ANSWER:` marker at column 0, up to the first blank, quoted or `EXCERPT n` line after it (what follows
+is explanation or quotation, not the answer); surrounding quotes and markdown
+emphasis; whitespace again (repeated until stable, so `"ANSWER: \"Paris\""` and a fenced JSON both come
+out as `Paris`). NOT_FOUND in any case, with a space or underscore, alone or with
 punctuation around it, means the reader abstained; so does NOT_FOUND (with the underscore) leading an
 answer that goes on to explain.
 """
@@ -20,10 +24,13 @@ from dataclasses import dataclass
 NOT_FOUND = "NOT_FOUND"
 
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
-_INNER_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
-# `Answer:`, `**Answer:**`, `Final answer -` at the start of a line.
-_ANSWER_MARKER = re.compile(r"^[ \t]*(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*[:：\-][ \t]*(?:\*\*)?",
+_INNER_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL | re.MULTILINE)
+# `Answer:`, `**Answer:**`, `Final answer -` at the start of one of the reply's own lines (column 0).
+_ANSWER_MARKER = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*[:：\-][ \t]*(?:\*\*)?",
                             re.IGNORECASE | re.MULTILINE)
+# Where the answer after a marker ends: a blank line, a line the reply quotes (indented, as an echoed
+# excerpt's continuation lines are, or markdown-quoted) or an echoed `EXCERPT n` header.
+_ANSWER_END = re.compile(r"^(?:[ \t]*$|[ \t]+\S|>|EXCERPT \d)", re.MULTILINE)
 _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), ("`", "`"), ("**", "**"),
            ("__", "__")]
 _NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
@@ -62,7 +69,13 @@ def _after_last_marker(text: str) -> str:
     last = None
     for last in _ANSWER_MARKER.finditer(text):  # noqa: B007 - the last match is wanted
         pass
-    return text if last is None else text[last.end():]
+    if last is None:
+        return text
+    answer = text[last.end():]
+    start = len(answer) - len(answer.lstrip())  # "Answer:" alone on its line: the answer is on the next
+    line_end = answer.find("\n", start)
+    end = _ANSWER_END.search(answer, line_end + 1) if line_end >= 0 else None
+    return answer if end is None else answer[:end.start()]
 
 
 def _strip_quotes(text: str) -> str:

@@ -4,18 +4,27 @@ SPEC Evaluation: "exactly one answer call per question must hold and be checked"
 (whether served by the backend or the cache) records its key; `check_one_answer_per_question` compares
 them with the question ids and fails loudly, naming the offending ids.
 
-A resumed run loads the saved ledger. The pipeline saves it right after each batch of calls, before
-the predictions of that batch are written, so a kill can leave answer calls on the books whose
-predictions are lost; the rerun re-serves those questions from the response cache, and `record` does
-not count such a question again (`accounted_keys`).
+What was paid is durable before anything reports it: every response the reader hands out becomes one
+ledger entry (`Ledger.entry`: a backend call with its tokens, latency and GPU-seconds, or a cache hit),
+committed in cache.sqlite in the same transaction as the response it accounts for (readers/cache.py),
+and `Ledger.rebuilt` replays those entries when a run resumes. ledger.json is a report of the ledger,
+rewritten after each batch; losing it (a kill, a full disk) loses nothing, and no kill, reader failure
+or full disk can count a paid call twice or not at all.
+
+Entries are applied in one way, live and on replay (`apply`): a run that resumes after a kill re-serves
+from the cache the answers whose predictions it lost, and such an answer is no second answer call
+(`accounted_keys`: the answer keys of earlier processes, each entry naming its process's `session`);
+a question answered twice within one process still is, and fails the check.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,7 +55,7 @@ class RoleStats:
     latency_s: float = 0.0  # sum of per-request latencies (concurrent HTTP calls overlap)
     wall_s: float = 0.0  # wall time spent inside Reader.generate for this role
     gpu_seconds: float = 0.0  # wall time x GPUs held by a local backend
-    errors: int = 0  # backend calls that failed on their own (recorded, answered as empty)
+    errors: int = 0  # backend calls that failed on their own (answered empty, or no answer: asked again)
 
 
 @dataclass
@@ -58,45 +67,95 @@ class ModelStats:
     output_tokens: int = 0
 
 
+# One ledger entry, as cache.sqlite's `calls` table stores it (readers/cache.py), in this order.
+ENTRY_FIELDS = ("session", "served", "role", "key", "backend", "model", "input_tokens", "output_tokens",
+                "latency_s", "tokens_estimated", "gpu_seconds", "error", "created")
+
+
 @dataclass
 class Ledger:
     roles: dict[str, RoleStats] = field(default_factory=lambda: {r: RoleStats() for r in ROLES})
     models: dict[str, ModelStats] = field(default_factory=dict)
     answer_keys: list[str] = field(default_factory=list)
-    # Answer keys of the saved ledger this one was loaded from, until a rerun re-serves them: that call is
-    # accounted already. A key repeated within one process is still counted (and fails the check).
+    # Answer keys of earlier processes (the ledger this one was rebuilt from), until this process re-serves
+    # them: that call is accounted already. A key repeated within one process is still counted (and fails
+    # the check).
     accounted_keys: set[str] = field(default_factory=set, repr=False, compare=False)
+    # This process's entries carry it; `apply` starts a new process's accounting when it changes.
+    session: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False, compare=False)
+    _applying: str | None = field(default=None, repr=False, compare=False)
     # The answer reader and the judge (on its own thread, pipelined behind the answers) share one ledger.
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
-    def record(self, role: str, key: str, response: Response, backend: str) -> None:
-        with self._lock:
-            self._record(role, key, response, backend)
+    def entry(self, role: str, key: str, response: Response, backend: str, gpu_seconds: float = 0.0) -> dict[str, Any]:
+        """The ledger entry of one response handed out: a backend call (`served` "call": paid, with its
+        tokens, latency and share of GPU-seconds) or a cache hit ("hit")."""
+        return {"session": self.session, "served": "hit" if response.cached else "call", "role": role, "key": key,
+                "backend": backend, "model": response.model, "input_tokens": int(response.input_tokens),
+                "output_tokens": int(response.output_tokens), "latency_s": float(response.latency_s),
+                "tokens_estimated": int(response.tokens_estimated), "gpu_seconds": float(gpu_seconds),
+                "error": response.error, "created": time.time()}
 
-    def _record(self, role: str, key: str, response: Response, backend: str) -> None:
+    def record(self, role: str, key: str, response: Response, backend: str) -> None:
+        """Account one response (a reader without a response cache; the caching reader commits the entry
+        with the response first, then applies it)."""
+        self.apply([self.entry(role, key, response, backend)])
+
+    def apply(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        """Account entries in order: the same function live and when a resumed run replays cache.sqlite."""
+        with self._lock:
+            for entry in entries:
+                self._apply(entry)
+
+    def _apply(self, entry: Mapping[str, Any]) -> None:
+        if entry["session"] != self._applying:  # another process's entries: what came before is accounted
+            self._applying = entry["session"]
+            self.accounted_keys = set(self.answer_keys)
+        role, key, cached = entry["role"], entry["key"], entry["served"] == "hit"
         stats = self.roles.setdefault(role, RoleStats())
+        stats.gpu_seconds += float(entry["gpu_seconds"])
         if role == "answer":
             if key in self.accounted_keys:
                 self.accounted_keys.discard(key)
-                if response.cached:
+                if cached:
                     return
-                # The cache lost the call (not a process kill): count what the backend did again, but the
-                # question keeps its one answer.
+                # Asked again (its earlier call failed, or the cache lost it): the call counts, the question
+                # keeps its one answer.
             else:
                 self.answer_keys.append(key)
-        if response.cached:
+        if cached:
             stats.cached += 1
             return
+        n_in, n_out = int(entry["input_tokens"]), int(entry["output_tokens"])
         stats.calls += 1
-        stats.errors += int(response.error is not None)
-        stats.input_tokens += response.input_tokens
-        stats.output_tokens += response.output_tokens
-        stats.estimated_token_calls += int(response.tokens_estimated)
-        stats.latency_s += response.latency_s
-        m = self.models.setdefault(f"{backend}|{response.model}", ModelStats(backend, response.model))
+        stats.errors += int(entry["error"] is not None)
+        stats.input_tokens += n_in
+        stats.output_tokens += n_out
+        stats.estimated_token_calls += int(entry["tokens_estimated"])
+        stats.latency_s += float(entry["latency_s"])
+        m = self.models.setdefault(f"{entry['backend']}|{entry['model']}", ModelStats(entry["backend"], entry["model"]))
         m.calls += 1
-        m.input_tokens += response.input_tokens
-        m.output_tokens += response.output_tokens
+        m.input_tokens += n_in
+        m.output_tokens += n_out
+
+    @classmethod
+    def rebuilt(cls, entries: Iterable[Mapping[str, Any]], base: dict[str, Any] | None = None,
+                wall_s: Mapping[str, float] | None = None) -> Ledger:
+        """The ledger of a run directory from its committed entries (cache.sqlite, in commit order).
+
+        Args:
+            base: a ledger.json written before its directory's cache held entries (an older memfit, or a
+                cache deleted since): its counts are the start the entries add to.
+            wall_s: per role, the wall time the last ledger.json reported (time, not a paid count, is not
+                in the entries).
+        """
+        ledger = cls.from_dict(base) if base else cls()
+        ledger.apply(entries)
+        for role, seconds in (wall_s or {}).items():
+            ledger.roles.setdefault(role, RoleStats()).wall_s = float(seconds)
+        ledger.accounted_keys = set(ledger.answer_keys)
+        ledger._applying = None
+        return ledger
 
     def add_wall(self, role: str, seconds: float) -> None:
         with self._lock:

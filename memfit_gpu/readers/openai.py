@@ -1,9 +1,12 @@
 """OpenAI-compatible HTTP backend (vLLM's server, hosted APIs): async httpx over one or more base URLs.
 
 Request i goes to base_urls[i % n]; each URL has its own semaphore of `concurrency` in-flight calls.
-Timeouts, transport errors, 429 and 5xx are retried with exponential backoff and jitter (a numeric
-Retry-After is honoured) up to `max_retries` times; then a `ReaderError` names the URL and the last status.
-Other 4xx answers are not retried: the request itself is wrong. A server that omits `usage` gets its
+Timeouts, transport errors, 429 and 5xx, and a 200 that is no chat completion (not JSON, no `choices`,
+`message.content: null`, as a reasoning model that put its whole output in `reasoning_content` sends)
+are retried with exponential backoff and jitter (a numeric Retry-After is honoured) up to `max_retries`
+times; other 4xx answers are not retried (the request itself is wrong). A request that still has no
+answer is a response with `answered=False` and an error naming the URL and the last failure: that
+question alone fails (never cached; a rerun asks it again) and the others go on. A server that omits `usage` gets its
 tokens counted with the model's tokenizer when one is on disk, else estimated as chars/4, and the response
 is marked `tokens_estimated`.
 
@@ -15,6 +18,7 @@ built and every retry has waited.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -29,13 +33,17 @@ import httpx
 
 from memfit_gpu.config import ConfigError, ReaderConfig
 from memfit_gpu.readers.images import with_image_parts
-from memfit_gpu.readers.types import Backend, ReaderError, Request, Response
+from memfit_gpu.readers.types import Backend, ReaderError, Received, Request, Response
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504}) | frozenset(range(505, 600))
 PROBE_TIMEOUT_S = 10.0
 T = TypeVar("T")
+
+
+class NoCompletion(ReaderError):
+    """A 200 reply that holds no answer (not JSON, no choices, content null): retried like a 5xx."""
 
 
 def probe_base_urls(key: str, urls: Sequence[str], api_key_env: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
@@ -161,27 +169,38 @@ class OpenAIBackend(Backend):
                     reply = None
             if reply is not None:
                 if reply.status_code == 200:
-                    return self._parse(reply, endpoint, request, time.perf_counter() - start)
-                last = f"HTTP {reply.status_code}: {reply.text[:300]}"
-                if reply.status_code not in RETRY_STATUS:
-                    raise ReaderError(f"{endpoint} refused request {request.key!r}: {last}")
-                retry_after = reply.headers.get("retry-after")
+                    try:
+                        return self._parse(reply, endpoint, request, time.perf_counter() - start)
+                    except NoCompletion as exc:
+                        last = str(exc)
+                else:
+                    last = f"HTTP {reply.status_code}: {reply.text[:300]}"
+                    if reply.status_code not in RETRY_STATUS:
+                        return self._no_answer(request, f"{endpoint} refused request {request.key!r}: {last}", start)
+                    retry_after = reply.headers.get("retry-after")
             if attempt < self.max_retries:
                 delay = self._delay(attempt, retry_after)
                 logger.warning("%s: %s; retry %d/%d in %.2f s", endpoint, last, attempt + 1, self.max_retries, delay)
                 await asyncio.sleep(delay)
-        raise ReaderError(
-            f"{endpoint} failed for request {request.key!r} after {self.max_retries + 1} attempts "
-            f"(max_retries={self.max_retries}); last: {last}"
-        )
+        return self._no_answer(request, f"{endpoint}: no answer to request {request.key!r} after {self.max_retries + 1} "
+                               f"attempts (reader.max_retries={self.max_retries}); last: {last}", start)
+
+    def _no_answer(self, request: Request, why: str, start: float) -> Response:
+        """The response of a request that got no answer: that request alone failed; a rerun asks again."""
+        logger.warning("%s", why)
+        return Response("", 0, 0, time.perf_counter() - start, False, self.model, error=why, answered=False)
 
     def _parse(self, reply: httpx.Response, endpoint: str, request: Request, latency: float) -> Response:
         try:
             data = reply.json()
-            text = data["choices"][0]["message"]["content"] or ""
+            message = data["choices"][0]["message"]
+            text = message["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ReaderError(f"{endpoint}: reply to {request.key!r} is not a chat completion ({exc}): "
-                              f"{reply.text[:300]}") from None
+            raise NoCompletion(f"reply is not a chat completion ({type(exc).__name__}: {exc}): {reply.text[:300]}") from None
+        if not isinstance(text, str):
+            hint = (" (the reply holds only reasoning_content: a reasoning model that spent max_tokens thinking; "
+                    "raise reader.max_new_tokens or turn its thinking off)" if message.get("reasoning_content") else "")
+            raise NoCompletion(f"message.content is {json.dumps(text)}{hint}: {reply.text[:300]}")
         usage = data.get("usage") or {}
         n_in, n_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
         estimated = n_in is None or n_out is None
@@ -191,10 +210,13 @@ class OpenAIBackend(Backend):
                         estimated)
 
     async def _all(self, requests: Sequence[Request],
-                   finished: queue.SimpleQueue[tuple[int, Response | BaseException]] | None = None) -> list[Response]:
-        """Every request at once, at most `concurrency` in flight per URL; each result also goes to
-        `finished` (position, response or exception) the moment it arrives."""
+                   finished: queue.SimpleQueue[tuple[int, Response | BaseException]] | None = None,
+                   received: Received | None = None) -> list[Response]:
+        """Every request at once, at most `concurrency` in flight per URL; each response goes to
+        `received` (the caller's commit) and then to `finished` (position, response or exception) the
+        moment it arrives. Once `received` fails (a full disk), no further request is sent."""
         sems = [asyncio.Semaphore(self.concurrency) for _ in self.base_urls]
+        stopped: list[BaseException] = []
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=self.concurrency * len(self.base_urls),
                               max_keepalive_connections=self.concurrency * len(self.base_urls))
@@ -202,7 +224,16 @@ class OpenAIBackend(Backend):
         async def one(client: httpx.AsyncClient, i: int, request: Request) -> Response:
             n = len(self.base_urls)
             try:
+                if stopped:
+                    raise ReaderError(f"request {request.key!r} not sent: committing an earlier response failed "
+                                      f"({stopped[0]})")
                 response = await self._one(client, self.base_urls[i % n], sems[i % n], request)
+                if received is not None:
+                    try:
+                        received([(i, response)])
+                    except Exception as exc:
+                        stopped.append(exc)
+                        raise
             except Exception as exc:
                 if finished is not None:
                     finished.put((i, exc))
@@ -225,11 +256,13 @@ class OpenAIBackend(Backend):
             return []
         return _run_coroutine(self._all(requests))
 
-    def generate_stream(self, requests: Sequence[Request],
-                        group_size: int | None = None) -> Iterator[list[tuple[int, Response]]]:
+    def generate_stream(self, requests: Sequence[Request], group_size: int | None = None,
+                        received: Received | None = None) -> Iterator[list[tuple[int, Response]]]:
         """Every request offered to the servers at once (`concurrency` in flight per URL, whatever
-        `group_size`, the caller's commit size, is), each response yielded as it arrives. The first failure is raised once
-        every other call has finished (the caller has committed those)."""
+        `group_size`, the caller's commit size, is), each response passed to `received` on the
+        receiving thread as it arrives (committed while the caller may still be busy with an earlier
+        one) and yielded. A request without an answer is a response with `answered=False`; an
+        unexpected failure is raised once every other call has finished."""
         if not requests:
             return
         finished: queue.SimpleQueue[tuple[int, Response | BaseException]] = queue.SimpleQueue()
@@ -237,22 +270,22 @@ class OpenAIBackend(Backend):
 
         def target() -> None:
             try:
-                asyncio.run(self._all(requests, finished))
+                asyncio.run(self._all(requests, finished, received))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 failure.append(exc)
 
         thread = threading.Thread(target=target, name="openai-reader", daemon=True)
         thread.start()
         first_error: BaseException | None = None
-        received = 0
-        while received < len(requests):
+        count = 0
+        while count < len(requests):
             try:
                 position, result = finished.get(timeout=0.5)
             except queue.Empty:
                 if not thread.is_alive() and finished.empty():  # failed before answering everything
                     break
                 continue
-            received += 1
+            count += 1
             if isinstance(result, BaseException):
                 first_error = first_error or result
                 continue
@@ -260,5 +293,5 @@ class OpenAIBackend(Backend):
         thread.join()
         if first_error is not None or failure:
             raise first_error or failure[0]
-        if received < len(requests):
-            raise ReaderError(f"openai reader: {len(requests) - received} of {len(requests)} requests got no response")
+        if count < len(requests):
+            raise ReaderError(f"openai reader: {len(requests) - count} of {len(requests)} requests got no response")

@@ -23,6 +23,7 @@ from typing import Any
 from memfit_gpu.config import ConfigError
 from memfit_gpu.data.registry import find_spec
 from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
+from memfit_gpu.quoting import quote_lines
 
 # Package data (importlib.resources), so an installed memfit finds its prompts wherever it runs from.
 PROMPT_DIR = resources.files("memfit_gpu").joinpath("prompts")
@@ -172,8 +173,8 @@ def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_p
                             token_limit: tuple[int, Callable[[list[dict[str, Any]]], int]] | None = None,
                             **kwargs: Any) -> tuple[list[dict[str, str]], int]:
     """`build_answer_messages` with its prompt held to `max_prompt_chars` characters and, given
-    `token_limit` (the reader's context in tokens and a token counter: `Reader.prompt_token_limit()`),
-    to that many tokens; and how many characters of the excerpts were cut for that (0 when the prompt
+    `token_limit` (the prompt tokens the reader allows: its context, `Reader.prompt_token_limit()`, less
+    the reader.max_new_tokens the answer needs; and a token counter), to that many tokens; and how many characters of the excerpts were cut for that (0 when the prompt
     fits, the usual case).
 
     The end of the excerpt block goes, with a note saying how much; the instructions, the question and
@@ -206,7 +207,7 @@ def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_p
     context, count = token_limit
     if count(messages) <= context:
         return messages, len(excerpts_text) - keep
-    why = f"the reader's context of {context:,} tokens"
+    why = f"the reader's context less reader.max_new_tokens ({context:,} prompt tokens)"
     if count(with_kept(0)) > context:
         raise too_long(with_kept(0))
     low, high = 0, keep  # with_kept(low) fits, with_kept(high) does not: halve until they meet
@@ -226,7 +227,10 @@ def build_judge_messages(question: str, gold: str, prediction: str, category: st
 
     kind: paper (CORRECT/WRONG JSON), longmemeval (per question type in `category`; `abstention=True` or
     category 'abstention' for `_abs` questions; same JSON verdict), memgallery (its graded 0-1 JSON score).
+    The prediction is quoted like an excerpt (every line after its first indented, memfit_gpu/quoting.py):
+    a prediction cannot write a line of the judge's prompt (`Gold answer: ...`).
     """
+    prediction = quote_lines(str(prediction))
     if kind == "paper":
         text = fill(load_prompt("judge.txt"), question=question, gold=gold, prediction=prediction)
     elif kind == "longmemeval":

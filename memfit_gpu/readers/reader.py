@@ -1,11 +1,15 @@
 """The caching reader: a backend behind the run's SQLite response cache and cost ledger.
 
 `make_reader` builds the configured backend (registry.py) and wraps it, so every caller (summaries,
-answers, judge) gets caching, resumability and accounting for free.
+answers, judge) gets caching, resumability and accounting for free. Each group of responses the backend
+returns (a server's: each response as it arrives) is committed to the cache together with the ledger
+entries that account for it, before anything else happens to it; `load_ledger` rebuilds a resumed run's
+ledger from those entries.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from memfit_gpu import faults
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.registry import make_backend
-from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
+from memfit_gpu.readers.types import Backend, PromptTokenLimit, ReaderError, Request, Response
 
 if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
@@ -25,7 +30,13 @@ if TYPE_CHECKING:
 def _served_again(response: Response) -> Response:
     """A response as a cache hit (no new call: zero latency, counted as cached in the ledger)."""
     return Response(response.text, response.input_tokens, response.output_tokens, 0.0, True, response.model,
-                    response.tokens_estimated, dict(response.notes), response.error)
+                    response.tokens_estimated, dict(response.notes), response.error, response.answered)
+
+
+def _in_batches(ready: list[tuple[int, Response]], step: int) -> Iterator[list[tuple[int, Response]]]:
+    ready = sorted(ready, key=lambda item: item[0])
+    for b in range(0, len(ready), step):
+        yield ready[b:b + step]
 
 
 class Reader:
@@ -59,14 +70,23 @@ class Reader:
             out.append(r)
         return out
 
-    def generate(self, requests: Sequence[Request]) -> list[Response]:
+    def generate(self, requests: Sequence[Request], partial: bool = False) -> list[Response]:
         """One response per request, in order: cached ones from the cache, the rest from the backend (a
-        request repeated within the batch is generated once). Every response is recorded in the ledger."""
+        request repeated within the batch is generated once). Every response is in the ledger.
+
+        A request that got no answer (`Response.answered` False: a server failed it after its retries) is
+        a ReaderError once every other request is answered and committed, unless `partial`, which hands
+        such responses back for the caller to count."""
         out: list[Response | None] = [None] * len(requests)
         show = self.progress and len(requests) > self.backend.chunk_size
         for batch in self.generate_batches(requests, self.backend.chunk_size, progress=show):
             for position, response in batch:
                 out[position] = response
+        failed = [r for r in out if r is not None and not r.answered]
+        if failed and not partial:
+            raise ReaderError(f"{len(failed)} of {len(out)} {requests[0].role} calls to {self.backend.name} got no "
+                              f"answer (first: {failed[0].error}); the others are committed to the response cache: "
+                              "rerun the same command to ask these again")
         return out  # type: ignore[return-value]
 
     def generate_batches(self, requests: Sequence[Request], batch_size: int,
@@ -76,9 +96,10 @@ class Reader:
 
         Cached responses come first. Every uncached request is offered to the backend at once
         (`Backend.generate_stream`): a server keeps as many in flight as it allows, whatever the batch
-        size. Before a batch is yielded its calls are in the response cache and in the ledger, so a
-        caller that saves the ledger and then writes the batch loses nothing to a kill (a failed
-        request is recorded but not cached: a rerun asks again)."""
+        size. Each group the backend returns is committed at once, the responses to the cache and their
+        ledger entries with them, in one transaction (a failed request's entry without its response: a
+        rerun asks again); only then is it applied to the in-memory ledger and, batch by batch, handed
+        out. A kill, a reader failure or a full disk after that loses no paid call."""
         requests = self._filled(requests)
         start = time.perf_counter()
         role = requests[0].role if requests else "answer"
@@ -91,61 +112,57 @@ class Reader:
         step = max(1, int(batch_size))
         try:
             served = [(i, _served_again(found[key])) for i, key in enumerate(keys) if key in found]
-            yield from self._recorded_batches(requests, served, step)
+            self._commit(requests, [], served, None)
+            yield from _in_batches(served, step)
             # Identical requests are generated once: the others are served that response as cached.
             todo = [key for key in positions if key not in found]
             bar = tqdm(total=len(todo), desc=f"{self.backend.name} {role}", unit="call", disable=not progress)
-            ready: list[tuple[int, Response]] = []
-            made: list[tuple[str, str, Response]] = []  # (key, role, response) generated since the last commit
-            clock = time.perf_counter()
-            stream = self.backend.generate_stream([requests[positions[key][0]] for key in todo], step)
-            try:
-                for group in stream:
-                    for j, response in group:
-                        first, *repeats = positions[todo[j]]
-                        ready.append((first, response))
-                        ready.extend((i, _served_again(response)) for i in repeats)
-                        made.append((todo[j], requests[first].role, response))
-                    bar.update(len(group))
-                    if len(ready) >= step:
-                        clock = self._commit(made, role, clock)
-                        yield from self._recorded_batches(requests, ready, step)
-                        ready, made = [], []
-            except Exception:
-                # the backend failed after answering some: keep those (a rerun is served them)
-                self._commit(made, role, clock)
-                self._recorded(requests, ready)
-                raise
+            ready: list[tuple[int, Response]] = []  # committed, not yet handed out
+            committed: dict[int, list[tuple[int, Response]]] = {}  # per stream position, once committed
+            clock = [time.perf_counter()]
+
+            def received(group: list[tuple[int, Response]]) -> None:
+                # On the backend's receiving thread for a server (as each response arrives), else here.
+                made: list[tuple[str, int, Response]] = []  # (cache key, position, response) generated
+                handed: dict[int, list[tuple[int, Response]]] = {}
+                for j, response in group:
+                    first, *repeats = positions[todo[j]]
+                    made.append((todo[j], first, response))
+                    handed[j] = [(first, response)] + [(i, _served_again(response)) for i in repeats]
+                clock[0] = self._commit(requests, made, [h for j in handed for h in handed[j]], clock[0])
+                committed.update(handed)
+
+            for group in self.backend.generate_stream([requests[positions[key][0]] for key in todo], step, received):
+                for j, _ in group:
+                    ready.extend(committed.pop(j))
+                bar.update(len(group))
+                if len(ready) >= step:
+                    yield from _in_batches(ready, step)
+                    ready = []
             if ready:
-                self._commit(made, role, clock)
-                yield from self._recorded_batches(requests, ready, step)
+                yield from _in_batches(ready, step)
             bar.close()
         finally:
             self.ledger.add_wall(role, time.perf_counter() - start)
 
-    def _commit(self, made: Sequence[tuple[str, str, Response]], role: str, since: float) -> float:
-        """Cache what was generated (a failed request is not cached: a rerun asks again) and bill the GPUs
-        the backend held since `since`; returns now."""
-        if self.cache is not None:
-            self.cache.put_many(self.backend.name, [(key, r, resp) for key, r, resp in made if resp.error is None])
+    def _commit(self, requests: Sequence[Request], made: Sequence[tuple[str, int, Response]],
+                handed: Sequence[tuple[int, Response]], since: float | None) -> float:
+        """Cache what was generated (`made`) and commit the ledger entries of everything `handed` out in
+        the same transaction, then apply them; the GPU-seconds the backend held since `since` are shared
+        by the generated responses. Returns now."""
         now = time.perf_counter()
-        self.ledger.add_gpu_seconds(role, (now - since) * self.backend.gpus)
+        if not handed:
+            return now
+        generated = sum(1 for _, response in handed if not response.cached)
+        share = (now - since) * self.backend.gpus / generated if since is not None and generated else 0.0
+        entries = [self.ledger.entry(requests[i].role, requests[i].key, response, self.backend.name,
+                                     0.0 if response.cached else share)
+                   for i, response in sorted(handed, key=lambda item: item[0])]
+        if self.cache is not None:
+            self.cache.commit(self.backend.name, [(key, requests[i].role, r) for key, i, r in made], entries)
+            faults.point("reader.commit")
+        self.ledger.apply(entries)
         return now
-
-    def _recorded_batches(self, requests: Sequence[Request], ready: list[tuple[int, Response]],
-                          step: int) -> Iterator[list[tuple[int, Response]]]:
-        """All of `ready` recorded in the ledger at once (as the cache holds them: a ledger saved after the
-        first batch accounts for every call made, so a rerun re-served the rest counts none twice), then
-        handed out in position order, `step` at a time."""
-        ready = self._recorded(requests, ready)
-        for b in range(0, len(ready), step):
-            yield ready[b:b + step]
-
-    def _recorded(self, requests: Sequence[Request], batch: list[tuple[int, Response]]) -> list[tuple[int, Response]]:
-        batch = sorted(batch, key=lambda item: item[0])
-        for i, response in batch:
-            self.ledger.record(requests[i].role, requests[i].key, response, backend=self.backend.name)
-        return batch
 
     def close(self) -> None:
         self.backend.close()
@@ -157,6 +174,32 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_ledger(run_dir: str | Path) -> Ledger:
+    """The ledger of a run directory, rebuilt from the entries its cache.sqlite committed with the
+    responses (every paid call, exactly once, whatever killed the run when).
+
+    ledger.json, the report the last save left, gives the wall time per role; its counts are the base
+    only while the cache holds no entries (a directory an older memfit wrote, or one whose damaged cache
+    was deleted), and are then kept in the cache. Raises json.JSONDecodeError for a ledger.json that is
+    not JSON, TypeError for one that is not a ledger."""
+    run_dir = Path(run_dir)
+    report_path = run_dir / "ledger.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    if report is not None and not isinstance(report, dict):
+        raise TypeError(f"{report_path} holds a {type(report).__name__}, not a ledger")
+    cache = ResponseCache(run_dir / "cache.sqlite")
+    try:
+        base = cache.ledger_base()
+        entries = cache.entries()
+        if base is None and not entries and report is not None:
+            base = {name: report[name] for name in ("roles", "models", "answer_keys") if name in report}
+            cache.set_ledger_base(base)
+        wall_s = {role: stats.get("wall_s", 0.0) for role, stats in (report or {}).get("roles", {}).items()}
+        return Ledger.rebuilt(entries, base, wall_s)
+    finally:
+        cache.close()
 
 
 def make_reader(cfg: ReaderConfig, run_dir: str | Path | None, *, ledger: Ledger | None = None,

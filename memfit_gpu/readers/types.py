@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm"]
 # (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
 PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
+# Called with each group of (position, response) before it is yielded (the caching reader commits it).
+Received = Callable[[list[tuple[int, "Response"]]], None]
 # Each role's phase, which the ledger totals (issue 15): write = building memory (MemFit's summaries,
 # LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
 # query rewrite and re-rank), eval = scoring (the judge).
@@ -57,6 +59,10 @@ class Response:
     # what the backend had to change to serve it, e.g. {"truncated_tokens": 812, "images_dropped": 2}
     notes: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # this request alone failed (the rest of its batch was answered); never cached
+    # False: no answer came back at all (a server's timeouts, malformed or empty replies after its retries):
+    # the caller must not use `text`; a rerun asks again. True with an error: answered empty for good
+    # (vLLM refused the request), scored as such.
+    answered: bool = True
 
 
 class MissingBackendError(ImportError):
@@ -100,21 +106,28 @@ class Backend(ABC):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         """One response per request, in the same order."""
 
-    def generate_stream(self, requests: Sequence[Request],
-                        group_size: int | None = None) -> Iterator[list[tuple[int, Response]]]:
+    def generate_stream(self, requests: Sequence[Request], group_size: int | None = None,
+                        received: Received | None = None) -> Iterator[list[tuple[int, Response]]]:
         """Responses as they finish, in groups of (position in `requests`, response).
 
         The default answers `group_size` requests (at most `chunk_size`; the caller's commit size, so a
         kill loses no more than that) per `generate` call, in order. A backend that can keep more
         requests in flight than one group (an HTTP server) overrides it, so that how often the caller
-        commits results does not bound how much work the backend is offered."""
+        commits results does not bound how much work the backend is offered.
+
+        `received` (the caching reader's commit) gets each group before it is yielded; a backend with
+        requests in flight calls it as each response arrives, while its caller may still be busy with
+        an earlier group, so that a kill loses nothing that was received."""
         size = self.chunk_size if group_size is None else max(1, min(self.chunk_size, int(group_size)))
         for start in range(0, len(requests), size):
             chunk = list(requests[start:start + size])
             answers = self.generate(chunk)
             if len(answers) != len(chunk):
                 raise ReaderError(f"{self.name} returned {len(answers)} responses for {len(chunk)} requests")
-            yield [(start + i, answer) for i, answer in enumerate(answers)]
+            group = [(start + i, answer) for i, answer in enumerate(answers)]
+            if received is not None:
+                received(group)
+            yield group
 
     def prompt_token_limit(self) -> PromptTokenLimit | None:
         """The model's context in tokens and a prompt-token counter, where the backend knows both (None

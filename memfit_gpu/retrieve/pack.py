@@ -23,7 +23,6 @@ a note saying how much, and the characters cut are counted for the pack row.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -31,14 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfit_gpu.quoting import QUOTE_INDENT, quote_lines  # noqa: F401  (the methods import both from here)
 from memfit_gpu.retrieve.dates import resolve_relative_dates
 from memfit_gpu.retrieve.view import ReadView
 
 FACTS_HEADER = "REMEMBERED FACTS:"
-QUOTE_INDENT = "    "
-# Whatever a reader might take for a line break: \r\n, \n, \r, vertical tab, form feed, the file/group/record
-# separators, NEL and the Unicode line and paragraph separators (what str.splitlines() splits on).
-_LINE_BREAK = re.compile("(\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])")
 
 
 @dataclass
@@ -128,18 +124,6 @@ def excerpt_body(text: str, anchor: date | np.datetime64 | None, resolve_dates: 
     if anchor is None:
         return body
     return resolve_relative_dates(body, anchor)
-
-
-def quote_lines(text: str) -> str:
-    """`text` with QUOTE_INDENT before every line after the first that holds more than whitespace, so no
-    line of it can pass for a line of the prompt's own structure. Line breaks and blank lines stay."""
-    if _LINE_BREAK.search(text) is None:
-        return text
-    pieces = _LINE_BREAK.split(text)  # line, break, line, break, ..., line
-    for i in range(2, len(pieces), 2):
-        if pieces[i].strip():
-            pieces[i] = QUOTE_INDENT + pieces[i]
-    return "".join(pieces)
 
 
 def cut_excerpt(body: str, max_chars: int) -> tuple[str, int]:

@@ -3,7 +3,9 @@
 `EpisodeStore.compact` builds the compacted store beside the old one (`compaction_dirs`), makes it
 durable (`fsync_tree`), then swaps the two folders with two renames and removes the old one (`swap`).
 A kill at any point leaves the old or the new store; the next open calls `finish_compaction`, which
-completes or undoes the swap.
+completes or undoes the swap (a kill between the two renames leaves no store folder at all: `interrupted`
+tells the store commands there is one to finish). Each step is a kill point (memfit_gpu/faults.py:
+compact.built, compact.retired, compact.swapped, compact.removed).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from memfit_gpu import faults
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +51,21 @@ def compaction_dirs(path: Path) -> tuple[Path, Path]:
     return path.parent / f".{path.name}.compact-new", path.parent / f".{path.name}.compact-old"
 
 
+def interrupted(path: Path) -> bool:
+    """Whether a compaction of the store at `path` was killed before it finished (the next open of the
+    store completes or undoes it; the store folder itself may be missing)."""
+    return any(folder.exists() for folder in compaction_dirs(path))
+
+
 def swap(path: Path) -> None:
     """Make the durable compacted store the store: two renames, then the old one goes."""
     new, old = compaction_dirs(path)
     rename_durably(path, old)
+    faults.point("compact.retired")
     rename_durably(new, path)
+    faults.point("compact.swapped")
     shutil.rmtree(old)
+    faults.point("compact.removed")
 
 
 def finish_compaction(path: Path) -> None:

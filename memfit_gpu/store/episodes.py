@@ -715,6 +715,7 @@ class EpisodeStore(WritePath, LogReplay):
         after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
         fresh.close()
         compaction.fsync_tree(new)
+        faults.point("compact.built")
         self._log.close()  # no last snapshot: this store is about to go
         self._log = None
         compaction.swap(self.path)

@@ -27,6 +27,7 @@ import logging
 import os
 import zlib
 from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,6 +36,7 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.buffers import GrowableArray
 from memfit_gpu.data.schema import DataError
+from memfit_gpu.files import storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -234,10 +236,19 @@ class RecordLog:
             chain = zlib.crc32(blob, chain)
             ends.append(position)
             chains.append(chain)
-        self._file.write(b"".join(blobs))
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        with storage_errors(self.path):
+            try:
+                faults.io_fault(self.path)
+                self._file.write(b"".join(blobs))
+                self._file.flush()
+                if self.fsync:
+                    os.fsync(self._file.fileno())
+            except OSError:
+                # Part of the batch may be on disk (a torn tail the next open drops, with the batch's
+                # missing commit); the buffer is not written again by a later close.
+                with suppress(OSError):
+                    self._file.close()
+                raise
         faults.point("store.log")
         self._ends.extend(ends)
         self._chain.extend(chains)

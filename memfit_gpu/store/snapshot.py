@@ -30,6 +30,7 @@ import torch
 
 from memfit_gpu import faults
 from memfit_gpu.data.fetch import sha256_of
+from memfit_gpu.files import storage_errors
 from memfit_gpu.index.dense import BATCHED_MAX_ROWS, DenseIndex
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.store.log import RecordLog
@@ -78,24 +79,25 @@ def write_snapshot(root: Path, count: int, fingerprint: dict[str, int], info: di
         info: more entries for meta.json (sizes, dim).
         bm25, dense: the indexes by file name.
     """
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{count:012d}"
-    staging = root / f".staging-{count:012d}-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
-    for name, index in bm25.items():
-        torch.save(index.state_dict(), staging / f"{name}.pt")
-    for name, vectors in dense.items():
-        vectors.save(staging / name)
-    files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
-    meta = {"format": SNAPSHOT_FORMAT, **fingerprint, **info, "files": files}
-    meta["meta_sha256"] = meta_digest(meta)
-    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-    faults.point("store.snapshot.staged")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    with storage_errors(root):  # a full disk leaves the staging folder, which the next open clears
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{count:012d}"
+        staging = root / f".staging-{count:012d}-{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        for name, index in bm25.items():
+            torch.save(index.state_dict(), staging / f"{name}.pt")
+        for name, vectors in dense.items():
+            vectors.save(staging / name)
+        files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
+        meta = {"format": SNAPSHOT_FORMAT, **fingerprint, **info, "files": files}
+        meta["meta_sha256"] = meta_digest(meta)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        faults.point("store.snapshot.staged")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
     faults.point("store.snapshot")
     for old in _folders(root)[:-KEEP_SNAPSHOTS]:
         shutil.rmtree(old, ignore_errors=True)

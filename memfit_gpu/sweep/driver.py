@@ -54,10 +54,13 @@ def run_sweep(
     if launcher == "local" and max_requeue is None:
         retries = 0
     # "running" in an old sweep.json is stale unless SLURM still has the task (a local sweep's children
-    # die with it): such points run again, and resume
+    # die with it, even when it was SIGKILLed: sweep/local.py): such points run again, and resume
     for record in state.points.values():
         if record.state in (PointState.RUNNING, PointState.RETRY):
             record.state = PointState.INTERRUPTED
+        for job in record.jobs:
+            if job.local and job.state == "RUNNING":
+                job.state = "CANCELLED"
     if launcher == "slurm":
         check_slurm_gpus(spec)
         attach_active(state)

@@ -1,13 +1,21 @@
-"""The local launcher: points as child processes of the sweep, `jobs` at a time."""
+"""The local launcher: points as child processes of the sweep, `jobs` at a time.
+
+The children die with the sweep, however it ends: Ctrl-C and SIGTERM stop them explicitly, and on Linux
+each child asks the kernel for SIGTERM when the sweep's process is gone (PR_SET_PDEATHSIG), so a
+SIGKILLed sweep leaves no `memfit run` working unsupervised; the next start marks their records stopped.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from memfit_gpu.sweep.progress import Progress
@@ -44,7 +52,8 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
                 handle = open(log_path, "w")  # noqa: SIM115  (closed when the child ends)
                 handle.write(f"$ {shlex.join(argv)}\n")
                 handle.flush()
-                proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with(os.getpid()))
                 running[point.point_id] = (proc, handle)
                 record.state = PointState.RUNNING
                 record.jobs.append(JobRecord(f"local:{proc.pid}", "RUNNING", record.attempts, str(log_path)))
@@ -84,6 +93,23 @@ def run_local(state: SweepState, todo: list[SweepPoint], jobs: int, poll_s: floa
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         progress.close()
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent_pid: int) -> Callable[[], None] | None:
+    """What the child runs before exec so that it gets SIGTERM when the sweep dies (None off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the sweep died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:

@@ -1,0 +1,137 @@
+"""I/O failures are one line naming the file and what to do (exit code 2), never a traceback: a damaged
+response cache, a full disk, a file system that refuses a write. Faults are provoked at the exact write
+(memfit_gpu.faults' MEMFIT_IO_FAULT) or made for real (a damaged SQLite file)."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu import faults
+from memfit_gpu.cli import main
+from memfit_gpu.cli.errors import storage_line
+from memfit_gpu.faults import IO_FAULT_ENV
+from memfit_gpu.files import StorageError, append_jsonl, atomic_write_text
+from memfit_gpu.readers.cache import ResponseCache
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.types import Response
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _faults_counted_from_zero() -> None:
+    faults.reset()  # MEMFIT_IO_FAULT's n counts the writes of this test only
+
+
+def _filled_cache(path: Path) -> bytes:
+    """A real cache.sqlite of a few pages (responses and ledger entries), checkpointed; its bytes."""
+    cache = ResponseCache(path)
+    ledger = Ledger()
+    rows = [(f"key{i:04d}", "answer", Response(f"answer {i} " * 20, 30, 5, 0.1, False, "m")) for i in range(200)]
+    cache.commit("openai", rows, [ledger.entry("answer", f"q{i}", r, "openai") for i, (_, _, r) in enumerate(rows)])
+    cache.close()
+    data = path.read_bytes()
+    assert len(data) > 20_000 and not Path(f"{path}-wal").exists()
+    return data
+
+
+def _use(path: Path) -> None:
+    """What a resumed run does with its cache: open it, read the ledger entries and responses, commit."""
+    cache = ResponseCache(path)
+    try:
+        cache.entries()
+        cache.get_many([f"key{i:04d}" for i in range(200)])
+        cache.commit("openai", [("new", "answer", Response("x", 1, 1, 0.0))])
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated to 4096", "truncated to 5000", "header + garbage pages"])
+def test_a_damaged_cache_is_one_error_naming_it_as_safe_to_delete(tmp_path: Path, damage: str) -> None:
+    """Issue 23.5: these gave a traceback (`file is not a database`, `database disk image is malformed`)
+    naming no file and not saying that deleting the cache is safe."""
+    path = tmp_path / "cache.sqlite"
+    good = _filled_cache(path)
+    damaged = {
+        "garbage": bytes(range(256)) * 64,
+        "truncated to 4096": good[:4096],
+        "truncated to 5000": good[:5000],
+        "header + garbage pages": good[:100] + b"\xa5" * (len(good) - 100),
+    }[damage]
+    path.write_bytes(damaged)
+    with pytest.raises(StorageError) as info:
+        _use(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: damaged (")
+    assert "deleting it is safe" in message and "rerun the same command" in message
+    assert "\n" not in message
+    assert path.read_bytes() == damaged  # left as it was
+
+
+def test_a_run_on_a_damaged_cache_exits_2_with_one_line(tmp_path: Path, shared_data: Path, capsys,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "cache.sqlite").write_bytes(b"not a database at all" * 300)
+    code = main(["run", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith(f"memfit run: error: {out / 'cache.sqlite'}: damaged (")
+    assert "deleting it is safe" in err[-1]
+
+
+@pytest.mark.parametrize(("code", "advice"), [
+    ("ENOSPC", "free space on its file system"),
+    ("EACCES", "give this user write permission there"),
+    ("EROFS", "the file system is read-only"),
+    ("EIO", "the disk reported an I/O error"),
+])
+def test_a_refused_write_names_the_file_and_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str,
+                                                       advice: str) -> None:
+    """Issue 23.7: a full disk gave three chained ENOSPC tracebacks naming no file."""
+    target = tmp_path / "ledger.json"
+    atomic_write_text(target, "before")
+    monkeypatch.setenv(IO_FAULT_ENV, f"ledger.json:{code}")
+    with pytest.raises(StorageError) as info:
+        atomic_write_text(target, "after")
+    assert str(info.value).startswith(f"{target}: writing failed: ")
+    assert f"({code}); {advice}" in str(info.value) and str(info.value).endswith("what was written before is kept")
+    assert target.read_text() == "before" and not target.with_name("ledger.json.tmp").exists()
+    monkeypatch.setenv(IO_FAULT_ENV, f"predictions.jsonl:{code}:2")  # the second append fails
+    faults.reset()
+    rows = tmp_path / "predictions.jsonl"
+    append_jsonl(rows, [{"q": 1}])
+    with pytest.raises(StorageError, match=rf"predictions\.jsonl: writing failed: .*\({code}\)"):
+        append_jsonl(rows, [{"q": 2}])
+    monkeypatch.setenv(IO_FAULT_ENV, f"cache.sqlite:{code}")
+    faults.reset()
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    with pytest.raises(StorageError, match=rf"cache\.sqlite: writing failed: .*\({code}\); {advice}"):
+        cache.commit("openai", [("k", "answer", Response("x", 1, 1, 0.0))])
+    assert len(cache) == 0  # the transaction was rolled back whole
+    cache.close()
+
+
+def test_sqlites_own_refusals_name_the_cache(tmp_path: Path) -> None:
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    error = cache._error(sqlite3.OperationalError("database or disk is full"), "writing")
+    assert str(error).startswith(f"{tmp_path / 'cache.sqlite'}: writing failed (database or disk is full); "
+                                 "free space on its file system")
+    error = cache._error(sqlite3.OperationalError("attempt to write a readonly database"), "writing")
+    assert "the file system is read-only" in str(error)
+    cache.close()
+
+
+def test_an_io_error_without_a_handler_is_still_one_line() -> None:
+    """An OSError of the machine's state raised anywhere (with the file it names) is an exit-2 line."""
+    line = storage_line(OSError(errno.ENOSPC, "No space left on device", "/runs/x/timings.json"))
+    assert line == ("/runs/x/timings.json: writing or reading failed: No space left on device (ENOSPC); free space "
+                    "on its file system, then rerun the same command: what was written before is kept")
+    assert storage_line(OSError(errno.ENOENT, "No such file", "x")) is None
+    assert storage_line(StorageError("x", "x: told already", errno.ENOSPC)) is None  # printed as it is
+    assert storage_line(ValueError("x")) is None
