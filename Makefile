@@ -31,11 +31,17 @@ demo: $(STAMP)
 	MEMFIT_DATA_DIR=$(DATA_DIR) $(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
 
 # The suite is hermetic: a new empty MEMFIT_CACHE and HF_HOME each time, so no test can lean on data
-# fetched, models converted or hub files cached by earlier work (removed afterwards).
+# fetched, models converted or hub files cached by earlier work (removed afterwards). Two pytest-xdist
+# workers, one test file at a time each, longest first (tests/conftest.py), every process on one torch
+# thread: two cores stay busy without OpenMP threads waiting for each other's core.
+# `make test TESTS=tests/test_store.py TEST_WORKERS=0` runs one file in one process.
+TESTS ?= tests
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@cache=$$(mktemp -d -t memfit-test-cache.XXXXXX); \
 	echo "make test: MEMFIT_CACHE=$$cache (new, empty)"; \
-	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf $(PY) -m pytest -q tests; rc=$$?; rm -rf "$$cache"; exit $$rc
+	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder --durations=40 $(TESTS); rc=$$?; rm -rf "$$cache"; exit $$rc
 
 # The GPU check (experiments/gpu_check.py, docs/benchmarks.md "GPU check"): assets prepared once into
 # gpu_assets/ (ignored), then every stage on the GPU within GPU_CHECK_BUDGET seconds, ended by its watchdog

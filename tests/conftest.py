@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import forkserver  # tests/forkserver.py (tests/ is on sys.path)
 import pytest
 
 # Tests never reach a model hub: packaged weights only, and a clear error otherwise.
@@ -14,6 +17,61 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `python -m memfit_gpu.cli` children are forks of a process that imported torch & co. once
+    # (tests/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
+    if forkserver.enabled():
+        forkserver.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    forkserver.uninstall()
+
+
+# `make test` runs the suite on two pytest-xdist workers (--dist loadfile): each test file runs on one
+# worker, so a module's fixtures (a real run, a server) are set up once. Files are handed out in this
+# order, the longest first, so that the two workers end together (measured: docs/benchmarks.md "Test
+# suite"); the rest follow in their collection order.
+LONGEST_FIRST = (
+    "test_methods_runs.py", "test_sweep_slurm.py", "test_crash_consistency.py", "test_store_run.py",
+    "test_vllm_reader.py", "test_gpu_check.py", "test_pipeline.py", "test_kernels.py", "test_store_locomo.py",
+    "test_slurm_scripts.py", "test_summaries.py", "test_store_scale.py", "test_encoders.py",
+    "test_encoder_workers.py", "test_paper_tables.py", "test_models.py", "test_cli_errors.py",
+    "test_readers_cache.py", "test_store_cli.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept within
+
+
+@pytest.fixture(scope="module")
+def one_vllm_module_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Taken by what starts vLLM engines or servers: two xdist workers never run them at once (each vLLM
+    CPU process binds its OpenMP threads to the cores; two take turns slower than one after the other).
+    Held until the module ends."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # this session's folder, common to its workers
+    with open(shared / "vllm.lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_interpreter_when_marked(request: pytest.FixtureRequest):
+    """`@pytest.mark.fresh_interpreter`: the test's `memfit` processes start a new interpreter each."""
+    if request.node.get_closest_marker("fresh_interpreter") is None:
+        yield
+        return
+    with forkserver.fresh_interpreters():
+        yield
+
+
 SHARED_DATA = Path(os.environ.get("MEMFIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

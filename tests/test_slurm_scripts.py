@@ -70,7 +70,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_data: Path) -> None:
+def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_data: Path,
+                                                      one_vllm_module_at_a_time: None) -> None:
     """slurm/vllm-servers.sbatch run as a job would: 2 "GPUs", one for the judge server and one for a
     reader server; the run's answers come from the reader server and its verdicts from the judge."""
     from memfit_gpu import models

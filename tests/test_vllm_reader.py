@@ -143,7 +143,8 @@ ENGINE_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir: str) -> None:
+def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir: str,
+                                                      one_vllm_module_at_a_time: None) -> None:
     script = tmp_path / "run_engine.py"
     script.write_text(ENGINE_SCRIPT)
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
@@ -184,7 +185,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory,
+                one_vllm_module_at_a_time: None) -> Iterator[str]:
     import httpx
 
     port = _free_port()
