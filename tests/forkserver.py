@@ -279,7 +279,8 @@ class _Pool:
                 for zygote in pair:
                     zygote.stop()
             self.zygotes.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if not os.environ.get("MEMFIT_TEST_FORKSERVER_KEEP"):  # debugging: keep the zygotes' logs
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 _ORIGINAL_POPEN = subprocess.Popen
@@ -358,8 +359,11 @@ class ForkServerPopen(_ORIGINAL_POPEN):  # type: ignore[misc, valid-type]
             if wait_flags & os.WNOHANG and self._zygote_conn.fileno() != -1:
                 try:
                     self._zygote_conn.setblocking(False)
-                    if self._zygote_conn.recv(1, socket.MSG_PEEK) == b"":
-                        raise ConnectionError
+                    if self._zygote_conn.recv(1, socket.MSG_PEEK) != b"":
+                        # the status arrived since the read above: the next poll reads it (treating this
+                        # as a closed connection lost a run's exit code, 255, under load)
+                        return (0, 0)
+                    raise ConnectionError
                 except BlockingIOError:
                     return (0, 0)
                 except (ConnectionError, OSError):

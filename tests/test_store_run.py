@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,17 @@ def _same_results(run: Path, smoke_run: Path) -> None:
     for numbers in (metrics, reference):  # wall time, and answers now served from the cache
         numbers.pop("timings"), numbers.pop("ledger"), numbers["retrieval"].pop("retrieve_stage_seconds")
     assert metrics == reference and metrics["questions"] == 6
+    # The same prompts (retrieval was the same): every answer came from the cache, so no call was made
+    # beyond the first run's six, which the ledger (rebuilt from cache.sqlite's entries) still holds.
     ledger = json.loads((run / "ledger.json").read_text())["roles"]["answer"]
-    assert (ledger["calls"], ledger["cached"]) == (0, 6)  # the same prompts: retrieval was the same
+    assert (ledger["calls"], ledger["cached"]) == (6, 0)
+    assert _calls_made(run) == _calls_made(smoke_run) == 6
+
+
+def _calls_made(run_dir: Path) -> int:
+    """Backend calls the directory's ledger entries record (readers/cache.py: every paid call, once)."""
+    with sqlite3.connect(run_dir / "cache.sqlite") as db:
+        return db.execute("select count(*) from calls where served = 'call'").fetchone()[0]
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:
