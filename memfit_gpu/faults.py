@@ -12,7 +12,8 @@ metrics, score.ledger, results, DONE (pipeline.py); store.log (store/log.py, eac
 store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
-lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls).
+lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
+growth.ledger, growth (a growth point's rows appended), growth.json (growth.py).
 """
 
 from __future__ import annotations

@@ -6,5 +6,8 @@ render.py   the package's one Markdown/CSV table renderer (results.md, `memfit a
 paper_tables.py  the paper's tables from finished run / sweep directories (experiments/paper_tables.py)
 stats.py    seeded percentile bootstrap (mean, mean of category means); paired sign-flip permutation test
 judge.py    judge reply parsers (paper CORRECT/WRONG, MemGallery graded, LongMemEval yes/no)
-compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`: memfit_gpu/cli/compare.py)
+compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`: memfit_gpu/cli/compare.py);
+            compare_seeds: two systems over repeated seeds (`memfit compare --seeds`)
+text_metrics.py  ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT similarity (eval.text_metrics, issue 24)
+lightmem_tables.py  the LightMem-SLM paper's tables (experiments/paper_tables.py --lightmem, issue 24)
 """

@@ -730,10 +730,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, extensions: Sequence[Any] = ()) -> int:
+    """extensions: modules adding tables of their own (`add_arguments(parser)`, `build_tables(args)`), e.g.
+    evaluate/lightmem_tables.py, which experiments/paper_tables.py passes."""
+    p = parser()
+    for extension in extensions:
+        extension.add_arguments(p)
+    args = p.parse_args(argv)
     try:
-        tables = build_tables(args)
+        tables = build_tables(args) + [t for extension in extensions for t in extension.build_tables(args)]
     except (TablesError, FileNotFoundError) as exc:
         print(f"paper_tables: error: {exc}", file=sys.stderr)
         return 2

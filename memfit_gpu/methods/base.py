@@ -48,3 +48,10 @@ class Method(Protocol):
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+class GrowthMethod(Method, Protocol):
+    """A method that also reads its memory as it stood after each memory's first `turns[memory id]` turns,
+    from its one write of the whole trajectory (the growth analysis, memfit_gpu/growth.py)."""
+
+    def read_at(self, run: MethodRun, turns: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...

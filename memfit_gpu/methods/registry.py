@@ -21,6 +21,8 @@ OWN_PATH: dict[str, Callable[[], Method]] = {"naive_rag": NaiveRAG, "full_contex
                                                "lightmem_slm": LightMem}
 # methods whose read path calls an LLM: `memfit retrieve` (LLM-free) refuses them
 NEEDS_READER_TO_RETRIEVE = ("lightmem_slm",)
+# methods that read their memory as it stood at a point of the trajectory (`read_at`): eval.growth_points
+GROWTH_METHODS = ("lightmem_slm", "naive_rag")
 
 
 def memfit_path_config(cfg: MemFitConfig) -> MemFitConfig | None:
