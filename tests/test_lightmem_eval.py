@@ -19,7 +19,7 @@ from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.data.schema import Memory, Question, Session, Turn
 from memfit_gpu.evaluate import text_metrics
-from memfit_gpu.evaluate.compare import compare_seeds
+from memfit_gpu.evaluate.compare import compare_seeds, format_seed_comparison
 from memfit_gpu.evaluate.stats import bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.growth import check_growth, due_questions, growth_turns
@@ -249,6 +249,12 @@ def test_compare_seeds_means_std_interval_and_p(tmp_path: Path):
     hop = result["by_category"]["1"]
     assert hop["a"]["mean"] == 0.375 and hop["a"]["std"] == pytest.approx(math.sqrt(0.03125))
     assert hop["diff"] == pytest.approx(0.375) and result["category_mean"]["diff"] == pytest.approx(0.375)
+    # Table 8's layout: A's line with mean ± std, B's with the difference, its interval and p
+    lines = format_seed_comparison(result, "naive", "lightmem").splitlines()
+    a_line, b_line = lines[lines.index(next(x for x in lines if x.startswith("multi-hop (1)"))):][:2]
+    assert a_line.split()[2:6] == ["naive", "37.50", "±", "17.68"]
+    low, high = (f"{100 * v:+.2f}" for v in hop["ci95"])
+    assert b_line.split() == ["lightmem", "75.00", "±", "0.00", "+37.50", f"[{low},", f"{high}]", f"{hop['p_value']:.4f}"]
     (tmp_path / "a1" / "predictions.jsonl").write_text(json.dumps(_prediction("q0", "1", 0.0)) + "\n")
     with pytest.raises(ValueError, match="seeds of one system must answer the same questions"):
         compare_seeds(a, b)
