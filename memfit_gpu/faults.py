@@ -14,7 +14,8 @@ store.snapshot.staged (a snapshot's files written, not yet renamed into place), 
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
 lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
-gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it).
+gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it);
+growth.ledger, growth (a growth point's rows appended), growth.json (growth.py).
 """
 
 from __future__ import annotations
