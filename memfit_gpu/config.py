@@ -207,6 +207,12 @@ class EvalConfig:
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
     seed: int = 0
+    # issue 24: ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
+    # embeddings) per question and category (evaluate/text_metrics.py); [] = F1/BLEU-1 only, as the paper
+    text_metrics: list[str] = field(default_factory=list)
+    # issue 24: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
+    # whose evidence lies before that point, with the memory as it stood then (methods/growth.py); [] = none
+    growth_points: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -258,6 +264,16 @@ class FullContextConfig:
 
 
 @dataclass
+class LightMemNoiseConfig:
+    # Error injection (the paper's Tables 6 and 7; methods/lightmem_noise.py says how noise is made). Each
+    # is the fraction of items replaced; 0 = none, bit for bit the run without noise.
+    hq: float = 0.0  # SLM-1: hypothetical queries replaced by an HQ written for another question
+    write: float = 0.0  # SLM-3: MTM notes replaced by unrelated notes when written (LTM consolidates them)
+    mtm: float = 0.0  # MTM noise saturation: MTM notes replaced at read time only (log and LTM stay clean)
+    seed: int = 0  # which items are replaced and by what
+
+
+@dataclass
 class LightMemConfig:
     # STM: the last turns of the user's conversation, shown to the reader as immediate context.
     stm_turns: int = 4
@@ -282,6 +298,9 @@ class LightMemConfig:
     rewrite_max_new_tokens: int = 64
     rerank_max_new_tokens: int = 32
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
+    # false = no offline consolidation at all: LTM stays empty (the paper's Table 10 "no update" variant)
+    ltm_updates: bool = True
+    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # issue 24: stress tests
 
 
 # ---- issue 22: the live memory (memfit_gpu.Memory) and its server (memfit serve)
@@ -370,6 +389,7 @@ _CHOICES: dict[str, Sequence[str | None]] = {
 
 
 _METRICS = ("paper", "locomo", "memgallery")
+TEXT_METRICS: tuple[str, ...] = ("rouge_l", "rouge_2", "meteor", "sbert")  # evaluate/text_metrics.py
 
 
 def choices(key: str) -> tuple[str, ...]:
@@ -511,6 +531,10 @@ _RANGES: dict[str, _Range] = {
     "serve.max_queries_per_request": _AT_LEAST_1,
     "serve.max_k": _AT_LEAST_1,
     "serve.drain_timeout_s": _AT_LEAST_0,
+    "lightmem.noise.hq": _FRACTION,
+    "lightmem.noise.write": _FRACTION,
+    "lightmem.noise.mtm": _FRACTION,
+    "lightmem.noise.seed": _Range(),
 }
 
 
@@ -530,6 +554,14 @@ def _check_choices(cfg: MemFitConfig, source: str) -> None:
     for position, metric in enumerate(cfg.eval.metrics):
         if metric not in _METRICS:
             raise ConfigError(f"{source}: eval.metrics[{position}]={metric!r} is not one of {', '.join(_METRICS)}")
+    for position, metric in enumerate(cfg.eval.text_metrics):
+        if metric not in TEXT_METRICS:
+            raise ConfigError(f"{source}: eval.text_metrics[{position}]={metric!r} is not one of "
+                              f"{', '.join(TEXT_METRICS)}")
+    for position, point in enumerate(cfg.eval.growth_points):
+        if point < 1 or (position and point <= cfg.eval.growth_points[position - 1]):
+            raise ConfigError(f"{source}: eval.growth_points[{position}]={point} must be >= 1 and larger than the "
+                              "point before it (MTM sizes in increasing order, e.g. [100,1000,5000,10000])")
 
 
 def _check_ranges(cfg: MemFitConfig, source: str) -> None:

@@ -23,7 +23,8 @@ aside), compact.swapped (the new store in its place), compact.removed (the old o
 their call records committed to cache.sqlite, before the ledger.json that reports them);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
 lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
-gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it).
+gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it);
+growth.ledger, growth (a growth point's rows appended), growth.json (growth.py).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
 from memfit_gpu.data.memgallery import benchmark_folder
+from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
     empty_verdict,
     is_empty_prediction,
@@ -48,6 +49,8 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
+from memfit_gpu.growth import check_growth, run_growth
+from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.inputs import collect
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
@@ -157,6 +160,7 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
             log.info("%s is finished (DONE exists): nothing to do", out)
             return json.loads((out / "metrics.json").read_text())
         # before config.yaml: a run refused here leaves the directory free for the corrected one
+        check_growth(cfg)
         plan = check_can_start(cfg)
         _check_config(cfg, out)
         # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
@@ -220,19 +224,42 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
         ledger.save(ledger_path)
         faults.point(point)
 
+    text_encoder: TextEncoder | None = None
+
+    def sbert_encoder() -> TextEncoder:
+        """The run's bi-encoder for the SBERT text metric (eval.text_metrics), loaded on first use."""
+        nonlocal text_encoder
+        if text_encoder is None:
+            text_encoder = load_bi_encoder(placed.index)
+        return text_encoder
+
+    def text_encode(texts: list[str]) -> Any:
+        return sbert_encoder().encode(texts, batch_size=cfg.index.encode_batch_size)
+
     try:
         # the memory system under test (memfit_gpu/methods) makes the packs; answer and score are shared
-        packs = _method_packs(out, timer, MethodRun(placed, out, bench, selected.memories, questions, get_reader,
-                                                    ledger_saved, _memgallery_dir(bench), progress, timer.stage))
+        method_run = MethodRun(placed, out, bench, selected.memories, questions, get_reader, ledger_saved,
+                               _memgallery_dir(bench), progress, timer.stage)
+        packs = _method_packs(out, timer, method_run)
 
         with timer.stage("answer"):
-            _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress)
+            _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress, text_encode)
+
+        if cfg.eval.growth_points:  # issue 24: the same trajectory scored at several memory sizes
+            with timer.stage("growth"):
+                run_growth(cfg, out, method_run, answer_requests(cfg, bench, get_reader()), ledger_saved,
+                           text_encode if "sbert" in cfg.eval.text_metrics else None)
 
         with timer.stage("score"):
-            metrics = _score(cfg, out, bench, questions, ledger, timer, record)
+            # the weights that embedded (loaded here when a resumed run had answered everything before)
+            text_settings = text_metrics.settings(
+                cfg.eval.text_metrics, sbert_encoder().info() if "sbert" in cfg.eval.text_metrics else None)
+            metrics = _score(cfg, out, bench, questions, ledger, timer, record, text_settings)
     finally:
         if reader is not None:
             reader.close()
+        if text_encoder is not None and hasattr(text_encoder, "close"):
+            text_encoder.close()
     return metrics
 
 
@@ -290,8 +317,35 @@ def answer_token_limit(reader: Reader, cfg: MemFitConfig) -> PromptTokenLimit | 
     return None if context is None else (context[0] - cfg.reader.max_new_tokens, context[1])
 
 
+AnswerRequest = Callable[..., tuple[Request, dict[str, int]]]
+
+
+def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader) -> AnswerRequest:
+    """`make(question, pack row, role="answer", key=question id)`: the answer request (the same bytes on every
+    resume: its cache key) and what the prompt bound cut from it ({"prompt_chars_cut": n} or {})."""
+    protocol = resolve_protocol(cfg.reader.protocol, bench.name)
+    memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
+    turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
+                   for m in bench.memories for t in m.turns() if t.images}
+    token_limit = answer_token_limit(reader, cfg)
+
+    def make(q: Question, pack: dict[str, Any], role: str = "answer", key: str | None = None
+             ) -> tuple[Request, dict[str, int]]:
+        images, question_image = _images_for(cfg, bench, q, pack, turn_images)
+        messages, prompt_cut = bounded_answer_messages(
+            q.question, pack["excerpts"], q.question_date, q.category, protocol, images,
+            question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
+            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
+        )
+        return (Request(messages, role=role, images=images, key=key or q.question_id),
+                {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
+
+    return make
+
+
 def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
-            packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool) -> None:
+            packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool,
+            text_encode: Callable[[list[str]], Any] | None = None) -> None:
     """One answer call per question, appended to predictions.jsonl a batch at a time.
 
     Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
@@ -302,23 +356,10 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
     the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
     count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
     after its retries) gets no row; once the others are written, UnansweredError counts them."""
-    protocol = resolve_protocol(cfg.reader.protocol, bench.name)
-    memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
-    turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
-                   for m in bench.memories for t in m.turns() if t.images}
-    token_limit = answer_token_limit(reader, cfg)
+    make_request = answer_requests(cfg, bench, reader)
 
     def request_for(q: Question) -> tuple[Request, dict[str, int]]:
-        """The answer request (the same bytes on every resume: its cache key) and what the prompt
-        bound cut from it ({"prompt_chars_cut": n} or {})."""
-        images, question_image = _images_for(cfg, bench, q, packs[q.question_id], turn_images)
-        messages, prompt_cut = bounded_answer_messages(
-            q.question, packs[q.question_id]["excerpts"], q.question_date, q.category, protocol, images,
-            question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
-        )
-        return (Request(messages, role="answer", images=images, key=q.question_id),
-                {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
+        return make_request(q, packs[q.question_id])
 
     pred_path = out / "predictions.jsonl"
     answered = {r["question_id"]: r for r in read_jsonl(pred_path)}
@@ -358,10 +399,15 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
+            # issue 24: ROUGE-L / ROUGE-2 / METEOR / SBERT when eval.text_metrics asks (one encoder pass a batch)
+            texts = (text_metrics.text_scores([c.text for c in cleaned], [q.answer for q in chunk],
+                                              cfg.eval.text_metrics, text_encode)
+                     if cfg.eval.text_metrics else [None] * len(chunk))
             rows = []
-            for (i, resp), q, clean, score in zip(batch, chunk, cleaned, scores, strict=True):
+            for (i, resp), q, clean, score, text in zip(batch, chunk, cleaned, scores, texts, strict=True):
                 rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
-                             "abstained": clean.abstained, "scores": score, "judge": None,
+                             "abstained": clean.abstained, "scores": score,
+                             **({"text_scores": text} if text is not None else {}), "judge": None,
                              "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
                              # a method's own record of the context it built (full_context: its truncation)
                              **({"method_notes": packs[q.question_id]["method_notes"]}
@@ -453,7 +499,7 @@ class _Judge:
 
 
 def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
-           timer: StageTimer, record: dict[str, Any]) -> dict[str, Any]:
+           timer: StageTimer, record: dict[str, Any], text_settings: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = read_jsonl(out / "predictions.jsonl")
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -480,6 +526,10 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     metrics["reranker"] = metrics["retrieval"].get("reranker", {"backend": "none"})
     metrics["timings"] = dict(timer.seconds)
     metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
+    if cfg.eval.text_metrics and text_settings is not None:
+        metrics["text_metrics"] = text_settings
+    if (out / "growth.json").is_file():
+        metrics["growth"] = json.loads((out / "growth.json").read_text())
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     faults.point("metrics")
     ledger.save(out / "ledger.json")

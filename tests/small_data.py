@@ -6,14 +6,15 @@ import json
 from pathlib import Path
 
 
-def write_small_locomo(shared_data: Path, folder: Path, questions: int) -> Path:
-    """LoCoMo conv-26 cut to its first three sessions and its first `questions` questions, written to
-    `folder` (real turns and questions, small enough for kill-and-resume runs)."""
+def write_small_locomo(shared_data: Path, folder: Path, questions: int, pick: list[int] | None = None) -> Path:
+    """LoCoMo conv-26 cut to its first three sessions and its first `questions` questions (or the questions
+    at the positions `pick`), written to `folder` (real turns and questions, small enough for kill-and-resume
+    runs)."""
     sample = json.loads((shared_data / "locomo" / "locomo10.json").read_text())[0]
     keep = {"session_1", "session_2", "session_3"}
     conversation = {k: v for k, v in sample["conversation"].items()
                     if not k.startswith("session_") or k.removesuffix("_date_time") in keep}
     path = folder / "locomo_conv26_s1-3.json"
     path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
-                                 "qa": sample["qa"][:questions]}]))
+                                 "qa": [sample["qa"][i] for i in pick] if pick else sample["qa"][:questions]}]))
     return path

@@ -46,6 +46,7 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     },
     # heavy hard dependencies, imported only by the path that needs them
     "memfit_gpu/evaluate/metrics.py": {"nltk"},  # the Porter stemmer: nltk takes seconds to import
+    "memfit_gpu/evaluate/text_metrics.py": {"nltk", "rouge_score"},  # eval.text_metrics only; rouge_score imports nltk
     "memfit_gpu/models.py": {"huggingface_hub", "torch", "transformers"},  # preflight imports models.py
     "memfit_gpu/readers/openai.py": {"transformers"},  # a tokenizer for prompt-token bounds, when asked
     # full_context with a vllm reader: the model's tokenizer counts the whole history's prompt tokens

@@ -19,6 +19,9 @@ def user_errors() -> tuple[type[Exception], ...]:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from memfit_gpu.sweep.aggregate import (
         aggregate,
+        aggregate_by,
+        by_to_csv,
+        by_to_markdown,
         predictions_dataset,
         provenance_drift,
         to_csv,
@@ -26,13 +29,19 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     )
 
     sweep_dir = Path(args.dir)
-    columns, rows = aggregate(sweep_dir)
+    if args.by:
+        columns, names, grouped = aggregate_by(sweep_dir, args.by)
+        markdown, csv = by_to_markdown(columns, names, grouped), by_to_csv(columns, names, grouped)
+        stem = f"aggregate_by_{args.by}"
+    else:
+        columns, rows = aggregate(sweep_dir)
+        markdown, csv, stem = to_markdown(columns, rows), to_csv(columns, rows), "aggregate"
     drift = provenance_drift(sweep_dir)
-    markdown = to_markdown(columns, rows) + ("\n" + "\n".join(drift) + "\n" if drift else "")
-    md_path = Path(args.md) if args.md else sweep_dir / "aggregate.md"
-    csv_path = Path(args.csv) if args.csv else sweep_dir / "aggregate.csv"
+    markdown += ("\n" + "\n".join(drift) + "\n") if drift else ""
+    md_path = Path(args.md) if args.md else sweep_dir / f"{stem}.md"
+    csv_path = Path(args.csv) if args.csv else sweep_dir / f"{stem}.csv"
     md_path.write_text(markdown)
-    csv_path.write_text(to_csv(columns, rows))
+    csv_path.write_text(csv)
     print(markdown, end="")
     log.info("wrote %s and %s", md_path, csv_path)
     if args.parquet:
@@ -54,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="sweep directory (has sweep.json)")
     p.add_argument("--csv", help="CSV path (default DIR/aggregate.csv)")
     p.add_argument("--md", help="markdown path (default DIR/aggregate.md)")
+    p.add_argument("--by", metavar="KEY",
+                   help="group the finished points by every sweep key but KEY and print each metric's mean ± std "
+                        "(ddof 1) over a group: `--by seed` over repeated seeds (KEY: a sweep key or its last part, "
+                        "seed = reader.seed); writes DIR/aggregate_by_KEY.md/.csv")
     p.add_argument("--parquet", metavar="FILE",
                    help="also write every point's predictions as one Parquet table (point, sweep keys, flattened "
                         "fields); load it with datasets.load_dataset('parquet', data_files=FILE) or pandas")

@@ -23,7 +23,13 @@ when the run did not store that variant). A malformed line is an error naming th
 
 Below the table, one line per provenance section that differs between the two runs' provenance.json
 (`warning:` for the data files, category names, weights, judge and prompts, whose change makes the
-numbers incomparable; `note:` for the code version, python, packages and devices)."""
+numbers incomparable; `note:` for the code version, python, packages and devices).
+
+--seeds: DIR_A and DIR_B are glob patterns, each naming one system's runs over repeated seeds (quote
+them: 'runs/s/points/method=naive_rag,*'). Printed per category, overall and for the average of
+categories, as the LightMem-SLM paper's Table 8: each system's F1 mean ± std over its seeds, the
+difference B - A, its 95 % interval (percentile bootstrap over questions of each question's F1
+averaged over the seeds) and the p-value of the paired sign-flip permutation test on the same values."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--exact", action="store_true",
         help="enumerate every sign vector instead of sampling (at most 24 discordant questions per test)",
     )  # fmt: skip
+    parser.add_argument("--seeds", action="store_true",
+                        help="DIR_A and DIR_B are quoted glob patterns of seed runs: F1 mean ± std over seeds, the "
+                             "difference with its 95 %% CI and p-value (Table 8 of the LightMem-SLM paper)")
+    parser.add_argument("--bootstrap", type=int, default=10_000, help="--seeds: bootstrap resamples (default 10000)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run, user_errors=user_errors)
 
@@ -60,8 +70,31 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (ValueError,)
 
 
+def _expand(pattern: str) -> list[str]:
+    import glob
+
+    from memfit_gpu.cli.errors import UsageError
+
+    found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    if not found:
+        raise UsageError(f"--seeds: no run matches {pattern!r}")
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
-    from memfit_gpu.evaluate.compare import compare_runs, format_comparison
+    from memfit_gpu.evaluate.compare import (
+        compare_runs,
+        compare_seeds,
+        format_comparison,
+        format_seed_comparison,
+    )
+
+    if args.seeds:
+        result = compare_seeds(_expand(args.run_a), _expand(args.run_b), variant=args.variant,
+                               n_permutations=args.permutations or 10_000, n_boot=args.bootstrap,
+                               seed=args.seed or 0)
+        print(json.dumps(result) if args.json else format_seed_comparison(result), end="" if not args.json else "\n")
+        return 0
 
     result = compare_runs(
         args.run_a, args.run_b, metric=args.metric, variant=args.variant,

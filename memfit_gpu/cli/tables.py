@@ -8,7 +8,7 @@ import json
 from memfit_gpu.cli.errors import UsageError
 
 DESCRIPTION = """\
-Build the MemFit paper's tables (Markdown + CSV) from finished run or sweep directories
+Build the MemFit paper's tables, and with --lightmem the LightMem-SLM paper's (Markdown + CSV), from finished run or sweep directories
 (memfit_gpu/evaluate/paper_tables.py says where every number is read from). Each table option takes DIR or
 LABEL=DIR arguments; a sweep directory (holding sweep.json) stands for all its points, labelled by point
 id. Each table goes to OUT/<table>.md and OUT/<table>.csv, OUT/tables.md holds them all and is printed;
@@ -40,6 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--price-model", default="gpt-4.1-mini", help="hosted model whose list price costs the tokens")
     p.add_argument("--prices", default=None, help="price table (default configs/prices.yaml)")
+    # issue 24: the LightMem-SLM paper's tables (memfit_gpu/evaluate/lightmem_tables.py)
+    p.add_argument("--lightmem", nargs="+", metavar="RUN",
+                   help="the LightMem-SLM paper's Tables 2, 3, 5, 6, 7, 8 and 10 from these runs or sweeps, rows by "
+                        "point label (memfit_gpu/evaluate/lightmem_tables.py)")
+    p.add_argument("--lightmem-seeds", nargs="+", metavar="RUN",
+                   help="LightMem Table 8 from these runs or sweeps instead (labels NAME and NAME-seedN)")
+    p.add_argument("--lightmem-seed-baseline", default=None,
+                   help="LightMem Table 8: the label of the baseline's seed runs (default: naive_rag)")
     p.set_defaults(func=command, user_errors=user_errors)
 
 
@@ -50,6 +58,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def command(args: argparse.Namespace) -> int:
+    from memfit_gpu.evaluate import lightmem_tables
     from memfit_gpu.evaluate.paper_tables import (
         ABLATION_BASELINE,
         SENSITIVITY_BASELINE,
@@ -59,7 +68,8 @@ def command(args: argparse.Namespace) -> int:
 
     args.ablation_baseline = args.ablation_baseline or ABLATION_BASELINE
     args.sensitivity_baseline = args.sensitivity_baseline or SENSITIVITY_BASELINE
-    tables = build_tables(args)
+    args.lightmem_seed_baseline = args.lightmem_seed_baseline or lightmem_tables.SEED_BASELINE
+    tables = build_tables(args) + lightmem_tables.build_tables(args)
     if not tables:
         raise UsageError("name at least one table option (see --help)")
     files = write_tables(tables, args.out)

@@ -119,9 +119,13 @@ def select_questions(
 ) -> Benchmark:
     """A new Benchmark holding only the questions a run should answer.
 
-    include_categories None keeps the benchmark's evaluated questions (LoCoMo: not category 5); a list
-    keeps exactly those categories, evaluated or not, except questions a data quirk excludes (an empty
-    question, gold answer or conversation: `extra["excluded"]`). exclude_categories then drops categories.
+    With neither list, the benchmark's evaluated questions are kept (LoCoMo: not category 5). A list
+    decides: include_categories keeps exactly those categories, exclude_categories (alone: every other
+    category is kept, `[]` = all of them) then drops categories, and every question kept is scored
+    (`evaluated` True: LoCoMo's category 5 against its adversarial answer, as the LightMem-SLM paper's
+    Table 2 scores it), except questions a data quirk excludes (an empty question, gold answer or
+    conversation: `extra["excluded"]`), which no list selects. The run's default (exclude ["5"]) is
+    LoCoMo's evaluated set.
     Memories left without questions are dropped (nothing would read them); then the first
     `limit_memories` memories are kept and the first `limit_questions` questions of each. Sessions and
     turns are shared with the input, not copied.
@@ -135,11 +139,14 @@ def select_questions(
     for memory in benchmark.memories:
         if limit_memories is not None and len(memories) >= limit_memories:
             break
+        # a question a category list selects is scored (issue 24: exclude_categories=[] scores LoCoMo's
+        # category 5 against its adversarial answer); no list at all keeps the benchmark's evaluated set
         kept = [
-            q
+            q if q.evaluated else dataclasses.replace(q, evaluated=True)
             for q in memory.questions
-            if (q.evaluated if include is None else q.category in include and "excluded" not in q.extra)
-            and q.category not in exclude
+            if (q.category in include if include is not None
+                else q.evaluated if exclude_categories is None else True) and q.category not in exclude
+            and "excluded" not in q.extra
         ]
         if limit_questions is not None:
             kept = kept[:limit_questions]

@@ -2,9 +2,12 @@
 
 metrics.py  token F1 / BLEU-1: `paper`, official `locomo`, `memgallery` variants (score, score_all)
 tables.py   summarize(rows) -> metrics.json; render_markdown (the paper's table); write_csv
-render.py   the package's one Markdown/CSV table renderer (results.md, `memfit aggregate`, paper tables)
-paper_tables.py  the paper's tables from finished run / sweep directories (experiments/paper_tables.py)
+paper_tables.py  the paper's tables from finished run / sweep directories (`memfit tables`; the renderer is
+            memfit_gpu/render.py)
 stats.py    seeded percentile bootstrap (mean, mean of category means); paired sign-flip permutation test
 judge.py    judge reply parsers (paper CORRECT/WRONG, MemGallery graded, LongMemEval yes/no)
-compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`: memfit_gpu/cli/compare.py)
+compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`: memfit_gpu/cli/compare.py);
+            compare_seeds: two systems over repeated seeds (`memfit compare --seeds`)
+text_metrics.py  ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT similarity (eval.text_metrics, issue 24)
+lightmem_tables.py  the LightMem-SLM paper's tables (`memfit tables --lightmem`, issue 24)
 """

@@ -16,7 +16,7 @@ import numpy as np
 from memfit_gpu import provenance
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.evaluate.metrics import VARIANTS, score
-from memfit_gpu.evaluate.stats import paired_permutation_test
+from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
 from memfit_gpu.render import console_table
 
@@ -232,4 +232,104 @@ def format_comparison(result: Mapping[str, Any]) -> str:
             lines.append(f"only in {side}: {len(ids)} questions ({shown})")
     lines += [f"warning: {w}" for w in result["warnings"]]
     lines += list(result.get("provenance", []))
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ issue 24: over seeds
+def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], list[str], dict[str, str], np.ndarray]:
+    """(files, shared question ids, {id: category}, values [runs, questions]) of one side's seed runs."""
+    files, tables = [], []
+    for run in runs:
+        path, rows, _ = read_predictions(run)
+        files.append(path)
+        tables.append(rows)
+    ids = list(tables[0])
+    for path, rows in zip(files, tables, strict=True):
+        if set(rows) != set(ids):
+            missing = sorted(set(ids) - set(rows))[:5]
+            extra = sorted(set(rows) - set(ids))[:5]
+            raise PredictionsError(f"{path}: answers other questions than {files[0]} (missing {missing}, extra "
+                                   f"{extra}): seeds of one system must answer the same questions")
+    values = np.array([[_value(rows[q], "f1", variant, path) for q in ids] for path, rows in zip(files, tables,
+                                                                                                   strict=True)])
+    return files, ids, {q: str(tables[0][q]["category"]) for q in ids}, values
+
+
+def compare_seeds(runs_a: Sequence[str | Path], runs_b: Sequence[str | Path], variant: str = "paper",
+                  n_permutations: int = 10_000, n_boot: int = 10_000, seed: int = 0,
+                  level: float = 0.95) -> dict[str, Any]:
+    """System B (several seed runs) against system A (several seed runs), per category, overall and for the
+    mean of category means, in the layout of the LightMem-SLM paper's Table 8.
+
+    Per side and scope: F1 (variant `variant`) of each seed run, then their mean and sample standard
+    deviation (ddof 1; None for one run). The difference is mean B - mean A. Its interval and p-value treat
+    questions as the units: each question's F1 averaged over the side's seeds, the paired difference
+    bootstrapped over questions (percentile, `n_boot` resamples; the category mean resampled within each
+    category) and tested with the paired sign-flip permutation test (`n_permutations`, seeded)."""
+    if not runs_a or not runs_b:
+        raise ValueError("compare --seeds needs at least one run on each side")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown metric variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    files_a, ids_a, cats, values_a = _seed_values(runs_a, variant)
+    files_b, ids_b, _, values_b = _seed_values(runs_b, variant)
+    if set(ids_a) != set(ids_b):
+        raise PredictionsError(f"{files_a[0]} and {files_b[0]} answer different questions "
+                               f"({len(set(ids_a) - set(ids_b))} only in A, {len(set(ids_b) - set(ids_a))} only in B)")
+    order_b = [ids_b.index(q) for q in ids_a]
+    values_b = values_b[:, order_b]
+    labels = np.array([cats[q] for q in ids_a])
+    categories = category_order(labels.tolist())
+
+    def spread(per_run: np.ndarray) -> dict[str, Any]:
+        return {"mean": float(per_run.mean()), "std": float(per_run.std(ddof=1)) if per_run.size > 1 else None,
+                "per_seed": [float(v) for v in per_run]}
+
+    def scope(mask: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
+        a, b = values_a[:, mask], values_b[:, mask]
+        if weights is None:
+            per_a, per_b = a.mean(axis=1), b.mean(axis=1)
+        else:
+            w = weights[mask]
+            per_a, per_b = a @ w, b @ w
+        mean_a, mean_b = a.mean(axis=0), b.mean(axis=0)  # per question, over seeds
+        test = paired_permutation_test(mean_a, mean_b, n_permutations=n_permutations, seed=seed,
+                                       weights=None if weights is None else weights[mask])
+        if weights is None:
+            lo, hi = bootstrap_mean_ci(mean_b - mean_a, n_boot=n_boot, seed=seed, level=level)
+        else:
+            lo, hi = bootstrap_category_mean_ci(mean_b - mean_a, labels[mask], n_boot=n_boot, seed=seed, level=level)
+        return {"n": int(mask.sum()), "a": spread(per_a), "b": spread(per_b), "diff": float(per_b.mean() - per_a.mean()),
+                "ci95": [float(lo), float(hi)], "p_value": test["p_value"]}
+
+    sizes = {c: int(np.count_nonzero(labels == c)) for c in categories}
+    weights = np.array([1.0 / (len(categories) * sizes[c]) for c in labels])
+    everything = np.ones(labels.size, dtype=bool)
+    benchmark = _guess_benchmark([{"category": c} for c in cats.values()])
+    return {"runs_a": [str(f) for f in files_a], "runs_b": [str(f) for f in files_b], "metric": f"{variant} f1",
+            "questions": int(labels.size), "level": level, "n_boot": n_boot, "n_permutations": n_permutations,
+            "seed": seed,
+            "by_category": {c: {"name": category_name(c, benchmark), **scope(labels == c)} for c in categories},
+            "overall": scope(everything), "category_mean": scope(everything, weights)}
+
+
+def format_seed_comparison(result: Mapping[str, Any], label_a: str = "A", label_b: str = "B") -> str:
+    """Table 8's layout: per category the two systems' F1 mean +/- std over seeds, then the difference,
+    its 95 % interval and p-value on B's line (x100)."""
+    def pm(side: Mapping[str, Any]) -> str:
+        std = side["std"]
+        return f"{100 * side['mean']:.2f} ± {100 * std:.2f}" if std is not None else f"{100 * side['mean']:.2f}"
+
+    lines = [f"A ({len(result['runs_a'])} seeds): {', '.join(result['runs_a'])}",
+             f"B ({len(result['runs_b'])} seeds): {', '.join(result['runs_b'])}",
+             f"metric: {result['metric']} x100 over {result['questions']} questions; std over seeds (ddof 1); diff = "
+             f"B - A; {int(100 * result['level'])} % percentile bootstrap over questions ({result['n_boot']} "
+             f"resamples) and paired sign-flip permutation test ({result['n_permutations']}, seed {result['seed']}) "
+             "on each question's F1 averaged over its seeds", "",
+             f"{'category':<28} {'method':<8} {'F1 (mean ± std)':>18} {'Δ F1':>8} {'95% CI of Δ':>20} {'p':>8}"]
+    scopes = [(r["name"] if r["name"] == c else f"{r['name']} ({c})", r) for c, r in result["by_category"].items()]
+    scopes += [("overall", result["overall"]), ("average of categories", result["category_mean"])]
+    for label, r in scopes:
+        lines.append(f"{label:<28} {label_a:<8} {pm(r['a']):>18} {'—':>8} {'—':>20} {'—':>8}")
+        ci = f"[{100 * r['ci95'][0]:+.2f}, {100 * r['ci95'][1]:+.2f}]"
+        lines.append(f"{'':<28} {label_b:<8} {pm(r['b']):>18} {100 * r['diff']:>+8.2f} {ci:>20} {r['p_value']:>8.4f}")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from memfit_gpu import render
+from memfit_gpu.config import TEXT_METRICS
 from memfit_gpu.data.registry import benchmark_spec, find_spec
 from memfit_gpu.data.spec import AVERAGING_RULES
 from memfit_gpu.evaluate.metrics import VARIANTS
@@ -139,7 +140,33 @@ def summarize(
     }
     if ci:
         metrics["ci95"] = _confidence(evaluated, categories, variants, judge, averaging, n_boot, seed)
+    _add_text_blocks(metrics, evaluated, categories)
     return metrics
+
+
+def _add_text_blocks(metrics: dict[str, Any], rows: Sequence[Mapping[str, Any]], categories: Sequence[str]) -> None:
+    """Issue 24: the mean of each text metric (predictions' `text_scores`: ROUGE-L, ROUGE-2, METEOR, SBERT) as
+    `text` in every category block, overall and average (by the same averaging rule), when every row has it."""
+    common: set[str] | None = None
+    for row in rows:
+        names = set(row.get("text_scores") or {})
+        common = names if common is None else common & names
+    names = [m for m in TEXT_METRICS if m in (common or set())]
+    if not names:
+        return
+
+    def means(members: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        return {m: float(np.mean([r["text_scores"][m] for r in members])) for m in names}
+
+    for cat, block in metrics["by_category"].items():
+        block["text"] = means([r for r, c in zip(rows, categories, strict=True) if c == cat])
+    metrics["overall"]["text"] = means(rows)
+    if metrics["averaging"] == "category_mean":
+        blocks = list(metrics["by_category"].values())
+        metrics["average"]["text"] = {m: float(np.mean([b["text"][m] for b in blocks])) for m in names}
+    else:
+        metrics["average"]["text"] = dict(metrics["overall"]["text"])
+    metrics["text_metric_names"] = names
 
 
 def _confidence(
@@ -257,7 +284,30 @@ def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) ->
             lo, hi = ci["average"]["judge"]
             lines[-1] += f"; of the Average judge: [{_pct(lo)}, {_pct(hi)}]"
         lines[-1] += f" ({ci['n_boot']} resamples, seed {ci['seed']})."
+    lines += _text_table(metrics)
     return "\n".join(lines) + "\n"
+
+
+TEXT_LABELS = {"rouge_l": "ROUGE-L", "rouge_2": "ROUGE-2", "meteor": "METEOR", "sbert": "SBERT"}
+
+
+def _text_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Issue 24: the text metrics (x100) per category, Average and Overall, when the run scored them."""
+    names = metrics.get("text_metric_names") or []
+    if not names:
+        return []
+    blocks = [(f"{b['name']} ({c})" if b["name"] != c else c, b) for c, b in metrics["by_category"].items()]
+    blocks.append(("**Average**", metrics["average"]))
+    if metrics["averaging"] == "category_mean":
+        blocks.append(("**Overall**", metrics["overall"]))
+    cells = [[label, str(block["n"]), *(_pct(block["text"][m]) for m in names)] for label, block in blocks]
+    settings = metrics.get("text_metrics") or {}
+    how = [f"METEOR: `{settings['meteor_variant']}`"] if "meteor_variant" in settings else []
+    if isinstance(settings.get("sbert_model"), Mapping):
+        how.append(f"SBERT: cosine of `{settings['sbert_model'].get('name', '?')}` embeddings")
+    return ["", "Text similarity (x100; ROUGE F-measure" + "".join(f"; {h}" for h in how) + "):", "",
+            render.markdown_table(["Category", "n", *(TEXT_LABELS[m] for m in names)], cells,
+                                  align=["left"] + ["right"] * (len(names) + 1)).rstrip("\n")]
 
 
 def write_csv(metrics: Mapping[str, Any], path: str | Path) -> Path:
@@ -277,5 +327,7 @@ def write_csv(metrics: Mapping[str, Any], path: str | Path) -> Path:
         for key in ("judge", "judge_score", "judged"):
             value = block.get(key)
             row.append("" if value is None else (f"{value:.6f}" if isinstance(value, float) else value))
+        row += [f"{block['text'][m]:.6f}" for m in metrics.get("text_metric_names") or []]
         rows.append(row)
+    header += list(metrics.get("text_metric_names") or [])
     return render.write_csv(path, header, rows)

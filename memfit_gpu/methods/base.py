@@ -161,3 +161,10 @@ def query(memory_id: str, question: str, question_id: str | None = None, questio
     """A question to read for that is not a benchmark's: no gold answer, no evidence, no category."""
     return Question(question_id or f"{memory_id}:query", memory_id, question, "", "", evidence=[],
                     question_date=question_date)
+
+
+class GrowthMethod(Method, Protocol):
+    """A method that also reads its memory as it stood after each memory's first `turns[memory id]` turns,
+    from its one write of the whole trajectory (the growth analysis, memfit_gpu/growth.py)."""
+
+    def read_at(self, run: MethodRun, turns: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...

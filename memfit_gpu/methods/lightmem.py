@@ -55,6 +55,12 @@ Where the paper is silent, this implementation chooses (and the defaults are in 
 - Vectors: MTM notes and LTM node documents are embedded with the run's bi-encoder when the read stage
   starts (all of them in one pass, so every rerun computes the same vectors), into FAISS DenseIndexes
   partitioned by user like the store's.
+
+Issue 24: `lightmem.ltm_updates=false` writes no LTM at all (the paper's "no update" variant);
+`lightmem.noise.*` injects errors at three points (SLM-1's HQs after routing, SLM-3's notes before they are
+logged, the searchable MTM at read time), made as methods/lightmem_noise.py says, each one hook here;
+`read_at` reads the memory as it stood after some turns of each user (MemoryView over UserMemory.prefix),
+for the growth analysis (memfit_gpu/growth.py), from the one write of the whole trajectory.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
 from memfit_gpu.methods.common import diagnostics_for, pack_json
+from memfit_gpu.methods.lightmem_noise import noise_hqs, noise_notes, noisy_entries, read_noise
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.names import mentioned, normalise
 from memfit_gpu.readers.prompts import PROMPT_DIR, fill, load_prompt
@@ -229,6 +236,35 @@ class UserMemory:
     ltm_done: set[int] = field(default_factory=set)
     graph: Graph = field(default_factory=Graph)
     dropped: int = 0
+    batches: dict[int, dict[str, Any]] = field(default_factory=dict)  # LTM records by batch, in log order
+
+    def prefix(self, last_row: int) -> UserMemory:
+        """The memory as it stood once the store rows up to `last_row` were written (growth analysis): the
+        MTM entries whose windows lie there, the LTM batches all of whose entries do (merged in log order)."""
+        out = UserMemory(mtm={e: r for e, r in self.mtm.items() if max(r["rows"]) <= last_row})
+        for record in self.batches.values():
+            if all(int(e) in out.mtm for e in record["entries"]):
+                out.apply_ltm(record)
+        return out
+
+    def apply_ltm(self, record: dict[str, Any]) -> None:
+        entries = [int(e) for e in record["entries"]]
+        parsed = ParsedGraph([(str(n), str(k)) for n, k in record["nodes"]],
+                             [(str(h), str(r), str(t)) for h, r, t in record["edges"]])
+        self.graph.merge(parsed, entries)
+        self.ltm_done.add(int(record["batch"]))
+        self.batches[int(record["batch"])] = record
+        self.dropped += int(record.get("dropped", 0))
+
+
+@dataclass
+class MemoryView:
+    """Users' memories as a LightMemLog offers them (`user`), e.g. each as it stood at a growth point."""
+
+    users: dict[str, UserMemory]
+
+    def user(self, user: str) -> UserMemory:
+        return self.users.setdefault(user, UserMemory())
 
 
 class LightMemLog:
@@ -237,7 +273,9 @@ class LightMemLog:
     def __init__(self, path: Path, cfg: MemFitConfig) -> None:
         self.log = RecordLog(path)
         self.users: dict[str, UserMemory] = {}
-        settings = {"window": cfg.lightmem.mtm_window_turns, "every": cfg.lightmem.consolidate_every}
+        settings: dict[str, Any] = {"window": cfg.lightmem.mtm_window_turns, "every": cfg.lightmem.consolidate_every}
+        if cfg.lightmem.noise.write:  # noisy notes are stored: a log holds one noise setting (absent = none)
+            settings["write_noise"] = [cfg.lightmem.noise.write, cfg.lightmem.noise.seed]
         if not self.log.records:
             self.append([{"t": "header", "format": LOG_FORMAT, **settings}], commit=False)
             return
@@ -274,13 +312,7 @@ class LightMemLog:
         if kind == "mtm":
             self.user(record["user"]).mtm[int(record["entry"])] = record
         elif kind == "ltm":
-            memory = self.user(record["user"])
-            entries = [int(e) for e in record["entries"]]
-            parsed = ParsedGraph([(str(n), str(k)) for n, k in record["nodes"]],
-                                 [(str(h), str(r), str(t)) for h, r, t in record["edges"]])
-            memory.graph.merge(parsed, entries)
-            memory.ltm_done.add(int(record["batch"]))
-            memory.dropped += int(record.get("dropped", 0))
+            self.user(record["user"]).apply_ltm(record)
         elif kind != "commit":
             raise StoreCorruptError(str(self.log.path), None, "t", f"unknown LightMem record type {kind!r}")
 
@@ -371,7 +403,7 @@ class LightMem:
             return 0
         responses = reader.generate(requests)
         run.account("lightmem.mtm.ledger")
-        self._log_mtm(jobs, responses)
+        self._log_mtm(run.cfg, jobs, responses)
         return len(jobs)
 
     def _mtm_jobs(self, cfg: MemFitConfig, users: list[str], final: bool) -> tuple[list[dict[str, Any]], list[Request]]:
@@ -409,13 +441,19 @@ class LightMem:
                             key=f"mtm:{j['user']}:{j['entry']}") for j in jobs if j["prompt"] is not None]
         return jobs, requests
 
-    def _log_mtm(self, jobs: list[dict[str, Any]], responses: Sequence[Any]) -> None:
+    def _log_mtm(self, cfg: MemFitConfig, jobs: list[dict[str, Any]], responses: Sequence[Any]) -> None:
         assert self.memlog is not None
         texts = iter(responses)
         records = []
         for job in jobs:
             prompt = job.pop("prompt")
             records.append({**job, "text": "" if prompt is None else next(texts).text.strip()})
+        # issue 24: SLM-3 write noise over the batch's written notes (0: none; a window with no turn left has none)
+        written = [i for i, r in enumerate(records) if r["text"]]
+        noisy = [records[i] for i in written]
+        noise_notes(noisy, cfg.lightmem.noise.write, cfg.lightmem.noise.seed, "write")
+        for i, record in zip(written, noisy, strict=True):
+            records[i] = record
         self.memlog.append(records)
         faults.point("lightmem.mtm")
 
@@ -431,6 +469,8 @@ class LightMem:
 
     def _ltm_jobs(self, cfg: MemFitConfig, users: list[str]) -> tuple[list[tuple[str, int, list[int]]], list[Request]]:
         assert self.memlog is not None
+        if not cfg.lightmem.ltm_updates:  # the paper's "no update" variant (issue 24): LTM stays empty
+            return [], []
         every = cfg.lightmem.consolidate_every
         template = _prompt(cfg, "consolidate.txt")
         jobs: list[tuple[str, int, list[int]]] = []
@@ -507,7 +547,7 @@ class LightMem:
         with holding():
             run.account("lightmem.mtm.ledger")
             if jobs:
-                self._log_mtm(jobs, responses)
+                self._log_mtm(run.cfg, jobs, responses)
             ltm_jobs, ltm_requests = self._ltm_jobs(run.cfg, memory_ids)
         ltm_responses = reader.generate(ltm_requests) if ltm_requests else []
         with holding():
@@ -551,11 +591,32 @@ class LightMem:
     # ------------------------------------------------------------------------------------- read path
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         assert self.store is not None and self.memlog is not None, "read before write"
+        return self._read(run, None, {})
+
+    def read_at(self, run: MethodRun, turns: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Packs for run.questions with each user's memory as it stood after its first `turns[user]` turns
+        (the growth analysis, growth.py): MTM entries of windows within them, LTM of batches within them,
+        STM their last turns. Everything comes from the one write of the whole trajectory."""
+        assert self.store is not None and self.memlog is not None, "read before write"
+        last_rows = {}
+        for u, n in turns.items():
+            rows = self._user_rows(u)
+            last_rows[u] = rows[min(n, len(rows)) - 1] if n and rows else -1
+        return self._read(run, MemoryView({u: self.memlog.user(u).prefix(r) for u, r in last_rows.items()}),
+                          last_rows)
+
+    def _read(self, run: MethodRun, at: MemoryView | None,
+              last_rows: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The read path over the whole log (`at` None) or over the memory as it stood at a point (`at`,
+        with each user's last row in `last_rows`)."""
+        assert self.store is not None and self.memlog is not None, "read before write"
         cfg, view = run.cfg, self.current_view()
         lm = cfg.lightmem
         reader = run.reader()  # type: ignore[misc]
         users = [m.memory_id for m in run.memories] if run.memories else list(self.store.memory_ids)
-        tiers = self._tier_index(cfg, users)
+        memory: LightMemLog | MemoryView = self.memlog if at is None else at
+        tiers = (self._tier_index(cfg, users) if at is None
+                 else TierIndex.build(at, users, self.store.encoder, cfg, self.store.deleted))
         questions = run.questions
         speakers = {u: view.speakers[view.memory_index(u)] for u in users}
 
@@ -570,6 +631,7 @@ class LightMem:
         run.account("lightmem.rewrite.ledger")
         plans = [route(parse_hqs(r.text, q.question, lm.max_hqs), lm.routing, tiers.has(q.memory_id), lm.top_k)
                  for q, r in zip(questions, replies, strict=True)]
+        plans = noise_hqs(plans, questions, lm.noise.hq, lm.noise.seed)  # issue 24: SLM-1 noise (0: none)
 
         # coarse vector retrieval with metadata constraints, every HQ in one encoder pass
         candidates = tiers.search(plans, questions, speakers, cfg)
@@ -582,7 +644,7 @@ class LightMem:
         ranked, selected, rows_out = [], [], []
         for q, plan, cands, picks in zip(questions, plans, candidates, chosen, strict=True):
             user = q.memory_id
-            user_rows = self._user_rows(user, live=True)
+            user_rows = [r for r in self._user_rows(user, live=True) if r <= last_rows.get(user, r)]
             stm = user_rows[-lm.stm_turns:] if lm.stm_turns else []
             provenance = list(dict.fromkeys(r for item in picks for r in tiers.rows_of(user, item)))
             ranked.append(provenance)
@@ -591,16 +653,24 @@ class LightMem:
             rows_out.append((q, plan, picks, stm, score))
         # what the memory holds, the same however many runs wrote it (a resumed run's own work is logged only)
         method = {"name": self.name, "users": len(users),
-                  "mtm_entries": sum(len(self.memlog.user(u).mtm) for u in users),
-                  "ltm_nodes": sum(len(self.memlog.user(u).graph.names) for u in users),
-                  "ltm_edges": sum(len(self.memlog.user(u).graph.edges) for u in users),
-                  "ltm_lines_dropped": sum(self.memlog.user(u).dropped for u in users)}
+                  "turns": sum(len([r for r in self._user_rows(u) if r <= last_rows.get(u, r)]) for u in users),
+                  "mtm_entries": sum(len(memory.user(u).mtm) for u in users),
+                  "ltm_nodes": sum(len(memory.user(u).graph.names) for u in users),
+                  "ltm_edges": sum(len(memory.user(u).graph.edges) for u in users),
+                  "ltm_batches": sum(len(memory.user(u).ltm_done) for u in users),
+                  "ltm_lines_dropped": sum(memory.user(u).dropped for u in users)}
+        if lm.noise.hq or lm.noise.write or lm.noise.mtm:
+            method["noise"] = {"hqs_replaced": sum(hq.noise_from is not None for plan in plans for hq in plan),
+                               "notes_replaced_write": sum(len(noisy_entries(memory.user(u), "write")) for u in users),
+                               "notes_replaced_mtm": len(tiers.noisy)}
         diagnostics, records = diagnostics_for(view, questions, ranked, selected, selected, method)
         diagnostics["encoder"] = self.store.encoder.info()
         out = []
         for (q, plan, picks, stm, score), rows, record in zip(rows_out, selected, records, strict=True):
-            hqs = [{"text": hq.text, "tier": hq.tier, "budget": hq.budget} for hq in plan]
-            items = [{"tier": tier, "id": item, "score": score.get((tier, item))} for tier, item in picks]
+            hqs = [{"text": hq.text, "tier": hq.tier, "budget": hq.budget,
+                    **({"noise_from": hq.noise_from} if hq.noise_from is not None else {})} for hq in plan]
+            items = [{"tier": tier, "id": item, "score": score.get((tier, item)),
+                      **({"noise": True} if tiers.is_noisy(q.memory_id, (tier, item)) else {})} for tier, item in picks]
             excerpts = self._excerpts(cfg, q.memory_id, stm, picks, tiers)
             out.append(pack_row(q, self.name, {
                 "pack": pack_json(rows, rows, view.ep_turn_id), "excerpts": excerpts, "retrieval": record,
@@ -665,6 +735,7 @@ class HQ:
     text: str
     tier: str  # mtm | ltm
     budget: int = 0
+    noise_from: str | None = None  # issue 24: the question whose HQ text replaced this one (noise.hq)
 
 
 def parse_hqs(reply: str, question: str, max_hqs: int) -> list[HQ]:
@@ -735,19 +806,23 @@ class TierIndex:
     users: list[str]
     docs: dict[str, list[tuple[int, str, int]]]  # tier -> (user index, text, item id) in index row order
     index: dict[str, DenseIndex]
-    memlog: LightMemLog
+    memlog: LightMemLog | MemoryView
     speakers_of: dict[tuple[str, int], list[str]]  # (user, MTM entry) -> who speaks in its window
     ltm_texts: dict[tuple[str, int], str]  # (user, node) -> its document
     encoder: Any
+    noisy: dict[tuple[str, int], str] = field(default_factory=dict)  # noise.mtm: (user, entry) -> text held
 
     @classmethod
-    def build(cls, memlog: LightMemLog, users: list[str], encoder: Any, cfg: MemFitConfig,
+    def build(cls, memlog: LightMemLog | MemoryView, users: list[str], encoder: Any, cfg: MemFitConfig,
               deleted: np.ndarray | None = None) -> TierIndex:
         """`deleted` (the store's tombstones): an MTM entry over a deleted turn is not searched, nor is an
         LTM node one of whose source entries it is (a deleted turn is found nowhere)."""
         docs: dict[str, list[tuple[int, str, int]]] = {"mtm": [], "ltm": []}
         speakers: dict[tuple[str, int], list[str]] = {}
         texts: dict[tuple[str, int], str] = {}
+        noise = cfg.lightmem.noise
+        noisy = read_noise([memlog.user(u).mtm[e] for u in users for e in sorted(memlog.user(u).mtm)
+                            if memlog.user(u).mtm[e]["text"]], noise.mtm, noise.seed)
         for u, user in enumerate(users):
             memory = memlog.user(user)
             hidden = {e for e, record in memory.mtm.items()
@@ -756,7 +831,8 @@ class TierIndex:
                 record = memory.mtm[entry]
                 speakers[(user, entry)] = list(record["speakers"])
                 if record["text"] and entry not in hidden:
-                    docs["mtm"].append((u, f"DATE: {record['date']} | {record['text']}", entry))
+                    text = noisy.get((user, entry), record["text"])
+                    docs["mtm"].append((u, f"DATE: {record['date']} | {text}", entry))
             for node in range(len(memory.graph.names)):
                 document = memory.graph.document(node)
                 if document is not None and not hidden.intersection(memory.graph.sources[node]):
@@ -773,7 +849,7 @@ class TierIndex:
             if n:
                 index[tier].add(vectors[start:start + n], [u for u, _, _ in docs[tier]])
             start += n
-        return cls(users, docs, index, memlog, speakers, texts, encoder)
+        return cls(users, docs, index, memlog, speakers, texts, encoder, noisy)
 
     def has(self, user: str) -> dict[str, bool]:
         u = self.users.index(user)
@@ -786,7 +862,12 @@ class TierIndex:
         return f"({self.date(user, item)}) {self.note(user, item)}"
 
     def note(self, user: str, item: Item) -> str:
-        return str(self.memlog.user(user).mtm[item[1]]["text"])
+        return self.noisy.get((user, item[1]), str(self.memlog.user(user).mtm[item[1]]["text"]))
+
+    def is_noisy(self, user: str, item: Item) -> bool:
+        """An MTM item whose text is noise (noise.write when stored, noise.mtm at read time)."""
+        return item[0] == "mtm" and ((user, item[1]) in self.noisy
+                                     or "noise" in self.memlog.user(user).mtm[item[1]])
 
     def date(self, user: str, item: Item) -> str:
         return str(self.memlog.user(user).mtm[item[1]]["date"])
@@ -795,7 +876,8 @@ class TierIndex:
         """Store rows behind an item: an MTM entry's window; an LTM node's source entries' windows."""
         memory = self.memlog.user(user)
         entries = [item[1]] if item[0] == "mtm" else memory.graph.sources[item[1]]
-        return [int(r) for e in entries for r in memory.mtm[e]["rows"]]
+        # a noisy note stands for no turn of its window (lightmem_noise.py)
+        return [int(r) for e in entries if not self.is_noisy(user, ("mtm", e)) for r in memory.mtm[e]["rows"]]
 
     def search(self, plans: list[list[HQ]], questions: Sequence[Question], speakers: dict[str, list[str]],
                cfg: MemFitConfig) -> list[list[list[Scored]]]:

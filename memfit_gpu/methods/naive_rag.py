@@ -27,6 +27,7 @@ row i (a replaced chunk keeps its slot, tombstoned in the index).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -164,23 +165,39 @@ class NaiveRAG:
         self.attach(run, store)
 
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return self._read(run, None)
+
+    def read_at(self, run: MethodRun, turns: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Packs with each memory as it stood after its first `turns[memory]` turns (the growth analysis,
+        growth.py): only the chunks of the one write that lie wholly within them, as a chunker fed the turns
+        one by one would have emitted (the tail shorter than a chunk is still pending)."""
+        assert self.table is not None, "NaiveRAG.read_at before write"
+        last = {self.table.memory_index(m): self.table.memory_rows(self.table.memory_index(m))[n - 1] if n else -1
+                for m, n in turns.items()}
+        return self._read(run, {c for c, chunk in enumerate(self.chunks)
+                                if chunk.rows[-1] <= last.get(chunk.memory_idx, chunk.rows[-1])})
+
+    def _read(self, run: MethodRun, allowed: set[int] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         assert self.table is not None and self.index is not None, "NaiveRAG.read before write"
         cfg, table = run.cfg, self.table
         questions = run.questions
         embeddings = self.encoder.encode([q.question for q in questions], batch_size=cfg.index.encode_batch_size)
         memory = [table.memory_index(q.memory_id) for q in questions]
+        # with a subset allowed (growth), every chunk of the memory is fetched and the top_k allowed kept
+        k = cfg.naive_rag.top_k if allowed is None else max(Counter(c.memory_idx for c in self.chunks).values(), default=1)
         if self.chunks:
-            scores, found = self.index.search(embeddings, memory, cfg.naive_rag.top_k,
-                                              min_score=cfg.retrieve.dense_min_cosine)
+            scores, found = self.index.search(embeddings, memory, k, min_score=cfg.retrieve.dense_min_cosine)
         else:
             scores = found = torch.full((len(questions), 0), -1)
         ranked, packs = [], []
         for i in range(len(questions)):
-            hits = [(int(c), float(s)) for c, s in zip(found[i].tolist(), scores[i].tolist(), strict=True) if c >= 0]
+            hits = [(int(c), float(s)) for c, s in zip(found[i].tolist(), scores[i].tolist(), strict=True)
+                    if c >= 0 and (allowed is None or c in allowed)][:cfg.naive_rag.top_k]
             rows = list(dict.fromkeys(r for c, _ in hits for r in self.chunks[c].rows))
             ranked.append(rows)
             packs.append(hits)
-        method = {"name": self.name, "chunks": len(self.chunks), "chunk_tokens": cfg.naive_rag.chunk_tokens,
+        chunks_held = len(self.chunks) if allowed is None else len(allowed)
+        method = {"name": self.name, "chunks": chunks_held, "chunk_tokens": cfg.naive_rag.chunk_tokens,
                   "overlap_tokens": cfg.naive_rag.overlap_tokens, "top_k": cfg.naive_rag.top_k}
         diagnostics, records = diagnostics_for(table, questions, ranked, ranked, ranked, method)
         diagnostics["encoder"] = self.encoder.info()

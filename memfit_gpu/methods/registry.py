@@ -36,14 +36,17 @@ class MethodEntry:
     # a LiveMethod (methods/base.py): memfit_gpu.Memory and memfit serve run it on a store that grows turn
     # by turn (attach, changed, hits, consolidate, compact)
     live: bool = False
+    # a GrowthMethod (methods/base.py) with `read_at`: it reads its memory as it stood at a point of the
+    # trajectory, from its one write of the whole of it (eval.growth_points, memfit_gpu/growth.py)
+    growth: bool = False
 
 
 REGISTRY: dict[str, MethodEntry] = {
     "memfit": MethodEntry(MemFit, incremental=True, live=True),
     "plain": MethodEntry(Plain, incremental=True, live=True),
-    "naive_rag": MethodEntry(NaiveRAG, live=True),
+    "naive_rag": MethodEntry(NaiveRAG, live=True, growth=True),
     "full_context": MethodEntry(FullContext),
-    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True),
+    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True),
 }
 
 
@@ -59,6 +62,11 @@ def register_method(name: str, entry: MethodEntry) -> None:
 def method_entry(name: str) -> MethodEntry:
     """The registered entry of `name`; ConfigError naming the registered methods otherwise."""
     return METHODS.get(name)
+
+
+def methods_with(capability: str) -> list[str]:
+    """The registered method names whose entry has `capability` (a MethodEntry flag: growth, live, ...)."""
+    return [name for name, entry in METHODS.entries.items() if getattr(entry, capability)]
 
 
 def make_method(name: str) -> Method:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
 
 from memfit_gpu import provenance
 from memfit_gpu.files import read_jsonl
@@ -161,3 +162,87 @@ def to_csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     """The aggregate as CSV: fractions as stored, lists and mappings as JSON, None as an empty cell."""
     return csv_text(columns, [[json.dumps(row[c]) if isinstance(row.get(c), (list, dict)) else row.get(c)
                                for c in columns] for row in rows])
+
+
+# ------------------------------------------------------------------------------ issue 24: --by seed
+def _by_key(keys: Sequence[str], by: str, where: Path) -> str:
+    """The sweep key `by` names: itself, or the one key whose last dotted part it is (`seed` -> reader.seed)."""
+    if by in keys:
+        return by
+    tails = [k for k in keys if k.rsplit(".", 1)[-1] == by]
+    if len(tails) != 1:
+        raise SweepError(f"{where}: --by {by} names {'no' if not tails else 'more than one'} sweep key "
+                         f"(sweep keys: {', '.join(keys) or 'none'})")
+    return tails[0]
+
+
+def point_values(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers `aggregate --by` summarises of one point: average F1 / BLEU-1 (its metric variant), judge,
+    pack hit, the text metrics' averages and each category's F1."""
+    variant = metrics.get("metric_variant", "paper")
+    values = {"f1": get_path(metrics, "average", variant, "f1"), "bleu1": get_path(metrics, "average", variant, "bleu1"),
+              "judge": get_path(metrics, "average", "judge"),
+              "pack_hit": get_path(metrics, "retrieval", "overall", "pack_hit")}
+    values.update((get_path(metrics, "average", "text") or {}).items())
+    for cat, block in (metrics.get("by_category") or {}).items():
+        values[f"f1 {cat}"] = get_path(block, variant, "f1")
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """Finished points grouped by every sweep key but `by` (e.g. seeds: `--by seed`), each metric's mean and
+    sample standard deviation (ddof 1) over a group's points.
+
+    Returns (group columns, metric names, rows): a row holds the group's key values, `by` (the values it
+    covers), `points`, and per metric `(mean, std)` (std None for a single point)."""
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir / "sweep.json")
+    key = _by_key(list(record.sweep_keys), by, sweep_dir / "sweep.json")
+    others = [k for k in record.sweep_keys if k != key]
+    groups: dict[str, dict[str, Any]] = {}
+    for point in record.points:
+        point_dir = sweep_dir / "points" / point.point_id
+        if not (point_dir / "DONE").exists():
+            continue
+        metrics = json.loads((point_dir / "metrics.json").read_text())
+        group = json.dumps([point.overrides.get(k) for k in others], default=str)
+        entry = groups.setdefault(group, {"keys": {k: point.overrides.get(k) for k in others}, "by": [], "values": []})
+        entry["by"].append(point.overrides.get(key))
+        entry["values"].append(point_values(metrics))
+    if not groups:
+        raise SweepError(f"{sweep_dir}: no finished point to aggregate")
+    names = list(dict.fromkeys(n for g in groups.values() for v in g["values"] for n in v))
+    rows = []
+    for entry in groups.values():
+        row: dict[str, Any] = {**entry["keys"], key: entry["by"], "points": len(entry["values"])}
+        for name in names:
+            seen = [v[name] for v in entry["values"] if name in v]
+            row[name] = ((float(np.mean(seen)), float(np.std(seen, ddof=1)) if len(seen) > 1 else None)
+                         if seen else None)
+        rows.append(row)
+    return [*others, key, "points"], names, rows
+
+
+def by_to_markdown(columns: Sequence[str], names: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    """`aggregate --by` as Markdown: every metric x100 as `mean ± std`."""
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        mean, std = value
+        return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if std is not None else "")
+
+    header = [*columns, *(f"{n} %" for n in names)]
+    cells = [[_text(row.get(c)) for c in columns] + [cell(row.get(n)) for n in names] for row in rows]
+    return markdown_table(header, cells, align=["left"] * len(columns) + ["right"] * len(names))
+
+
+def by_to_csv(columns: Sequence[str], names: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    """`aggregate --by` as CSV: fractions, `<metric>_mean` and `<metric>_std` per metric."""
+    header = [*columns, *(f"{n}_{s}" for n in names for s in ("mean", "std"))]
+    out = []
+    for row in rows:
+        line = [json.dumps(row[c]) if isinstance(row.get(c), (list, dict)) else row.get(c) for c in columns]
+        for n in names:
+            line += list(row[n]) if row.get(n) is not None else [None, None]
+        out.append(line)
+    return csv_text(header, out)
