@@ -46,9 +46,9 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -172,33 +172,35 @@ def replay(label: str, plan: list[tuple[str, list[tuple[dict[str, Any], list[Que
 
 
 # ------------------------------------------------------------------------------------------ a server
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+RUNNING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 
 
 @contextmanager
 def served(store: Path, config: Path, keys: Path, overrides: list[str], log_path: Path,
            timeout_s: float = 300.0) -> Iterator[str]:
     """A `memfit serve` subprocess on 127.0.0.1 (this interpreter, PYTHONPATH as given): its base URL once
-    /healthz answers; SIGTERM (a drain) on exit."""
-    port = free_port()
+    /healthz answers; SIGTERM (a drain) on exit. It binds any free port (--port 0) and the URL is read from
+    uvicorn's log line, so no other process on this shared machine can take the port in between."""
+    log_path.write_bytes(b"")
     with open(log_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "memfit_gpu.cli", "serve", "--store", str(store), "--config",
-                                 str(config), "--keys", str(keys), "--port", str(port), *overrides],
+                                 str(config), "--keys", str(keys), "--port", "0", *overrides],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
+        url = None
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"memfit serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if url is None:
+                found = RUNNING.search(log_path.read_text(errors="replace"))
+                url = found.group(1) if found else None
+            if url is not None:
+                try:
+                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"memfit serve did not answer /healthz in {timeout_s} s")
             time.sleep(0.2)
