@@ -7,7 +7,7 @@ placed exactly at a boundary by MEMFIT_FAULT=<point>:<n>, never by timing, and t
 the directory as the reference left it: the same predictions (one per question), the same metrics
 (timings aside), a ledger with exactly one answer call per question and the reference's call counts,
 and a store that encoded only what no snapshot held when the process died. A kill after the build
-stage starts from a copy of a run killed at the build's end (`prepared`), not from nothing.
+stage starts from a copy of a run killed at the store build's end (`prepared`), not from nothing.
 
 Against a server (tests/counting_server.py: a real HTTP server that counts what it delivered), the
 ledger a killed and resumed run reports holds exactly the calls and tokens the server was paid for,
@@ -55,9 +55,22 @@ NOT_BOUNDARIES = {"timings", "store.encode"}
 # The durable writes issue 11 lists; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
             "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
-# The end of the build stage (the second stage timings.json records): the store is built and snapshotted.
-# A kill after it starts from a copy of a run killed there.
-PREPARED_AT = "timings:2"
+# The end of the store's build: its last snapshot before the first LLM call (summaries are made inside
+# the build stage, so a stage boundary would come after calls). A kill after it starts from a copy of a
+# run killed there.
+LLM_POINTS = ("reader.commit", "summaries.ledger")
+
+
+def prepared_at(trace: list[str]) -> str:
+    """`store.snapshot:n` of the reference trace: the store's last snapshot before any LLM call."""
+    first_call = next((i for i, name in enumerate(trace) if name in LLM_POINTS), len(trace))
+    snapshots = trace[:first_call].count("store.snapshot")
+    assert snapshots, f"no store snapshot before the first LLM call in {trace}"
+    return f"store.snapshot:{snapshots}"
+
+
+def reference_trace(reference: Path) -> list[str]:
+    return [name for name, _ in parse_trace(reference.parent / "reference.trace")]
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +130,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_locomo: Path, shar
     return out
 
 
-def prepare(out: Path, data: Path, shared_data: Path, *extra_args: str, **env: str) -> Path:
-    """A run killed at the end of its build stage (PREPARED_AT), for kill scenarios that start later."""
-    killed = memfit_run(out, data, shared_data, *extra_args, MEMFIT_FAULT=PREPARED_AT, **env)
+def prepare(out: Path, trace: list[str], data: Path, shared_data: Path, *extra_args: str, **env: str) -> Path:
+    """A run killed at the end of its store's build (prepared_at), for kill scenarios that start later."""
+    killed = memfit_run(out, data, shared_data, *extra_args, MEMFIT_FAULT=prepared_at(trace), **env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert snapshot_coverage(out / "store") > 0
     return out
@@ -127,7 +140,7 @@ def prepare(out: Path, data: Path, shared_data: Path, *extra_args: str, **env: s
 
 @pytest.fixture(scope="module")
 def prepared(reference: Path, small_locomo: Path, shared_data: Path) -> Path:
-    return prepare(reference.parent / "prepared", small_locomo, shared_data)
+    return prepare(reference.parent / "prepared", reference_trace(reference), small_locomo, shared_data)
 
 
 def start_state(trace: list[str], point: str) -> tuple[bool, str]:
@@ -138,7 +151,7 @@ def start_state(trace: list[str], point: str) -> tuple[bool, str]:
         return [i for i, seen in enumerate(trace) if seen == name][int(nth or 1) - 1]
 
     name, _, nth = point.partition(":")
-    cut = index(PREPARED_AT)
+    cut = index(prepared_at(trace))
     if index(point) <= cut:
         return False, point
     return True, f"{name}:{int(nth or 1) - trace[:cut + 1].count(name)}"
@@ -400,7 +413,7 @@ def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
     calls and tokens are those the server delivered to both processes, and the reference's results."""
     trace = [name for name, _ in parse_trace(server_reference.parent / "reference.trace")]
     assert Counter(trace)["reader.commit"] == 6
-    prepared = prepare(tmp_path / "prepared", small_locomo, shared_data, *server_args(counting_server),
+    prepared = prepare(tmp_path / "prepared", trace, small_locomo, shared_data, *server_args(counting_server),
                        **{SERVER_KEY_ENV: "prepared"})
     assert not counting_server.paid["prepared"]  # the build asks the server nothing
 
