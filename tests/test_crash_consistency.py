@@ -36,6 +36,7 @@ from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.pipeline import run_lock
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
+from memfit_gpu.readers.reader import load_ledger
 from memfit_gpu.readers.types import Response
 from memfit_gpu.store.log import RecordLog
 
@@ -55,18 +56,24 @@ NOT_BOUNDARIES = {"timings", "store.encode"}
 # The durable writes issue 11 lists; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
             "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
-# The end of the store's build: its last snapshot before the first LLM call (summaries are made inside
-# the build stage, so a stage boundary would come after calls). A kill after it starts from a copy of a
-# run killed there.
+# The end of the store's build: the last durable write before the first LLM call (summaries are made
+# inside the build stage, so a stage boundary would come after calls). A kill after it starts from a copy
+# of a run killed there.
 LLM_POINTS = ("reader.commit", "summaries.ledger")
 
 
-def prepared_at(trace: list[str]) -> str:
-    """`store.snapshot:n` of the reference trace: the store's last snapshot before any LLM call."""
+def prepared_at(trace: list[str], after_summaries: bool = False) -> str:
+    """`name:n` of the reference trace: its last durable write before any LLM call (the store built,
+    snapshotted and its build timings written); with after_summaries, the stage boundary (timings.json)
+    after the build's last summary call instead."""
+    if after_summaries and "summaries.ledger" in trace:
+        last = max(i for i, name in enumerate(trace) if name == "summaries.ledger")
+        end = next(i for i in range(last, len(trace)) if trace[i] == "timings")
+        return f"timings:{trace[:end + 1].count('timings')}"
     first_call = next((i for i, name in enumerate(trace) if name in LLM_POINTS), len(trace))
-    snapshots = trace[:first_call].count("store.snapshot")
-    assert snapshots, f"no store snapshot before the first LLM call in {trace}"
-    return f"store.snapshot:{snapshots}"
+    before = [name for name in trace[:first_call] if name not in NOT_BOUNDARIES]
+    assert "store.snapshot" in before, f"no store snapshot before the first LLM call in {trace}"
+    return f"{before[-1]}:{before.count(before[-1])}"
 
 
 def reference_trace(reference: Path) -> list[str]:
@@ -130,9 +137,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_locomo: Path, shar
     return out
 
 
-def prepare(out: Path, trace: list[str], data: Path, shared_data: Path, *extra_args: str, **env: str) -> Path:
+def prepare(out: Path, trace: list[str], data: Path, shared_data: Path, *extra_args: str,
+            after_summaries: bool = False, **env: str) -> Path:
     """A run killed at the end of its store's build (prepared_at), for kill scenarios that start later."""
-    killed = memfit_run(out, data, shared_data, *extra_args, MEMFIT_FAULT=prepared_at(trace), **env)
+    killed = memfit_run(out, data, shared_data, *extra_args, MEMFIT_FAULT=prepared_at(trace, after_summaries),
+                        **env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert snapshot_coverage(out / "store") > 0
     return out
@@ -143,7 +152,7 @@ def prepared(reference: Path, small_locomo: Path, shared_data: Path) -> Path:
     return prepare(reference.parent / "prepared", reference_trace(reference), small_locomo, shared_data)
 
 
-def start_state(trace: list[str], point: str) -> tuple[bool, str]:
+def start_state(trace: list[str], point: str, after_summaries: bool = False) -> tuple[bool, str]:
     """Whether a kill at `point` (name:n of the reference trace) starts from the prepared copy, and the
     point as that run counts it (what the prepared run passed already is not passed again)."""
     def index(which: str) -> int:
@@ -151,7 +160,7 @@ def start_state(trace: list[str], point: str) -> tuple[bool, str]:
         return [i for i, seen in enumerate(trace) if seen == name][int(nth or 1) - 1]
 
     name, _, nth = point.partition(":")
-    cut = index(prepared_at(trace))
+    cut = index(prepared_at(trace, after_summaries))
     if index(point) <= cut:
         return False, point
     return True, f"{name}:{int(nth or 1) - trace[:cut + 1].count(name)}"
@@ -389,14 +398,18 @@ def server_reference(tmp_path_factory: pytest.TempPathFactory, counting_server: 
     return out
 
 
+def booked(ledger: Ledger) -> dict[str, int]:
+    """The paid calls and tokens a ledger reports."""
+    roles = [ledger.roles[role] for role in PAID_ROLES]
+    return {"calls": sum(r.calls - r.errors for r in roles), "input_tokens": sum(r.input_tokens for r in roles),
+            "output_tokens": sum(r.output_tokens for r in roles)}
+
+
 def paid_problems(run_dir: Path, paid: Counter[str], label: str) -> list[str]:
     """What differs between the ledger's calls and tokens and what the server delivered."""
-    ledger = Ledger.load(run_dir / "ledger.json")
-    roles = [ledger.roles[role] for role in PAID_ROLES]
-    booked = {"calls": sum(r.calls - r.errors for r in roles), "input_tokens": sum(r.input_tokens for r in roles),
-              "output_tokens": sum(r.output_tokens for r in roles)}
-    if booked != dict(paid):
-        return [f"{label}: the ledger reports {booked}, the server delivered {dict(paid)}"]
+    booked_calls = booked(Ledger.load(run_dir / "ledger.json"))
+    if booked_calls != {k: paid.get(k, 0) for k in booked_calls}:
+        return [f"{label}: the ledger reports {booked_calls}, the server delivered {dict(paid)}"]
     return []
 
 
@@ -415,7 +428,7 @@ def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
     assert Counter(trace)["reader.commit"] == 6
     prepared = prepare(tmp_path / "prepared", trace, small_locomo, shared_data, *server_args(counting_server),
                        **{SERVER_KEY_ENV: "prepared"})
-    assert not counting_server.paid["prepared"]  # the build asks the server nothing
+    assert not counting_server.paid["prepared"]  # the store's build asks the server nothing
 
     def scenario(index: int, point: str) -> list[str]:
         label, key, out = f"killed at {point}", f"s{index}", tmp_path / f"s{index}"
@@ -425,10 +438,17 @@ def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
         killed = server_run(out, counting_server, key, small_locomo, shared_data, MEMFIT_FAULT=fault)
         if killed.returncode != -signal.SIGKILL:
             return [f"{label}: the run was not killed (exit code {killed.returncode}): {killed.stderr[-1500:]}"]
-        rerun = server_run(out, counting_server, key, small_locomo, shared_data)
+        # What the killed process committed (cache.sqlite's entries): never more than the server delivered
+        # to it. A response delivered while the SIGKILL lands is paid but never received, so the check is
+        # exact from here on: the rerun (its own server key) must add exactly what it is delivered.
+        committed = booked(load_ledger(out))
+        delivered = counting_server.paid[key]
+        if any(committed[k] > delivered[k] for k in committed):
+            return [f"{label}: the killed run's entries {committed} exceed what the server delivered {dict(delivered)}"]
+        rerun = server_run(out, counting_server, key + "-rerun", small_locomo, shared_data)
         if rerun.returncode != 0:
             return [f"{label}: rerun exit code {rerun.returncode}: {rerun.stderr[-1500:]}"]
-        problems = paid_problems(out, counting_server.paid[key], label)
+        problems = paid_problems(out, Counter(committed) + counting_server.paid[key + "-rerun"], label)
         if by_question(out) != by_question(server_reference):
             problems.append(f"{label}: predictions differ from the reference")
         if comparable_metrics(out) != comparable_metrics(server_reference):
