@@ -61,7 +61,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -155,6 +154,8 @@ def environment(device: str) -> dict[str, Any]:
         print(f"gpu_check: {env['warning']}", file=sys.stderr)
     env["TRITON_CACHE_DIR"] = os.environ.get("TRITON_CACHE_DIR")
     if device != "cpu" and torch.cuda.is_available():
+        from memfit_gpu.devices import driver_version
+
         index = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)
         env["gpu"] = {"name": props.name, "capability": list(torch.cuda.get_device_capability(index)),
@@ -162,19 +163,8 @@ def environment(device: str) -> dict[str, Any]:
                       "bf16_native": bool(torch.cuda.is_bf16_supported(including_emulation=False)),
                       "allow_tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                       "allow_tf32_cudnn": torch.backends.cudnn.allow_tf32,
-                      "driver": _driver_version()}
+                      "driver": driver_version()}
     return env
-
-
-def _driver_version() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
 
 
 class Report:

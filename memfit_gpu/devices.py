@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "describe", "device_guard", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
+__all__ = ["DTYPES", "describe", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
            "resolve_dtype", "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def describe() -> dict[str, Any]:
         "gpus": gpus,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch_cuda": torch.version.cuda,
-        "driver": _driver_version() if gpus else None,
+        "driver": driver_version() if gpus else None,
     }
 
 
@@ -139,7 +139,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it; None without nvidia-smi or when it fails."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
