@@ -54,6 +54,12 @@ PACKAGES: tuple[tuple[str, ...], ...] = (
 CHECKED = ("data", "categories", "models", "judge", "prompts", "code", "python", "packages")
 # Leaves that say where something lies on this machine, not what it is: never a difference.
 WHERE = frozenset({"path", "root", "checkout", "gguf", "base_urls"})
+# The code a run executes, in a checkout: the package and the Triton kernels (memfit_gpu/kernels links to
+# kernels/). Tests, docs, experiments and configs make no run's numbers (a run's config is its own file).
+CODE_PATHS = ("memfit_gpu", "kernels")
+# The checkout's identity: recorded to reproduce a run, not compared when it resumes (a commit of docs or an
+# edited test changes them, not what runs); `code.source_sha256`, the code a run executes, is compared.
+CHECKOUT_ONLY = frozenset({"code.commit", "code.dirty", "code.diff_sha256"})
 # How `drift` words a section that differs between runs: a warning (the numbers are not comparable) or a
 # note (the same inputs through other code or on another machine).
 WARNINGS = {"data": "data", "categories": "category names", "models": "weights", "judge": "judge",
@@ -101,15 +107,18 @@ def _git(folder: Path, *args: str) -> str | None:
     return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else None
 
 
-def code_version() -> dict[str, Any]:
+def code_version(package_dir: Path | None = None) -> dict[str, Any]:
     """memfit_gpu's version, and when it runs from a git checkout: the commit, whether tracked files are
-    modified (untracked ones, such as run directories, are not counted) and the sha256 of their diff."""
-    package_dir = Path(__file__).resolve().parent
+    modified (untracked ones, such as run directories, are not counted), the sha256 of their diff, and
+    `source_sha256`: of the code a run executes (CODE_PATHS: their trees at HEAD and their diff to it).
+    `package_dir`: the memfit_gpu folder to describe (default: this one)."""
+    package_dir = Path(__file__).resolve().parent if package_dir is None else Path(package_dir).resolve()
     try:
         version = importlib.metadata.version("memfit-gpu")
     except importlib.metadata.PackageNotFoundError:
         version = None
-    out: dict[str, Any] = {"version": version, "commit": None, "dirty": None, "diff_sha256": None, "checkout": None}
+    out: dict[str, Any] = {"version": version, "commit": None, "dirty": None, "diff_sha256": None,
+                           "source_sha256": None, "checkout": None}
     top = _git(package_dir.parent, "rev-parse", "--show-toplevel")
     if top is None or Path(top.strip()).resolve() != package_dir.parent:
         return out  # an installed package, or a checkout that is not memfit_gpu's own
@@ -121,6 +130,11 @@ def code_version() -> dict[str, Any]:
         diff = subprocess.run(["git", "-C", str(package_dir.parent), "diff", "HEAD", "--binary"],
                               capture_output=True, timeout=60)
         out["diff_sha256"] = bytes_sha256(diff.stdout) if diff.returncode == 0 else None
+    trees = _git(package_dir.parent, "rev-parse", *(f"HEAD:{path}" for path in CODE_PATHS))
+    source = subprocess.run(["git", "-C", str(package_dir.parent), "diff", "HEAD", "--binary", "--", *CODE_PATHS],
+                            capture_output=True, timeout=60)
+    if trees is not None and source.returncode == 0:
+        out["source_sha256"] = bytes_sha256(trees.encode() + b"\n" + source.stdout)
     return out
 
 
@@ -220,18 +234,26 @@ def reconcile(run_dir: str | Path, record: dict[str, Any], allow_change: bool = 
     saved one when `record` matches it; else ProvenanceError naming the first fields that differ and their
     files, unless `allow_change`, which writes `record` with the change appended to `changes`.
 
-    Devices are not compared (CHECKED says why): a resume on others is appended to `resumed_on`."""
+    Devices are not compared (CHECKED says why): a resume on others is appended to `resumed_on`. Nor is the
+    checkout's identity (CHECKOUT_ONLY): a resume from another commit or with edits outside the code a run
+    executes is appended to `resumed_in`; `code.source_sha256` is compared."""
     run_dir = Path(run_dir)
     before = read(run_dir)
     if before is None:
         write(run_dir, record)
         return record
-    changed = differences(before, record)
+    every = differences(before, record)
+    changed = [d for d in every if d.field not in CHECKOUT_ONLY]
     moved = differences(before, record, ("devices",))
     if not changed:
         if moved:
             before = {**before, "resumed_on": [*before.get("resumed_on", []),
                                                {"at": record["written"], "devices": record["devices"]}]}
+        if len(every) > len(changed):  # the same code from another commit or with other edits elsewhere
+            before = {**before, "resumed_in": [*before.get("resumed_in", []),
+                                               {"at": record["written"], **{k: record["code"].get(k) for k in
+                                                                            ("commit", "dirty", "diff_sha256")}}]}
+        if moved or len(every) > len(changed):
             write(run_dir, before)
         return before
     if not allow_change:

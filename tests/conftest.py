@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +137,31 @@ def locomo2_summary_store(locomo_path: Path, bi_encoder):
     store.add_memories(benchmark.memories, progress=False)
     store.build_summaries(lead_summaries, progress=False)
     return benchmark, store
+
+
+def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this test session common to its xdist workers (the basetemp itself without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") is not None else base
+
+
+@pytest.fixture(scope="session")
+def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, str]:
+    """`memfit run --config configs/smoke.yaml` made ONCE per test session, whichever worker asks first (the
+    other waits on a lock): (run directory, the command's stdout). READ-ONLY: a test that reruns, damages
+    or resumes it works on a copy (`shutil.copytree`)."""
+    shared = session_folder(tmp_path_factory)
+    out, stdout = shared / "smoke-run" / "smoke", shared / "smoke-run" / "stdout.txt"
+    out.parent.mkdir(exist_ok=True)
+    with open(shared / "smoke-run.lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        if not stdout.exists():  # written last: a run that failed is made again by the next asker
+            if out.exists():
+                shutil.rmtree(out)
+            env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+            proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config",
+                                   str(REPO / "configs" / "smoke.yaml"), "--out", str(out), "--quiet"], env=env,
+                                  capture_output=True, text=True, timeout=1200)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            stdout.write_text(proc.stdout)
+    return out, stdout.read_text()

@@ -1,12 +1,15 @@
 """Issue 15's acceptance, on real data with the packaged models: every method through `memfit run`.
 
-`memfit run --config configs/demo.yaml method=M data.limit_questions=5` (LoCoMo conv-26, all 419 turns;
-5 questions; MiniLM encoder, SmolLM2-135M reader) for plain, naive_rag, full_context, lightmem_slm and
-memfit: the run directory's files, one answer call per question, no new call on a rerun, `memfit compare`
+`memfit run --config configs/demo.yaml method=M data.limit_questions=5 data.path=F` (F: LoCoMo conv-26 cut
+to its first three sessions, 58 real turns, with its first five questions, whose evidence lies there; MiniLM
+encoder, SmolLM2-135M reader) for plain, naive_rag, full_context, lightmem_slm and memfit: the run directory's files, one answer call per question, no new call on a rerun, `memfit compare`
 between methods and `memfit efficiency` over all five. Then plain against MemFit's path with the ablation
 file's overrides, full context's truncation against the reader's own context, LightMem's calls per role,
-and LightMem killed at its durable writes. Each run takes minutes on a shared CPU: torch gets one thread
-(OMP_NUM_THREADS=1), which a busy 2-core box runs several times faster than two.
+and LightMem killed at its durable writes. The cut conversation keeps every path (LightMem's MTM windows and
+a consolidation, MemFit's summaries, a full context that overflows its budget) at a seventh of the text the
+whole conversation gives SmolLM2 to read; the full context's fit to the reader's own 8,192 tokens reads the
+whole conversation (no generation). torch gets one thread (OMP_NUM_THREADS=1), which a busy 2-core box runs
+several times faster than two.
 """
 
 from __future__ import annotations
@@ -62,10 +65,15 @@ def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> su
                           capture_output=True, text=True, timeout=timeout)
 
 
-def demo_run(out: Path, method: str, shared_data: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+def overrides(method: str, data: Path) -> list[str]:
+    return [f"method={method}", "data.limit_questions=5", f"data.path={data}"]
+
+
+def demo_run(out: Path, method: str, shared_data: Path, data: Path, *extra: str,
+             **env: str) -> subprocess.CompletedProcess[str]:
     # the overrides are one positional list: all of them before the options that follow it
-    return memfit("run", "--config", str(DEMO), f"method={method}", "data.limit_questions=5", *extra, "--out",
-                  str(out), "--quiet", shared_data=shared_data, **env)
+    return memfit("run", "--config", str(DEMO), *overrides(method, data), *extra, "--out", str(out), "--quiet",
+                  shared_data=shared_data, **env)
 
 
 def cache_rows(run_dir: Path) -> int:
@@ -79,17 +87,24 @@ def calls_made(run_dir: Path) -> int:
         return db.execute("select count(*) from calls where served = 'call'").fetchone()[0]
 
 
-# the longest runs first (measured: lightmem_slm ~3 min, full_context ~1.3 min, the others ~0.5-1 min)
+# the longest runs first
 RUN_ORDER = ("lightmem_slm", "full_context", "memfit", "naive_rag", "plain")
 # independent runs of one torch thread each: two at a time fill a 2-core CI machine
 PARALLEL_RUNS = 2
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Path]:
+def conv26_s1_3(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """conv-26 cut to its first three sessions (58 turns) with its first five questions."""
+    return write_small_locomo(shared_data, tmp_path_factory.mktemp("conv26"), questions=5)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path, conv26_s1_3: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("methods")
     with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
-        procs = dict(zip(RUN_ORDER, pool.map(lambda m: demo_run(root / m, m, shared_data), RUN_ORDER), strict=True))
+        procs = dict(zip(RUN_ORDER, pool.map(lambda m: demo_run(root / m, m, shared_data, conv26_s1_3), RUN_ORDER),
+                         strict=True))
     for method, proc in procs.items():
         assert proc.returncode == 0, f"{method}: {proc.stderr[-3000:]}"
         assert re.search(r"^\| \*\*Average\*\* +\| +5 \|", proc.stdout, re.MULTILINE), proc.stdout
@@ -99,11 +114,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[st
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_writes_a_run_directory_with_one_answer_call_per_question(runs: dict[str, Path], method: str):
+def test_every_method_writes_a_run_directory_with_one_answer_call_per_question(runs: dict[str, Path], method: str,
+                                                                              conv26_s1_3: Path):
     run_dir = runs[method]
     for name in OUTPUTS:
         assert (run_dir / name).is_file(), f"{method}: {name}"
-    assert load_config(run_dir / "config.yaml") == load_config(DEMO, [f"method={method}", "data.limit_questions=5"])
+    assert load_config(run_dir / "config.yaml") == load_config(DEMO, overrides(method, conv26_s1_3))
     predictions = read_jsonl(run_dir / "predictions.jsonl")
     assert [p["question_id"] for p in predictions] == QUESTIONS
     ledger = Ledger.load(run_dir / "ledger.json")
@@ -122,10 +138,10 @@ def test_every_method_writes_a_run_directory_with_one_answer_call_per_question(r
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: Path, shared_data: Path,
-                                 monkeypatch: pytest.MonkeyPatch):
+                                 conv26_s1_3: Path, monkeypatch: pytest.MonkeyPatch):
     run_dir = runs[method]
     before = (run_dir / "ledger.json").read_bytes(), cache_rows(run_dir)
-    again = demo_run(run_dir, method, shared_data)  # a finished run only reports
+    again = demo_run(run_dir, method, shared_data, conv26_s1_3)  # a finished run only reports
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / "ledger.json").read_bytes() == before[0] and cache_rows(run_dir) == before[1]
     # Without its packs, predictions and ledger.json the run is made again from what it kept: the write-time
@@ -138,7 +154,7 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
                  "ledger.json"):
         (copy / name).unlink()
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
-    run(load_config(DEMO, [f"method={method}", "data.limit_questions=5"]), copy, progress=False)
+    run(load_config(DEMO, overrides(method, conv26_s1_3)), copy, progress=False)
     first, second = Ledger.load(run_dir / "ledger.json"), Ledger.load(copy / "ledger.json")
     assert {r: s.calls for r, s in second.roles.items()} == {r: s.calls for r, s in first.roles.items()}
     assert calls_made(copy) == calls_made(run_dir) == sum(s.calls for s in first.roles.values())
@@ -151,15 +167,15 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
 
 
 @pytest.mark.slow
-def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], shared_data: Path):
+def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], conv26_s1_3: Path):
     """method=plain == MemFit's path with configs/ablations/plain_retrieval.yaml's overrides."""
     ablation = yaml.safe_load((REPO / "configs" / "ablations" / "plain_retrieval.yaml").read_text())
-    overrides = ["data.limit_questions=5", "index.device=cpu",
+    overrides = ["data.limit_questions=5", f"data.path={conv26_s1_3}", "index.device=cpu",
                  *(f"{section}.{key}={value}" for section, keys in ablation.items() if section != "defaults"
                    for key, value in keys.items() if not isinstance(value, dict)),
                  *(f"retrieve.prf.{key}={value}" for key, value in ablation["retrieve"]["prf"].items())]
     cfg = load_config(DEMO, overrides)
-    selected = select_from_config(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json"), cfg.data)
+    selected = select_from_config(load_benchmark("locomo", conv26_s1_3), cfg.data)
     memfit_method = MemFit()  # MemFit's own method, without a reader: no summaries (plain has none either)
     try:
         run_ = MethodRun(cfg, None, selected, selected.memories, questions_of(selected))
@@ -174,9 +190,9 @@ def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path
             assert plain[qid][field] == expected[qid][field], (qid, field)
 
 
-def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable) -> dict:
-    """The pack holds the newest turns of its memory and exactly the fewest oldest ones are dropped for its
-    answer prompt to fit `room` tokens; returns its truncation record."""
+def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable, turns: int, last_turn: str) -> dict:
+    """The pack holds the newest turns of its memory (`turns` of them, the last `last_turn`) and exactly the
+    fewest oldest ones are dropped for its answer prompt to fit `room` tokens; returns its truncation record."""
     truncation = pack["method_notes"]["truncation"]
     rows = table.memory_rows(table.memory_index(pack["memory_id"]))
     tails = [excerpt_tail(table, r, cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars)[0] for r in rows]
@@ -186,26 +202,26 @@ def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable) ->
         return count(build_answer_messages(pack["question"], text))
 
     dropped = truncation["turns_dropped"]
-    assert truncation["turns"] == len(rows) == 419 and 0 < dropped < 419
+    assert truncation["turns"] == len(rows) == turns and 0 < dropped < turns
     assert pack["excerpts"] == "\n".join(f"EXCERPT {i} {t}" for i, t in enumerate(tails[dropped:], start=1))
     assert tokens(dropped) <= room < tokens(dropped - 1)
     assert truncation["first_kept_turn"] == pack["pack"]["episodes"][0]["turn_id"] == table.ep_turn_id[rows[dropped]]
-    assert pack["pack"]["episodes"][-1]["turn_id"] == "D19:15"  # the last turn of the conversation stays
+    assert pack["pack"]["episodes"][-1]["turn_id"] == last_turn  # the last turn of the conversation stays
     return truncation
 
 
 @pytest.mark.slow
-def test_full_context_run_records_its_truncation(runs: dict[str, Path], shared_data: Path):
+def test_full_context_run_records_its_truncation(runs: dict[str, Path], conv26_s1_3: Path):
     """The demo bounds the prompt by full_context.context_tokens (CPU-sized), counted by the reader."""
-    cfg = load_config(DEMO, ["method=full_context", "data.limit_questions=5"])
+    cfg = load_config(DEMO, overrides("full_context", conv26_s1_3))
     reader = make_reader(cfg.reader, None, progress=False)
     _, count = reader.prompt_token_limit()  # type: ignore[misc]
     reader.close()
-    table = TurnTable.from_memories(load_benchmark("locomo", shared_data / "locomo" / "locomo10.json").memories[:1])
+    table = TurnTable.from_memories(load_benchmark("locomo", conv26_s1_3).memories)
     packs = {r["question_id"]: r for r in read_jsonl(runs["full_context"] / "packs.jsonl")}
     for prediction in read_jsonl(runs["full_context"] / "predictions.jsonl"):
         pack = packs[prediction["question_id"]]
-        truncation = check_oldest_dropped(pack, cfg, count, 2048 - 32, table)
+        truncation = check_oldest_dropped(pack, cfg, count, 2048 - 32, table, 58, "D3:23")
         assert prediction["method_notes"] == pack["method_notes"]
         assert truncation["bound"] == "full_context.context_tokens of 2,048 tokens less reader.max_new_tokens=32"
         assert "prompt_chars_cut" not in prediction and "truncated_tokens" not in prediction["reader_notes"]
@@ -225,14 +241,15 @@ def test_full_context_fits_the_readers_own_context(shared_data: Path):
     reader.close()
     assert context == 8192 and diagnostics["method"]["questions_truncated"] == 5
     for row in rows:
-        truncation = check_oldest_dropped(row, cfg, count, context - 32, method.table)  # type: ignore[arg-type]
+        truncation = check_oldest_dropped(row, cfg, count, context - 32, method.table,  # type: ignore[arg-type]
+                                          419, "D19:15")
         assert truncation["bound"] == "the reader's context of 8,192 tokens less reader.max_new_tokens=32"
 
 
 @pytest.mark.slow
-def test_lightmem_calls_each_small_model_role_batched(runs: dict[str, Path], shared_data: Path):
-    cfg = load_config(DEMO, ["method=lightmem_slm", "data.limit_questions=5"])
-    memory = load_benchmark("locomo", shared_data / "locomo" / "locomo10.json").memories[0]
+def test_lightmem_calls_each_small_model_role_batched(runs: dict[str, Path], conv26_s1_3: Path):
+    cfg = load_config(DEMO, overrides("lightmem_slm", conv26_s1_3))
+    memory = load_benchmark("locomo", conv26_s1_3).memories[0]
     sessions = [i for i, s in enumerate(memory.sessions) for _ in s.turns]
     windows = len(mtm_windows(sessions, cfg.lightmem.mtm_window_turns, final=True))
     ledger = Ledger.load(runs["lightmem_slm"] / "ledger.json")
@@ -280,15 +297,16 @@ def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], share
 
 @pytest.mark.slow
 def test_memfit_retrieve_runs_llm_free_methods_and_refuses_lightmem(runs: dict[str, Path], tmp_path: Path,
-                                                                    shared_data: Path):
+                                                                    shared_data: Path, conv26_s1_3: Path):
     refused = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--out", str(tmp_path / "lm"),
                      "method=lightmem_slm", shared_data=shared_data, timeout=300)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.splitlines()[-1] == (
         "memfit retrieve: error: method=lightmem_slm retrieves with LLM calls (small language models): use "
         "`memfit run`, which makes and accounts for them")
-    proc = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--out", str(tmp_path / "rag"),
-                  "--limit-questions", "5", "method=naive_rag", shared_data=shared_data, timeout=900)
+    proc = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--data", str(conv26_s1_3), "--out",
+                  str(tmp_path / "rag"), "--limit-questions", "5", "method=naive_rag", shared_data=shared_data,
+                  timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     mine = {r["question_id"]: r for r in read_jsonl(tmp_path / "rag" / "packs.jsonl")}
     for row in read_jsonl(runs["naive_rag"] / "packs.jsonl"):
@@ -311,7 +329,7 @@ def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) ->
 def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path: Path, small_locomo: Path,
                                                                         shared_data: Path):
     def lightmem(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
-        return demo_run(out, "lightmem_slm", shared_data, f"data.path={small_locomo}", *SMALL, **env)
+        return demo_run(out, "lightmem_slm", shared_data, small_locomo, *SMALL, **env)
 
     reference = tmp_path / "reference"
     proc = lightmem(reference)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from memfit_gpu import provenance
 from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data import load_benchmark
@@ -47,12 +48,9 @@ def _calls_made(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
-    out = tmp_path_factory.mktemp("pipeline") / "smoke"
-    proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out),
-                           "--quiet"], env=_env(shared_data), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| **Average** " in proc.stdout  # the results table is printed (cells padded to width)
+def smoke_run(smoke_run_dir: tuple[Path, str]) -> Path:
+    out, stdout = smoke_run_dir  # conftest.py: one run of configs/smoke.yaml per session, read-only
+    assert "| **Average** " in stdout  # the results table is printed (cells padded to width)
     return out
 
 
@@ -108,6 +106,7 @@ def test_a_run_records_what_made_its_numbers(smoke_run: Path, shared_data: Path,
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert code["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
     assert isinstance(code["dirty"], bool) and (code["diff_sha256"] is not None) == code["dirty"]
+    assert code["source_sha256"] == provenance.code_version()["source_sha256"] and len(code["source_sha256"]) == 64
     assert record["devices"]["cpu"]["cores"] == os.cpu_count() and record["devices"]["gpus"] == []
     assert set(record["models"]) == {"encoder", "reader"}  # no cross-encoder (rerank none), no judge
     encoder, reader = record["models"]["encoder"], record["models"]["reader"]
@@ -169,12 +168,14 @@ def test_a_resume_on_another_data_file_is_refused_unless_allowed(smoke_run: Path
 
 
 @pytest.mark.slow
-def test_rerun_of_a_finished_run_makes_no_call(smoke_run: Path, shared_data: Path):
-    before = (smoke_run / "ledger.json").read_bytes(), _cache_rows(smoke_run)
+def test_rerun_of_a_finished_run_makes_no_call(smoke_run: Path, shared_data: Path, tmp_path: Path):
+    finished = tmp_path / "smoke"  # the session's smoke run is read-only: its copy is the finished run here
+    shutil.copytree(smoke_run, finished)
+    before = (finished / "ledger.json").read_bytes(), _cache_rows(finished)
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out",
-                           str(smoke_run), "--quiet"], env=_env(shared_data), capture_output=True, text=True, timeout=300)
+                           str(finished), "--quiet"], env=_env(shared_data), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (smoke_run / "ledger.json").read_bytes() == before[0] and _cache_rows(smoke_run) == before[1]
+    assert (finished / "ledger.json").read_bytes() == before[0] and _cache_rows(finished) == before[1]
 
 
 @pytest.mark.slow

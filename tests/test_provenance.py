@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,21 +56,67 @@ def test_a_resume_under_other_weights_is_refused_naming_the_field_unless_allowed
     provenance.reconcile(tmp_path, copy.deepcopy(record))
     changed = copy.deepcopy(record)
     changed["models"]["encoder"]["weights"]["sha256"] = "0" * 64
-    changed["code"]["commit"] = "f" * 40
+    changed["code"]["source_sha256"] = "f" * 64
     encoder = record["models"]["encoder"]
     with pytest.raises(provenance.ProvenanceError) as refused:
         provenance.reconcile(tmp_path, changed)
     assert str(refused.value) == (
         f"{tmp_path / 'provenance.json'}: this run was started under different provenance: models.encoder.weights."
         f"sha256 was {encoder['weights']['sha256'][:12]}, now 000000000000 ({encoder['name']} at {encoder['path']}) "
-        "(and 1 more: code.commit); resume with --allow-provenance-change to continue anyway (recorded in "
+        "(and 1 more: code.source_sha256); resume with --allow-provenance-change to continue anyway (recorded in "
         "provenance.json), or use a new --out directory")
     assert provenance.read(tmp_path) == record  # refused: nothing written
     allowed = provenance.reconcile(tmp_path, copy.deepcopy(changed), allow_change=True)
     assert allowed["models"] == changed["models"] and allowed["first_written"] == record["written"]
-    assert list(allowed["changes"][0]["fields"]) == ["models.encoder.weights.sha256", "code.commit"]
-    assert allowed["changes"][0]["fields"]["code.commit"] == {"before": record["code"]["commit"], "after": "f" * 40}
+    assert list(allowed["changes"][0]["fields"]) == ["models.encoder.weights.sha256", "code.source_sha256"]
+    assert allowed["changes"][0]["fields"]["code.source_sha256"] == {"before": record["code"]["source_sha256"],
+                                                                     "after": "f" * 64}
     assert provenance.read(tmp_path) == allowed
+
+
+def test_a_resume_from_another_commit_of_the_same_code_is_recorded_not_refused(record: dict, tmp_path: Path):
+    """A commit of docs or tests, or an edit outside the code a run executes, changes the checkout's identity
+    (code.commit, dirty, diff_sha256), not code.source_sha256: the resume goes on and is listed in
+    `resumed_in`; other source code is refused."""
+    assert record["code"]["commit"] is not None and len(record["code"]["source_sha256"]) == 64  # a checkout
+    first = provenance.reconcile(tmp_path, copy.deepcopy(record))
+    later = copy.deepcopy(record)
+    later["written"] = "2030-01-01T00:00:00Z"
+    later["code"].update(commit="e" * 40, dirty=True, diff_sha256="d" * 64)
+    kept = provenance.reconcile(tmp_path, later)
+    assert kept["code"] == first["code"] and kept["resumed_in"] == [
+        {"at": "2030-01-01T00:00:00Z", "commit": "e" * 40, "dirty": True, "diff_sha256": "d" * 64}]
+    assert provenance.read(tmp_path) == kept
+    other_source = copy.deepcopy(later)
+    other_source["code"]["source_sha256"] = "5" * 64
+    with pytest.raises(provenance.ProvenanceError, match=r"code\.source_sha256 was [0-9a-f]{12}, now 555555555555"):
+        provenance.reconcile(tmp_path, other_source)
+
+
+def test_the_source_hash_covers_the_code_a_run_executes_and_nothing_else(tmp_path: Path):
+    """code.source_sha256 follows an edit of memfit_gpu/ (or kernels/), not one of tests/ or docs/."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(".venv", "runs", "__pycache__", "*.egg-info",
+                                                                   "gpu_assets", ".git"), symlinks=True)
+    git = ["git", "-C", str(checkout), "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+
+    def code() -> dict:
+        return provenance.code_version(checkout / "memfit_gpu")
+
+    clean = code()
+    assert clean["checkout"] == str(checkout) and clean["dirty"] is False and clean["source_sha256"]
+    (checkout / "docs" / "design.md").write_text("edited\n")
+    docs = code()
+    assert docs["dirty"] is True and docs["diff_sha256"] and docs["source_sha256"] == clean["source_sha256"]
+    subprocess.run([*git, "commit", "-q", "-am", "docs"], check=True, capture_output=True)
+    committed = code()
+    assert committed["commit"] != clean["commit"] and committed["source_sha256"] == clean["source_sha256"]
+    with open(checkout / "memfit_gpu" / "provenance.py", "a") as handle:
+        handle.write("# an edit of the code a run executes\n")
+    edited = code()
+    assert edited["source_sha256"] not in (None, clean["source_sha256"])
 
 
 def test_drift_warns_for_data_weights_and_judge_and_notes_the_code(record: dict):

@@ -31,11 +31,8 @@ def _memfit_run(out: Path, shared_data: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
-    out = tmp_path_factory.mktemp("store_run") / "smoke"
-    proc = _memfit_run(out, shared_data)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def smoke_run(smoke_run_dir: tuple[Path, str]) -> Path:
+    return smoke_run_dir[0]  # conftest.py: one run of configs/smoke.yaml per session, read-only (copied to damage)
 
 
 def _rerun_copy(smoke_run: Path, tmp_path: Path) -> Path:
