@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.cli import main
 from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig, load_config
@@ -361,14 +362,15 @@ def test_packed_path_without_the_private_ops_uses_the_public_ones(minilm: BiEnco
 
 
 @pytest.mark.slow
-def test_retrieval_with_the_sentence_transformers_backend(tmp_path: Path, locomo_path: Path,
+def test_retrieval_with_the_sentence_transformers_backend(tmp_path: Path, shared_data: Path,
                                                           cross_encoder_dir: Path) -> None:
     """`memfit retrieve` with both encoders from sentence-transformers ranks like the packed backend and
-    records which backend ran."""
+    records which backend ran (conv-26's first three sessions, 58 turns, and its first 12 questions)."""
+    data = write_small_locomo(shared_data, tmp_path, questions=12)
     runs = {}
     for backend in ("packed", "sentence-transformers"):
         out = tmp_path / backend
-        rc = main(["retrieve", "--config", "configs/memfit.yaml", "--benchmark", "locomo", "--data", str(locomo_path),
+        rc = main(["retrieve", "--config", "configs/memfit.yaml", "--benchmark", "locomo", "--data", str(data),
                    "--out", str(out), "--limit-memories", "1", "--limit-questions", "12", "index.device=cpu",
                    f"index.encoder_backend={backend}", f"rerank.model={cross_encoder_dir}", "rerank.rerank_pool=20"])
         assert rc == 0
