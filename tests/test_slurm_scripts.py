@@ -73,7 +73,8 @@ def _free_port() -> int:
 def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_data: Path,
                                                       one_vllm_module_at_a_time: None) -> None:
     """slurm/vllm-servers.sbatch run as a job would: 2 "GPUs", one for the judge server and one for a
-    reader server; the run's answers come from the reader server and its verdicts from the judge."""
+    reader server; the run's answers come from the reader server and its verdicts from the judge. As on
+    a CPU node, each server gets its own core (JUDGE_CPUS, READER_CPUS) and starts eagerly (SERVER_ARGS)."""
     from memfit_gpu import models
 
     model = models.resolve("reader", "HuggingFaceTB/SmolLM2-135M-Instruct").path
@@ -82,7 +83,8 @@ def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_dat
            "MEMFIT_VENV": str(Path(sys.executable).parent.parent), "MODEL": model, "JUDGE_MODEL": model,
            "CONFIG": str(REPO / "configs" / "smoke.yaml"), "OUT": str(out), "MAX_MODEL_LEN": "2048",
            "JUDGE_MAX_MODEL_LEN": "2048", "BASE_PORT": str(_free_port()), "JUDGE_PORT": str(_free_port()),
-           "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "MEMFIT_DATA_DIR": str(shared_data)}
+           "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "MEMFIT_DATA_DIR": str(shared_data),
+           "JUDGE_CPUS": "0", "READER_CPUS": "1", "SERVER_ARGS": "--enforce-eager"}
     done = subprocess.run(["bash", str(REPO / "slurm" / "vllm-servers.sbatch"), "data.limit_questions=2"], env=env,
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -96,6 +98,8 @@ def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_dat
         1 for r in rows if not r["prediction"]) == 2
     backends = {m["backend"] for m in ledger["models"].values()}
     assert backends == {"openai"}
-    # both servers are gone with the job
-    assert (out / "vllm-logs" / "server-judge.log").stat().st_size > 0
-    assert (out / "vllm-logs" / "server-0.log").stat().st_size > 0
+    # both servers are gone with the job; each ran eagerly with its threads on its own core
+    for name, core in (("judge", 0), ("0", 1)):
+        log = (out / "vllm-logs" / f"server-{name}.log").read_text()
+        assert f"VLLM_CPU_OMP_THREADS_BIND='{core}'" in log and f"core ids=[{core}]" in log, name
+        assert "'enforce_eager': True" in log, name
