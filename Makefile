@@ -30,7 +30,7 @@ demo: $(STAMP)
 	@if [ -z "$(DATA_DIR)" ]; then $(VENV)/bin/memfit data fetch locomo; fi
 	MEMFIT_DATA_DIR=$(DATA_DIR) $(VENV)/bin/memfit run --config configs/demo.yaml --out runs/demo
 
-# The suite is hermetic: a new empty MEMFIT_CACHE and HF_HOME each time, so no test can lean on data
+# The suite is hermetic: a new empty MEMFIT_CACHE, HF_HOME and VLLM_CACHE_ROOT each time, so no test can lean on data
 # fetched, models converted or hub files cached by earlier work (removed afterwards). Two pytest-xdist
 # workers, one test file at a time each, longest first (tests/conftest.py), every process on one torch
 # thread: two cores stay busy without OpenMP threads waiting for each other's core.
@@ -40,7 +40,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	@cache=$$(mktemp -d -t memfit-test-cache.XXXXXX); \
 	echo "make test: MEMFIT_CACHE=$$cache (new, empty)"; \
-	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf VLLM_CACHE_ROOT=$$cache/vllm OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 	  --no-loadscope-reorder --durations=40 $(TESTS); rc=$$?; rm -rf "$$cache"; exit $$rc
 
 # The GPU check (experiments/gpu_check.py, docs/benchmarks.md "GPU check"): assets prepared once into
