@@ -25,13 +25,13 @@ a few untimed ones), the two servers are measured alternately, never both at onc
 mean batch size the batched server formed (its /metrics). The search results of the two servers for the
 same queries are compared (kind, turn ids and text of every hit, and the largest score difference).
 
-Where the encoding goes. With `live.indexing: deferred` (the default) an add returns once its turn is
-logged (fsynced) and the next read encodes every pending turn in one pass before it searches, so that
-search's latency includes it. On the Python API path of the methods whose searches read the store's
+Where the encoding goes. With `live.indexing: on_add` (the default) an add encodes its turn before it
+returns; with `live.indexing=deferred` (an override) an add returns once its turn is logged (fsynced) and
+the next read encodes every pending turn in one pass before it searches, so that search's latency
+includes it. On the Python API path of the methods whose searches read the store's
 indexes (memfit, plain) the JSON also gives `time_to_searchable` per turn (its add's start to the end of
 the call that indexed it) and `deferred_indexing` (how many reads indexed turns, how many, their
-indexing ms and its share of the summed retrieval time). Run with `live.indexing=on_add` as an override
-to time adds that encode before they return.
+indexing ms and its share of the summed retrieval time).
 
 Config: configs/demo.yaml (packaged all-MiniLM-L6-v2, SmolLM2-135M-Instruct) with rerank.backend=none
 and live.consolidate=manual (MemFit's summaries and LightMem's notes are off the query path; building
