@@ -25,6 +25,14 @@ a few untimed ones), the two servers are measured alternately, never both at onc
 mean batch size the batched server formed (its /metrics). The search results of the two servers for the
 same queries are compared (kind, turn ids and text of every hit, and the largest score difference).
 
+Where the encoding goes. With `live.indexing: on_add` (the default) an add encodes its turn before it
+returns; with `live.indexing=deferred` (an override) an add returns once its turn is logged (fsynced) and
+the next read encodes every pending turn in one pass before it searches, so that search's latency
+includes it. On the Python API path of the methods whose searches read the store's
+indexes (memfit, plain) the JSON also gives `time_to_searchable` per turn (its add's start to the end of
+the call that indexed it) and `deferred_indexing` (how many reads indexed turns, how many, their
+indexing ms and its share of the summed retrieval time).
+
 Config: configs/demo.yaml (packaged all-MiniLM-L6-v2, SmolLM2-135M-Instruct) with rerank.backend=none
 and live.consolidate=manual (MemFit's summaries and LightMem's notes are off the query path; building
 them with SmolLM2 on two cores would take minutes and run beside the timed calls, so none is built and
@@ -83,6 +91,9 @@ WARMUP_TURN = {"speaker": "Ann", "text": "A warm-up turn about a grey cat named 
 WARMUP_QUERY = "What is the name of Ann's cat?"
 # issue 22's targets: (method path, metric, threshold in ms); checked on the Python API path
 TARGETS = {"insert_p50_ms": 10.0, "search_p50_ms": 20.0, "search_p95_ms": 50.0}
+# Methods whose searches read the store's episode indexes (so a deferred add is searchable once the next
+# read has indexed it); naive_rag reads only its chunk index, which its add updates before it returns.
+READS_STORE_INDEXES = {"memfit", "plain", "lightmem_slm"}
 CONCURRENCY_TARGET = {"clients": 16, "throughput_ratio_min": 5.0, "p95_over_single_client_p95_max": 2.0}
 
 
@@ -137,17 +148,34 @@ def spread(items: list[Any], n: int) -> list[Any]:
 
 def replay(label: str, plan: list[tuple[str, list[tuple[dict[str, Any], list[Question]]]]],
            add: Callable[[str, dict[str, Any]], Any], search: Callable[[str, str], Any],
-           answer: Callable[[str, str], Any] | None, answered: set[str]) -> dict[str, Any]:
+           answer: Callable[[str, str], Any] | None, answered: set[str],
+           store: Any | None = None) -> dict[str, Any]:
     """Timed replay of every conversation: one add per turn, one search per question after its turn;
-    answer() for the questions in `answered`."""
+    answer() for the questions in `answered`. store: the API path's EpisodeStore, to see where the
+    encoding went (live.indexing): time-to-searchable per turn (its add's start to the end of the call
+    that indexed it: the add itself with on_add, the next read when deferred) and the deferred indexing
+    each read did first (included in its latency)."""
     times: dict[str, list[float]] = {"insert": [], "search": [], "e2e": []}
     cpu: dict[str, list[float]] = {"insert": [], "search": [], "e2e": []}
+    waiting: list[float] = []  # add start of each turn not indexed yet, oldest first
+    searchable: list[float] = []
+    flushes: dict[str, list[tuple[int, float]]] = {"insert": [], "search": [], "e2e": []}
 
     def timed(kind: str, call: Callable[[str, Any], Any], user: str, item: Any) -> None:
+        before = dict(store.deferred_indexed) if store is not None else None
         wall, own = time.perf_counter(), time.process_time()
         call(user, item)
-        times[kind].append(time.perf_counter() - wall)
+        end = time.perf_counter()
+        times[kind].append(end - wall)
         cpu[kind].append(time.process_time() - own)
+        if store is not None and before is not None:
+            if kind == "insert":
+                waiting.append(wall)
+            while len(waiting) > store.pending:
+                searchable.append(end - waiting.pop(0))
+            done = store.deferred_indexed
+            if done["episodes"] > before["episodes"]:
+                flushes[kind].append((done["episodes"] - before["episodes"], done["seconds"] - before["seconds"]))
 
     total = sum(len(turns) for _, turns in plan)
     with tqdm(total=total, desc=label, unit="turn", leave=False, mininterval=1.0) as bar:
@@ -168,6 +196,17 @@ def replay(label: str, plan: list[tuple[str, list[tuple[dict[str, Any], list[Que
     quarter = max(len(times["insert"]) // 4, 1)
     out["insert"]["first_quarter_p50_ms"] = percentiles(times["insert"][:quarter])["p50_ms"]
     out["insert"]["last_quarter_p50_ms"] = percentiles(times["insert"][-quarter:])["p50_ms"]
+    if store is not None:
+        out["time_to_searchable"] = {**percentiles(searchable), "turns_never_read_after": len(waiting)}
+        reads = flushes["search"] + flushes["e2e"]
+        out["deferred_indexing"] = {
+            "reads_that_indexed": len(reads), "turns_indexed_by_reads": sum(n for n, _ in reads),
+            "turns_per_indexing_read_p50": float(np.median([n for n, _ in reads])) if reads else None,
+            "index_ms": percentiles([t for _, t in reads]),
+            # the share of the summed retrieval latency spent indexing the turns added before it
+            "share_of_search_time": round(sum(t for _, t in flushes["search"]) / sum(times["search"]), 3)
+            if times["search"] else None,
+            "turns_indexed_by_adds": sum(n for n, _ in flushes["insert"])}  # a snapshot due on an add
     return out
 
 
@@ -332,7 +371,9 @@ def run_method(method: str, plan: list[tuple[str, list[tuple[dict[str, Any], lis
         memory.delete_user(WARMUP_USER)
         out["api"] = replay(f"{method} api", plan, lambda u, t: memory.add(u, [t]),
                             lambda u, q: memory.search(u, [q], k=K),
-                            (lambda u, q: memory.answer(u, [q], k=K)) if reader else None, answered)
+                            (lambda u, q: memory.answer(u, [q], k=K)) if reader else None, answered,
+                            store=memory.store if method in READS_STORE_INDEXES else None)
+        out["api"]["indexing"] = memory.cfg.live.indexing
     finally:
         memory.close()
     keys = root / f"keys-{method}.jsonl"

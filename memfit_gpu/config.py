@@ -314,6 +314,11 @@ class LiveConfig:
     # Appended turns are logged (fsynced) at once and indexed in memory; the index state is snapshotted
     # after this many turns (and on close), so a restart re-encodes at most this many.
     snapshot_after_turns: int = 1024
+    # "on_add": each add encodes and indexes its own turns before it returns, keeping the MiniLM forward off
+    # the query path; "deferred": an add returns once its turns are logged (fsynced) and in the metadata,
+    # and the next read (search, answer, delete, snapshot, close) encodes every pending turn in one pass
+    # first (no search misses an acknowledged turn, but that search pays the encoding: docs/benchmarks.md).
+    indexing: str = "on_add"
 
 
 @dataclass
@@ -385,6 +390,7 @@ _CHOICES: dict[str, Sequence[str | None]] = {
     "method": _REGISTERED["method"],
     "lightmem.routing": ("slm", "mtm", "ltm"),
     "live.consolidate": ("background", "manual"),
+    "live.indexing": ("on_add", "deferred"),
 }
 
 

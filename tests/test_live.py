@@ -72,13 +72,20 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
         assert reopened.users() == []  # delete_user left nothing to find
 
 
-def test_one_add_of_many_users_is_one_log_append_and_one_encoder_pass(tmp_path: Path, conv_turns, monkeypatch) -> None:
+@pytest.mark.parametrize("indexing", ["on_add", "deferred"])
+def test_one_add_of_many_users_is_one_log_append_and_one_encoder_pass(tmp_path: Path, conv_turns, monkeypatch,
+                                                                      indexing: str) -> None:
     trace = tmp_path / "trace"
-    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=[*CHEAP, f"live.indexing={indexing}"]) as memory:
         monkeypatch.setenv(TRACE_ENV, str(trace))
         added = memory.add(["a", "b", "c"], [conv_turns[:5], conv_turns[5:12], conv_turns[12:20]])
+        if indexing == "on_add":
+            assert trace.read_text().splitlines() == ["store.encode\t20", "store.log"]
+        else:  # logged (fsynced) now; the next read encodes the 20 pending turns in one pass
+            assert trace.read_text().splitlines() == ["store.log"] and memory.store.pending == 20
+            memory.search("b", ["Caroline"], k=1)
+            assert trace.read_text().splitlines() == ["store.log", "store.encode\t20"] and memory.store.pending == 0
         monkeypatch.delenv(TRACE_ENV)
-        assert trace.read_text().splitlines() == ["store.encode\t20", "store.log"]
         assert [a.row for a in added] == list(range(20)) and not any(a.duplicate for a in added)
         assert [t["turn_id"] for t in memory.turns("b")] == [t["turn_id"] for t in conv_turns[5:12]]
         records = RecordLog(tmp_path / "m" / "store" / "log.jsonl").records
@@ -177,6 +184,37 @@ def test_a_method_grown_turn_by_turn_reads_as_one_built_at_once(tmp_path: Path, 
     assert [[h.turn_ids for h in hits] for hits in live] == [[h.turn_ids for h in hits] for hits in built]
     for a, b in zip(live, built, strict=True):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_deferred_indexing_reads_every_acknowledged_turn_exactly_as_indexing_on_add(tmp_path: Path, conv_turns) -> None:
+    """live.indexing=deferred: an add returns before its turns are encoded, yet every search sees all of
+    them in both indexes, with the very results (bit for bit) of adds that index before they return; a
+    snapshot covers no turn its indexes lack, and a memory dropped without close (a kill) replays them."""
+    questions = ["When did Caroline go to the LGBTQ support group?", "What did Melanie paint recently?"]
+    found: dict[str, list[list[list[tuple[list[str], float, dict[str, float | None]]]]]] = {}
+    for indexing in ("on_add", "deferred"):
+        memory = Memory.open(tmp_path / indexing, config=DEMO, overrides=[*CHEAP, f"live.indexing={indexing}"])
+        found[indexing] = []
+        for start in (0, 6):
+            memory.add("u", conv_turns[start:start + 6])
+            assert memory.store.pending == (6 if indexing == "deferred" else 0)
+            hits = memory.search("u", [*questions, conv_turns[start + 5]["text"]], k=5)
+            assert hits[2][0].turn_ids == [conv_turns[start + 5]["turn_id"]]  # the newest turn is found
+            found[indexing].append([[(h.turn_ids, h.score, h.scores) for h in q] for q in hits])
+        store = memory.store
+        assert store.episode_bm25.num_rows == store.episode_dense.size == store.size == 12
+        if indexing == "on_add":
+            memory.close()
+    assert found["deferred"] == found["on_add"]  # the same encoder batches: identical results, not close ones
+
+    memory.add("u", conv_turns[12:16])
+    memory.store.snapshot()  # indexes the pending turns first
+    assert memory.store.pending == 0 and memory.store.episode_dense.size == 16
+    memory.add("u", conv_turns[16:20])  # logged, never indexed: then the process "dies"
+    memory._exit.close()  # only the lock is released, as a killed process's is
+    with Memory.open(tmp_path / "deferred", config=DEMO, overrides=CHEAP) as reopened:
+        assert [t["turn_id"] for t in reopened.turns("u")] == [t["turn_id"] for t in conv_turns[:20]]
+        assert reopened.search("u", [conv_turns[19]["text"]], k=1)[0][0].turn_ids == [conv_turns[19]["turn_id"]]
 
 
 def test_answer_makes_one_reader_call_per_question_in_one_batch(tmp_path: Path, conv_turns) -> None:

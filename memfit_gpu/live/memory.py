@@ -13,7 +13,8 @@ chunks; LightMem: MTM notes and an LTM graph). So the same turns, encoder and re
 and the online table compares them on equal terms.
 
 Batch first, like the rest: `add` takes many turns of many users and writes them as ONE store batch (one
-log append, fsynced before it returns, one encoder pass); `search` answers every query given with one
+log append, fsynced before it returns, one encoder pass; with `live.indexing: deferred` that pass runs at
+the next read, over every turn added since, so no search misses an acknowledged turn); `search` answers every query given with one
 batched read of the method (MemFit: one `retrieve_batch`); `answer` makes one reader call per question,
 all in one batch. Work that is not on the query path (MemFit's segment summaries, LightMem's notes) is
 `consolidate()`, which a background worker runs once a user has `live.consolidate_after_turns` new turns
@@ -274,7 +275,8 @@ class Memory:
         turns per user. A turn is a dict: speaker, text (required), timestamp (ISO 8601 local time),
         turn_id (default t1, t2, ... per user), session_id (default the timestamp's day), date_text
         (default "1:56 pm on 8 May, 2023" from the timestamp), images ([{caption, image_id, path}]).
-        Everything is one write batch: one log append, one encoder pass. A turn id the user already has
+        Everything is one write batch: one log append, one encoder pass (live.indexing=deferred: at the
+        next read, with every turn added since). A turn id the user already has
         with the same speaker and text is not stored again (`duplicate`); with other words it is a
         TurnConflictError and nothing of the call is stored. Returns one Added per turn, in order."""
         if isinstance(user_id, str):
@@ -312,7 +314,8 @@ class Memory:
                     outcome.append(self._plan_add(user, turns, fresh, planned, counts))
                 except TurnConflictError as exc:
                     outcome.append(exc)
-            rows = self.store.append_turns([(t.user_id, t.turn, t.session_id, ()) for t in fresh])
+            rows = self.store.append_turns([(t.user_id, t.turn, t.session_id, ()) for t in fresh],
+                                           index=self.cfg.live.indexing == "on_add")
             row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
             outcome = [o if isinstance(o, BaseException) else
                        [a if a.duplicate else replace(a, row=row_of[(a.user_id, a.turn_id)]) for a in o]

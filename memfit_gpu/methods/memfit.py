@@ -132,6 +132,7 @@ class MemFit:
     def view(self) -> ReadView:
         """The store's ReadView, built again only after the store changed (a live memory's writes)."""
         assert self.store is not None
+        self.store.index_pending()  # turns a live memory logged since the last read
         if self._view is None or self._view_generation != self.store.generation:
             self._view, self._view_generation = ReadView.from_store(self.store), self.store.generation
         return self._view

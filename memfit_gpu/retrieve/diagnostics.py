@@ -64,11 +64,14 @@ def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[
     # A turn id the benchmark repeats names several rows (the loader renamed the later ones "#dup<n>"): a
     # gold id matches all of them, since nothing says which one the annotators meant.
     # An id that only looks renamed (a benchmark's own "x#dup2") still matches itself.
+    # Built only when some question has evidence: a live query (methods/base.py `query`) has none, and
+    # the map is a pass over every row of the view.
     rows_of: dict[tuple[int, str], list[int]] = {}
-    for row, (memory, turn_id) in enumerate(zip(view.ep_memory.tolist(), view.ep_turn_id, strict=True)):
-        if not view.ep_deleted[row]:
-            for name in dict.fromkeys((turn_id, written_turn_id(turn_id))):
-                rows_of.setdefault((memory, name), []).append(row)
+    if any(q.evidence for q in questions):
+        for row, (memory, turn_id) in enumerate(zip(view.ep_memory.tolist(), view.ep_turn_id, strict=True)):
+            if not view.ep_deleted[row]:
+                for name in dict.fromkeys((turn_id, written_turn_id(turn_id))):
+                    rows_of.setdefault((memory, name), []).append(row)
     records: list[dict[str, Any] | None] = []
     scored: list[tuple[str, dict[str, Any]]] = []
     unmatched: list[str] = []

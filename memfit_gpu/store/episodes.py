@@ -119,6 +119,10 @@ class EpisodeStore(WritePath, LogReplay):
 
         self.summaries = SummaryTable()
         self.summarised: set[int] = set()  # memories build_summaries has processed (never re-summarised)
+        # records logged and applied to the metadata but not indexed yet (append_turns(index=False)): the
+        # episode indexes index them, in one encoder pass, before anything reads them (index_pending)
+        self._unindexed: list[dict[str, Any]] = []
+        self.deferred_indexed = {"calls": 0, "episodes": 0, "seconds": 0.0}  # index_pending's work so far
         self.episode_bm25, self.summary_bm25 = self._new_bm25(), self._new_bm25()
         self.episode_dense, self.summary_dense = self._new_dense(), self._new_dense()
 
@@ -128,7 +132,54 @@ class EpisodeStore(WritePath, LogReplay):
         if self.path is not None:
             self._open()
 
-    # ------------------------------------------------------------------ index construction
+    # ------------------------------------------------------------------ indexes
+    @property
+    def episode_bm25(self) -> LexicalIndex:
+        """The episodes' BM25 index, holding every logged episode (pending ones are indexed first)."""
+        if self._unindexed:
+            self.index_pending()
+        return self._episode_bm25
+
+    @episode_bm25.setter
+    def episode_bm25(self, index: LexicalIndex) -> None:
+        self._episode_bm25 = index
+
+    @property
+    def episode_dense(self) -> DenseIndex:
+        """The episodes' dense index, holding every logged episode (pending ones are indexed first)."""
+        if self._unindexed:
+            self.index_pending()
+        return self._episode_dense
+
+    @episode_dense.setter
+    def episode_dense(self, index: DenseIndex) -> None:
+        self._episode_dense = index
+
+    @property
+    def pending(self) -> int:
+        """Episodes logged but not indexed yet (append_turns(index=False))."""
+        return sum(1 for r in self._unindexed if r.get("t") == "episode")
+
+    def index_pending(self) -> int:
+        """Index the episodes appended with `append_turns(index=False)`: one encoder pass over all of
+        them, one BM25 and one dense add, as if they had been one write batch. Called before anything
+        reads or changes the episode indexes (their properties, every write batch, snapshot), so no read
+        ever sees a logged turn missing from an index. Returns how many episodes it indexed."""
+        if not self._unindexed:
+            return 0
+        started = time.perf_counter()
+        records = self._unindexed
+        embeddings = self._encode_records(records)  # a failure here keeps them pending
+        self._unindexed = []
+        self._index_records(records, embeddings)
+        self.generation = next(GENERATIONS)
+        episodes = sum(1 for r in records if r.get("t") == "episode")
+        done = self.deferred_indexed
+        done["calls"] += 1
+        done["episodes"] += episodes
+        done["seconds"] += time.perf_counter() - started
+        return episodes
+
     def _dense_gpu_id(self) -> int:
         """The GPU of GPU FAISS (index/factory.py: the BM25 index's GPU, else GPU 0)."""
         return dense_gpu_id(self.cfg.index)
@@ -477,11 +528,15 @@ class EpisodeStore(WritePath, LogReplay):
         """
         return self.append_turns([(memory_id, turn, session_id, speakers)])[0]
 
-    def append_turns(self, turns: Sequence[tuple[str, Turn, str | None, Sequence[str]]]) -> list[int]:
+    def append_turns(self, turns: Sequence[tuple[str, Turn, str | None, Sequence[str]]], index: bool = True) -> list[int]:
         """New turns of any memories, (memory id, turn, session id, speakers) each, as ONE write batch: one
         log append ending in its commit record (fsync with store.fsync), one encoder pass, one BM25 and one
         dense add; returns their rows in order. Logged only, like append_turn: the next snapshot() (or
-        close()) saves the index state, else the next open re-encodes them."""
+        close()) saves the index state, else the next open re-encodes them.
+
+        index=False: logged (fsynced) and applied to the metadata only; the encoder pass and the index adds
+        wait for `index_pending`, which every read of the episode indexes runs first (a live memory's
+        `live.indexing: deferred`). A kill before then loses nothing: the log replays."""
         records: list[dict[str, Any]] = []
         pending: dict[str, int] = {}
         rows: list[int] = []
@@ -494,7 +549,7 @@ class EpisodeStore(WritePath, LogReplay):
             rows.append(row)
             row += 1
         if records:
-            self._commit(records, snapshot=False)
+            self._commit(records, snapshot=False, index=index)
         return rows
 
     def live_turns(self, memory_id: str) -> list[int]:
@@ -664,6 +719,7 @@ class EpisodeStore(WritePath, LogReplay):
         see store/snapshot.py."""
         if self._log is None or len(self._log) == self._snapshot_records:
             return
+        self.index_pending()  # a snapshot never covers a logged turn its indexes lack
         count = len(self._log)
         write_snapshot(
             self._snapshot_dir(), count, self._log.fingerprint(count),

@@ -40,12 +40,23 @@ class WritePath:
 
     def _commit(
         self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True,
-        embeddings: torch.Tensor | None = None,
+        embeddings: torch.Tensor | None = None, index: bool = True,
     ) -> None:
         """One write batch in one chunk: encode (unless `embeddings` are given), then log, then apply to the
         metadata and the indexes, then (persistent stores) snapshot.
 
-        Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied."""
+        Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied.
+        index=False (turns only, append_turns): logged and applied to the metadata; encoding and indexing
+        wait for index_pending."""
+        if not index:
+            if self._log is not None:
+                self._log.append([*records, *([{"t": "commit", "records": len(records)}] if self._commits else [])])
+            self._apply_all(records)
+            self._unindexed.extend(records)
+            self.generation = next(GENERATIONS)
+            if snapshot:
+                self._end_batch(None, snapshot)
+            return
         self._write_chunk(records, embeddings, progress, commit=len(records))
         self._end_batch(None, snapshot)
 
@@ -53,6 +64,7 @@ class WritePath:
                      commit: int | None = None) -> None:
         """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
         batch's record count when this is its last chunk (its commit record goes in the same write)."""
+        self.index_pending()  # turns logged before this batch are indexed first: index order is log order
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
         else:
