@@ -54,6 +54,7 @@ ENABLE_ENV = "MEMFIT_TEST_FORKSERVER"
 # module that a branch lacks is skipped; nothing here may compute with torch.
 PRELOAD = (
     "numpy", "torch", "faiss", "tokenizers", "safetensors", "yaml", "omegaconf", "tqdm", "httpx", "tabulate",
+    "nltk.stem",  # every scored run's Porter stemmer (evaluate/metrics.py); nltk brings scipy.stats: seconds
     "transformers", "transformers.models.llama.modeling_llama", "transformers.models.bert.modeling_bert",
     "transformers.generation.utils",
     "memfit_gpu.cli", "memfit_gpu.pipeline", "memfit_gpu.readers.transformers", "memfit_gpu.readers.openai",

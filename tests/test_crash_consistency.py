@@ -7,7 +7,10 @@ placed exactly at a boundary by MEMFIT_FAULT=<point>:<n>, never by timing, and t
 the directory as the reference left it: the same predictions (one per question), the same metrics
 (timings aside), a ledger with exactly one answer call per question and the reference's call counts,
 and a store that encoded only what no snapshot held when the process died. A kill after the build
-stage starts from a copy of a run killed at the store build's end (`prepared`), not from nothing.
+stage starts from a copy of a run killed at the store build's end (`prepared`), not from nothing; one
+after the summaries' snapshot or a prediction flush starts from a copy of a run killed there (each such
+state is itself a kill scenario checked against the reference), so no scenario redoes the LLM calls
+its kill point lies after.
 
 Against a server (tests/counting_server.py: a real HTTP server that counts what it delivered), the
 ledger a killed and resumed run reports holds exactly the calls and tokens the server was paid for,
@@ -24,7 +27,8 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -155,15 +159,32 @@ def prepared(reference: Path, small_locomo: Path, shared_data: Path) -> Path:
 def start_state(trace: list[str], point: str, after_summaries: bool = False) -> tuple[bool, str]:
     """Whether a kill at `point` (name:n of the reference trace) starts from the prepared copy, and the
     point as that run counts it (what the prepared run passed already is not passed again)."""
-    def index(which: str) -> int:
-        name, _, nth = which.partition(":")
-        return [i for i, seen in enumerate(trace) if seen == name][int(nth or 1) - 1]
-
-    name, _, nth = point.partition(":")
-    cut = index(prepared_at(trace, after_summaries))
-    if index(point) <= cut:
+    cut = prepared_at(trace, after_summaries)
+    if position(trace, point) <= position(trace, cut):
         return False, point
-    return True, f"{name}:{int(nth or 1) - trace[:cut + 1].count(name)}"
+    return True, counted_from(trace, point, cut)
+
+
+def position(trace: list[str], which: str) -> int:
+    """Index in `trace` of `name:n` (its n-th crossing; n=1 when omitted)."""
+    name, _, nth = which.partition(":")
+    return [i for i, seen in enumerate(trace) if seen == name][int(nth or 1) - 1]
+
+
+def counted_from(trace: list[str], point: str, cut: str) -> str:
+    """`point` (name:n of the reference trace) as a run that starts from a copy of a run killed at `cut`
+    counts it (what the copied run passed already is not passed again)."""
+    name, _, nth = point.partition(":")
+    return f"{name}:{int(nth or 1) - trace[:position(trace, cut) + 1].count(name)}"
+
+
+def later_states(trace: list[str]) -> list[str]:
+    """Where the kill scenarios' later starting states are cut (name:n of the reference trace), in order
+    after prepared_at: the store's last snapshot (its summaries in it), then each prediction flush. Each
+    of them is itself a kill scenario (started from the state before it), so every state a later scenario
+    starts from is one whose rerun is checked against the reference."""
+    flushes = [f"predictions:{n}" for n in range(1, trace.count("predictions") + 1)]
+    return [f"store.snapshot:{trace.count('store.snapshot')}", *flushes]
 
 
 def boundaries(reference: Path) -> list[str]:
@@ -289,14 +310,39 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
     scenarios: list[tuple[str, bytes]] = [(p, b"") for p in points] + [("answer.ledger:2", torn)]
 
     trace = [name for name, _ in parse_trace(reference.parent / "reference.trace")]
+    # A scenario starts from the latest state cut before its kill point: `prepared` (the store built), or a
+    # copy of a run killed later (later_states), so that it redoes no LLM call its kill point lies after.
+    # The later states are cut one after the other from the one before, beside the first scenarios.
+    cuts = [prepared_at(trace), *later_states(trace)]
+    assert [position(trace, c) for c in cuts] == sorted({position(trace, c) for c in cuts}), cuts
 
-    def scenario(index: int, point: str, tail: bytes) -> list[str]:
+    def cut_states() -> list[Path]:
+        states = [prepared]
+        for before, cut in pairwise(cuts):
+            state = tmp_path / f"state-{cut.replace(':', '-')}"
+            shutil.copytree(states[-1], state)
+            crossed = state.parent / f"{state.name}.trace"
+            killed = memfit_run(state, small_locomo, shared_data, MEMFIT_FAULT=counted_from(trace, cut, before),
+                                MEMFIT_FAULT_TRACE=str(crossed))
+            assert killed.returncode == -signal.SIGKILL, f"cutting the state at {cut}: {killed.stderr[-2000:]}"
+            # the copy crossed exactly the reference's durable writes from the state before to the cut
+            writes = [name for name, _ in parse_trace(crossed) if name not in NOT_BOUNDARIES]
+            want = [name for name in trace[position(trace, before) + 1:position(trace, cut) + 1]
+                    if name not in NOT_BOUNDARIES]
+            assert writes == want, f"cutting the state at {cut}: crossed {writes}, the reference {want}"
+            states.append(state)
+        return states
+
+    def scenario(index: int, point: str, tail: bytes, states: Future[list[Path]]) -> list[str]:
         label = f"killed at {point}" + (" with a torn chunk" if tail else "")
         out = tmp_path / f"s{index:02d}"
         traces = tmp_path / f"s{index:02d}.killed", tmp_path / f"s{index:02d}.rerun"
-        from_prepared, fault = start_state(trace, point)
-        if from_prepared:
-            shutil.copytree(prepared, out)
+        later = [i for i, cut in enumerate(cuts) if position(trace, point) > position(trace, cut)]
+        fault = point
+        if later:
+            start = later[-1]
+            shutil.copytree(prepared if start == 0 else states.result()[start], out)
+            fault = counted_from(trace, point, cuts[start])
         killed = memfit_run(out, small_locomo, shared_data, MEMFIT_FAULT=fault, MEMFIT_FAULT_TRACE=str(traces[0]))
         if killed.returncode != -signal.SIGKILL:
             return [f"{label}: the run was not killed (exit code {killed.returncode}): {killed.stderr[-1500:]}"]
@@ -321,8 +367,10 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
         return problems
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda args: scenario(*args), [(i, p, t) for i, (p, t) in enumerate(scenarios)])
+        states = pool.submit(cut_states)  # first: the scenarios that need a later state wait for it
+        results = pool.map(lambda args: scenario(*args, states), [(i, p, t) for i, (p, t) in enumerate(scenarios)])
         problems = [problem for result in results for problem in result]
+        states.result()
     assert not problems, "\n".join(problems)
 
 

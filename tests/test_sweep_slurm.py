@@ -1,6 +1,10 @@
 """Real sweeps of real `memfit run` points (configs/smoke.yaml): through a one-node SLURM cluster started
 by slurm/local-cluster.sh (one array task cancelled mid-run and resumed), with the sbatch template, and
-with the local launcher (finished points skipped, a failing point reported)."""
+with the local launcher (finished points skipped, a failing point reported).
+
+The sweeps find their data in $MEMFIT_DATA_DIR as a user's would, here a folder laid out like ../shared/data
+whose locomo10.json is LoCoMo conv-26 cut to its first three sessions and six questions (real turns and
+questions): the points build a 58-turn store instead of 419, and the SLURM and resume paths are the same."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.sweep.aggregate import pack_hit_rate
 
@@ -31,11 +36,20 @@ CREDENTIAL_REVOKE_S = 3.0
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[dict[str, str]]:
+def small_data_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """A $MEMFIT_DATA_DIR whose locomo/locomo10.json is conv-26's first three sessions and six questions."""
+    root = tmp_path_factory.mktemp("small-data")
+    (root / "locomo").mkdir()
+    write_small_locomo(shared_data, root, questions=6).rename(root / "locomo" / "locomo10.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, small_data_dir: Path) -> Iterator[dict[str, str]]:
     """A running local cluster; stopped afterwards only if this fixture started it. The environment
     names the data explicitly (the sweep pins it into every point)."""
     state_dir = os.environ.get("MEMFIT_SLURM_DIR", "/tmp/memfit-slurm")
-    env = {**os.environ, "MEMFIT_SLURM_DIR": state_dir, "MEMFIT_DATA_DIR": str(shared_data)}
+    env = {**os.environ, "MEMFIT_SLURM_DIR": state_dir, "MEMFIT_DATA_DIR": str(small_data_dir)}
     started = subprocess.run([str(CLUSTER), "start"], env=env, capture_output=True, text=True, timeout=600)
     assert started.returncode == 0, f"local-cluster.sh start failed:\n{started.stdout}\n{started.stderr}"
     ours = "already running" not in started.stderr
@@ -244,7 +258,7 @@ def test_sbatch_array_template_runs_each_point(cancelled_sweep: dict, slurm_clus
 
 
 def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cancelled_sweep: dict, tmp_path: Path,
-                                                                           shared_data: Path) -> None:
+                                                                           small_data_dir: Path) -> None:
     """Three points, two of them copied finished from the SLURM sweep: only k=3 runs. The sweep gets
     SIGTERM once k=3's store is built (its child stops with it), and a second sweep finishes k=3."""
     sweep_file = tmp_path / "local.yaml"
@@ -255,7 +269,7 @@ def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cance
         shutil.copytree(cancelled_sweep["out"] / "points" / point, out / "points" / point)
         finished[point] = {name: (out / "points" / point / name).read_bytes() for name in ("DONE", "predictions.jsonl")}
     command = [*MEMFIT, "sweep", "--config", str(sweep_file), "--launcher", "local", "--out", str(out)]
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data)}
+    env = {**os.environ, "MEMFIT_DATA_DIR": str(small_data_dir)}
 
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     timings = out / "points" / "k=3" / "timings.json"
