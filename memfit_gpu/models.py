@@ -15,6 +15,7 @@ Every outcome is logged at INFO and returned as a `ResolvedModel` that outputs c
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import importlib.util
 import json
@@ -211,6 +212,17 @@ def _converted_from_gguf(name: str, gguf: Path, origin: str) -> ResolvedModel:
     if target.is_dir() and _marker_matches(target, gguf):
         return ResolvedModel(name, str(target), "converted-gguf", f"cached conversion of {gguf} ({origin})")
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One conversion per target at a time: processes that start together on an empty cache (a sweep's
+    # points, a test suite's workers) wait for the first, then take its folder, instead of each converting.
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if target.is_dir() and _marker_matches(target, gguf):
+            return ResolvedModel(name, str(target), "converted-gguf",
+                                 f"cached conversion of {gguf} ({origin}), made by another process meanwhile")
+        return _convert_gguf_to(name, gguf, origin, target)
+
+
+def _convert_gguf_to(name: str, gguf: Path, origin: str, target: Path) -> ResolvedModel:
     logger.info("converting %s to a bf16 safetensors folder at %s (once; ~1 min)", gguf, target)
     start = time.perf_counter()
     # Build in a sibling temp folder and rename: a killed conversion leaves only a tmp folder behind,

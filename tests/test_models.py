@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -112,7 +115,33 @@ def test_killed_conversion_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(KeyboardInterrupt):
         models._converted_from_gguf("org/tiny", gguf, "test")
     folder = tmp_path / "cache" / "models"
-    assert list(folder.iterdir()) == []  # neither the target nor the temporary folder survives
+    # neither the target nor the temporary folder survives; the conversion's lock file stays (it holds nothing)
+    assert [p.name for p in folder.iterdir()] == [".org--tiny--tiny-bf16.lock"]
+
+
+def test_processes_converting_at_once_convert_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers at once on an empty cache (two threads: a flock is per open file, so they exclude each
+    other as two processes do): one converts, the other waits and takes its folder."""
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF not really")
+    started, conversions = threading.Event(), []
+
+    def slow_conversion(source: Path, out_dir: Path) -> None:  # provokes the race: the first is still at work
+        conversions.append(out_dir)
+        started.set()
+        time.sleep(0.5)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "convert_gguf", slow_conversion)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(models._converted_from_gguf, "org/tiny", gguf, "test")
+        assert started.wait(10)
+        second = pool.submit(models._converted_from_gguf, "org/tiny", gguf, "test")
+        results = [first.result(timeout=30), second.result(timeout=30)]
+    assert len(conversions) == 1
+    assert results[0].path == results[1].path and results[0].note.startswith("converted now from")
+    assert results[1].note.endswith("made by another process meanwhile")
 
 
 @pytest.mark.slow
