@@ -156,7 +156,8 @@ def test_smollm2_gguf_converted_once_and_answers(tmp_path: Path, empty_hf_cache:
     assert first.note.startswith("converted now from") and "SmolLM2-135M-Instruct.Q4_1.gguf" in first.note
     folder = Path(first.path)
     assert folder.parent == tmp_path / "memfit" / "models"
-    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no temp folder left
+    # no temp folder left; the conversion's lock file (it holds nothing) stays beside the folder
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{folder.name}.lock", folder.name]
     marker = json.loads((folder / "memfit_conversion.json").read_text())
     assert marker["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
