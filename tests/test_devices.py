@@ -90,8 +90,18 @@ def test_encoder_dtype_auto_is_float32_everywhere_and_bf16_needs_native_support(
     assert resolve_dtype("bf16", [gpu]) == torch.bfloat16
 
 
-def test_reader_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch) -> None:
-    assert reader_dtype("auto", "cpu") == torch.float32
+def test_reader_dtype_auto_is_bf16_where_the_device_computes_it_natively(monkeypatch) -> None:
+    # a CPU: bf16 with AVX512-BF16 or AMX tiles, float32 without (emulated bf16 is slower than fp32)
+    for avx512_bf16, amx, want in ((False, False, torch.float32), (True, False, torch.bfloat16),
+                                   (False, True, torch.bfloat16)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert devices.cpu_native_bf16() == (want == torch.bfloat16)
+        assert reader_dtype("auto", "cpu") == reader_dtype("auto", torch.device("cpu")) == want
+    # the device plan's described node overrides the probe
+    assert reader_dtype("auto", "cpu", bf16=True) == torch.bfloat16
+    monkeypatch.setattr(devices, "cpu_native_bf16", lambda: True)
+    assert reader_dtype("auto", "cpu") == torch.bfloat16 and reader_dtype("auto", "cpu", bf16=False) == torch.float32
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert reader_dtype("auto", "cuda") == reader_dtype("auto", "cuda:0") == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)

@@ -165,11 +165,11 @@ def _encoder_dtype(setting: str) -> torch.dtype:
 
 
 def _reader_runtime_dtype(setting: str, on_gpu: bool, vllm: bool) -> torch.dtype | None:
-    """An in-process reader's weights dtype (devices.reader_dtype, a planned GPU taken to run bf16); vLLM
-    keeps the checkpoint's dtype on a GPU (None) and runs bfloat16 on the CPU (readers/vllm.py)."""
+    """An in-process reader's weights dtype (devices.reader_dtype: a planned GPU taken to run bf16, a CPU
+    asked); vLLM keeps the checkpoint's dtype on a GPU (None) and runs float32 on the CPU (readers/vllm.py)."""
     if vllm and parse_dtype(setting, "reader.dtype") is None:
-        return None if on_gpu else torch.bfloat16
-    return reader_dtype(setting, "cuda" if on_gpu else "cpu", "reader.dtype", bf16=True)
+        return None if on_gpu else torch.float32
+    return reader_dtype(setting, "cuda" if on_gpu else "cpu", "reader.dtype", bf16=True if on_gpu else None)
 
 
 def _parse_devices(spec: str, node: Node) -> list[str]:

