@@ -1,5 +1,5 @@
 """readers/cpu_attention.py: a bf16/fp16 reader's one-new-token attention on the CPU, against SDPA in float32,
-and the real SmolLM2 switched to it by the transformers backend."""
+and the real SmolLM2 switched to it by the transformers backend; the CPU's generate batches (similar lengths)."""
 
 from __future__ import annotations
 
@@ -111,3 +111,19 @@ def test_the_transformers_reader_runs_bf16_with_it_on_the_cpu_and_answers(monkey
     # float32 asked: plain SDPA, as before
     fp32 = TransformersBackend(ReaderConfig(backend="transformers", model=MODEL, dtype="float32"), device="cpu")
     assert fp32.net.dtype == torch.float32 and fp32.attention == "sdpa"
+
+
+def test_cpu_batches_hold_prompts_of_similar_length_and_a_gpu_batch_any() -> None:
+    from memfit_gpu.readers.transformers import CPU_PADDED_PER_REAL, length_batches
+
+    lengths = [1700, 900, 1300, 2300, 1500, 1500, 40, 41]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    cpu = length_batches(lengths, order, 8, CPU_PADDED_PER_REAL)
+    assert cpu == [[6, 7], [1, 2, 4, 5, 0], [3]]  # 2,300 beside the rest would pad 23 % more
+    assert sorted(i for batch in cpu for i in batch) == list(range(8))  # every prompt once
+    for batch in cpu:  # padded width x rows within the slack of the real tokens
+        assert len(batch) * max(lengths[i] for i in batch) <= CPU_PADDED_PER_REAL * sum(lengths[i] for i in batch)
+    assert length_batches(lengths, order, 3, None) == [[6, 7, 1], [2, 4, 5], [0, 3]]  # by count only
+    assert length_batches(lengths, order, 2, CPU_PADDED_PER_REAL) == [[6, 7], [1, 2], [4, 5], [0, 3]]
+    assert length_batches([40, 400], [0, 1], 8, CPU_PADDED_PER_REAL) == [[0], [1]]  # 800 padded for 440 real
+    assert length_batches([], [], 4, CPU_PADDED_PER_REAL) == []
