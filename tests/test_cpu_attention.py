@@ -127,3 +127,35 @@ def test_cpu_batches_hold_prompts_of_similar_length_and_a_gpu_batch_any() -> Non
     assert length_batches(lengths, order, 2, CPU_PADDED_PER_REAL) == [[6, 7], [1, 2], [4, 5], [0, 3]]
     assert length_batches([40, 400], [0, 1], 8, CPU_PADDED_PER_REAL) == [[0], [1]]  # 800 padded for 440 real
     assert length_batches([], [], 4, CPU_PADDED_PER_REAL) == []
+
+
+@pytest.mark.slow
+def test_a_cpu_batch_is_read_row_by_row_then_decoded_together(monkeypatch) -> None:
+    """Each prompt of a CPU batch but its last token is read alone (no padding, causal attention); the caches,
+    left-padded, hold exactly those rows; the batch then decodes together, each row as if read alone."""
+    reader = TransformersBackend(ReaderConfig(backend="transformers", model=MODEL, dtype="float32",
+                                              max_new_tokens=6, batch_size=4), device="cpu")
+    questions = ["What is the capital of France?", "Name three colours of the rainbow, please, in order.",
+                 "Say hello."]
+    requests = [Request([{"role": "user", "content": q}], role="answer", key=f"q{i}") for i, q in enumerate(questions)]
+    prompts = [reader._prompt_ids(r) for r in requests]
+    width = max(len(p) for p in prompts)
+    with torch.inference_mode():
+        merged = reader._prefilled_rows(prompts, width)
+        for row, ids in enumerate(prompts):
+            alone = reader.net(input_ids=torch.tensor([ids[:-1]]), use_cache=True).past_key_values
+            for layer in (0, len(alone.layers) - 1):
+                keys = merged.layers[layer].keys[row]
+                pad = width - len(ids)
+                assert keys.shape[-2] == width - 1 and not keys[:, :pad].any()
+                assert torch.equal(keys[:, pad:], alone.layers[layer].keys[0])
+                assert torch.equal(merged.layers[layer].values[row, :, pad:], alone.layers[layer].values[0])
+    calls: list[int] = []
+    original = reader._prefilled_rows
+    monkeypatch.setattr(reader, "_prefilled_rows", lambda p, w: calls.append(len(p)) or original(p, w))
+    together = reader.generate(requests)
+    assert calls == [3]  # one batch (similar lengths), read row by row
+    alone = [reader.generate([r])[0] for r in requests]
+    assert calls == [3]  # a batch of one is never padded: read as it is
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert [r.input_tokens for r in together] == [len(p) for p in prompts]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from transformers import (
     AutoConfig,
@@ -29,6 +30,7 @@ from transformers import (
     AutoProcessor,
     AutoTokenizer,
 )
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from memfit_gpu import models
 from memfit_gpu.config import ReaderConfig
@@ -187,6 +189,10 @@ class TransformersBackend(Backend):
                     torch.manual_seed(self.cfg.seed)
                 start = time.perf_counter()
                 with torch.inference_mode():
+                    if slack is not None and len(batch) > 1 and min(lengths[i] for i in batch) > 1:
+                        cache = self._prefilled_rows([prompts[i] for i in batch], width)
+                        if cache is not None:
+                            kwargs["past_key_values"] = cache
                     generated = self.net.generate(input_ids=input_ids.to(self.device),
                                                   attention_mask=attention.to(self.device), **kwargs)
                 share = (time.perf_counter() - start) / len(batch)
@@ -196,6 +202,25 @@ class TransformersBackend(Backend):
                     text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
         return [r for r in out if r is not None]
+
+    def _prefilled_rows(self, batch_prompts: list[list[int]], width: int) -> DynamicCache | None:
+        """On the CPU: each prompt of a batch but its last token read on its own (no padded token computed,
+        SDPA's causal path instead of the masked one: half the attention), the caches left-padded into one
+        for `generate`, which reads the last column and decodes the rows together. None where the model's
+        cache is not plain per-layer keys and values (a sliding window, say): the batch is read padded."""
+        caches = [self.net(input_ids=torch.tensor([ids[:-1]], device=self.device), use_cache=True,
+                           logits_to_keep=1).past_key_values for ids in batch_prompts]
+        if any(type(c) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in c.layers)
+               for c in caches):
+            return None
+        merged = DynamicCache(config=self.net.config)
+        for index in range(len(caches[0].layers)):
+            parts = [(c.layers[index].keys, c.layers[index].values) for c in caches]
+            # left padding, as the batch's input ids: the padded positions are masked out by `attention`
+            keys = torch.cat([F.pad(k, (0, 0, width - 1 - k.shape[-2], 0)) for k, _ in parts])
+            values = torch.cat([F.pad(v, (0, 0, width - 1 - v.shape[-2], 0)) for _, v in parts])
+            merged.update(keys, values, index)
+        return merged
 
     def _vision_text(self, request: Request) -> str:
         last_user = max((i for i, m in enumerate(request.messages) if m["role"] == "user"), default=None)
