@@ -12,7 +12,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from memfit_gpu.config import ReaderConfig
 from memfit_gpu.readers import cpu_attention
-from memfit_gpu.readers.transformers import TransformersBackend
+from memfit_gpu.readers.transformers import CPU_PADDED_PER_REAL, TransformersBackend, length_batches
 from memfit_gpu.readers.types import Request
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -114,8 +114,6 @@ def test_the_transformers_reader_runs_bf16_with_it_on_the_cpu_and_answers(monkey
 
 
 def test_cpu_batches_hold_prompts_of_similar_length_and_a_gpu_batch_any() -> None:
-    from memfit_gpu.readers.transformers import CPU_PADDED_PER_REAL, length_batches
-
     lengths = [1700, 900, 1300, 2300, 1500, 1500, 40, 41]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     cpu = length_batches(lengths, order, 8, CPU_PADDED_PER_REAL)
@@ -138,6 +136,7 @@ def test_a_cpu_batch_is_read_row_by_row_then_decoded_together(monkeypatch) -> No
     questions = ["What is the capital of France?", "Name three colours of the rainbow, please, in order.",
                  "Say hello."]
     requests = [Request([{"role": "user", "content": q}], role="answer", key=f"q{i}") for i, q in enumerate(questions)]
+    assert reader.rows_alone  # SmolLM2's cache is plain keys and values
     prompts = [reader._prompt_ids(r) for r in requests]
     width = max(len(p) for p in prompts)
     with torch.inference_mode():

@@ -140,6 +140,10 @@ class TransformersBackend(Backend):
         if not self.vision:
             cpu_attention.use_for(self.net)
         self.attention = str(self.net.config._attn_implementation)
+        # On the CPU the prompts of a padded batch are read row by row (_prefilled_rows), where the model's
+        # cache is plain per-layer keys and values (not a sliding window, say): decided once, here
+        self.rows_alone = self.device == "cpu" and not self.vision and all(
+            type(layer) is DynamicLayer for layer in DynamicCache(config=self.net.config).layers)
         self.load_s = time.perf_counter() - start
         logger.info("transformers reader %s loaded from %s on %s in %s (attention %s) in %.1f s", cfg.model,
                     self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
@@ -189,10 +193,8 @@ class TransformersBackend(Backend):
                     torch.manual_seed(self.cfg.seed)
                 start = time.perf_counter()
                 with torch.inference_mode():
-                    if slack is not None and len(batch) > 1 and min(lengths[i] for i in batch) > 1:
-                        cache = self._prefilled_rows([prompts[i] for i in batch], width)
-                        if cache is not None:
-                            kwargs["past_key_values"] = cache
+                    if self.rows_alone and len(batch) > 1 and min(lengths[i] for i in batch) > 1:
+                        kwargs["past_key_values"] = self._prefilled_rows([prompts[i] for i in batch], width)
                     generated = self.net.generate(input_ids=input_ids.to(self.device),
                                                   attention_mask=attention.to(self.device), **kwargs)
                 share = (time.perf_counter() - start) / len(batch)
@@ -203,16 +205,12 @@ class TransformersBackend(Backend):
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 
-    def _prefilled_rows(self, batch_prompts: list[list[int]], width: int) -> DynamicCache | None:
-        """On the CPU: each prompt of a batch but its last token read on its own (no padded token computed,
-        SDPA's causal path instead of the masked one: half the attention), the caches left-padded into one
-        for `generate`, which reads the last column and decodes the rows together. None where the model's
-        cache is not plain per-layer keys and values (a sliding window, say): the batch is read padded."""
+    def _prefilled_rows(self, batch_prompts: list[list[int]], width: int) -> DynamicCache:
+        """On the CPU (`rows_alone`): each prompt of a batch but its last token read on its own (no padded
+        token computed, SDPA's causal path instead of the masked one: half the attention), the caches
+        left-padded into one for `generate`, which reads the last column and decodes the rows together."""
         caches = [self.net(input_ids=torch.tensor([ids[:-1]], device=self.device), use_cache=True,
                            logits_to_keep=1).past_key_values for ids in batch_prompts]
-        if any(type(c) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in c.layers)
-               for c in caches):
-            return None
         merged = DynamicCache(config=self.net.config)
         for index in range(len(caches[0].layers)):
             parts = [(c.layers[index].keys, c.layers[index].values) for c in caches]
