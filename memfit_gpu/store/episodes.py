@@ -378,7 +378,10 @@ class EpisodeStore(WritePath, LogReplay):
         self._turn_id.extend(turns)
         for memory, rows in new_rows.items():
             self._memory_rows[memory].extend(rows)
-            self._turn_index.pop(memory, None)
+            index = self._turn_index.get(memory)
+            if index is not None:  # kept up to date: rebuilding it is a pass over the memory's rows per add
+                for row in rows:
+                    index.setdefault(self._turn_id[row], []).append(row)
 
     def _apply_delete(self, record: dict[str, Any]) -> None:
         self._deleted.view[int(record["row"])] = True

@@ -117,9 +117,12 @@ class BiEncoder(BatchedEncoder):
         if body is not None:
             packed, flat = bert_packed(body, batch, cls_only=False)
             b, width = batch["input_ids"].shape
-            hidden = packed.new_zeros((b * width, packed.shape[-1]))
-            hidden[flat] = packed
-            hidden = hidden.view(b, width, -1)
+            if packed.shape[0] == b * width:  # no padding: the packed rows are the padded layout already
+                hidden = packed.view(b, width, -1)
+            else:
+                hidden = packed.new_zeros((b * width, packed.shape[-1]))
+                hidden[flat] = packed
+                hidden = hidden.view(b, width, -1)
         else:
             hidden = replica(**batch).last_hidden_state
         pooled = pool(hidden, batch["attention_mask"], self.pooling, self._padding_right)

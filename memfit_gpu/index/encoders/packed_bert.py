@@ -79,7 +79,12 @@ def bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only:
     flat = batch.get(FLAT_KEY)  # positions of real tokens in [b * L], computed on the host when collated
     if flat is None:
         flat = mask.reshape(-1).nonzero().squeeze(1)
-    x = body.embeddings(input_ids=ids, token_type_ids=types).reshape(b * width, -1)[flat]
+    # No padding (one text, or texts of one length): the packed and the padded layouts are the same rows,
+    # so the gathers and scatters below would copy every row to where it already is.
+    dense = flat.numel() == b * width
+    x = body.embeddings(input_ids=ids, token_type_ids=types).reshape(b * width, -1)
+    if not dense:
+        x = x[flat]
     d = x.shape[-1]
     key_mask = mask[:, None, None, :]
     layers = body.encoder.layer
@@ -90,8 +95,11 @@ def bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only:
         last = cls_only and i == len(layers) - 1
         if last:
             kv = linear(attention, "kv", x, weight[d:], bias[d:])
-            padded = x.new_zeros((b * width, 2 * d))
-            padded[flat] = kv
+            if dense:
+                padded = kv
+            else:
+                padded = x.new_zeros((b * width, 2 * d))
+                padded[flat] = kv
             k, v = padded.view(b, width, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
             # Right padding: each row's [CLS] is its first real token.
             lengths = mask.sum(1)
@@ -101,11 +109,16 @@ def bert_packed(body: torch.nn.Module, batch: dict[str, torch.Tensor], cls_only:
             context = context.reshape(b, d)
         else:
             qkv = linear(attention, "qkv", x, weight, bias)
-            padded = x.new_zeros((b * width, 3 * d))
-            padded[flat] = qkv
+            if dense:
+                padded = qkv
+            else:
+                padded = x.new_zeros((b * width, 3 * d))
+                padded[flat] = qkv
             q, k, v = padded.view(b, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
             context = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            context = context.transpose(1, 2).reshape(b * width, d)[flat]
+            context = context.transpose(1, 2).reshape(b * width, d)
+            if not dense:
+                context = context[flat]
             residual = x
         out = layer.attention.output
         hidden = out.LayerNorm(linear(out, "dense", context, out.dense.weight, out.dense.bias) + residual)
