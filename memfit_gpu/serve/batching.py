@@ -2,11 +2,13 @@
 concurrent generations).
 
 A `Batcher` collects what its callers submit: the first item opens a batch, which takes every item that
-arrives within `window_s` of it, or until `max_batch` items wait; the batch then runs as ONE call of
-`run(items) -> results` (one result, or the exception that refused that item alone, per item, in order)
-on the memory's worker thread, while the next batch gathers. Items queued while a batch runs form the
-next one at once, so under load batches grow by themselves and an idle server answers a lone request
-after at most the window. `max_batch` 1 turns batching off: every request is its own call.
+arrives within `window_s` of that item's arrival, or until `max_batch` items wait; the batch then runs as
+ONE call of `run(items) -> results` (one result, or the exception that refused that item alone, per item,
+in order) on the memory's worker thread, while the next batch gathers. The window counts from the first
+item's arrival, not from when the batcher got to it: items that queued while a batch ran have waited
+their window already and form the next batch at once (continuous batching), so under load batches grow
+by themselves and the worker never idles with requests waiting, and an idle server answers a lone
+request after at most the window. `max_batch` 1 turns batching off: every request is its own call.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class Batcher(Generic[Item]):
 
     async def submit(self, item: Item) -> Any:
         """The item's result once its batch has run (its own exception raised here)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self.queue.put((item, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        await self.queue.put((item, future, loop.time()))
         return await future
 
     async def stop(self) -> None:
@@ -50,7 +53,7 @@ class Batcher(Generic[Item]):
     async def _gather(self, first: Any) -> tuple[list[Any], bool]:
         batch, stopping = [first], False
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.window_s
+        deadline = first[2] + self.window_s  # from the first item's arrival (module doc)
         while len(batch) < self.max_batch:
             try:
                 left = deadline - loop.time()
@@ -73,12 +76,12 @@ class Batcher(Generic[Item]):
             batch, stopping = await self._gather(first)
             started = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self.executor, self.run, [item for item, _ in batch])
+                results = await loop.run_in_executor(self.executor, self.run, [item for item, _, _ in batch])
             except BaseException as exc:  # noqa: BLE001  (the batch's callers get the error; the loop lives on)
                 results = [exc] * len(batch)
             if self.observe is not None:
                 self.observe(self.name, len(batch), time.perf_counter() - started)
-            for (_, future), result in zip(batch, results, strict=True):
+            for (_, future, _), result in zip(batch, results, strict=True):
                 if future.done():  # the caller went away (its connection closed)
                     continue
                 if isinstance(result, BaseException):
