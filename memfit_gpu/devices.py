@@ -12,6 +12,7 @@
     synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
     is_oom(exc)                      a device out of memory (torch's error or a CUDA library's)
     describe()                       the CPU and the visible GPUs (name, memory, capability, driver, CUDA)
+    in_fresh_thread(call, *args)     run CPU torch work that is not the process's own on a thread that then ends
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
 fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
@@ -25,13 +26,14 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["DTYPES", "cpu_native_bf16", "describe", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
+__all__ = ["DTYPES", "cpu_native_bf16", "describe", "in_fresh_thread", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
            "resolve_dtype", "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
@@ -254,3 +256,34 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(t in text for t in _OOM_TEXTS)
+
+
+Result = TypeVar("Result")
+
+
+def in_fresh_thread(call: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """call(*args, **kwargs) on a new thread that ends when it returns; its result, or its exception here.
+
+    Why: torch's CPU ops run on OpenMP (libgomp in the PyPI wheels), and every thread that runs one gets a
+    team of torch.get_num_threads() threads that lives as long as that thread. Once the teams together
+    hold more threads than the machine has CPUs, libgomp stops spinning between parallel regions and puts
+    its threads to sleep after each one (its "throttled" spin), and every small op pays a futex wake-up:
+    measured on the 2-core machine, one MiniLM encode 5.1 ms on the main thread, 9.6 ms while a thread
+    pool's thread that had encoded once was still alive, 5.0 ms again once it had ended. So a process
+    runs its torch work on ONE long-lived thread (memfit serve: its memory worker), and work that must
+    run beside it (background consolidation) runs here, on a thread whose team goes when it ends.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"memfit-{getattr(call, '__name__', 'call')}", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

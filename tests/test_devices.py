@@ -3,6 +3,7 @@ and every structure that picks a device picks it there."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +131,21 @@ def test_read_view_puts_bm25_on_the_configured_device(locomo_path: Path) -> None
     assert view.ep_bm25.device == first_device(cfg.index.device) == torch.device("cpu", 0)
     scores, rows = view.ep_bm25.search([["caroline"]], [0], 3)
     assert rows.device.type == "cpu" and int(rows[0, 0]) >= 0
+
+
+def test_in_fresh_thread_runs_on_a_thread_that_then_ends() -> None:
+    seen: list[threading.Thread] = []
+
+    def work(a: int, b: int = 0) -> int:
+        seen.append(threading.current_thread())
+        return a + b
+
+    assert devices.in_fresh_thread(work, 2, b=3) == 5
+    assert seen[0] is not threading.current_thread()
+    assert not seen[0].is_alive()
+
+    def fail() -> None:
+        raise KeyError("from the thread")
+
+    with pytest.raises(KeyError, match="from the thread"):
+        devices.in_fresh_thread(fail)

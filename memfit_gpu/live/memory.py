@@ -38,6 +38,7 @@ from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data.jsonl import date_text
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn
+from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.locks import exclusive, lock_path
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
@@ -438,8 +439,8 @@ class Memory:
                 return
             try:
                 ready = [u for u, n in list(self._new_turns.items()) if n >= self.cfg.live.consolidate_after_turns]
-                if ready:
-                    self.consolidate(ready)
+                if ready:  # on a thread of its own that then ends (devices.in_fresh_thread says why)
+                    in_fresh_thread(self.consolidate, ready)
             except BaseException as exc:  # noqa: BLE001  (kept for the owner; the worker must not die silently)
                 log.exception("memfit live: background consolidation failed")
                 self.consolidation_error = exc

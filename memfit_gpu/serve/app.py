@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import DataError
+from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.live.memory import Memory, TurnConflictError, UnknownUserError
 from memfit_gpu.serve.batching import Batcher
 from memfit_gpu.serve.keys import ApiKey, KeyRing
@@ -214,13 +215,22 @@ class Guard:
 
 
 # -------------------------------------------------------------------------------------------- the app
-def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None) -> FastAPI:
+def memory_worker() -> ThreadPoolExecutor:
+    """The one thread every call on a served memory runs on (open it there too: `memory_worker().submit(
+    Memory.open, ...)`), so that one thread runs all of the process's torch work (devices.in_fresh_thread
+    says why a second one slows every op)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-memory")
+
+
+def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
+             worker: ThreadPoolExecutor | None = None) -> FastAPI:
     """The app over an open memory; its lifespan starts the batchers and, at shutdown, drains them and
-    closes the memory."""
+    closes the memory, then shuts the worker down. worker: the memory's thread (`memory_worker()`, the one
+    that opened it); None: a new one."""
     cfg = cfg or memory.cfg
     serve = cfg.serve
     metrics = Metrics()
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-memory")
+    worker = worker or memory_worker()
     window = serve.batch_window_ms / 1000.0
 
     def add_run(items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
@@ -327,8 +337,10 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None) -> 
 
     @app.post("/v1/consolidate")
     async def consolidate(body: ConsolidateIn) -> dict[str, Any]:
-        return {"consolidated": await _call(asyncio.get_running_loop().run_in_executor(None, memory.consolidate,
-                                                                                       body.user_ids))}
+        # not on the worker (its LLM calls would hold up every search) but on a thread that ends after it
+        # (devices.in_fresh_thread: a lasting second torch thread slows the worker's every op)
+        return {"consolidated": await _call(asyncio.get_running_loop().run_in_executor(
+            None, in_fresh_thread, memory.consolidate, body.user_ids))}
 
     return Guard(app, keys, serve.max_body_bytes, metrics)  # type: ignore[return-value]
 

@@ -18,7 +18,7 @@ import uvicorn
 
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.live.memory import Memory
-from memfit_gpu.serve.app import make_app
+from memfit_gpu.serve.app import make_app, memory_worker
 from memfit_gpu.serve.keys import KeyRing
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,18 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
         raise ConfigError("memfit serve needs API keys: --keys FILE or serve.keys_file "
                           "(make one with `memfit keys new --keys FILE --user USER_ID`)")
     keys = KeyRing.load(keys_path)
-    memory = Memory.open(store, cfg)
+    # opened on the thread that will run every call on it: one thread does all of the torch work
+    worker = memory_worker()
     try:
-        app = make_app(memory, keys, cfg)
+        memory = worker.submit(Memory.open, store, cfg).result()
     except BaseException:
-        memory.close()
+        worker.shutdown(wait=True)
+        raise
+    try:
+        app = make_app(memory, keys, cfg, worker)
+    except BaseException:
+        worker.submit(memory.close).result()
+        worker.shutdown(wait=True)
         raise
     config = uvicorn.Config(app, host=host or cfg.serve.host, port=cfg.serve.port if port is None else port,
                             log_level="info", timeout_graceful_shutdown=cfg.serve.drain_timeout_s, lifespan="on",
@@ -60,4 +67,10 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
     try:
         server.run()
     finally:
-        memory.close()  # a no-op after the lifespan closed it; closes it when uvicorn failed to start
+        # the lifespan has closed the memory and shut the worker down; when uvicorn failed to start, not yet
+        try:
+            worker.submit(memory.close).result()
+        except RuntimeError:  # the worker is shut down: the memory was closed on it
+            pass
+        worker.shutdown(wait=True)
+        memory.close()  # a no-op once closed
