@@ -281,11 +281,11 @@ async def closed_loop(url: str, key: str, user_queries: list[tuple[str, str]], c
             user, text = user_queries[i % len(user_queries)]
             start = time.perf_counter()
             async with client.post(f"/v1/users/{user}/search", json={"queries": [text], "k": K}) as reply:
-                body = await reply.read()
+                if reply.status != 200:
+                    raise RuntimeError(f"POST {reply.url}: {reply.status} {(await reply.text())[:300]}")
+                found = await reply.json()
             latencies.append(time.perf_counter() - start)
-            if reply.status != 200:
-                raise RuntimeError(f"POST {reply.url}: {reply.status} {body[:300]!r}")
-            results[f"{user}\t{text}"] = json.loads(body)["results"][0]
+            results[f"{user}\t{text}"] = found["results"][0]
 
         async def worker() -> None:
             for i in counter:
