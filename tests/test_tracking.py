@@ -47,6 +47,13 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wandb_dir
 
 
+def run_folders(wandb_env: Path, run_id: str) -> list[Path]:
+    """The offline folders of one run id: W&B names a second start within the same second of the first
+    (a resume) `offline-run-<time>-<id>-1`, so the plain `*-<id>` glob would miss it."""
+    pattern = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    return sorted(f for f in (wandb_env / "wandb").glob("offline-run-*") if pattern.fullmatch(f.name))
+
+
 def test_summary_values_keep_numbers_and_text_drop_none() -> None:
     metrics = {"overall": {"paper": {"f1": 0.5}, "judge": None}, "questions": 3, "metric_variant": "paper",
                "variants": ["paper"]}
@@ -112,7 +119,7 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     tracker.finish()
 
     run_id = (run_dir / RUN_ID_FILE).read_text().strip()
-    folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
+    folders = run_folders(wandb_env, run_id)
     assert len(folders) == 1
     run = read_offline_run(folders[0], wait_s=30)
     assert run.exited
@@ -151,7 +158,7 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     # finish() returns before W&B's service has written the resumed run's folder: poll for it
     deadline = time.monotonic() + 60
     while True:
-        folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
+        folders = run_folders(wandb_env, run_id)
         records = [read_offline_run(f) for f in folders if any(f.glob("run-*.wandb"))]
         if any(r.summary.get("resumed") == 1 for r in records) or time.monotonic() > deadline:
             break
@@ -179,7 +186,7 @@ def test_offline_run_records_profile_files_and_image(tmp_path: Path, wandb_env: 
     tracker.log_files("profile", [out / "profile.json"], images=[out / "profile.png"])
     tracker.finish()
     run_id = (out / RUN_ID_FILE).read_text().strip()
-    folders = sorted(wandb_env.glob(f"wandb/offline-run-*-{run_id}"))
+    folders = run_folders(wandb_env, run_id)
     run = read_offline_run(folders[0], wait_s=30)
     image = next(row["profile/profile"] for row in run.history if "profile/profile" in row)
     assert image["_type"] == "image-file" and image["format"] == "png"
