@@ -439,6 +439,40 @@ def test_feedback_terms_equal_the_plain_rule(cls, order, scoring_path):
 
 
 @pytest.mark.parametrize("order", ["idf", "alphabetical"])
+def test_feedback_terms_follow_an_index_grown_one_document_at_a_time(order):
+    """The token order feedback_terms reads is merged as tokens arrive (not sorted again per write): after
+    every small add it equals a sort of the whole vocabulary, and the terms equal the plain rule."""
+    rng = random.Random(11)
+    letters = "abcdeéz"
+
+    def word() -> str:
+        return "".join(rng.choice(letters) for _ in range(rng.randint(1, 6)))
+
+    index = BM25Index()
+    mems: list[int] = []
+    first = [[word() for _ in range(8)] for _ in range(40)]
+    index.add(first, [i % 3 for i in range(40)])
+    mems += [i % 3 for i in range(40)]
+    merged = 0
+    for step in range(60):
+        doc = [word() for _ in range(rng.randint(1, 5))]
+        mem = rng.randrange(3)
+        index.add([doc], [mem])
+        mems.append(mem)
+        if step % 3:
+            continue
+        before = len(index._token_rank)
+        rows = [r for r in range(len(mems)) if mems[r] == mem][-4:]
+        query, term = index.feedback_terms(torch.tensor([rows]), 2, 6, order)
+        merged += before > 0 and len(index._token_text) > before
+        texts = index._token_text
+        assert index._token_rank.tolist() == [sorted(texts).index(t) for t in texts]
+        assert index.term_tokens(term) == _plain_feedback_terms(index, rows, mem, 2, 6, order)
+        assert query.tolist() == [0] * len(term)
+    assert merged >= 5  # the merge (not the whole sort) ran
+
+
+@pytest.mark.parametrize("order", ["idf", "alphabetical"])
 def test_feedback_terms_are_the_same_pairs_on_both_backends(order, scoring_path):
     """Term ids are numbered alike (per (memory, token), first appearance), so the pairs match exactly."""
     rng = random.Random(4)

@@ -32,6 +32,7 @@ from memfit_gpu.locks import DirectoryBusyError  # noqa: E402
 from memfit_gpu.methods.lightmem import mtm_windows  # noqa: E402
 from memfit_gpu.methods.naive_rag import chunk_history  # noqa: E402
 from memfit_gpu.readers.ledger import Ledger  # noqa: E402
+from memfit_gpu.retrieve.view import ReadView  # noqa: E402
 from memfit_gpu.store import RecordLog  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,6 +185,50 @@ def test_a_method_grown_turn_by_turn_reads_as_one_built_at_once(tmp_path: Path, 
     assert [[h.turn_ids for h in hits] for hits in live] == [[h.turn_ids for h in hits] for hits in built]
     for a, b in zip(live, built, strict=True):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_a_read_after_writes_reuses_the_speaker_masks_of_unchanged_rows(tmp_path: Path, conv_turns,
+                                                                         monkeypatch) -> None:
+    """The view after a write takes the earlier view's speaker masks for the rows it had, where their memory
+    kept its speakers, and computes only the others; every mask equals a view built from scratch, after adds
+    to both users, a new speaker in one, a deletion and a compaction."""
+    seen: list[int] = []
+    mask_of = ReadView._mask_of
+
+    def counting(texts, *args):  # noqa: ANN001, ANN002
+        seen.append(len(texts))
+        return mask_of(texts, *args)
+
+    monkeypatch.setattr(ReadView, "_mask_of", staticmethod(counting))
+    modes = [(3, "speaker"), (3, "mention"), (1, "mention")]
+
+    def check(memory: Memory) -> None:
+        view, fresh = memory.method.view(), ReadView.from_store(memory.store)
+        for min_chars, match in modes:
+            assert view.episode_speaker_mask(min_chars, match).tolist() == fresh.episode_speaker_mask(min_chars, match).tolist()
+
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", conv_turns[:20])
+        memory.add("u2", conv_turns[20:30])
+        memory.search(["u1", "u2"], ["What did Caroline research?", "Where did Melanie go?"], k=5)
+        for min_chars, match in modes:
+            memory.method.view().episode_speaker_mask(min_chars, match)
+        seen.clear()
+        # u1 gains rows (its speakers unchanged); u2 gains a speaker, so all of u2's rows are redone
+        memory.add("u1", conv_turns[30:34])
+        memory.add("u2", [{"speaker": "Zed", "text": "Melanie showed Zed and Caroline her new painting.",
+                           "timestamp": "2023-06-01T10:00:00"}])
+        memory.search("u1", ["What did Caroline research?"], k=5)
+        assert seen and all(n == 4 + 11 for n in seen[:3])  # u1's 4 new rows, u2's 10 + 1
+        check(memory)
+        memory.delete("u1", [conv_turns[0]["turn_id"]])
+        memory.search("u1", ["What did Caroline research?"], k=5)
+        check(memory)
+        memory.compact()  # a new store: nothing is carried across, every mask is computed again
+        seen.clear()
+        memory.search("u1", ["What did Caroline research?"], k=5)
+        assert seen[0] == 34
+        check(memory)
 
 
 def test_deferred_indexing_reads_every_acknowledged_turn_exactly_as_indexing_on_add(tmp_path: Path, conv_turns) -> None:

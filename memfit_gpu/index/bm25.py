@@ -36,6 +36,7 @@ path nor the first search holds a full-size temporary per posting beyond the CSR
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -138,6 +139,10 @@ class BM25Index:
         self._mem_docs = GrowableTensor(torch.long, dev)
         self._mem_tokens = GrowableTensor(torch.long, dev)
         self._cache: dict[str, torch.Tensor] | None = None
+        # every token's rank in str order and its length (feedback_terms), grown with the token table
+        self._token_sorted: list[str] = []
+        self._token_rank = np.zeros(0, dtype=np.int64)
+        self._token_len = np.zeros(0, dtype=np.int64)
 
     # ------------------------------------------------------------------ vocabulary
     @property
@@ -382,37 +387,42 @@ class BM25Index:
             out.append([token_text[t] for t in term_token[ids].tolist()])
         return out
 
-    def _term_orders(self) -> dict[str, torch.Tensor]:
-        """Every term id in each `feedback_terms` order, cached with the scoring layout.
-
-        "alphabetical": by token text. "idf": idf descending, ties by token text; inside one memory
-        idf falls strictly as df rises, so the order is (live df ascending, token) and needs no float."""
-        cache = self._prepare()
-        orders = cache.get("term_orders")
-        if orders is None:
-            dev = self.device
-            texts = self._token_text
-            token_rank = np.empty(len(texts), dtype=np.int64)
-            token_rank[sorted(range(len(texts)), key=texts.__getitem__)] = np.arange(len(texts))
-            token_len = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-            term_token = self._term_token.view
-            # by token text, ties (the same token in several memories) by term id
-            alphabetical = torch.from_numpy(np.argsort(token_rank[term_token], kind="stable")).to(dev)
-            by_idf = alphabetical[torch.argsort(self._df.view[alphabetical], stable=True)]
-            orders = {"alphabetical": alphabetical, "idf": by_idf,
-                      "length": torch.from_numpy(token_len[term_token]).to(dev)}
-            for name in ("alphabetical", "idf"):
-                rank = torch.empty_like(orders[name])
-                rank[orders[name]] = torch.arange(rank.numel(), device=dev)
-                orders["rank_" + name] = rank
-            cache["term_orders"] = orders
-        return orders
+    def _token_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rank in Python's str order, length in characters) of every token id, kept up to date as the
+        token table grows: new tokens are merged into the sorted list (bisect), so a write costs the next
+        read its new tokens, not a sort of the whole vocabulary."""
+        texts = self._token_text
+        n_old = len(self._token_rank)
+        if n_old == len(texts):
+            return self._token_rank, self._token_len
+        lengths = np.fromiter(map(len, texts[n_old:]), dtype=np.int64, count=len(texts) - n_old)
+        self._token_len = np.concatenate([self._token_len, lengths])
+        if (len(texts) - n_old) * 8 > n_old:  # many new tokens (or a loaded index): one sort
+            order = sorted(range(len(texts)), key=texts.__getitem__)
+            self._token_sorted = [texts[i] for i in order]
+            self._token_rank = np.empty(len(texts), dtype=np.int64)
+            self._token_rank[order] = np.arange(len(texts))
+            return self._token_rank, self._token_len
+        fresh = sorted(range(n_old, len(texts)), key=texts.__getitem__)
+        at = np.fromiter((bisect.bisect_left(self._token_sorted, texts[i]) for i in fresh), dtype=np.int64,
+                         count=len(fresh))
+        rank = np.empty(len(texts), dtype=np.int64)
+        # an old token moves up by the new ones that sort before it; new token j lands after the j before it
+        rank[:n_old] = self._token_rank + np.searchsorted(at, self._token_rank, side="right")
+        final = at + np.arange(len(fresh))
+        rank[fresh] = final
+        for i, place in zip(fresh, final.tolist(), strict=True):
+            self._token_sorted.insert(place, texts[i])
+        self._token_rank = rank
+        return self._token_rank, self._token_len
 
     def feedback_terms(self, rows: torch.Tensor, min_chars: int, terms: int,
                        term_order: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Per query, the first `terms` distinct terms of its rows [Q, D] (-1 pads) with at least
-        `min_chars` characters, in `term_order` (see `_term_orders`), read from the postings in one
-        tensor pass (tombstoned rows keep theirs).
+        `min_chars` characters, in `term_order`, read from the postings in one pass (tombstoned rows
+        keep theirs): "alphabetical" by token text; "idf" by idf descending, ties by token text (inside
+        one memory idf falls strictly as df rises, so the order is (live df ascending, token) and needs
+        no float). A query's terms all belong to its memory, so only tokens are ever compared.
 
         Returns (query index, term id) pairs, query by query, each query's terms in that order: the
         queries already encoded for `search_encoded`. The rows must belong to their query's memory (a
@@ -422,24 +432,33 @@ class BM25Index:
         rows = torch.as_tensor(rows, dtype=torch.long).to(dev)
         owner, slot = torch.nonzero(rows >= 0, as_tuple=True)
         picked = rows[owner, slot]
+        empty = torch.zeros(0, dtype=torch.long, device=dev)
         if picked.numel() == 0 or terms <= 0:
-            empty = torch.zeros(0, dtype=torch.long, device=dev)
             return empty, empty
         if int(picked.max()) >= self.num_rows:
             raise IndexError(f"BM25 feedback_terms: row {int(picked.max())} does not exist (rows 0..{self.num_rows - 1})")
         entry, postings = self._postings_of(picked)
-        term = self._post_term.view[postings].long()
-        query = owner[entry]
-        orders = self._term_orders()
-        keep = orders["length"][term] >= min_chars
-        n_terms = self.num_terms
-        # one sorted unique over (query, rank) dedups each query's terms and puts them in order
-        key = torch.unique(query[keep] * n_terms + orders["rank_" + term_order][term[keep]])
-        query, rank = key // n_terms, key % n_terms
-        counts = torch.bincount(query, minlength=rows.shape[0])
-        place = torch.arange(key.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[query]
+        # the candidates are few (a question's feedback rows): ordered on the host
+        term = self._post_term.view[postings].long().cpu().numpy()
+        query = owner[entry].cpu().numpy()
+        token_rank, token_len = self._token_order()
+        token = self._term_token.view[term]
+        keep = token_len[token] >= min_chars
+        term, query, token = term[keep], query[keep], token[keep]
+        if term_order == "alphabetical":
+            keys = (token_rank[token], query)
+        else:
+            keys = (token_rank[token], self._df.view[torch.from_numpy(term).to(dev)].cpu().numpy(), query)
+        order = np.lexsort(keys)
+        term, query = term[order], query[order]
+        # a term read from several rows of one query is kept once (equal pairs are adjacent now)
+        first = np.ones(len(term), dtype=bool)
+        first[1:] = (term[1:] != term[:-1]) | (query[1:] != query[:-1])
+        term, query = term[first], query[first]
+        counts = np.bincount(query, minlength=rows.shape[0])
+        place = np.arange(len(query)) - (np.cumsum(counts) - counts)[query]
         take = place < terms
-        return query[take], orders[term_order][rank[take]]
+        return torch.from_numpy(query[take]).to(dev), torch.from_numpy(term[take]).to(dev)
 
     def term_tokens(self, term_ids: torch.Tensor) -> list[str]:
         """The token text of each term id."""

@@ -134,7 +134,8 @@ class MemFit:
         assert self.store is not None
         self.store.index_pending()  # turns a live memory logged since the last read
         if self._view is None or self._view_generation != self.store.generation:
-            self._view, self._view_generation = ReadView.from_store(self.store), self.store.generation
+            self._view = ReadView.from_store(self.store, previous=self._view)
+            self._view_generation = self.store.generation
         return self._view
 
     # ------------------------------------------------------------------------------ live (issue 22)

@@ -98,8 +98,12 @@ class ReadView:
         )
 
     @classmethod
-    def from_store(cls, store: EpisodeStore) -> ReadView:
-        """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/design.md)."""
+    def from_store(cls, store: EpisodeStore, previous: ReadView | None = None) -> ReadView:
+        """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/design.md).
+
+        previous: an earlier view of the same store (a live memory's, before its last writes): the
+        speaker masks it computed are carried over for the rows whose memory kept its speakers
+        (`_carry_speaker_masks`), so a write to one memory costs the next read the new rows only."""
         def col(name: str) -> Any:
             if not hasattr(store, name):
                 raise AttributeError(f"EpisodeStore has no read-side column {name!r} (docs/design.md store/)")
@@ -121,7 +125,7 @@ class ReadView:
         sums = list(getattr(store, "summaries", []) or [])
         encoder = getattr(store, "encoder", None)
         info = encoder.info() if hasattr(encoder, "info") else {}
-        return cls(
+        view = cls(
             memory_ids=memory_ids, speakers=speakers_by_memory,
             ep_memory=mem, ep_session=np.asarray(col("session_idx"), dtype=np.int64),
             ep_position=np.asarray(col("position"), dtype=np.int64),
@@ -137,6 +141,39 @@ class ReadView:
             sm_dense=getattr(store, "summary_dense", None) if sums else None,
             encoder_info=info,
         )
+        if previous is not None:
+            view._carry_speaker_masks(previous)
+        return view
+
+    def _carry_speaker_masks(self, previous: ReadView) -> None:
+        """Take `previous`'s episode speaker masks for the rows it already had, where their memory's
+        speaker list is unchanged (a new speaker changes a memory's bits); compute the other rows.
+
+        A store's rows are append-only while it keeps its text column (it makes a new one when it
+        reopens or is compacted), so the rows of `previous` are this view's first rows exactly when
+        both read the same column object and it has not shrunk."""
+        done = previous.__dict__.get("_speaker_masks")
+        n_old = len(previous.ep_memory)  # its rows then (the text column it shares has grown since)
+        if not done or previous.ep_text is not self.ep_text or n_old > self.num_episodes:
+            return
+        if previous.memory_ids != self.memory_ids[:len(previous.memory_ids)]:
+            return
+        old_names, names = previous.speakers_lower, self.speakers_lower
+        kept_memory = np.asarray([m < len(old_names) and old_names[m] == low for m, low in enumerate(names)],
+                                 dtype=bool)
+        keep = np.zeros(self.num_episodes, dtype=bool)
+        keep[:n_old] = kept_memory[self.ep_memory[:n_old]] if len(kept_memory) else False
+        redo = np.flatnonzero(~keep)
+        texts = [self.ep_text[r] for r in redo.tolist()]
+        speakers = [self.ep_speaker[r] for r in redo.tolist()]
+        for key, mask in done.items():
+            kind, min_chars, match = key
+            if kind != "ep":
+                continue
+            out = np.zeros(self.num_episodes, dtype=np.int64)
+            out[:n_old][keep[:n_old]] = mask[keep[:n_old]]
+            out[redo] = self._mask_of(texts, speakers, self.ep_memory[redo], names, min_chars, match)
+            self._speaker_masks[key] = out
 
     # ------------------------------------------------------------------ lookups
     @property
