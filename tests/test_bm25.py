@@ -595,6 +595,51 @@ def test_sliced_prepare_gives_the_same_layout(monkeypatch, scoring_path):
     assert all(torch.equal(whole[k], sliced[k]) for k in whole)
 
 
+@pytest.mark.parametrize("slice_postings", [1 << 22, 5])
+def test_a_layout_brought_up_to_date_equals_one_laid_out_afresh(monkeypatch, slice_postings):
+    """After adds and deletes in some memories (new memories, new terms, a memory emptied, the widest
+    memory changing), _prepare lays out again only the changed memories' blocks and copies the others:
+    every tensor of its cache equals a first build's, and so do the searches."""
+    monkeypatch.setattr(bm25_module, "_PREPARE_SLICE", slice_postings)
+    rng = random.Random(21)
+    words = [f"w{i}" for i in range(40)]
+
+    def docs(n: int) -> list[list[str]]:
+        return [[rng.choice(words) for _ in range(rng.randint(0, 10))] for _ in range(n)]
+
+    index = BM25Index()
+    mems: list[int] = []
+    first = docs(120)
+    index.add(first, [rng.randrange(4) for _ in first])
+    mems += index._row_memory.view.tolist()
+    queries = [[rng.choice(words) for _ in range(4)] for _ in range(12)]
+    laid_out_again = []
+    for step in range(25):
+        kind = step % 5
+        if kind == 3:
+            live = [r for r in range(index.num_rows) if not bool(index._deleted.view[r])]
+            index.delete(rng.sample(live, 3))
+        elif kind == 4:  # empty one memory's rows entirely, then refill it later
+            index.delete([r for r in range(index.num_rows) if mems[r] == 2])
+        else:
+            batch = docs(rng.randint(1, 4))
+            target = [rng.choice([0, 1, 2, 5 + step // 10]) for _ in batch]
+            index.add(batch, target)
+            mems += target
+        laid_out_again.append(len(index._dirty))
+        cache = {k: v.clone() for k, v in index._prepare().items()}
+        fresh = BM25Index()
+        fresh.load_state_dict(index.state_dict())
+        again = fresh._prepare()
+        assert cache.keys() == again.keys()
+        for key in cache:
+            assert torch.equal(cache[key], again[key]), key
+        qm = [rng.randrange(index.num_memories) for _ in queries]
+        got, want = index.search(queries, qm, k=8), fresh.search(queries, qm, k=8)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert 0 < max(laid_out_again) < index.num_memories  # some memories were copied, not laid out again
+
+
 def test_a_format_1_state_still_loads():
     """Snapshots written before #14 hold one token string per term ("terms"): they load, same results."""
     rng = random.Random(6)

@@ -120,6 +120,7 @@ def test_bm25_score_is_the_exact_sum_of_its_weights_rounded_once():
     cache = index._prepare()
     scores, rows = index.scores(queries[:20], [0] * 20)
     term_ptr, cols, weights = cache["term_ptr"].tolist(), cache["post_col"].tolist(), cache["post_weight"].tolist()
+    slot = cache["slot"].tolist()  # the CSR's rows are term slots (memory by memory)
     vocab = {token: term for query in queries[:20] for token in query if (term := index.term_id(0, token)) >= 0}
     for qi, query in enumerate(queries[:20]):
         by_col: dict[int, list[float]] = {}
@@ -127,7 +128,7 @@ def test_bm25_score_is_the_exact_sum_of_its_weights_rounded_once():
             term = vocab.get(token)
             if term is None:
                 continue
-            for j in range(term_ptr[term], term_ptr[term + 1]):
+            for j in range(term_ptr[slot[term]], term_ptr[slot[term] + 1]):
                 by_col.setdefault(cols[j], []).append(weights[j])
         for col, parts in by_col.items():
             # math.fsum is the correctly rounded float64 sum; it is exact here, so one float32 rounding follows

@@ -13,8 +13,10 @@ length in tokens.
 exactly one memory: a query can only reach its own memory's postings, which isolates memories by
 construction and spends no work across them. Postings (term, row, tf) are appended to growable
 tensors; nothing stored is rewritten on `add`. On the first search after a change, the per-posting
-weights are recomputed in one vectorised pass and laid out as a term x position CSR matrix, where
-a row's position is its rank among its memory's live rows. Scoring a batch of queries is then one
+weights of the memories that changed are recomputed in one vectorised pass and laid out in a
+term-slot x position CSR matrix, where a row's position is its rank among its memory's live rows and
+slots order the terms memory by memory, so the blocks of the memories that did not change are copied
+as they were (a server's write to one user costs the next read that user's postings, not the store's). Scoring a batch of queries is then one
 segmented scatter (query, term) -> postings into a padded [queries, max docs] float64 matrix (a
 Triton kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), rounded to float32 once, then one
 `topk`; there is no Python loop over queries or memories in the scoring. The sums are exact, so the
@@ -27,7 +29,7 @@ memory: one global token table (str -> token id, the only Python strings), terms
 (memory, token id) with a sorted int64 key array for lookups, postings as two int32 columns (term, tf)
 in row order with one start offset per row, nothing per posting in Python. `add_texts` tokenises and
 maps a chunk of texts to token ids text by text (no token lists for the whole chunk), and `_prepare`
-builds the CSR layout in bounded slices of postings (a counting sort by term), so neither the write
+builds the CSR layout in bounded slices of postings (a counting sort by slot), so neither the write
 path nor the first search holds a full-size temporary per posting beyond the CSR itself.
 
 `ReferenceBM25` (index/bm25_reference.py) is the readable oracle; both implement
@@ -93,6 +95,28 @@ def _on_grid(weight: torch.Tensor) -> torch.Tensor:
     return (weight.double() * scale).round_().div_(scale).float()
 
 
+def _unchanged_runs(changed: torch.Tensor) -> list[tuple[int, int]]:
+    """Maximal runs [a, b) of consecutive memories that did not change (their blocks move as one)."""
+    same = torch.zeros(changed.numel() + 2, dtype=torch.int8)
+    same[1:-1] = (~changed).to(torch.int8).cpu()
+    step = torch.diff(same)
+    return list(zip(torch.nonzero(step == 1).flatten().tolist(), torch.nonzero(step == -1).flatten().tolist(),
+                    strict=True))
+
+
+def _row_slices(rows: torch.Tensor, postings: torch.Tensor) -> list[torch.Tensor]:
+    """`rows` cut into consecutive pieces of at most _PREPARE_SLICE postings each (a row is never split;
+    a row with more postings than that is a piece of its own)."""
+    ends = torch.cumsum(postings, 0).cpu()
+    pieces, start = [], 0
+    while start < rows.numel():
+        base = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(torch.searchsorted(ends, base + _PREPARE_SLICE, right=True)))
+        pieces.append(rows[start:stop])
+        start = stop
+    return pieces
+
+
 def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
     if pair_query.numel() <= _MAX_QUERY_PAIRS:
         return
@@ -138,7 +162,11 @@ class BM25Index:
         self._df = GrowableTensor(torch.long, dev)
         self._mem_docs = GrowableTensor(torch.long, dev)
         self._mem_tokens = GrowableTensor(torch.long, dev)
+        # term slots (_prepare): a term's place among its memory's terms, and each memory's term count
+        self._term_local = GrowableTensor(torch.long, dev)
+        self._mem_terms = GrowableTensor(torch.long, dev)
         self._cache: dict[str, torch.Tensor] | None = None
+        self._dirty: set[int] = set()  # memories changed since the cache was laid out
         # every token's rank in str order and its length (feedback_terms), grown with the token table
         self._token_sorted: list[str] = []
         self._token_rank = np.zeros(0, dtype=np.int64)
@@ -206,7 +234,19 @@ class BM25Index:
         self._key_sorted = np.insert(self._key_sorted, at, keys[order])
         self._key_term = np.insert(self._key_term, at, ids[order])
         self._term_token.extend(term_token)
-        self._term_memory.extend(torch.from_numpy(term_memory.astype(np.int64)))
+        memory = torch.from_numpy(term_memory.astype(np.int64))
+        self._term_memory.extend(memory)
+        # each new term takes its memory's next local place (terms in id order)
+        if memory.numel():
+            self._mem_terms.ensure(int(memory.max()) + 1)
+            held = self._mem_terms.view
+            by_memory = torch.sort(memory, stable=True).indices
+            count = torch.bincount(memory, minlength=held.numel())
+            before = (torch.cumsum(count, 0) - count)[memory[by_memory]]
+            local = torch.empty_like(memory)
+            local[by_memory] = torch.arange(memory.numel()) - before
+            self._term_local.extend(local + held.cpu()[memory])
+            held += count.to(held.device)
 
     # ------------------------------------------------------------------ write
     @property
@@ -288,7 +328,7 @@ class BM25Index:
         self._df.view.index_add_(0, term_d, torch.ones_like(term_d))
         self._mem_docs.view.index_add_(0, mem_t.to(dev), torch.ones_like(mem_t, device=dev))
         self._mem_tokens.view.index_add_(0, mem_t.to(dev), len_t.to(dev))
-        self._cache = None
+        self._dirty.update(mems)
         return rows
 
     def delete(self, rows: Sequence[int] | torch.Tensor) -> None:
@@ -310,7 +350,7 @@ class BM25Index:
         self._mem_docs.view.index_add_(0, mem_t, torch.full_like(mem_t, -1))
         self._mem_tokens.view.index_add_(0, mem_t, -self._row_len.view[row_t])
         self._deleted.view[row_t] = True
-        self._cache = None
+        self._dirty.update(torch.unique(mem_t).tolist())
 
     def _postings_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(position in `rows`, posting index) of every posting of the given rows, row by row."""
@@ -468,73 +508,107 @@ class BM25Index:
 
     # ------------------------------------------------------------------ search
     def _prepare(self) -> dict[str, torch.Tensor]:
-        """Per-posting lucene weights as a term x position CSR matrix, cached until the next change.
+        """Per-posting lucene weights as a CSR matrix over term slots x positions, kept until the next
+        change and then brought up to date for the memories that changed only.
 
-        Built by a counting sort in slices of _PREPARE_SLICE postings: each live posting goes to its
-        term's next free slot (postings are in row order, so a term's postings stay in row order), and
-        its weight is computed element by element exactly as one full-size pass would."""
-        if self._cache is not None:
-            return self._cache
+        A term's slot orders terms memory by memory (its memory's first slot + its place among that
+        memory's terms, `_term_local`), so each memory's postings are one block of the CSR. A change to a
+        memory (an add, a delete) changes its N, df and avgdl, hence every weight of its block, and
+        nothing of another memory's block: the blocks of unchanged memories are copied (one slice per
+        run of consecutive unchanged memories) and only the changed memories' postings are weighted and
+        laid out again. A first build is the same code with every memory changed.
+
+        Laying out a block is a counting sort in slices of at most _PREPARE_SLICE postings (whole rows):
+        each live posting goes to its slot's next free place (rows are taken in row order, so a term's
+        postings stay in row order), and its weight is computed element by element exactly as one
+        full-size pass would: the layout and the bits do not depend on how it was reached."""
+        old = self._cache
+        if old is not None and not self._dirty:
+            return old
         dev = self.device
         n_mem = self._num_memories
-        self._mem_docs.ensure(n_mem)
-        self._mem_tokens.ensure(n_mem)
+        for buf in (self._mem_docs, self._mem_tokens, self._mem_terms):
+            buf.ensure(n_mem)
         n_terms = self.num_terms
         live = ~self._deleted.view
         row_memory = self._row_memory.view
-        live_rows = torch.nonzero(live).flatten()
-        # rows grouped by memory, row order kept inside each: position = rank among the memory's live rows
-        order = torch.sort(row_memory[live_rows], stable=True).indices
-        rows_by_memory = live_rows[order]
         mem_docs = self._mem_docs.view
+        # the memories to lay out again (all of them on a first build or after a move)
+        changed = torch.ones(n_mem, dtype=torch.bool, device=dev)
+        if old is not None:
+            changed[:] = False
+            old_n_mem = old["mem_docs"].numel()
+            changed[old_n_mem:] = True
+            if self._dirty:
+                changed[torch.tensor(sorted(self._dirty), dtype=torch.long, device=dev)] = True
+        runs = _unchanged_runs(changed) if old is not None else []
+
+        # rows grouped by memory, row order kept inside each: position = rank among the memory's live rows
         mem_start = torch.cumsum(mem_docs, 0) - mem_docs
+        rows_by_memory = torch.empty(int(mem_docs.sum()), dtype=torch.long, device=dev)
+        for a, b in runs:
+            at, span = int(old["mem_start"][a]), int(old["mem_start"][b - 1] + old["mem_docs"][b - 1] - old["mem_start"][a])
+            to = int(mem_start[a])
+            rows_by_memory[to:to + span] = old["rows_by_memory"][at:at + span]
+        redo_rows = torch.nonzero(live & changed.index_select(0, row_memory)).flatten()
+        redo_rows = redo_rows[torch.sort(row_memory[redo_rows], stable=True).indices]
+        redo_mem = row_memory[redo_rows]
+        per_memory = torch.bincount(redo_mem, minlength=n_mem)
+        rank = torch.arange(redo_rows.numel(), device=dev) - (torch.cumsum(per_memory, 0) - per_memory)[redo_mem]
+        rows_by_memory[mem_start[redo_mem] + rank] = redo_rows
         position = torch.full((self.num_rows,), -1, dtype=torch.long, device=dev)
-        position[rows_by_memory] = (
-            torch.arange(rows_by_memory.numel(), device=dev) - mem_start[row_memory[rows_by_memory]]
-        )
-        del order, live_rows
+        position[redo_rows] = rank
 
-        # lucene factors per term (idf) and per row (length norm); avgdl > 0 whenever the memory has a
-        # posting, so the division is safe where it is used
-        term_idf = self._idf_of_terms(self._df.view, self._term_memory.view)
-        avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
-        row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
-
-        # the CSR layout: live postings in term order, row order inside a term. A term's live postings
-        # are its live df, so the pointers come from df alone.
+        # term slots, memory by memory; the CSR pointers come from the live df alone
+        mem_terms = self._mem_terms.view
+        term_memory = self._term_memory.view
+        slot_of_term = (torch.cumsum(mem_terms, 0) - mem_terms).index_select(0, term_memory) + self._term_local.view
+        slot_df = torch.empty(n_terms, dtype=torch.long, device=dev)
+        slot_df[slot_of_term] = self._df.view
         term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
-        term_ptr[1:] = torch.cumsum(self._df.view, 0)
+        term_ptr[1:] = torch.cumsum(slot_df, 0)
+        block_start = term_ptr.index_select(0, torch.cumsum(mem_terms, 0) - mem_terms) if n_mem else term_ptr[:0]
         total = int(term_ptr[-1])
         col_dtype = torch.int32 if self.num_rows < 2**31 - 1 else torch.long
         post_col = torch.empty(total, dtype=col_dtype, device=dev)
         post_weight = torch.empty(total, dtype=torch.float32, device=dev)
+        for a, b in runs:  # unchanged memories: their blocks as they were
+            at = int(old["block_start"][a])
+            span = int(old["block_end"][b - 1]) - at
+            to = int(block_start[a])
+            post_col[to:to + span] = old["post_col"][at:at + span]
+            post_weight[to:to + span] = old["post_weight"][at:at + span]
+
+        # lucene factors per term (idf) and per row (length norm); avgdl > 0 whenever the memory has a
+        # posting, so the division is safe where it is used
+        term_idf = self._idf_of_terms(self._df.view, term_memory)
+        avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
+        row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
         cursor = term_ptr[:-1].clone()
-        any_deleted = bool((~live).any()) if self.num_rows else False
-        for lo in range(0, self._post_term.size, _PREPARE_SLICE):
-            hi = min(lo + _PREPARE_SLICE, self._post_term.size)
-            term = self._post_term.view[lo:hi].long()
-            row = self._posting_rows(lo, hi)
-            tf = self._post_tf.view[lo:hi].double()
-            if any_deleted:
-                keep = live.index_select(0, row)
-                term, row, tf = term[keep], row[keep], tf[keep]
+        post_end = self._post_end()
+        for chunk in _row_slices(redo_rows, (post_end - self._row_post_start.view).index_select(0, redo_rows)):
+            entry, postings = self._postings_of(chunk)
+            term = self._post_term.view[postings].long()
+            row = chunk[entry]
+            tf = self._post_tf.view[postings].double()
             weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
             col = position.index_select(0, row)
-            # each posting's slot: its term's cursor plus its rank among this slice's postings of the term
-            sorted_term, by_term = torch.sort(term, stable=True)
-            _, run = torch.unique_consecutive(sorted_term, return_counts=True)
+            slot = slot_of_term.index_select(0, term)
+            # each posting's place: its slot's cursor plus its rank among this slice's postings of the slot
+            sorted_slot, by_slot = torch.sort(slot, stable=True)
+            _, run = torch.unique_consecutive(sorted_slot, return_counts=True)
             run_start = torch.repeat_interleave(torch.cumsum(run, 0) - run, run)
-            dest = cursor.index_select(0, sorted_term) + torch.arange(sorted_term.numel(), device=dev) - run_start
-            post_col[dest] = col.index_select(0, by_term).to(col_dtype)
-            post_weight[dest] = weight.index_select(0, by_term)
-            cursor.index_add_(0, term, torch.ones_like(term))
+            dest = cursor.index_select(0, sorted_slot) + torch.arange(sorted_slot.numel(), device=dev) - run_start
+            post_col[dest] = col.index_select(0, by_slot).to(col_dtype)
+            post_weight[dest] = weight.index_select(0, by_slot)
+            cursor.index_add_(0, slot, torch.ones_like(slot))
         del cursor, position
 
         # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
         # gathering and scattering _DENSE_FACTOR postings one by one. Each dense term has
         # df >= width / _DENSE_FACTOR, so the matrix holds at most _DENSE_FACTOR x the live postings.
         width = int(mem_docs.max()) if n_mem else 0
-        term_df = term_ptr[1:] - term_ptr[:-1]
+        term_df = self._df.view
         is_dense = term_df * _DENSE_FACTOR >= max(width, 1)
         dense_terms = torch.nonzero(is_dense).flatten()
         dense_slot = torch.full((n_terms,), -1, dtype=torch.long, device=dev)
@@ -543,13 +617,14 @@ class BM25Index:
         dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float64, device=dev)
         if dense_terms.numel():
             counts = term_df.index_select(0, dense_terms)
-            slot = torch.repeat_interleave(torch.arange(dense_terms.numel(), device=dev), counts)
-            starts = torch.repeat_interleave(term_ptr.index_select(0, dense_terms) - (torch.cumsum(counts, 0) - counts),
-                                             counts)
-            at = starts + torch.arange(slot.numel(), device=dev)
-            dense_weight.index_put_((slot, post_col.index_select(0, at).long()), post_weight.index_select(0, at).double())
+            row_of = torch.repeat_interleave(torch.arange(dense_terms.numel(), device=dev), counts)
+            first = term_ptr.index_select(0, slot_of_term.index_select(0, dense_terms))
+            starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts)
+            at = starts + torch.arange(row_of.numel(), device=dev)
+            dense_weight.index_put_((row_of, post_col.index_select(0, at).long()), post_weight.index_select(0, at).double())
         self._cache = {
-            "term_ptr": term_ptr,
+            "term_ptr": term_ptr,  # over slots: a term's postings are term_ptr[slot[t]] .. term_ptr[slot[t] + 1]
+            "slot": slot_of_term,
             # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
             "post_col": post_col,
             "post_weight": post_weight,
@@ -558,7 +633,10 @@ class BM25Index:
             "rows_by_memory": rows_by_memory,
             "mem_start": mem_start,
             "mem_docs": mem_docs.clone(),
+            "block_start": block_start,
+            "block_end": torch.cat([block_start[1:], term_ptr[-1:]]) if n_mem else block_start,
         }
+        self._dirty.clear()
         return self._cache
 
     def _encode_queries(self, queries: list[list[str]], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -588,8 +666,8 @@ class BM25Index:
             pair_query, pair_term = pair_query[~dense], pair_term[~dense]
         else:
             acc = torch.zeros((n_queries, width), dtype=torch.float64, device=self.device)
-        segmented_scatter_add(acc.view(-1), pair_query * width, pair_term, cache["term_ptr"], cache["post_col"],
-                              cache["post_weight"])
+        segmented_scatter_add(acc.view(-1), pair_query * width, cache["slot"][pair_term], cache["term_ptr"],
+                              cache["post_col"], cache["post_weight"])
         return acc.float()
 
     @staticmethod
@@ -759,8 +837,9 @@ class BM25Index:
             seg_ptr[1:] = torch.cumsum(q_docs[q0:q1], 0)
             acc = torch.zeros(int(seg_ptr[-1]), dtype=torch.float64, device=dev)
             lo, hi = bounds[i], bounds[i + 1]
-            segmented_scatter_add_triton(acc, seg_ptr.index_select(0, pair_query[lo:hi] - q0), pair_term[lo:hi],
-                                         cache["term_ptr"], cache["post_col"], cache["post_weight"])
+            segmented_scatter_add_triton(acc, seg_ptr.index_select(0, pair_query[lo:hi] - q0),
+                                         cache["slot"][pair_term[lo:hi]], cache["term_ptr"], cache["post_col"],
+                                         cache["post_weight"])
             parts.append(segment_topk_triton(acc, seg_ptr, q_start[q0:q1], cache["rows_by_memory"], k))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
@@ -842,7 +921,7 @@ class BM25Index:
 
     def _buffers(self) -> tuple[GrowableTensor, ...]:
         return (self._post_term, self._post_tf, self._row_memory, self._row_len, self._row_post_start, self._deleted,
-                self._term_memory, self._df, self._mem_docs, self._mem_tokens)
+                self._term_memory, self._df, self._mem_docs, self._mem_tokens, self._term_local, self._mem_terms)
 
     def nbytes(self) -> dict[str, int]:
         """Bytes held by the postings, the per-row and per-term columns, and the search cache."""
