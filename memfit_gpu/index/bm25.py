@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -585,12 +585,7 @@ class BM25Index:
         avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
         row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
         cursor = term_ptr[:-1].clone()
-        post_end = self._post_end()
-        for chunk in _row_slices(redo_rows, (post_end - self._row_post_start.view).index_select(0, redo_rows)):
-            entry, postings = self._postings_of(chunk)
-            term = self._post_term.view[postings].long()
-            row = chunk[entry]
-            tf = self._post_tf.view[postings].double()
+        for term, row, tf in self._postings_to_lay_out(redo_rows, changed, live):
             weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
             col = position.index_select(0, row)
             slot = slot_of_term.index_select(0, term)
@@ -638,6 +633,32 @@ class BM25Index:
         }
         self._dirty.clear()
         return self._cache
+
+    def _postings_to_lay_out(self, rows: torch.Tensor, changed: torch.Tensor,
+                             live: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(term, row, tf as float64) of the postings of `rows` (the live rows of the changed memories),
+        in slices of at most _PREPARE_SLICE postings, each memory's postings in row order.
+
+        When they are most of the postings (a first build) the postings are read in storage order and
+        filtered; otherwise each slice gathers its rows' postings, so an update reads no other memory."""
+        if rows.numel() == 0:
+            return
+        per_row = (self._post_end() - self._row_post_start.view).index_select(0, rows)
+        if 2 * int(per_row.sum()) < self._post_term.size:
+            for chunk in _row_slices(rows, per_row):
+                entry, postings = self._postings_of(chunk)
+                yield self._post_term.view[postings].long(), chunk[entry], self._post_tf.view[postings].double()
+            return
+        every = rows.numel() == self.num_rows
+        for lo in range(0, self._post_term.size, _PREPARE_SLICE):
+            hi = min(lo + _PREPARE_SLICE, self._post_term.size)
+            term = self._post_term.view[lo:hi].long()
+            row = self._posting_rows(lo, hi)
+            tf = self._post_tf.view[lo:hi].double()
+            if not every:
+                keep = live.index_select(0, row) & changed.index_select(0, self._row_memory.view.index_select(0, row))
+                term, row, tf = term[keep], row[keep], tf[keep]
+            yield term, row, tf
 
     def _encode_queries(self, queries: list[list[str]], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(query index, term id) per query token the query's memory knows; repeats kept (each counts)."""
