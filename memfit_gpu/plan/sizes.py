@@ -22,11 +22,12 @@ BM25_STATE_BYTES_PER_ROW = 8 + 8 + 8 + 1  # row_memory, row_len, row_post_start 
 BM25_STATE_BYTES_PER_TERM = 4 + 8  # term_token int32 + term_memory int64
 
 
-# The live index keeps no per-posting row column; it adds df (int64 per term) to the state's tensors ...
+# The live index keeps no per-posting row column; it adds df and the term's place among its memory's
+# terms (term slots, `_prepare`), int64 each per term, to the state's tensors ...
 BM25_LIVE_BYTES_PER_POSTING = BM25_STATE_BYTES_PER_POSTING
 
 
-BM25_LIVE_BYTES_PER_TERM = BM25_STATE_BYTES_PER_TERM + 8
+BM25_LIVE_BYTES_PER_TERM = BM25_STATE_BYTES_PER_TERM + 8 + 8
 
 
 # ... in GrowableTensor buffers whose capacity runs ahead of their size: one big append (today's one-batch
@@ -35,12 +36,12 @@ BM25_GROWTH_SLACK = 1.25
 
 
 # The search cache `_prepare` builds on the first search: post_col int32 + post_weight float32 per posting,
-# term_ptr + dense_slot int64 per term, rows_by_memory int64 per row, and a float64 [dense terms x widest
-# memory] matrix of the terms in at least 1/8 of the widest memory's rows (bm25.py _DENSE_FACTOR).
+# term_ptr + slot + dense_slot int64 per term, rows_by_memory int64 per row, and a float64 [dense terms x
+# widest memory] matrix of the terms in at least 1/8 of the widest memory's rows (bm25.py _DENSE_FACTOR).
 BM25_CACHE_BYTES_PER_POSTING = 4 + 4
 
 
-BM25_CACHE_BYTES_PER_TERM = 8 + 8
+BM25_CACHE_BYTES_PER_TERM = 8 + 8 + 8
 
 
 BM25_CACHE_BYTES_PER_ROW = 8
@@ -62,8 +63,9 @@ BM25_PREPARE_SLICE_POSTINGS = 1 << 22
 
 # Host side of BM25, always: the vocabulary (a dict per memory + the term -> token list). Measured with
 # tracemalloc on LoCoMo: 64 B per term of dict and list entries, plus the token's own str (49 B header +
-# ~6 characters).
-BM25_HOST_BYTES_PER_TERM = 120
+# ~6 characters); and per token (fewer than terms, so counted per term as a bound) the PRF term order's
+# rank and length (int64 each) and its place in the sorted token list (a reference).
+BM25_HOST_BYTES_PER_TERM = 120 + 24
 
 
 # DenseIndex (index/dense.py): float32 rows (IndexFlatIP) ...
