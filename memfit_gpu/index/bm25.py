@@ -533,14 +533,12 @@ class BM25Index:
         live = ~self._deleted.view
         row_memory = self._row_memory.view
         mem_docs = self._mem_docs.view
-        # the memories to lay out again (all of them on a first build or after a move)
+        # the memories to lay out again (all of them on a first build or after a move): the dirty ones and
+        # those the cache has not seen
         changed = torch.ones(n_mem, dtype=torch.bool, device=dev)
         if old is not None:
-            changed[:] = False
-            old_n_mem = old["mem_docs"].numel()
-            changed[old_n_mem:] = True
-            if self._dirty:
-                changed[torch.tensor(sorted(self._dirty), dtype=torch.long, device=dev)] = True
+            changed[:old["mem_docs"].numel()] = False
+            changed[torch.tensor(sorted(self._dirty), dtype=torch.long, device=dev)] = True
         runs = _unchanged_runs(changed) if old is not None else []
 
         # rows grouped by memory, row order kept inside each: position = rank among the memory's live rows
@@ -562,12 +560,13 @@ class BM25Index:
         # term slots, memory by memory; the CSR pointers come from the live df alone
         mem_terms = self._mem_terms.view
         term_memory = self._term_memory.view
-        slot_of_term = (torch.cumsum(mem_terms, 0) - mem_terms).index_select(0, term_memory) + self._term_local.view
+        mem_first_slot = torch.cumsum(mem_terms, 0) - mem_terms
+        slot_of_term = mem_first_slot.index_select(0, term_memory) + self._term_local.view
         slot_df = torch.empty(n_terms, dtype=torch.long, device=dev)
         slot_df[slot_of_term] = self._df.view
         term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
         term_ptr[1:] = torch.cumsum(slot_df, 0)
-        block_start = term_ptr.index_select(0, torch.cumsum(mem_terms, 0) - mem_terms) if n_mem else term_ptr[:0]
+        block_start = term_ptr.index_select(0, mem_first_slot)
         total = int(term_ptr[-1])
         col_dtype = torch.int32 if self.num_rows < 2**31 - 1 else torch.long
         post_col = torch.empty(total, dtype=col_dtype, device=dev)
