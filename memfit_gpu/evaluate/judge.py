@@ -3,15 +3,18 @@
 
 Three judges, three reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
-  judges wrap it in code fences, add text around it, or drop the JSON: the parser takes the LAST of the
-  judge's own top-level JSON objects that carries a label (the last, as a judge may reconsider; an
-  object on an indented or `>`-quoted line, or inside a quotation its line opened, is text the judge
-  quotes, such as the prediction under judgement, never its verdict). Without one it reads only a
-  verdict the judge states unambiguously: the last `verdict: X` field, a reply that starts with the
-  label (`WRONG: ...`), or one whose last word is the label in capitals (not after NOT). Anything else
-  is unparsed (JudgeParseError; `parse_judge_reply(strict=False)` records it as `unparsed`, never as
-  CORRECT): prose such as "The answer is wrong; the correct date is ..." names both labels and is not
-  guessed at. score = 1.0 for CORRECT, 0.0 for WRONG.
+  judges wrap it in code fences, add text around it, or drop the JSON. The parser collects every verdict
+  the judge states as its own: the label of each of its own top-level JSON objects (an object on an
+  indented or `>`-quoted line, or inside a quotation its line opened, is text the judge quotes, such as
+  the prediction under judgement, never its verdict), and in the text outside every object a
+  `verdict: X` field, a reply that starts with the label (`WRONG: ...`) and any label in capitals. It
+  refuses to guess: a reply whose own verdicts disagree (`{"verdict": "WRONG"} ... {"verdict":
+  "CORRECT"}`, `WRONG {"verdict": "CORRECT"}`, `The answer is WRONG. It claims "CORRECT".`), or that
+  negates its label (`I cannot say it is CORRECT`: a no, not, never, cannot or n't earlier in the
+  label's clause), or states none, is unparsed (JudgeParseError; `parse_judge_reply(strict=False)`
+  records it as `unparsed`, never as CORRECT): prose such as "The answer is wrong; the correct date is
+  ..." names both labels in lower case and is not guessed at either. score = 1.0 for CORRECT, 0.0 for
+  WRONG.
 - ``memgallery``: Mem-Gallery's graded judge (data/memgallery/prompt/llm_judge.txt) answers
   ``{"score": <0, 0.25, 0.5, 0.75, or 1>, "reasoning": "..."}``. Mem-Gallery's released
   evaluation.py snaps the grade to 0 / 0.5 / 1 (below 0.25 -> 0, below 0.75 -> 0.5, else 1) before
@@ -23,8 +26,8 @@ Three judges, three reply formats:
   ``rule="word"`` reads the first whole yes/no word instead (asked to answer yes or no, a judge leads
   with it: "No, although it says yes elsewhere.").
 
-The memgallery grade is likewise the last of the judge's own top-level objects with a score (else the
-last `score:` field on one of its own lines).
+The memgallery grade is likewise the grade of the judge's own top-level objects with a score (else the
+`score:` fields on its own lines); grades that disagree are unparsed, as conflicting labels are.
 
 An empty prediction is wrong without asking a judge (SPEC): `needs_judge` and `empty_verdict` say
 so. An abstention ("NOT_FOUND") is not empty: on LongMemEval's `_abs` questions declining is right.
@@ -39,6 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from memfit_gpu.config import JudgeConfig, ReaderConfig
+from memfit_gpu.quoting import reply_start
 from memfit_gpu.readers.prompts import JUDGE_KINDS
 
 _LABEL_KEYS = ("verdict", "label", "judgment", "judgement", "result", "grade", "answer", "decision")
@@ -47,8 +51,12 @@ _LABEL_FIELD = re.compile(r"\b(?:verdict|label|judge?ment|result|grade|decision)
                           r"(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
 _LEADING_LABEL = re.compile(r"^[\s*_#\"'`]*(CORRECT|INCORRECT|WRONG)(?=[\s*_\"'`.:,;!\-\u2013\u2014]|$)",
                             re.IGNORECASE)
-_TRAILING_LABEL = re.compile(r"(?<![\w-])(CORRECT|INCORRECT|WRONG)[\s*_.!\"'`]*$")
-_NEGATION = re.compile(r"(?:\bnot|n't|\bnever|\bno)[\s*_\"'`]*$", re.IGNORECASE)
+# a label in capitals anywhere in the judge's own text (outside its objects and quotations)
+_CAPITAL_LABEL = re.compile(r"(?<![\w-])(CORRECT|INCORRECT|WRONG)(?![\w-])")
+# a label in capitals inside quotes the judge opened ('It claims "CORRECT".'): not its verdict, but a
+# reply that names the other label so is not read as stating one
+_QUOTED_CAPITAL_LABEL = re.compile(r"[\"\u201c']\s*(CORRECT|INCORRECT|WRONG)\s*[.!]?\s*[\"\u201d']")
+_NEGATION = re.compile(r"\b(?:not|no|never|cannot|nor|neither)\b|n['\u2019]t\b", re.IGNORECASE)
 _SCORE_FIELD = re.compile(r"[\"']?score[\"']?\s*[:=]\s*\"?([0-9]*\.?[0-9]+)", re.IGNORECASE)
 
 _YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
@@ -105,16 +113,16 @@ def _field_start(text: str, position: int) -> int:
 
 
 def _own_lines(text: str) -> str:
-    """The reply without the lines it quotes (indented or `>`-quoted)."""
-    return "\n".join(line for line in text.split("\n") if line[:1] not in (" ", "\t", ">"))
+    """The reply without the lines it quotes (indented or `>`-quoted), each line kept in place as blank."""
+    return "\n".join("" if line[:1] in (" ", "\t", ">") else line for line in text.split("\n"))
 
 
-def _json_objects(text: str) -> list[dict[str, Any]]:
-    """The judge's own top-level JSON objects, in the order they appear (an object nested in another is
-    part of it, not a verdict of its own; one the reply quotes is not the judge's). Fences need no
-    special case: the scan finds objects inside them."""
+def _json_spans(text: str) -> list[tuple[int, int, Any, bool]]:
+    """(start, end, value, quoted) of every top-level JSON value that starts with `{`, in order (an object
+    nested in another is part of it, not a verdict of its own; `quoted`: one the reply quotes, not the
+    judge's). Fences need no special case: the scan finds objects inside them."""
     decoder = json.JSONDecoder()
-    found: list[dict[str, Any]] = []
+    found: list[tuple[int, int, Any, bool]] = []
     start = text.find("{")
     while start != -1:
         try:
@@ -122,10 +130,26 @@ def _json_objects(text: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             start = text.find("{", start + 1)
             continue
-        if isinstance(value, dict) and not _quoted_at(text, start):
-            found.append(value)
+        found.append((start, end, value, _quoted_at(text, start)))
         start = text.find("{", end)
     return found
+
+
+def _json_objects(text: str) -> list[dict[str, Any]]:
+    """The judge's own top-level JSON objects, in the order they appear."""
+    return [value for _, _, value, quoted in _json_spans(text) if isinstance(value, dict) and not quoted]
+
+
+def _outside_objects(text: str) -> str:
+    """The reply with every JSON object blanked (newlines kept, so lines and positions stay): what the
+    judge writes around its objects."""
+    pieces, at = [], 0
+    for start, end, _, _ in _json_spans(text):
+        pieces.append(text[at:start])
+        pieces.append(re.sub(r"[^\n]", " ", text[start:end]))
+        at = end
+    pieces.append(text[at:])
+    return "".join(pieces)
 
 
 def _lower_keys(obj: dict) -> dict[str, Any]:
@@ -139,43 +163,67 @@ def _reason(obj: dict[str, Any]) -> str:
     return ""
 
 
+def _object_label(fields: dict[str, Any]) -> str | None:
+    """CORRECT or WRONG from the first label key of one JSON object that holds one, else None."""
+    for key in _LABEL_KEYS:
+        value = fields.get(key)
+        if isinstance(value, bool):
+            return "CORRECT" if value else "WRONG"
+        if isinstance(value, str):
+            word = value.strip().strip(".!").upper()
+            if word in ("CORRECT", "WRONG", "INCORRECT"):
+                return "CORRECT" if word == "CORRECT" else "WRONG"
+    return None
+
+
+def _negated(text: str, position: int) -> bool:
+    """Whether the clause that holds `position` negates it before it (no, not, never, cannot, n't)."""
+    clause_start = max(text.rfind(stop, 0, position) for stop in ".!?;,:\n") + 1
+    return _NEGATION.search(text[clause_start:position]) is not None
+
+
 def parse_paper_reply(reply: str) -> dict[str, Any]:
-    """CORRECT/WRONG judge reply -> {"verdict", "reason", "score"}; JudgeParseError if none found."""
-    text = reply or ""
-    for obj in reversed(_json_objects(text)):
+    """CORRECT/WRONG judge reply -> {"verdict", "reason", "score"}; JudgeParseError if it states no
+    verdict unambiguously (none, conflicting ones, a negated one; module doc)."""
+    text = reply_start(reply or "")
+    stated: list[str] = []
+    reason = None
+    for obj in _json_objects(text):
         fields = _lower_keys(obj)
-        for key in _LABEL_KEYS:
-            value = fields.get(key)
-            if isinstance(value, bool):
-                return {"verdict": value, "reason": _reason(fields), "score": float(value)}
-            if isinstance(value, str):
-                word = value.strip().strip(".!").upper()
-                if word in ("CORRECT", "WRONG", "INCORRECT"):
-                    verdict = word == "CORRECT"
-                    return {"verdict": verdict, "reason": _reason(fields), "score": float(verdict)}
-    label = _stated_label(_own_lines(text))
-    if label is None:
-        named = re.search(r"correct|wrong", text, re.IGNORECASE)
-        raise JudgeParseError("paper", text, "no verdict it states unambiguously (a verdict field, a leading "
-                              "label, or a final label in capitals)" if named else "no CORRECT/WRONG label")
-    verdict = label == "CORRECT"
-    return {"verdict": verdict, "reason": text.strip(), "score": float(verdict)}
-
-
-def _stated_label(text: str) -> str | None:
-    """CORRECT or WRONG where the judge states it unambiguously, else None (refusing to guess)."""
-    fields = [m.group(1) for m in _LABEL_FIELD.finditer(text) if not _quoted_at(text, _field_start(text, m.start()))]
-    if fields:
-        word = fields[-1].upper()  # judges that think aloud end with their decision
+        label = _object_label(fields)
+        if label is not None:
+            stated.append(label)
+            reason = _reason(fields)
+    prose = _own_lines(_outside_objects(text))
+    negated = False
+    fields = [m for m in _LABEL_FIELD.finditer(prose) if not _quoted_at(prose, _field_start(prose, m.start()))]
+    stated += ["CORRECT" if m.group(1).upper() == "CORRECT" else "WRONG" for m in fields]
+    taken = [range(m.start(), m.end()) for m in fields]
+    leading = _LEADING_LABEL.match(prose)
+    if leading is not None:
+        stated.append("CORRECT" if leading.group(1).upper() == "CORRECT" else "WRONG")
+        taken.append(range(leading.start(1), leading.end(1)))
+    for match in _CAPITAL_LABEL.finditer(prose):
+        if any(match.start() in span for span in taken) or _quoted_at(prose, match.start()):
+            continue
+        stated.append("CORRECT" if match.group(1) == "CORRECT" else "WRONG")
+        negated = negated or _negated(prose, match.start())
+    for match in _QUOTED_CAPITAL_LABEL.finditer(prose):  # "CORRECT" in quotes: a label it names, not states
+        if _quoted_at(prose, match.start(1)) and not any(match.start(1) in span for span in taken):
+            stated.append("CORRECT" if match.group(1) == "CORRECT" else "WRONG")
+    labels = set(stated)
+    if len(labels) == 1 and not negated:
+        verdict = labels.pop() == "CORRECT"
+        return {"verdict": verdict, "reason": reason if reason is not None else text.strip(), "score": float(verdict)}
+    if len(labels) > 1:
+        why = "conflicting verdicts (both CORRECT and WRONG)"
+    elif negated:
+        why = "a negated verdict"
+    elif re.search(r"correct|wrong", text, re.IGNORECASE):
+        why = "no verdict it states (a verdict field, a leading label, or a label in capitals)"
     else:
-        leading, trailing = _LEADING_LABEL.match(text), _TRAILING_LABEL.search(text.strip())
-        if leading is not None:
-            word = leading.group(1).upper()
-        elif trailing is not None and not _NEGATION.search(text.strip()[:trailing.start(1)]):
-            word = trailing.group(1)
-        else:
-            return None
-    return "CORRECT" if word == "CORRECT" else "WRONG"
+        raise JudgeParseError("paper", text, "no CORRECT/WRONG label")
+    raise JudgeParseError("paper", text, f"no verdict it states unambiguously: {why}")
 
 
 def snap_memgallery_grade(grade: float) -> float:
@@ -191,24 +239,22 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
     """Graded judge reply -> {"verdict", "reason", "score"}; score in [0, 1]."""
     if grades not in ("official", "five"):
         raise ValueError(f"grades must be 'official' or 'five', got {grades!r}")
-    text = reply or ""
-    grade: float | None = None
-    reason = ""
-    for obj in reversed(_json_objects(text)):
+    text = reply_start(reply or "")
+    found: list[tuple[float, str]] = []
+    for obj in _json_objects(text):
         fields = _lower_keys(obj)
         if "score" in fields:
             try:
-                grade = float(fields["score"])
+                found.append((float(fields["score"]), _reason(fields)))
             except (TypeError, ValueError):
                 continue
-            reason = _reason(fields)
-            break
-    if grade is None:
-        matches = list(_SCORE_FIELD.finditer(_own_lines(text)))
-        if not matches:
-            raise JudgeParseError("memgallery", text, "no score")
-        match = matches[-1]
-        grade, reason = float(match.group(1)), text.strip()
+    if not found:
+        found = [(float(m.group(1)), text.strip()) for m in _SCORE_FIELD.finditer(_own_lines(text))]
+    if not found:
+        raise JudgeParseError("memgallery", text, "no score")
+    if len({g for g, _ in found}) > 1:
+        raise JudgeParseError("memgallery", text, f"conflicting scores ({', '.join(f'{g:g}' for g, _ in found)})")
+    grade, reason = found[-1]
     if not 0.0 <= grade <= 1.0:
         raise JudgeParseError("memgallery", text, f"score {grade} outside [0, 1]")
     score = snap_memgallery_grade(grade) if grades == "official" else grade
