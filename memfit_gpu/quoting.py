@@ -28,3 +28,16 @@ def quote_lines(text: str) -> str:
         if pieces[i].strip():
             pieces[i] = QUOTE_INDENT + pieces[i]
     return "".join(pieces)
+
+_BLANK_START = re.compile(r"\A(?:[ \t]*(?:\r\n|\n|\r))+")
+
+
+def reply_start(text: str) -> str:
+    """A reader's raw reply made ready for telling its own lines from quoted ones: the blank lines before
+    its first line dropped, and a single leading space (a tokenizer's word-boundary marker decoded at the
+    start: " Paris") removed. Nothing else: a first line indented by QUOTE_INDENT (two or more spaces, or a
+    tab) stays indented, because it is an echoed excerpt's continuation line, never the reply's own."""
+    text = _BLANK_START.sub("", text)
+    if text.startswith(" ") and not text.startswith("  "):
+        text = text[1:]
+    return text

@@ -3,13 +3,16 @@
 Only the reply's own final answer counts, never text it quotes (an excerpt may hold `{"answer": ...}`
 or `Answer:` lines of its own). The reply's own lines start at column 0; an indented line or one that
 starts with `>` is quoted text (excerpts reach the prompt with every line after their first indented,
-memfit_gpu/quoting.py, so an echoed excerpt stays indented). Order: thinking blocks and whitespace; code
-fences opened at column 0 (a reply that is one fenced block, else the reply's LAST such block); a JSON
+memfit_gpu/quoting.py, so an echoed excerpt stays indented). The raw reply is parsed as the reader wrote
+it: nothing is stripped first (quoting.reply_start drops only blank lines before it and a tokenizer's one
+leading space), so a reply whose first line is an indented echo never has that line read as its own.
+Order: thinking blocks; then, one layer at a time while one is found: code fences opened at column 0 (a reply that is one fenced block, else the reply's LAST such block); a JSON
 object's `answer` field, only when the whole remaining text is that object; the text after the LAST
 `ANSWER:` marker at column 0, up to the first blank, quoted or `EXCERPT n` line after it (what follows
 is explanation or quotation, not the answer); surrounding quotes and markdown
-emphasis; whitespace again (repeated until stable, so `"ANSWER: \"Paris\""` and a fenced JSON both come
-out as `Paris`). NOT_FOUND in any case, with a space or underscore, alone or with
+emphasis (each layer found is stripped of its whitespace and peeled again, so `"ANSWER: \"Paris\""`
+and a fenced JSON both come out as `Paris`); a pass that finds no layer ends it, and the rest is the
+answer, stripped. NOT_FOUND in any case, with a space or underscore, alone or with
 punctuation around it, means the reader abstained; so does NOT_FOUND (with the underscore) leading an
 answer that goes on to explain.
 """
@@ -20,6 +23,8 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from memfit_gpu.quoting import reply_start
 
 NOT_FOUND = "NOT_FOUND"
 
@@ -92,24 +97,34 @@ def _strip_quotes(text: str) -> str:
     return text
 
 
+def _peel(text: str) -> str | None:
+    """The text inside the reply's outermost layer (a fence, a whole-reply JSON answer, a column-0
+    answer marker, surrounding quotes), or None when it has none."""
+    fenced = _FENCE.match(text)
+    if fenced:
+        return fenced.group(1)
+    if "```" in text:
+        blocks = _INNER_FENCE.findall(text)
+        if blocks:
+            return blocks[-1]
+    answer = _json_answer(text)
+    if answer is not None:
+        return answer
+    after = _after_last_marker(text)
+    if after is not text:
+        return after
+    unquoted = _strip_quotes(text)
+    return None if unquoted == text else unquoted
+
+
 def clean_answer(raw: str | None) -> CleanAnswer:
-    text = _THINK.sub("", raw or "").strip()
-    for _ in range(4):  # each pass peels one layer; four covers fence > JSON > prefix > quotes
-        before = text
-        fenced = _FENCE.match(text)
-        if fenced:
-            text = fenced.group(1).strip()
-        elif "```" in text:
-            blocks = _INNER_FENCE.findall(text)
-            if blocks:
-                text = blocks[-1].strip()
-        answer = _json_answer(text)
-        if answer is not None:
-            text = answer.strip()
-        text = _after_last_marker(text).strip()
-        text = _strip_quotes(text).strip()
-        if text == before:
+    text = reply_start(_THINK.sub("", raw or "")).rstrip()
+    for _ in range(8):  # fence > JSON > marker > quotes, and a few more: each pass peels one layer
+        inner = _peel(text)
+        if inner is None:
             break
+        text = inner.strip()
+    text = text.strip()
     # Small readers often add an explanation after the token: NOT_FOUND (underscore form) leading the answer
     # decides; the spaced "not found" only counts alone, since "Not found in ..., but X" is prose.
     if _NOT_FOUND.match(text) or _NOT_FOUND_LEAD.match(text):

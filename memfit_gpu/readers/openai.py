@@ -206,7 +206,7 @@ class OpenAIBackend(Backend):
         estimated = n_in is None or n_out is None
         if estimated:
             n_in, n_out = self._count(request.messages, text)
-        return Response(text.strip(), int(n_in), int(n_out), latency, False, data.get("model") or self.model,
+        return Response(text, int(n_in), int(n_out), latency, False, data.get("model") or self.model,
                         estimated)
 
     async def _all(self, requests: Sequence[Request],

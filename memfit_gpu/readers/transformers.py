@@ -201,7 +201,7 @@ class TransformersBackend(Backend):
                 new_tokens = generated[:, width:].tolist()
                 for row, i in zip(new_tokens, batch, strict=True):
                     kept, n_out = _until_eos(row, eos_ids)
-                    text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
+                    text = self.tokenizer.decode(kept, skip_special_tokens=True)
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 
@@ -266,7 +266,7 @@ class TransformersBackend(Backend):
                 n_prompt = inputs["attention_mask"].sum(dim=1).tolist()
                 for row, i, n_in in zip(generated[:, width:].tolist(), batch, n_prompt, strict=True):
                     kept, n_out = _until_eos(row, eos_ids)
-                    text = self.tokenizer.decode(kept, skip_special_tokens=True).strip()
+                    text = self.tokenizer.decode(kept, skip_special_tokens=True)
                     out[i] = Response(text, int(n_in), n_out, share, False, self.model)
         return [r for r in out if r is not None]
 

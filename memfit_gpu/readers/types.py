@@ -50,6 +50,8 @@ class Request:
 
 @dataclass
 class Response:
+    # as the model wrote it, nothing stripped: the parsers (readers/clean.py, evaluate/judge.py) tell the
+    # reply's own lines from echoed, indented ones by where each line starts
     text: str
     input_tokens: int
     output_tokens: int

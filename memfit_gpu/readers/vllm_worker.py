@@ -140,7 +140,7 @@ def _answer(llm: Any, batch: list[dict[str, Any]], settings: dict[str, Any]) -> 
             continue
         completion = out.outputs[0]
         items[i] = {
-            "text": completion.text.strip(),
+            "text": completion.text,
             "input_tokens": len(out.prompt_token_ids or []),
             "output_tokens": len(completion.token_ids),
             "notes": notes_of[i],
