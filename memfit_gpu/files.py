@@ -14,9 +14,12 @@ complete, so the same command resumes once the cause is fixed.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
+import secrets
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -77,21 +80,48 @@ def storage_errors(path: str | Path, doing: str = "writing") -> Iterator[None]:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` in one step (tmp file beside it, fsync, rename)."""
+    """Replace `path` with `text` in one step (a temporary file of its own beside it, fsync, rename):
+    writers racing on one file each rename a whole file of their own; the last rename wins."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp: Path | None = None
     with storage_errors(path):
         try:
             faults.io_fault(path)
-            with open(tmp, "w", encoding="utf-8") as handle:
+            # a name of this writer's own, created exclusively, with the mode any new file gets (umask)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.tmp")
+            with open(tmp, "x", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
         except OSError:
-            with suppress(OSError):  # a full disk keeps no half-written copy beside the file
-                tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                with suppress(OSError):  # a full disk keeps no half-written copy beside the file
+                    tmp.unlink(missing_ok=True)
             raise
+    _remove_stale_temporaries(path)
+
+
+def temporaries(path: Path) -> list[Path]:
+    """The temporary files atomic_write_text makes beside `path` (any writer's)."""
+    return list(path.parent.glob(f".{glob.escape(path.name)}.*-*-*.tmp"))
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary files beside `path` left by writers that were killed before their rename (their process
+    is gone): removed, so no old copy of the file's contents outlives it."""
+    for stray in temporaries(path):
+        pid = stray.name[len(path.name) + 2:].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with suppress(OSError):
+                stray.unlink()
+        except PermissionError:  # another user's live process
+            pass
+
 
 
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:

@@ -14,7 +14,7 @@ from memfit_gpu import faults
 from memfit_gpu.cli import main
 from memfit_gpu.cli.errors import storage_line
 from memfit_gpu.faults import IO_FAULT_ENV
-from memfit_gpu.files import StorageError, append_jsonl, atomic_write_text
+from memfit_gpu.files import StorageError, append_jsonl, atomic_write_text, temporaries
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.types import Response
@@ -101,7 +101,7 @@ def test_a_refused_write_names_the_file_and_what_to_do(tmp_path: Path, monkeypat
         atomic_write_text(target, "after")
     assert str(info.value).startswith(f"{target}: writing failed: ")
     assert f"({code}); {advice}" in str(info.value) and str(info.value).endswith("what was written before is kept")
-    assert target.read_text() == "before" and not target.with_name("ledger.json.tmp").exists()
+    assert target.read_text() == "before" and not temporaries(target)
     monkeypatch.setenv(IO_FAULT_ENV, f"predictions.jsonl:{code}:2")  # the second append fails
     faults.reset()
     rows = tmp_path / "predictions.jsonl"

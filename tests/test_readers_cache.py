@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ReaderConfig
+from memfit_gpu.files import temporaries
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
 from memfit_gpu.readers.reader import Reader
@@ -281,7 +282,7 @@ def test_the_ledger_is_rebuilt_from_what_was_committed_whatever_stopped_the_run(
                                            r"free space on its file system, then rerun the same command"):
         rebuilt.save(tmp_path / "ledger.json")
     monkeypatch.delenv(IO_FAULT_ENV)
-    assert not (tmp_path / "ledger.json").exists() and not (tmp_path / "ledger.json.tmp").exists()
+    assert not (tmp_path / "ledger.json").exists() and not temporaries(tmp_path / "ledger.json")
 
     # the rerun: what was committed is served again without counting, the rest is answered
     backend = _Echo()

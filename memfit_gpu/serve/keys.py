@@ -20,6 +20,8 @@ from pathlib import Path
 
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import atomic_write_text
+from memfit_gpu.locks import exclusive
+from memfit_gpu.names import user_id_problem
 
 KEY_PREFIX = "mfk_"
 
@@ -72,6 +74,9 @@ class KeyRing:
             users = raw.get("users")
             if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
                 raise DataError(str(path), f"line {number}", "users", "must be a list of user ids")
+            bad = next((p for p in map(user_id_problem, users) if p is not None), None)
+            if bad is not None:
+                raise DataError(str(path), f"line {number}", "users", bad)
             if sha in {k.sha256 for k in keys}:
                 raise DataError(str(path), f"line {number}", "sha256", "the same key is listed twice")
             keys.append(ApiKey(str(raw.get("name") or f"key{number}"), sha, frozenset(users), bool(raw.get("admin", False))))
@@ -92,9 +97,17 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
     """Add a fresh key bound to `users` to the keys file (created when missing); returns the key itself,
     which is shown once and stored nowhere."""
     path = Path(path)
-    existing = KeyRing.load(path).keys if path.is_file() and path.read_text(encoding="utf-8").strip() else []
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    entry = ApiKey(name or f"key{len(existing) + 1}", digest(key), frozenset(users), admin)
-    lines = [json.dumps(k.to_json()) for k in [*existing, entry]]
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    for user in users:
+        problem = user_id_problem(user)
+        if problem is not None:
+            raise DataError(str(path), None, "users", problem)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # read, add, replace under a lock of the file's own: concurrent `memfit keys new` each add their key
+    with exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys new` is adding a key",
+                   wait_s=60.0):
+        existing = KeyRing.load(path).keys if path.is_file() and path.read_text(encoding="utf-8").strip() else []
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        entry = ApiKey(name or f"key{len(existing) + 1}", digest(key), frozenset(users), admin)
+        lines = [json.dumps(k.to_json()) for k in [*existing, entry]]
+        atomic_write_text(path, "\n".join(lines) + "\n")
     return key
