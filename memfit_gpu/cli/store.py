@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+LIVE_LOCK = ".lock"  # memfit_gpu.locks.LOCK_FILE: Memory.open's lock on its folder
+
 if TYPE_CHECKING:
     from memfit_gpu.config import MemFitConfig
     from memfit_gpu.readers.reader import Reader
@@ -21,11 +23,12 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Change a persistent episode store (SPEC write path 5, user-initiated deletion).
 
-DIR is a run directory (its config.yaml says where the store is: DIR/store unless store.path is set)
-or a store folder (log.jsonl inside; --config is needed unless its parent is a run directory). The
-config gives the encoder and index settings the store was built with, and the reader for summaries.
-Both commands hold the run directory's lock (DIR/.lock, the lock `memfit run` holds): a directory
-that is being run is refused.
+DIR is a run directory (its config.yaml says where the store is: DIR/store unless store.path is set),
+a live memory's folder (memfit_gpu.Memory, `memfit serve --store`: DIR/store) or a store folder
+(log.jsonl inside; --config is needed unless its parent is a run directory). The config gives the
+encoder and index settings the store was built with, and the reader for summaries. Every command holds
+the directory's lock (DIR/.lock, the lock `memfit run`, `memfit serve` and Memory.open hold): a
+directory in use is refused.
 
   delete   tombstones turns: they leave every index and every later retrieval, in one logged batch.
            A summary that covers one of them is retired and, by default, rebuilt over the remaining
@@ -35,6 +38,11 @@ that is being run is refused.
   compact  rewrites the log and the index snapshots without deleted turns and retired summaries (rows
            renumbered, order kept: the same queries give the same results), built beside the store
            and swapped in atomically. Afterwards the turns' text and vectors are nowhere in the store.
+  repair   makes a log openable that an older memfit_gpu left with a record its replay refuses (a write
+           batch logged before it was checked, e.g. a live add past 63 speakers): the batches that do
+           not apply are dropped (they were refused to their callers), everything else is kept byte for
+           byte; the old log and the dropped records are kept beside it. --dry-run: report only. No
+           config and no model needed.
 
 A run directory is a finished experiment: its packs, predictions and metrics were made from the store as
 it was, and these commands leave them (and DONE) as they are. Deleting is for live stores and for
@@ -61,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compact.add_argument("dir", metavar="DIR", help="run directory or store folder")
     compact.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
     compact.set_defaults(func=compact_command, user_errors=user_errors)
+    repair = commands.add_parser("repair", help="drop the write batches a store's replay refuses (older logs)")
+    repair.add_argument("dir", metavar="DIR", help="run directory, live memory folder or store folder")
+    repair.add_argument("--dry-run", action="store_true", help="report what would be dropped; change nothing")
+    repair.set_defaults(func=repair_command, user_errors=user_errors)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,11 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         cfg = load_config(config or path / "config.yaml")
         store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
         run_dir: Path | None = path
+    elif _memory_folder(path):
+        if config is None:
+            raise ConfigError(f"{path}: a live memory's folder needs --config (the config it is served with)")
+        cfg = load_config(config)
+        store, run_dir = path / "store", None
     elif (path / "log.jsonl").is_file() or interrupted(path):
         store = path
         run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
@@ -94,8 +111,57 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         raise FileNotFoundError(f"{path}: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
     if not (store / "log.jsonl").is_file() and not interrupted(store):
         raise FileNotFoundError(f"{store / 'log.jsonl'}: no store there (was the run's build stage reached?)")
-    lock = run_dir / ".lock" if run_dir is not None else store.parent / f".{store.name}.lock"
-    return Target(store=store, run_dir=run_dir, lock=lock, cfg=cfg)
+    return Target(store=store, run_dir=run_dir, lock=_lock_of(store, run_dir), cfg=cfg)
+
+
+def _memory_folder(path: Path) -> bool:
+    """A live memory's folder (Memory.open): its store in DIR/store, no config.yaml, its lock DIR/.lock."""
+    return not (path / "config.yaml").is_file() and ((path / "store" / "log.jsonl").is_file()
+                                                     and (path / LIVE_LOCK).is_file())
+
+
+def _lock_of(store: Path, run_dir: Path | None) -> Path:
+    """The lock that keeps other writers out of `store`: its run directory's, its live memory's (a store
+    folder `store` beside a memory's .lock), else one beside the store folder."""
+    if run_dir is not None:
+        return run_dir / ".lock"
+    if store.name == "store" and (store.parent / LIVE_LOCK).is_file():
+        return store.parent / LIVE_LOCK
+    return store.parent / f".{store.name}.lock"
+
+
+def repair_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.store.repair import repair_store
+
+    path = Path(args.dir)
+    if (path / "config.yaml").is_file():
+        from memfit_gpu.config import load_config
+
+        cfg = load_config(path / "config.yaml")
+        store, run_dir = (Path(cfg.store.path) if cfg.store.path is not None else path / "store"), path
+    elif _memory_folder(path):
+        store, run_dir = path / "store", None
+    else:
+        store = path
+        run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
+    if not (store / "log.jsonl").is_file():
+        raise FileNotFoundError(f"{path}: neither a run directory, a live memory nor a store folder (log.jsonl)")
+    with locked(_lock_of(store, run_dir)):
+        report = repair_store(store, dry_run=args.dry_run)
+    if not report.dropped:
+        print(f"memfit store repair: {store}: all {report.batches} write batches apply; nothing to repair")
+        return 0
+    for item in report.dropped:
+        print(f"  log record {item['log_record']}: {item['reason']} ({item['records']} records"
+              + (f", its {item['kept_memory_records']} memory record(s) kept" if item["kept_memory_records"] else "")
+              + ")")
+    verb = "would drop" if args.dry_run else "dropped"
+    print(f"memfit store repair: {store}: {verb} {len(report.dropped)} of {report.batches} write batches "
+          f"({report.records_dropped} records)" + ("" if args.dry_run else
+          f"; the old log is {report.backup}, the dropped records {report.dropped_file}; "
+          f"{report.snapshots_removed} snapshot(s) past the first change removed (the next open re-indexes "
+          "what follows the last one kept)"))
+    return 0
 
 
 def user_errors() -> tuple[type[Exception], ...]:

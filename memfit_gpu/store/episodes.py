@@ -58,7 +58,7 @@ from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.segment import segment_batch, summary_segments
 from memfit_gpu.store import compaction
 from memfit_gpu.store.log import RecordLog
-from memfit_gpu.store.replay import LogReplay
+from memfit_gpu.store.replay import LogReplay, RecordRefused
 from memfit_gpu.store.snapshot import write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
@@ -76,6 +76,9 @@ def _timestamp(value: str | None) -> np.datetime64:
         return np.datetime64(value, "s")
     except ValueError:
         return np.datetime64("NaT", "s")
+
+
+_APPLY_ERRORS = (ValueError, KeyError, IndexError, TypeError)
 
 
 class EpisodeStore(WritePath, LogReplay):
@@ -340,10 +343,15 @@ class EpisodeStore(WritePath, LogReplay):
         memories, sessions_of, positions, speakers, times, texts, prefixes, turns = [], [], [], [], [], [], [], []
         new_rows: dict[int, list[int]] = {}
         for offset, record in enumerate(records):
-            row, memory = int(record["row"]), int(record["memory"])
-            if row != first + offset:
-                raise ValueError(f"{self._where()}: episode record row {row} out of order (expected {first + offset})")
-            self._apply_speaker({"memory": memory, "name": record["speaker"]})
+            try:
+                row, memory = int(record["row"]), int(record["memory"])
+                if row != first + offset:
+                    raise ValueError(f"episode record row {row} out of order (expected {first + offset})")
+                if not 0 <= memory < len(self.memory_ids):
+                    raise ValueError(f"episode row {row} names memory {memory}; the store has {len(self.memory_ids)}")
+                self._apply_speaker({"memory": memory, "name": record["speaker"]})
+            except _APPLY_ERRORS as exc:
+                raise RecordRefused(offset, "episode", f"{self._where()}: {exc}") from None
             sessions = self._session_index[memory]
             session = sessions.get(record["session"])
             if session is None:
@@ -353,7 +361,8 @@ class EpisodeStore(WritePath, LogReplay):
             text = record["text"]
             prefix = episode_prefix(record["date"], record["speaker"])
             if not text.startswith(prefix):
-                raise ValueError(f"{self._where()}: episode row {row} text does not start with {prefix!r}")
+                raise RecordRefused(offset, "episode", f"{self._where()}: episode row {row} text does not start "
+                                                       f"with {prefix!r}")
             pending = new_rows.setdefault(memory, [])
             memories.append(memory)
             sessions_of.append(session)
@@ -417,24 +426,79 @@ class EpisodeStore(WritePath, LogReplay):
     }
 
     def _apply_all(self, records: Iterable[dict[str, Any]]) -> int:
-        """Apply records in order, runs of episode records column by column; returns how many there were."""
+        """Apply records in order, runs of episode records column by column; returns how many there were.
+        A record that cannot be applied is a RecordRefused naming its position among `records`."""
         run: list[dict[str, Any]] = []
         count = 0
+
+        def flush() -> None:
+            try:
+                self._apply_episodes(run)
+            except RecordRefused as exc:
+                raise exc.shifted(count - len(run)) from None
+
         for record in records:
-            count += 1
             if record.get("t") == "episode":
                 run.append(record)
+                count += 1
                 if len(run) >= 1 << 14:
-                    self._apply_episodes(run)
+                    flush()
                     run = []
                 continue
             if run:
-                self._apply_episodes(run)
+                flush()
                 run = []
-            self._apply(record)
+            try:
+                self._apply(record)
+            except RecordRefused as exc:
+                raise exc.shifted(count) from None
+            except _APPLY_ERRORS as exc:
+                raise RecordRefused(count, record.get("t"), f"{self._where()}: {exc}") from None
+            count += 1
         if run:
-            self._apply_episodes(run)
+            flush()
         return count
+
+    def _check_records(self, records: Sequence[dict[str, Any]]) -> None:
+        """Refuse, before anything is logged or applied, a batch that applying would refuse part way
+        (RecordRefused): a memory record out of order, a record naming a memory the store lacks, a memory
+        past MAX_SPEAKERS speakers, an episode or summary row out of order. So the log never holds a
+        record its own replay would refuse."""
+        memories, ids = len(self.memory_ids), {}
+        names: dict[int, set[str]] = {}
+        row, summary_row = self.size, len(self.summaries)
+        for position, record in enumerate(records):
+            kind = record.get("t")
+            if kind == "summary":
+                if int(record["row"]) != summary_row:
+                    raise RecordRefused(position, kind, f"summary row {record['row']} out of order (expected {summary_row})")
+                summary_row += 1
+                continue
+            if kind not in ("memory", "speaker", "episode"):
+                continue
+            memory = int(record["memory"])
+            if kind == "memory":
+                if memory != memories:
+                    raise RecordRefused(position, kind, f"memory record {memory} out of order (expected {memories})")
+                memories += 1
+                ids[memory], names[memory] = record["id"], set()
+                spoken = list(record.get("speakers", []))
+            elif not 0 <= memory < memories:
+                raise RecordRefused(position, kind, f"names memory {memory}; the store has {memories}")
+            else:
+                spoken = [record["name"] if kind == "speaker" else record["speaker"]]
+            known = names.get(memory)
+            if known is None:
+                known = names[memory] = set(self.memory_speakers[memory])
+            known.update(spoken)
+            if len(known) > MAX_SPEAKERS:
+                name = ids.get(memory, self.memory_ids[memory] if memory < len(self.memory_ids) else memory)
+                raise RecordRefused(position, kind, f"memory {name!r} would have {len(known)} speakers; a memory "
+                                                    f"holds at most {MAX_SPEAKERS}")
+            if kind == "episode":
+                if int(record["row"]) != row:
+                    raise RecordRefused(position, kind, f"episode row {record['row']} out of order (expected {row})")
+                row += 1
 
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record.get("t")
@@ -784,9 +848,11 @@ class EpisodeStore(WritePath, LogReplay):
     def close(self) -> None:
         """Snapshot what the log holds beyond the last snapshot, then close the log."""
         if self._log is not None:
-            self.snapshot()
-            self._log.close()
-            self._log = None
+            try:
+                self.snapshot()
+            finally:  # a refused snapshot (full disk) still closes the log: the next open replays it
+                self._log.close()
+                self._log = None
 
     def __enter__(self) -> EpisodeStore:
         return self

@@ -13,7 +13,8 @@ cannot make: `StoreCorruptError`, naming the
 file, the record and the byte offset, and the file is left exactly as it was.
 
 Appends never rewrite bytes already written: the file only grows (or is cut back as above, or by
-`drop_records` for a batch its owner never committed).
+`drop_records` for a batch its owner never committed, or to its last whole record after an append the
+file system refused, so that a full disk stops writes only until space is freed).
 
 Records are not kept in memory: the log holds each record's end offset and running CRC32 (two int64
 arrays), and `iter_records` streams records back from the file block by block (LongMemEval-M's log,
@@ -216,6 +217,14 @@ class RecordLog:
         self._chain.truncate(count)
         self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
 
+    def _reopen(self) -> None:
+        """After a failed append: the file cut back to its last whole record and opened for appends again."""
+        if not self._file.closed:
+            self._file.close()
+        if self.path.stat().st_size > self.size_bytes:
+            self._truncate(self.size_bytes)
+        self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
+
     def __len__(self) -> int:
         return self._ends.size
 
@@ -237,6 +246,8 @@ class RecordLog:
             ends.append(position)
             chains.append(chain)
         with storage_errors(self.path):
+            if self._file.closed:  # an earlier append failed: cut its torn tail off first
+                self._reopen()
             try:
                 faults.io_fault(self.path)
                 self._file.write(b"".join(blobs))
@@ -244,10 +255,13 @@ class RecordLog:
                 if self.fsync:
                     os.fsync(self._file.fileno())
             except OSError:
-                # Part of the batch may be on disk (a torn tail the next open drops, with the batch's
-                # missing commit); the buffer is not written again by a later close.
+                # Part of the batch may be on disk: closed without writing the buffer again, and cut back
+                # to the last whole record now, or by the next append (or the next open) if that fails too,
+                # so the log takes appends again once the cause (a full disk) is gone.
                 with suppress(OSError):
                     self._file.close()
+                with suppress(OSError):
+                    self._reopen()
                 raise
         faults.point("store.log")
         self._ends.extend(ends)

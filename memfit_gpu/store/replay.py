@@ -24,6 +24,22 @@ log = logging.getLogger("memfit_gpu.store.episodes")
 LOG_FORMAT = 2  # 2: every write batch ends with a commit record; 1 (older stores): no commit records
 
 
+class RecordRefused(ValueError):
+    """A record the store cannot apply (a memory past MAX_SPEAKERS speakers, a row out of order, a memory
+    it does not have): `position` is its index among the records being applied, `kind` its type."""
+
+    def __init__(self, position: int, kind: str | None, reason: str) -> None:
+        super().__init__(f"record {position + 1} ({kind}): {reason}")
+        self.position, self.kind, self.reason = position, kind, reason
+
+    def shifted(self, start: int) -> RecordRefused:
+        return RecordRefused(start + self.position, self.kind, self.reason)
+
+
+class StoreRecordError(DataError):
+    """A committed log record the store cannot apply (replay stops: CLI exit 2; `memfit store repair`)."""
+
+
 class LogReplay:
     """Opening an EpisodeStore from its folder (its attributes: cfg, dim, path, _log, indexes, columns)."""
 
@@ -96,7 +112,14 @@ class LogReplay:
                     expected += 1
                 yield record
 
-        self._apply_all(counted(self._log.iter_records()))
+        try:
+            self._apply_all(counted(self._log.iter_records()))
+        except RecordRefused as exc:
+            raise StoreRecordError(
+                str(self._log.path), f"record {exc.position + 1} ({exc.kind})", None,
+                f"{exc.reason}; the log holds a record this store cannot take (written by an older memfit_gpu, "
+                f"which logged a write batch before checking it): `memfit store repair {self.path}` drops the "
+                "batches that hold such records (keeping a copy of the old log and of what it drops)") from None
         if int(self.episode_bm25.num_rows) != expected or self.episode_dense.size != expected:
             raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
                              f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")

@@ -45,26 +45,36 @@ class WritePath:
         """One write batch in one chunk: encode (unless `embeddings` are given), then log, then apply to the
         metadata and the indexes, then (persistent stores) snapshot.
 
-        Encoding comes first: if it fails (out of memory, a bad text) nothing was logged or applied.
+        The batch is checked first (`_check_records`) and encoding comes next: if either fails (a memory
+        past its speakers, out of memory, a bad text) nothing was logged or applied. A failure after the
+        log append (applying or indexing) drops the batch from a persistent store's log and reopens the
+        store, so the log never keeps a batch its store did not take, and row numbers stay unique.
         index=False (turns only, append_turns): logged and applied to the metadata; encoding and indexing
         wait for index_pending."""
-        if not index:
-            if self._log is not None:
-                self._log.append([*records, *([{"t": "commit", "records": len(records)}] if self._commits else [])])
-            self._apply_all(records)
-            self._unindexed.extend(records)
-            self.generation = next(GENERATIONS)
-            if snapshot:
-                self._end_batch(None, snapshot)
-            return
-        self._write_chunk(records, embeddings, progress, commit=len(records))
-        self._end_batch(None, snapshot)
+        batch_start = len(self._log) if self._log is not None else 0
+        try:
+            if not index:
+                self._check_records(records)
+                if self._log is not None:
+                    self._log.append([*records, *([{"t": "commit", "records": len(records)}] if self._commits else [])])
+                self._apply_all(records)
+                self._unindexed.extend(records)
+                self.generation = next(GENERATIONS)
+            else:
+                self._write_chunk(records, embeddings, progress, commit=len(records))
+        except BaseException:
+            if self._log is not None and len(self._log) > batch_start:
+                self._undo_batch(batch_start)
+            raise
+        if snapshot:
+            self._end_batch(None, snapshot)
 
     def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool,
                      commit: int | None = None) -> None:
         """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
         batch's record count when this is its last chunk (its commit record goes in the same write)."""
         self.index_pending()  # turns logged before this batch are indexed first: index order is log order
+        self._check_records(records)
         if embeddings is None:
             embeddings = self._encode_records(records, progress)
         else:
@@ -215,7 +225,8 @@ class WritePath:
         return np.arange(first, self.size, dtype=np.int64)
 
     def _undo_batch(self, batch_start: int) -> None:
-        """After a failed multi-chunk batch: drop its uncommitted records and reload the store from disk."""
+        """After a batch failed once part of it was logged: drop its uncommitted records and reload the
+        store from disk."""
         if self._log is None:
             log.error("EpisodeStore: a write batch failed after some of its chunks were applied; this in-memory "
                       "store keeps them (%d episodes in all now)", self.size)
