@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -74,6 +75,14 @@ _BASE = "CREATE TABLE IF NOT EXISTS ledger_base (id INTEGER PRIMARY KEY CHECK (i
 _SQLITE_ERRNO = {"SQLITE_FULL": errno.ENOSPC, "SQLITE_READONLY": errno.EROFS, "SQLITE_PERM": errno.EACCES,
                  "SQLITE_CANTOPEN": errno.EACCES, "SQLITE_IOERR": errno.EIO}
 _DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _nearly_full(folder: Path) -> bool:
+    """Whether the file system holding `folder` has (almost) no space left (under 1 MiB free)."""
+    try:
+        return shutil.disk_usage(folder).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def image_fingerprint(image: str) -> str:
@@ -150,6 +159,9 @@ class ResponseCache:
         code = next((c for prefix, c in _SQLITE_ERRNO.items() if name.startswith(prefix)), None)
         if code is None and "disk is full" in text:
             code = errno.ENOSPC
+        if code in (None, errno.EIO) and _nearly_full(self.path.parent):
+            # SQLite reports a full disk met while creating its WAL or shared-memory file as an I/O error
+            code, text = errno.ENOSPC, f"{text}: its file system is full"
         if code is None and "readonly" in text:
             code = errno.EROFS
         advice = STORAGE_ADVICE.get(code, "") if code is not None else ""

@@ -10,6 +10,7 @@ ledger from those entries.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,6 +51,8 @@ class Reader:
         self.default_max_new_tokens = default_max_new_tokens
         self.default_temperature = default_temperature
         self.progress = progress
+        # calls from several threads take turns (a live memory answers beside its consolidation)
+        self._busy = threading.Lock()
 
     @property
     def model(self) -> str:
@@ -79,9 +82,10 @@ class Reader:
         such responses back for the caller to count."""
         out: list[Response | None] = [None] * len(requests)
         show = self.progress and len(requests) > self.backend.chunk_size
-        for batch in self.generate_batches(requests, self.backend.chunk_size, progress=show):
-            for position, response in batch:
-                out[position] = response
+        with self._busy:
+            for batch in self.generate_batches(requests, self.backend.chunk_size, progress=show):
+                for position, response in batch:
+                    out[position] = response
         failed = [r for r in out if r is not None and not r.answered]
         if failed and not partial:
             raise ReaderError(f"{len(failed)} of {len(out)} {requests[0].role} calls to {self.backend.name} got no "
