@@ -338,6 +338,9 @@ class ServeConfig:
     max_queries_per_request: int = 64  # more get 422
     max_k: int = 100  # search k above this gets 422
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish, then the store closes
+    # A stalled client holds a connection: its request's headers, and then its body, must each arrive
+    # within this many seconds (headers: the connection is closed; body: 408)
+    read_timeout_s: float = 30.0
 
 
 @dataclass
@@ -540,6 +543,7 @@ _RANGES: dict[str, _Range] = {
     "serve.max_queries_per_request": _AT_LEAST_1,
     "serve.max_k": _AT_LEAST_1,
     "serve.drain_timeout_s": _AT_LEAST_0,
+    "serve.read_timeout_s": _Range(0, low_open=True),
     "lightmem.noise.hq": _FRACTION,
     "lightmem.noise.write": _FRACTION,
     "lightmem.noise.mtm": _FRACTION,

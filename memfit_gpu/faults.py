@@ -9,7 +9,8 @@ encoded. With neither variable set a point costs two environment lookups.
 `MEMFIT_IO_FAULT=<file name>:<ERRNO>[:<n>]` makes the n-th durable write of a file of that name (default
 the first; `cache.sqlite` = a response-cache commit) fail with that error (ENOSPC, EDQUOT, EACCES, EROFS,
 EIO), as a full disk, a quota or a file system remounted read-only would (`io_fault`, called by
-files.py, store/log.py and readers/cache.py before each write).
+files.py, store/log.py, store/snapshot.py (`meta.json`, a snapshot's last file) and readers/cache.py
+before each write).
 
 Points (each right after its write is on disk, unless named otherwise):
 config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,

@@ -1,6 +1,7 @@
 """A test-only reader backend, `echo`, added from tests/ with one module and one registry call (issue 21).
 
-It answers every request with the first line of the request's last message, at once: the tests that use
+It answers every request with the first line of the request's last message (or, with
+MEMFIT_TEST_ECHO_PREFIX set, the first line that starts with it), at once: the tests that use
 it check the machinery around a reader (registry, preflight, plan, ledger, cache, predictions), never
 what a reader says, and no reported number comes from it. Loaded into a `memfit` process with
 MEMFIT_PLUGINS=seam_echo_backend (tests/ on PYTHONPATH).
@@ -8,6 +9,8 @@ MEMFIT_PLUGINS=seam_echo_backend (tests/ on PYTHONPATH).
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 
 from memfit_gpu.readers.registry import BackendEntry, register_backend
@@ -20,7 +23,9 @@ class EchoBackend(Backend):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         out = []
         for request in requests:
-            text = str(request.messages[-1]["content"]).strip().splitlines()[0]
+            lines = str(request.messages[-1]["content"]).strip().splitlines()
+            prefix = os.environ.get("MEMFIT_TEST_ECHO_PREFIX")  # reply with the first line that starts so
+            text = next((line for line in lines if prefix and line.startswith(prefix)), lines[0])
             words = sum(len(str(m["content"]).split()) for m in request.messages)
             out.append(Response(text, input_tokens=words, output_tokens=len(text.split()), latency_s=0.0,
                                 model=self.model))
@@ -29,3 +34,19 @@ class EchoBackend(Backend):
 
 register_backend("echo", BackendEntry("seam_echo_backend:EchoBackend", "json", "(the standard library)", local=True,
                                       plan="nothing", weights=False, context="none"))
+
+
+class SlowEchoBackend(EchoBackend):
+    """`slow-echo`: the echo reader after MEMFIT_TEST_READER_SLEEP_S seconds (default 3) per batch, so a
+    test can see what else a server does while an answer is being generated (a provoked delay, never a
+    reported number)."""
+
+    name = "slow-echo"
+
+    def generate(self, requests: Sequence[Request]) -> list[Response]:
+        time.sleep(float(os.environ.get("MEMFIT_TEST_READER_SLEEP_S", "3")))
+        return super().generate(requests)
+
+
+register_backend("slow-echo", BackendEntry("seam_echo_backend:SlowEchoBackend", "json", "(the standard library)",
+                                           local=True, plan="nothing", weights=False, context="none"))

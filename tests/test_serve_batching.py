@@ -130,3 +130,30 @@ def test_max_batch_one_runs_every_item_alone(max_batch: int) -> None:
 
     assert run_async(main()) == [10, 20, 30]
     assert [items for _, items in record.batches] == [[1], [2], [3]]
+
+
+def test_an_item_that_breaks_the_batched_call_fails_alone() -> None:
+    """A request that passes validation but makes the batched call raise (a lone surrogate deep in the
+    write path, a query the index refuses) used to fail every request of its batch with its error; each
+    item now runs again alone and gets its own result."""
+    calls: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if 666 in items:
+            raise ValueError("poisoned batch")
+        return [i * 10 for i in items]
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as worker:
+            batcher = Batcher("t", run, window_s=0.2, max_batch=8, executor=worker)
+            batcher.start()
+            tasks = [asyncio.create_task(batcher.submit(i)) for i in (1, 666, 2)]
+            got = await asyncio.gather(*tasks, return_exceptions=True)
+            await batcher.stop()
+            return got
+
+    got = run_async(main())
+    assert got[0] == 10 and got[2] == 20
+    assert isinstance(got[1], ValueError) and str(got[1]) == "poisoned batch"
+    assert calls == [[1, 666, 2], [1], [666], [2]]

@@ -102,3 +102,14 @@ class DataError(ValueError):
             where.append(f"field {field_name!r}")
         super().__init__(f"{', '.join(where)}: {reason}")
         self.file, self.item, self.field = file, item, field_name
+
+
+def encoding_problem(text: str) -> str | None:
+    """Why `text` cannot be stored (UTF-8 has no lone surrogates, which a JSON `\\ud800` escape can carry),
+    or None when it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}: not valid "
+                "Unicode text")
+    return None

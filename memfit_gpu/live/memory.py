@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,14 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data.jsonl import date_text
-from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn
+from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
 from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.index.encoders import load_bi_encoder
+from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.locks import exclusive, lock_path
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
 from memfit_gpu.methods.registry import METHODS, method_entry
+from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import bounded_answer_messages
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 TURN_FIELDS = ("turn_id", "speaker", "text", "timestamp", "session_id", "date_text", "images")
 IMAGE_FIELDS = ("caption", "image_id", "path")
 LIVE_SESSION = "live"  # the session of a turn given without timestamp or session_id
+# A query is a question, not a document: BM25's exact scoring takes up to 65,536 known tokens a query and
+# PRF adds its terms to it, so a longer query is refused before it reaches a batch.
+MAX_QUERY_TOKENS = 8192
 
 
 class UnknownUserError(KeyError):
@@ -107,6 +112,25 @@ class _NewTurn:
     session_id: str
 
 
+@dataclass
+class PreparedAnswers:
+    """`Memory.prepare_answers`' result: per request its error or None, and the answer calls to make
+    (request index, question, the hits to return, the reader request)."""
+
+    users: list[str]
+    results: list[Any]
+    calls: list[tuple[int, str, list[Hit], Request]]
+
+
+@dataclass
+class _BatchPlan:
+    """What the adds of one write batch planned so far, per user: turn ids with their words, turns, speakers."""
+
+    planned: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (user, turn id) -> words
+    counts: dict[str, int] = field(default_factory=dict)  # turns stored or planned
+    speakers: dict[str, set[str]] = field(default_factory=dict)  # speaker names stored or planned
+
+
 def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, source: str = "add") -> tuple[Turn, str | None]:
     """A turn as given to `add` (a dict with TURN_FIELDS, or a data.schema.Turn) -> (Turn, session id or
     None). Bad input is a DataError naming the source, the user and turn position, and the field."""
@@ -127,6 +151,9 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
             return None
         if not isinstance(value, str) or (required and not value.strip()):
             raise DataError(source, item, key, f"must be a non-empty string, got {value!r:.60}")
+        problem = encoding_problem(value)
+        if problem is not None:
+            raise DataError(source, item, key, problem)
         return value
 
     speaker, body = text("speaker", True), text("text", True)
@@ -145,6 +172,13 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
         if not isinstance(image, Mapping) or not isinstance(image.get("caption"), str) or set(image) - set(IMAGE_FIELDS):
             raise DataError(source, item, f"images[{n}]", f"an image is an object with a caption and optionally "
                                                           f"image_id, path: got {image!r:.60}")
+        for key in IMAGE_FIELDS:
+            value = image.get(key)
+            if value is not None and not isinstance(value, str):
+                raise DataError(source, item, f"images[{n}].{key}", f"must be a string, got {type(value).__name__}")
+            problem = None if value is None else encoding_problem(value)
+            if problem is not None:
+                raise DataError(source, item, f"images[{n}].{key}", problem)
         images.append(Image(image["caption"], image.get("image_id"), image.get("path")))
     written = text("date_text", False)
     turn = Turn(text("turn_id", False) or "", str(speaker), str(body), stamp or "",
@@ -153,13 +187,19 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
 
 
 def _check_queries(texts: Sequence[Any], k: int) -> None:
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r}: ask for at least one hit")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k={k!r:.40}: ask for at least one hit (an integer >= 1)")
     if isinstance(texts, (str, bytes)) or not texts:
         raise ValueError("give a non-empty list of queries")
-    for text in texts:
+    for n, text in enumerate(texts):
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"a query is a non-empty string, got {text!r:.60}")
+            raise ValueError(f"queries[{n}]: a query is a non-empty string, got {ascii(text)[:60]}")
+        problem = encoding_problem(text)
+        if problem is not None:
+            raise ValueError(f"queries[{n}]: {problem}")
+        if len(text) > MAX_QUERY_TOKENS and len(tokenize(text)) > MAX_QUERY_TOKENS:
+            raise ValueError(f"queries[{n}]: {len(tokenize(text)):,} words; a query has at most "
+                             f"{MAX_QUERY_TOKENS:,} (live.memory.MAX_QUERY_TOKENS)")
 
 
 def _as_batch(user_ids: str | Sequence[str], items: Sequence[Any], what: str) -> list[tuple[str, Any]]:
@@ -276,47 +316,65 @@ class Memory:
         turns per user. A turn is a dict: speaker, text (required), timestamp (ISO 8601 local time),
         turn_id (default t1, t2, ... per user), session_id (default the timestamp's day), date_text
         (default "1:56 pm on 8 May, 2023" from the timestamp), images ([{caption, image_id, path}]).
-        Everything is one write batch: one log append, one encoder pass (live.indexing=deferred: at the
-        next read, with every turn added since). A turn id the user already has
-        with the same speaker and text is not stored again (`duplicate`); with other words it is a
-        TurnConflictError and nothing of the call is stored. Returns one Added per turn, in order."""
+        User ids follow names.USER_ID_RULE. Everything is one write batch: one log append, one encoder
+        pass (live.indexing=deferred: at the next read, with every turn added since). All or nothing:
+        when any turn of the call is refused (bad input, a turn id the user already has with other words:
+        TurnConflictError, a user past its 63 speakers), nothing of the call is stored, for any user, and
+        the error is raised; a turn id the user already has with the same speaker and text is not stored
+        again (`duplicate`), so a retried call stores each turn once. Returns one Added per turn, in order."""
         if isinstance(user_id, str):
             requests = [(user_id, list(turns))]
         else:
             requests = [(u, list(t)) for u, t in _as_batch(user_id, turns, "turn lists")]
-        results = self.add_batch(requests)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        results = self.add_batch(requests, atomic=True)
         return [added for result in results for added in result]  # type: ignore[union-attr]
 
-    def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Added] | BaseException]:
+    def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]],
+                  atomic: bool = False) -> list[list[Added] | BaseException]:
         """Several adds (user id, turns) as ONE write batch (what the server's dynamic batching sends):
-        per add, its Added list, or the error that refused that add alone (bad input, a turn-id conflict);
-        the others are stored."""
+        per add, its Added list, or the error that refused that add alone (bad input, a turn-id conflict,
+        too many speakers); the others are stored. Every add is checked whole before anything is logged,
+        so a refused add leaves nothing behind; if the batched write itself fails, each add is written
+        alone, so one add's failure is its own. atomic: refuse the whole batch (raise the first error,
+        store nothing) when any add is refused (`add`)."""
         parsed: list[list[tuple[Turn, str | None]] | BaseException] = []
         for user, turns in requests:
             try:
-                if not isinstance(user, str) or not user:
-                    raise DataError("add", None, "user_id", f"must be a non-empty string, got {user!r}")
+                problem = user_id_problem(user)
+                if problem is not None:
+                    raise DataError("add", None, "user_id", problem)
                 parsed.append([parse_turn(t, user, n) for n, t in enumerate(turns)])
             except (DataError, TypeError) as exc:
                 parsed.append(exc)
         with self.holding():
             outcome: list[list[Added] | BaseException] = []
             fresh: list[_NewTurn] = []
-            planned: dict[tuple[str, str], tuple[str, str]] = {}  # (user, turn id) -> (speaker, text) in this batch
-            counts: dict[str, int] = {}
+            plan = _BatchPlan()
             for (user, _), turns in zip(requests, parsed, strict=True):
                 if isinstance(turns, BaseException):
                     outcome.append(turns)
                     continue
                 try:
-                    outcome.append(self._plan_add(user, turns, fresh, planned, counts))
-                except TurnConflictError as exc:
+                    outcome.append(self._plan_add(user, turns, fresh, plan))
+                except (TurnConflictError, DataError) as exc:
                     outcome.append(exc)
-            rows = self.store.append_turns([(t.user_id, t.turn, t.session_id, ()) for t in fresh],
-                                           index=self.cfg.live.indexing == "on_add")
+            if atomic:
+                refused = next((o for o in outcome if isinstance(o, BaseException)), None)
+                if refused is not None:
+                    raise refused
+            try:
+                rows = self.store.append_turns([(t.user_id, t.turn, t.session_id, ()) for t in fresh],
+                                               index=self.cfg.live.indexing == "on_add")
+            except Exception:
+                writing = [i for i, o in enumerate(outcome) if not isinstance(o, BaseException)
+                           and any(not a.duplicate for a in o)]
+                if atomic or len(writing) < 2:
+                    raise
+                # the store logged nothing of the failed batch (EpisodeStore._commit): write each add alone
+                log.warning("memfit live: a write batch of %d adds failed; writing each alone", len(writing))
+                for i in writing:
+                    outcome[i] = self.add_batch([requests[i]])[0]
+                return outcome
             row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
             outcome = [o if isinstance(o, BaseException) else
                        [a if a.duplicate else replace(a, row=row_of[(a.user_id, a.turn_id)]) for a in o]
@@ -335,21 +393,25 @@ class Memory:
             return outcome
 
     def _plan_add(self, user: str, turns: list[tuple[Turn, str | None]], fresh: list[_NewTurn],
-                  planned: dict[tuple[str, str], tuple[str, str]], counts: dict[str, int]) -> list[Added]:
-        """The Added of one request's turns; its new turns join `fresh` only when none conflicts."""
+                  plan: _BatchPlan) -> list[Added]:
+        """The Added of one request's turns; its new turns join `fresh` (and the batch's plan) only when
+        none is refused (a conflicting turn id, a speaker past MAX_SPEAKERS)."""
         mine: list[_NewTurn] = []
         out: list[Added] = []
         mine_planned: dict[tuple[str, str], tuple[str, str]] = {}
-        if user not in counts:
-            counts[user] = len(self.store.memory_rows(self.store.memory_of(user), live=False)) \
-                if user in self.store.memory_ids else 0
-        for turn, session in turns:
+        known = user in self.store.memory_ids
+        if user not in plan.counts:
+            plan.counts[user] = len(self.store.memory_rows(self.store.memory_of(user), live=False)) if known else 0
+            plan.speakers[user] = set(self.store.memory_speakers[self.store.memory_of(user)]) if known else set()
+        speakers = set(plan.speakers[user])
+        count = plan.counts[user]
+        for position, (turn, session) in enumerate(turns):
             if not turn.turn_id:
-                turn = replace(turn, turn_id=self._next_turn_id(user, counts, planned, mine_planned))
+                turn = replace(turn, turn_id=self._next_turn_id(user, count, plan.planned, mine_planned))
             key = (user, turn.turn_id)
             words = (turn.speaker, turn.text)
-            earlier = planned.get(key) or mine_planned.get(key)
-            row = self.store.has_turn(user, turn.turn_id) if user in self.store.memory_ids else None
+            earlier = plan.planned.get(key) or mine_planned.get(key)
+            row = self.store.has_turn(user, turn.turn_id) if known else None
             if row is not None:
                 earlier = (self.store.speaker_name(row), self.store.body(row))
             if earlier is not None:
@@ -358,16 +420,23 @@ class Memory:
                                             f"with other words ({earlier[0]}: {earlier[1][:60]!r})")
                 out.append(Added(user, turn.turn_id, -1 if row is None else row, duplicate=True))
                 continue
+            speakers.add(turn.speaker)
+            if len(speakers) > MAX_SPEAKERS:
+                raise DataError("add", f"user {user!r} turn {position}", "speaker",
+                                f"{turn.speaker!r:.40} would be the user's {len(speakers)}th speaker; a user's "
+                                f"memory holds at most {MAX_SPEAKERS} speakers")
             mine_planned[key] = words
             mine.append(_NewTurn(user, turn, session or turn.date_text or LIVE_SESSION))
             out.append(Added(user, turn.turn_id, -1))
-            counts[user] += 1
-        planned.update(mine_planned)
+            count += 1
+        plan.planned.update(mine_planned)
+        plan.speakers[user] = speakers
+        plan.counts[user] = count
         fresh.extend(mine)
         return out
 
-    def _next_turn_id(self, user: str, counts: dict[str, int], *taken: dict[tuple[str, str], Any]) -> str:
-        n = counts[user] + 1
+    def _next_turn_id(self, user: str, count: int, *taken: dict[tuple[str, str], Any]) -> str:
+        n = count + 1
         while any((user, f"t{n}") in t for t in taken) or (
                 user in self.store.memory_ids and self.store.has_turn(user, f"t{n}") is not None):
             n += 1
@@ -477,23 +546,18 @@ class Memory:
     def search_batch(self, requests: Sequence[tuple[str, Sequence[str], int]]) -> list[list[list[Hit]] | BaseException]:
         """Several searches (user id, queries, k) answered by ONE batched read (what the server's dynamic
         batching sends): per search its hits per query, or the error that refused it alone (an unknown
-        user, an empty query)."""
+        user, a bad query; a search that fails inside the batched read is read again alone, so it fails
+        alone)."""
         with self.holding():
-            ok, refused = self._admit(requests)
-            pairs = [(user, text) for i in ok for user, text in _as_batch(requests[i][0], requests[i][1], "queries")]
-            found = self._read(pairs, max((requests[i][2] for i in ok), default=1)) if pairs else []
-        out: list[list[list[Hit]] | BaseException] = list(refused)
-        cursor = 0
-        for i in ok:
-            user, texts, k = requests[i]
-            out[i] = [hits[:k] for _, hits in found[cursor:cursor + len(texts)]]
-            cursor += len(texts)
+            out, found = self._read_requests(requests)
+        for i, packs in found.items():
+            out[i] = [hits[:requests[i][2]] for _, hits in packs]
         return out
 
-    def _admit(self, requests: Sequence[tuple[str, Sequence[str], int]]) -> tuple[list[int], list[BaseException | None]]:
+    def _admit(self, requests: Sequence[tuple[Any, ...]]) -> tuple[list[int], list[Any]]:
         """Which requests of a batch can be read, and the error of each one that cannot."""
         ok, refused = [], []
-        for i, (user, texts, k) in enumerate(requests):
+        for i, (user, texts, k, *_) in enumerate(requests):
             try:
                 self._live_rows(user)
                 _check_queries(texts, k)
@@ -502,6 +566,38 @@ class Memory:
             except (UnknownUserError, ValueError) as exc:
                 refused.append(exc)
         return ok, refused
+
+    def _read_requests(self, requests: Sequence[tuple[Any, ...]]
+                       ) -> tuple[list[Any], dict[int, list[tuple[dict[str, Any], list[Hit]]]]]:
+        """Per request of a batch (user, texts, k, ...): its error, or its (pack row, hits) per text from
+        ONE batched read of every admitted request; if that read fails, each request is read alone and
+        gets its own result or error."""
+        ok, out = self._admit(requests)
+        k = max((requests[i][2] for i in ok), default=1)
+
+        def read(indexes: list[int]) -> dict[int, list[tuple[dict[str, Any], list[Hit]]]]:
+            pairs = [(requests[i][0], text) for i in indexes for text in requests[i][1]]
+            found, cursor, split = self._read(pairs, k), 0, {}
+            for i in indexes:
+                split[i] = found[cursor:cursor + len(requests[i][1])]
+                cursor += len(requests[i][1])
+            return split
+
+        if not ok:
+            return out, {}
+        try:
+            return out, read(ok)
+        except Exception:
+            if len(ok) < 2:
+                raise
+            log.warning("memfit live: a batched read of %d requests failed; reading each alone", len(ok))
+        found = {}
+        for i in ok:
+            try:
+                found.update(read([i]))
+            except Exception as exc:  # noqa: BLE001  (this request's own failure, its caller gets it)
+                out[i] = exc
+        return out, found
 
     def _read(self, pairs: list[tuple[str, str]], k: int) -> list[tuple[dict[str, Any], list[Hit]]]:
         _check_queries([text for _, text in pairs], k)
@@ -515,46 +611,56 @@ class Memory:
     def answer(self, user_id: str | Sequence[str], questions: Sequence[str], k: int = 10,
                question_date: str | None = None) -> list[Answer]:
         """One reader call per question (all in one batch), each on the excerpts the method packs for it
-        (MemFit: pack.k turns with their neighbours); `k` bounds the hits returned with each answer."""
-        found = self.answer_batch([(user_id, questions, k)] if isinstance(user_id, str) else
-                                  [(u, [q], k) for u, q in _as_batch(user_id, questions, "questions")],
-                                  question_date)
+        (MemFit: pack.k turns with their neighbours); `k` bounds the hits returned with each answer;
+        question_date: when the questions are asked (the prompt's "current date", as in a run)."""
+        found = self.answer_batch([(user_id, questions, k, question_date)] if isinstance(user_id, str) else
+                                  [(u, [q], k, question_date) for u, q in _as_batch(user_id, questions, "questions")])
         for result in found:
             if isinstance(result, BaseException):
                 raise result
         return [a for result in found for a in result]  # type: ignore[union-attr]
 
-    def answer_batch(self, requests: Sequence[tuple[str, Sequence[str], int]],
-                     question_date: str | None = None) -> list[list[Answer] | BaseException]:
-        """Several answer requests (user id, questions, k): one batched read, then one reader batch with one
-        answer call per question; per request its answers or the error that refused it alone."""
+    def answer_batch(self, requests: Sequence[tuple[Any, ...]]) -> list[list[Answer] | BaseException]:
+        """Several answer requests (user id, questions, k[, question_date]): one batched read, then one
+        reader batch with one answer call per question; per request its answers or the error that refused
+        it alone. The same as `finish_answers(prepare_answers(requests))`: a server runs the first on the
+        thread that searches and writes and the second beside it, so generation never holds the memory."""
+        return self.finish_answers(self.prepare_answers(requests))
+
+    def prepare_answers(self, requests: Sequence[tuple[Any, ...]]) -> PreparedAnswers:
+        """The read half of `answer_batch`: each request's packs and its answer calls (holds the memory
+        while it reads, as a search does)."""
         with self.holding():
-            ok, refused = self._admit(requests)
-            pairs = [(user, text) for i in ok for user, text in _as_batch(requests[i][0], requests[i][1], "questions")]
-            packs = self._read(pairs, max((requests[i][2] for i in ok), default=1)) if pairs else []
-        out: list[list[Answer] | BaseException] = list(refused)  # type: ignore[arg-type]
-        if not pairs:
+            out, found = self._read_requests(requests)
+            reader = self.reader()
+            limit = reader.prompt_token_limit() if found else None
+        calls = []
+        for i, packs in found.items():
+            question_date = requests[i][3] if len(requests[i]) > 3 else None
+            for text, (row, hits) in zip(requests[i][1], packs, strict=True):
+                messages, _ = bounded_answer_messages(text, row["excerpts"], question_date, None, "paper",
+                                                      prompt=self.cfg.reader.prompt,
+                                                      max_prompt_chars=self.cfg.reader.max_prompt_chars,
+                                                      token_limit=limit)
+                calls.append((i, text, hits[:requests[i][2]],
+                              Request(messages, role="answer", key=f"live:{requests[i][0]}")))
+        return PreparedAnswers([r[0] for r in requests], out, calls)
+
+    def finish_answers(self, prepared: PreparedAnswers) -> list[list[Answer] | BaseException]:
+        """The generating half of `answer_batch`: one reader batch over every prepared call (the memory
+        is not held meanwhile; searches and writes go on), then the answers per request."""
+        out = list(prepared.results)
+        if not prepared.calls:
             return out
-        reader = self.reader()
-        requests_out = []
-        for (user, text), (row, _) in zip(pairs, packs, strict=True):
-            messages, _ = bounded_answer_messages(text, row["excerpts"], question_date, None, "paper",
-                                                  prompt=self.cfg.reader.prompt,
-                                                  max_prompt_chars=self.cfg.reader.max_prompt_chars,
-                                                  token_limit=reader.prompt_token_limit())
-            requests_out.append(Request(messages, role="answer", key=f"live:{user}"))
-        responses = reader.generate(requests_out)
+        responses = self.reader().generate([call for *_, call in prepared.calls])
         with self.holding():
             self.ledger.save(self.ledger_path)
-        answers = []
-        for (user, text), (_, hits), response in zip(pairs, packs, responses, strict=True):
+        for (i, text, hits, _), response in zip(prepared.calls, responses, strict=True):
             cleaned = clean_answer(response.text)
-            answers.append(Answer(user, text, cleaned.text, response.text, cleaned.abstained, hits, response.error))
-        cursor = 0
-        for i in ok:
-            _, texts, k = requests[i]
-            out[i] = [replace(a, hits=a.hits[:k]) for a in answers[cursor:cursor + len(texts)]]
-            cursor += len(texts)
+            if not isinstance(out[i], list):
+                out[i] = []
+            out[i].append(Answer(prepared.users[i], text, cleaned.text, response.text, cleaned.abstained, hits,
+                                 response.error))
         return out
 
     # --------------------------------------------------------------------------------------- closing
@@ -568,14 +674,20 @@ class Memory:
         if self._worker is not None:
             self._worker.join()
         with self._lock:
-            try:
-                self.method.close()
-                self.store.close()
-                if self._reader is not None:
-                    self.ledger.save(self.ledger_path)
-                    self._reader.close()
-            finally:
-                self._exit.close()
+            # every step runs even when one before it fails (a full disk refusing the snapshot): the first
+            # failure is raised once the reader, the log and the lock are released
+            failures: list[BaseException] = []
+            steps = [self.method.close, self.store.close]
+            if self._reader is not None:
+                steps += [lambda: self.ledger.save(self.ledger_path), self._reader.close]
+            for step in steps:
+                try:
+                    step()
+                except Exception as exc:  # noqa: BLE001  (raised below, after the rest)
+                    failures.append(exc)
+            self._exit.close()
+            if failures:
+                raise failures[0]
 
     def __enter__(self) -> Memory:
         return self

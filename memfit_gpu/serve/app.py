@@ -13,27 +13,34 @@ Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, se
     GET    /metrics                      Prometheus: request latency histograms per route, batch sizes, turns
 
 Before any body is read, a request's key is checked (401 missing or unknown, 403 a user the key is not
-bound to) and its size (413 above serve.max_body_bytes), in one ASGI middleware, so a refused request
-reads nothing. Bodies are validated by pydantic (422 naming the field, wrong types included) and by the
-serve.max_* limits (422 with the limit). An unknown user is 404, a turn id reused with other words 409.
+bound to, 422 a user id outside names.USER_ID_RULE) and its size (413 above serve.max_body_bytes), in one
+ASGI middleware, so a refused request reads nothing; the route checks the binding again on the user id
+it was given, so the id authorised is the id used (the path is decoded once, by the server). A body that
+does not arrive within serve.read_timeout_s is 408. Bodies are validated by pydantic (422 naming the
+field, wrong types included; `k` a JSON integer) and by the serve.max_* limits (422 with the limit); a
+4xx body names the field and never echoes the input. An unknown user is 404, a turn id reused with other
+words 409, a full disk 507 naming the file (the memory writes again once space is freed).
 Searches, answers and adds go through dynamic batching (serve/batching.py; serve.batch_window_ms,
-serve.max_batch); every call on the memory runs on one worker thread, in arrival order.
+serve.max_batch): one batched call per batch, and a request that fails inside it is run again alone, so
+it fails alone. Searches, adds and the read half of answers run on one worker thread, in arrival order;
+an answer's generation runs beside it (Memory.finish_answers on a thread of its own), so one user's
+answers never hold another user's searches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-from urllib.parse import unquote
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -44,12 +51,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.schema import DataError
+from memfit_gpu.data.schema import DataError, encoding_problem
 from memfit_gpu.devices import in_fresh_thread
-from memfit_gpu.live.memory import Memory, TurnConflictError, UnknownUserError
+from memfit_gpu.files import StorageError
+from memfit_gpu.live.memory import Memory, PreparedAnswers, TurnConflictError, UnknownUserError
+from memfit_gpu.names import user_id_problem
 from memfit_gpu.serve.batching import Batcher
 from memfit_gpu.serve.keys import ApiKey, KeyRing
 
@@ -62,24 +71,35 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2
 
 
 # ------------------------------------------------------------------------------------------ the bodies
+def _valid_unicode(text: str) -> str:
+    problem = encoding_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text
+
+
+# every string of a body is valid Unicode (a JSON `\ud800` escape is not): refused naming its field
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
 class ImageIn(_Body):
-    caption: str
-    image_id: str | None = None
-    path: str | None = None
+    caption: Text
+    image_id: Text | None = None
+    path: Text | None = None
 
 
 class TurnIn(_Body):
-    speaker: str = Field(min_length=1, description="who said it")
-    text: str = Field(min_length=1, description="what was said, stored verbatim")
-    timestamp: str | None = Field(None, description="ISO 8601 local time, e.g. 2023-05-08T13:56:00")
-    turn_id: str | None = Field(None, description="unique within the user (default t1, t2, ...); re-adding the "
+    speaker: Text = Field(min_length=1, description="who said it")
+    text: Text = Field(min_length=1, description="what was said, stored verbatim")
+    timestamp: Text | None = Field(None, description="ISO 8601 local time, e.g. 2023-05-08T13:56:00")
+    turn_id: Text | None = Field(None, description="unique within the user (default t1, t2, ...); re-adding the "
                                                   "same id with the same words stores nothing new")
-    session_id: str | None = Field(None, description="default: the timestamp's day")
-    date_text: str | None = Field(None, description="how the episode text writes the date (default from timestamp)")
+    session_id: Text | None = Field(None, description="default: the timestamp's day")
+    date_text: Text | None = Field(None, description="how the episode text writes the date (default from timestamp)")
     images: list[ImageIn] = Field(default_factory=list)
 
 
@@ -88,22 +108,23 @@ class AddIn(_Body):
 
 
 class SearchIn(_Body):
-    queries: list[str] = Field(min_length=1)
-    k: int = Field(10, ge=1)
+    queries: list[Text] = Field(min_length=1)
+    k: StrictInt = Field(10, ge=1, description="hits per query (a JSON integer)")
 
 
 class AnswerIn(_Body):
-    questions: list[str] = Field(min_length=1)
-    k: int = Field(10, ge=1, description="hits returned with each answer (the reader reads the method's pack)")
-    question_date: str | None = None
+    questions: list[Text] = Field(min_length=1)
+    k: StrictInt = Field(10, ge=1, description="hits returned with each answer (the reader reads the method's pack)")
+    question_date: Text | None = Field(None, description="when the questions are asked, e.g. 2023-05-08 (the "
+                                                        "prompt's current date)")
 
 
 class DeleteIn(_Body):
-    turn_ids: list[str] = Field(min_length=1)
+    turn_ids: list[Text] = Field(min_length=1)
 
 
 class ConsolidateIn(_Body):
-    user_ids: list[str] | None = None
+    user_ids: list[Text] | None = None
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -125,16 +146,24 @@ class Metrics:
 
 
 # ---------------------------------------------------------------------------------------- the guard
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status)
+class SafeJSONResponse(JSONResponse):
+    """Every reply renders: ASCII-escaped (a lone surrogate in a message cannot break it), no NaN."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return SafeJSONResponse({"detail": message}, status_code=status, headers=headers)
 
 
 class Guard:
     """ASGI middleware: request size (413), API key (401) and user binding (403) before the app reads
     anything; the request's latency into the metrics."""
 
-    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics, read_timeout_s: float = 30.0) -> None:
         self.app, self.keys, self.max_body, self.metrics = app, keys, max_body_bytes, metrics
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -154,7 +183,12 @@ class Guard:
             refusal = self._refusal(scope)
             body = b""
             if refusal is None:
-                body, too_big = await self._body(receive)
+                try:
+                    body, too_big = await asyncio.wait_for(self._body(receive), self.read_timeout_s)
+                except TimeoutError:
+                    body, too_big = b"", False
+                    refusal = _error(408, f"request body not received within serve.read_timeout_s="
+                                          f"{self.read_timeout_s:g} s", headers={"connection": "close"})
                 if too_big:
                     refusal = _error(413, f"request body larger than serve.max_body_bytes={self.max_body:,} bytes")
             if refusal is not None:
@@ -191,9 +225,12 @@ class Guard:
         scope["memfit.key"] = key
         user = _USER_PATH.match(path)
         if user is not None:
-            from_path = unquote(user.group(1))
-            if not key.may(from_path):
-                return _error(403, f"key {key.name!r} is not bound to user {from_path!r}")
+            # scope["path"] is decoded already (once, by the server), as the router sees it: never again
+            problem = user_id_problem(user.group(1))
+            if problem is not None:
+                return _error(422, f"path: {problem}")
+            if not key.may(user.group(1)):
+                return _error(403, f"key {key.name!r} is not bound to user {user.group(1)!r}")
         elif path in _ADMIN_PATHS and not key.admin:
             return _error(403, f"key {key.name!r} is not an admin key ({path} touches the whole store)")
         return None
@@ -225,12 +262,16 @@ def memory_worker() -> ThreadPoolExecutor:
 def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
              worker: ThreadPoolExecutor | None = None) -> FastAPI:
     """The app over an open memory; its lifespan starts the batchers and, at shutdown, drains them and
-    closes the memory, then shuts the worker down. worker: the memory's thread (`memory_worker()`, the one
-    that opened it); None: a new one."""
+    closes the memory, then shuts the worker down (a close that fails, e.g. a snapshot on a full disk, is
+    logged and left in `app.state.shutdown_error` for the server to exit non-zero). worker: the memory's
+    thread (`memory_worker()`, the one that opened it); None: a new one."""
     cfg = cfg or memory.cfg
     serve = cfg.serve
     metrics = Metrics()
     worker = worker or memory_worker()
+    # waits for an answer batch's read (on the memory worker) and generation (on a thread of its own that
+    # ends after it: devices.in_fresh_thread), so the worker is free for searches and adds meanwhile
+    answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-answer")
     window = serve.batch_window_ms / 1000.0
 
     def add_run(items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
@@ -238,15 +279,20 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         metrics.turns.inc(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
         return results
 
+    def answer_run(items: list[tuple[Any, ...]]) -> list[Any]:
+        prepared: PreparedAnswers = worker.submit(memory.prepare_answers, items).result()
+        return in_fresh_thread(memory.finish_answers, prepared)
+
     adds = Batcher("add", add_run, window, serve.max_batch, worker, metrics.batch)
     searches = Batcher("search", memory.search_batch, window, serve.max_batch, worker, metrics.batch)
-    answers = Batcher("answer", memory.answer_batch, window, serve.max_batch, worker, metrics.batch)
+    answers = Batcher("answer", answer_run, window, serve.max_batch, answering, metrics.batch)
     batchers = (adds, searches, answers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for batcher in batchers:
             batcher.start()
+        app.state.shutdown_error = None
         log.info("memfit serve: %s (method %s), batching window %.1f ms, max batch %d", memory.path,
                  cfg.method, serve.batch_window_ms, serve.max_batch)
         try:
@@ -254,11 +300,16 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         finally:
             for batcher in batchers:  # uvicorn has let in-flight requests finish; run what is still queued
                 await batcher.stop()
-            await asyncio.get_running_loop().run_in_executor(worker, memory.close)
+            answering.shutdown(wait=True)
+            try:
+                await asyncio.get_running_loop().run_in_executor(worker, memory.close)
+                log.info("memfit serve: drained; %s closed", memory.path)
+            except Exception as exc:  # noqa: BLE001  (kept for the server: it exits non-zero, saying why)
+                app.state.shutdown_error = exc
+                log.error("memfit serve: drained, but closing %s failed: %s", memory.path, exc)
             worker.shutdown(wait=True)
-            log.info("memfit serve: drained; %s closed", memory.path)
 
-    app = FastAPI(title="memfit serve", version="1", lifespan=lifespan,
+    app = FastAPI(title="memfit serve", version="1", lifespan=lifespan, default_response_class=SafeJSONResponse,
                   description="A live MemFit memory: add turns, search and answer per user (memfit_gpu/serve/app.py).")
 
     async def on_worker(call: Callable[..., Any], *args: Any) -> Any:
@@ -268,16 +319,28 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         if count > most:
             raise _Refused(422, f"{count} {what} in one request; at most {key}={most}")
 
+    def bound(request: Request, user_id: str) -> str:
+        """The route's own user id, authorised again (the Guard checked the path it saw): the id a request
+        was authorised for is the id it uses."""
+        key: ApiKey | None = request.scope.get("memfit.key")
+        problem = user_id_problem(user_id)
+        if problem is not None:
+            raise _Refused(422, f"path: {problem}")
+        if key is None or not key.may(user_id):
+            raise _Refused(403, f"key {getattr(key, 'name', None)!r} is not bound to user {user_id!r}")
+        return user_id
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        message = f"{where}: {first.get('msg')}"
-        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
+        # what was wrong and where, never the input itself (it may not render, and it is the client's own)
+        errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "invalid")),
+                   "type": str(e.get("type", ""))} for e in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        message = f"{'.'.join(first['loc'])}: {first['msg']}"
+        raw = exc.errors()[0] if exc.errors() else {}
+        if tuple(raw.get("loc", ())) == ("body",) and isinstance(raw.get("input"), bytes):
             message = "body: not read as JSON: send it with Content-Type: application/json"
-        return JSONResponse({"detail": message, "errors": json.loads(json.dumps(errors, default=str))},
-                            status_code=422)
+        return SafeJSONResponse({"detail": message, "errors": errors}, status_code=422)
 
     @app.exception_handler(_Refused)
     async def refused(request: Request, exc: _Refused) -> JSONResponse:
@@ -292,7 +355,7 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/users/{user_id}/turns")
-    async def add(user_id: str, body: AddIn) -> dict[str, Any]:
+    async def add(body: AddIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Store turns of the user, durably (fsynced when the reply comes); concurrent adds are batched."""
         limit(len(body.turns), serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
         turns = [t.model_dump(exclude_none=True) for t in body.turns]
@@ -303,11 +366,11 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"added": [a.to_json() for a in added]}
 
     @app.get("/v1/users/{user_id}/turns")
-    async def turns(user_id: str) -> dict[str, Any]:
+    async def turns(user_id: str = Depends(bound)) -> dict[str, Any]:
         return {"user_id": user_id, "turns": await _call(on_worker(memory.turns, user_id))}
 
     @app.post("/v1/users/{user_id}/search")
-    async def search(user_id: str, body: SearchIn) -> dict[str, Any]:
+    async def search(body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Ranked hits per query (text, turn ids, final and stage scores); concurrent searches are batched."""
         limit(len(body.queries), serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
         limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
@@ -315,20 +378,20 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"results": [[h.to_json() for h in hits] for hits in found]}
 
     @app.post("/v1/users/{user_id}/answer")
-    async def answer(user_id: str, body: AnswerIn) -> dict[str, Any]:
+    async def answer(body: AnswerIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """One reader call per question on the method's pack; concurrent answers are batched."""
         limit(len(body.questions), serve.max_queries_per_request, "questions", "serve.max_queries_per_request")
         limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
-        found = await _call(answers.submit((user_id, body.questions, body.k)))
+        found = await _call(answers.submit((user_id, body.questions, body.k, body.question_date)))
         return {"answers": [a.to_json() for a in found]}
 
     @app.post("/v1/users/{user_id}/delete")
-    async def delete(user_id: str, body: DeleteIn) -> dict[str, Any]:
+    async def delete(body: DeleteIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         limit(len(body.turn_ids), serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
         return {"deleted": await _call(on_worker(memory.delete, user_id, body.turn_ids))}
 
     @app.delete("/v1/users/{user_id}")
-    async def delete_user(user_id: str) -> dict[str, Any]:
+    async def delete_user(user_id: str = Depends(bound)) -> dict[str, Any]:
         return {"deleted": await _call(on_worker(memory.delete_user, user_id))}
 
     @app.post("/v1/compact")
@@ -342,7 +405,9 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"consolidated": await _call(asyncio.get_running_loop().run_in_executor(
             None, in_fresh_thread, memory.consolidate, body.user_ids))}
 
-    return Guard(app, keys, serve.max_body_bytes, metrics)  # type: ignore[return-value]
+    guarded = Guard(app, keys, serve.max_body_bytes, metrics, serve.read_timeout_s)
+    guarded.state = app.state  # the server reads app.state.shutdown_error after it stops
+    return guarded  # type: ignore[return-value]
 
 
 class _Refused(Exception):
@@ -361,6 +426,10 @@ async def _call(pending: Awaitable[Any]) -> Any:
         raise _Refused(409, str(exc)) from None
     except (DataError, ValueError, TypeError) as exc:
         raise _Refused(422, str(exc)) from None
+    except StorageError as exc:
+        # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        raise _Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + str(exc)) from None
 
 
 __all__ = ["ApiKey", "Metrics", "make_app"]

@@ -4,7 +4,9 @@ concurrent generations).
 A `Batcher` collects what its callers submit: the first item opens a batch, which takes every item that
 arrives within `window_s` of that item's arrival, or until `max_batch` items wait; the batch then runs as
 ONE call of `run(items) -> results` (one result, or the exception that refused that item alone, per item,
-in order) on the memory's worker thread, while the next batch gathers. The window counts from the first
+in order) on the memory's worker thread, while the next batch gathers. If that call raises, no item is
+failed for another's sake: each item of the batch runs again alone (`run([item])`), and gets its own
+result or its own error (a request that breaks a batched call fails alone). The window counts from the first
 item's arrival, not from when the batcher got to it: items that queued while a batch ran have waited
 their window already and form the next batch at once (continuous batching), so under load batches grow
 by themselves and the worker never idles with requests waiting, and an idle server answers a lone
@@ -66,6 +68,17 @@ class Batcher(Generic[Item]):
             batch.append(entry)
         return batch, stopping
 
+    async def _alone(self, items: list[Item]) -> list[Any]:
+        """Each item of a batch whose batched call failed, run as a batch of one: its result or its error."""
+        loop = asyncio.get_running_loop()
+        out: list[Any] = []
+        for item in items:
+            try:
+                out.extend(await loop.run_in_executor(self.executor, self.run, [item]))
+            except Exception as exc:  # noqa: BLE001  (this item's own error, for its caller)
+                out.append(exc)
+        return out
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = False
@@ -75,10 +88,11 @@ class Batcher(Generic[Item]):
                 break
             batch, stopping = await self._gather(first)
             started = time.perf_counter()
+            items = [item for item, _, _ in batch]
             try:
-                results = await loop.run_in_executor(self.executor, self.run, [item for item, _, _ in batch])
-            except BaseException as exc:  # noqa: BLE001  (the batch's callers get the error; the loop lives on)
-                results = [exc] * len(batch)
+                results = await loop.run_in_executor(self.executor, self.run, items)
+            except Exception as exc:  # noqa: BLE001  (the callers get their own errors; the loop lives on)
+                results = [exc] if len(items) == 1 else await self._alone(items)
             if self.observe is not None:
                 self.observe(self.name, len(batch), time.perf_counter() - started)
             for (_, future, _), result in zip(batch, results, strict=True):

@@ -9,14 +9,18 @@ the process exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.util
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from memfit_gpu.config import ConfigError, MemFitConfig
+from memfit_gpu.files import StorageError
 from memfit_gpu.live.memory import Memory
 from memfit_gpu.serve.app import make_app, memory_worker
 from memfit_gpu.serve.keys import KeyRing
@@ -35,6 +39,53 @@ class _Server(uvicorn.Server):
             if self._captured_signals:
                 log.info("memfit serve: stopped by signal %s after draining", self._captured_signals[-1])
             self._captured_signals.clear()
+
+
+def stall_guarded(timeout_s: float) -> type:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) that closes a connection whose client
+    has not completed a request's headers within `timeout_s` of connecting, or of starting the next
+    request after a reply. A request whose headers are in is the app's to time (its body: 408)."""
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class StallGuarded(base):  # type: ignore[misc, valid-type]
+        _stall: asyncio.TimerHandle | None = None
+        _stall_cycle: Any = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is None or self.cycle.response_complete:  # still waiting for a request's headers
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            """A deadline for the headers of the request now arriving (kept when one is set for it)."""
+            if self._stall is not None and self._stall_cycle is self.cycle:
+                return
+            if self._stall is not None:
+                self._stall.cancel()
+            self._stall_cycle = self.cycle
+            self._stall = self.loop.call_later(timeout_s, self._stalled)
+
+        def _stalled(self) -> None:
+            self._stall = None
+            waiting = self.cycle is None or self.cycle.response_complete
+            if waiting and self.cycle is self._stall_cycle and not self.transport.is_closing():
+                log.info("memfit serve: closing a connection that sent no complete request in %.0f s", timeout_s)
+                self.transport.close()
+
+    return StallGuarded
 
 
 def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = None, host: str | None = None,
@@ -60,7 +111,7 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
         raise
     config = uvicorn.Config(app, host=host or cfg.serve.host, port=cfg.serve.port if port is None else port,
                             log_level="info", timeout_graceful_shutdown=cfg.serve.drain_timeout_s, lifespan="on",
-                            access_log=False)
+                            access_log=False, http=stall_guarded(cfg.serve.read_timeout_s))
     server = _Server(config)
     log.info("memfit serve: %s with %d keys on http://%s:%d (OpenAPI: /docs)", store, len(keys.keys), config.host,
              config.port)
@@ -73,4 +124,12 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
         except RuntimeError:  # the worker is shut down: the memory was closed on it
             pass
         worker.shutdown(wait=True)
-        memory.close()  # a no-op once closed
+        with contextlib.suppress(Exception):  # a no-op once closed; a close that failed is reported below
+            memory.close()
+    failed = getattr(app.state, "shutdown_error", None)
+    if failed is not None:
+        message = (f"{store}: drained, but closing the memory failed: {failed}; every acknowledged add is in the "
+                   f"store's log, and the next start replays it")
+        if isinstance(failed, StorageError):
+            raise StorageError(failed.path, message, failed.errno) from failed
+        raise RuntimeError(message) from failed

@@ -93,6 +93,7 @@ def write_snapshot(root: Path, count: int, fingerprint: dict[str, int], info: di
         files = {path.relative_to(staging).as_posix(): sha256_of(path) for path in sorted(staging.rglob("*")) if path.is_file()}
         meta = {"format": SNAPSHOT_FORMAT, **fingerprint, **info, "files": files}
         meta["meta_sha256"] = meta_digest(meta)
+        faults.io_fault(staging / "meta.json")
         (staging / "meta.json").write_text(json.dumps(meta, indent=1))
         faults.point("store.snapshot.staged")
         if final.exists():
