@@ -5,7 +5,10 @@ response cache, a full disk, a file system that refuses a write. Faults are prov
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,38 @@ def test_an_io_error_without_a_handler_is_still_one_line() -> None:
     assert storage_line(OSError(errno.ENOENT, "No such file", "x")) is None
     assert storage_line(StorageError("x", "x: told already", errno.ENOSPC)) is None  # printed as it is
     assert storage_line(ValueError("x")) is None
+
+
+FULL_DISK_OPEN = """
+import sys
+from memfit_gpu.readers.cache import ResponseCache
+from memfit_gpu.files import StorageError
+folder = sys.argv[1]
+ResponseCache(folder + "/cache.sqlite").close()
+filler = open(folder + "/filler", "wb", buffering=0)  # the file system, full (left open)
+try:
+    while True:
+        filler.write(b"x" * 1024)
+except OSError:
+    pass
+try:
+    ResponseCache(folder + "/cache.sqlite")
+except StorageError as exc:
+    print(exc)
+"""
+
+
+def test_a_really_full_disk_at_the_cache_says_the_disk_is_full(tmp_path: Path) -> None:
+    """On a full file system SQLite reports opening its WAL as "disk I/O error", which read as a failing
+    disk ("check it (dmesg)"). A real tmpfs of 256 KiB, mounted in a mount namespace of its own
+    (`unshare -rm`: no privileges needed), filled up, then the cache opened again."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    script = (f"mount -t tmpfs -o size=256k tmpfs {folder} && exec {sys.executable} -c '{FULL_DISK_OPEN}' {folder}")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert line.startswith(f"{folder}/cache.sqlite: opening failed (disk I/O error: its file system is full); "
+                           "free space on its file system, then rerun the same command"), line
+    assert "dmesg" not in line

@@ -10,9 +10,11 @@ never what a reader says.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -337,3 +339,107 @@ def test_threads_add_and_search_at_once(tmp_path: Path, conv_turns) -> None:
         assert all([t["turn_id"] for t in memory.turns(f"w{i}")] == [t["turn_id"] for t in conv_turns[:12]]
                    for i in range(4))
     shutil.rmtree(tmp_path / "m")
+
+
+# ------------------------------------------------------------- "Reliability, round 4": the Python API
+def test_an_add_of_several_users_is_all_or_nothing_and_a_retry_stores_each_turn_once(tmp_path: Path) -> None:
+    """add(["u1", "u2"], ...) where u1's turn conflicts (or is bad input) raised but stored u2's turn, and
+    a retry then stored it again under a new id; the README promises nothing of the call is stored."""
+    with Memory.open(tmp_path / "m", DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees.", "turn_id": "t1"}])
+        for refused, error in [({"speaker": "Ann", "text": "Other words.", "turn_id": "t1"}, TurnConflictError),
+                               ({"speaker": "Ann"}, DataError),
+                               ({"speaker": "Ann", "text": "bad \ud800 text"}, DataError)]:
+            with pytest.raises(error):
+                memory.add(["u1", "u2"], [[refused], [{"speaker": "Bob", "text": "I keep goats."}]])
+            assert memory.users() == ["u1"] and len(memory.turns("u1")) == 1
+        with pytest.raises(DataError, match="user_id.*is not valid"):
+            memory.add(["u1", "u%31"], [[{"speaker": "Ann", "text": "x"}], [{"speaker": "Bob", "text": "y"}]])
+        first = memory.add(["u1", "u2"], [[{"speaker": "Ann", "text": "I keep bees.", "turn_id": "t1"}],
+                                          [{"speaker": "Bob", "text": "I keep goats.", "turn_id": "g1"}]])
+        again = memory.add(["u1", "u2"], [[{"speaker": "Ann", "text": "I keep bees.", "turn_id": "t1"}],
+                                          [{"speaker": "Bob", "text": "I keep goats.", "turn_id": "g1"}]])
+        assert [a.duplicate for a in first] == [True, False] and [a.duplicate for a in again] == [True, True]
+        assert [t["turn_id"] for t in memory.turns("u2")] == ["g1"]
+
+
+def test_a_batch_whose_write_fails_is_written_add_by_add(tmp_path: Path, monkeypatch) -> None:
+    """The write of a server's batch of adds fails (the log append meets a full disk, once): nothing of it
+    is logged, each add is written again alone and stored; a refused add stays refused alone."""
+    monkeypatch.setenv("MEMFIT_IO_FAULT", "log.jsonl:ENOSPC:2")  # 1: the new store's header
+    with Memory.open(tmp_path / "m", DEMO, overrides=CHEAP) as memory:
+        out = memory.add_batch([("u1", [{"speaker": "Ann", "text": "bees"}]), ("u2", [{"speaker": "Bob", "text": "goats"}]),
+                                ("u3", [{"speaker": "Cy", "text": "bad \udfff"}])])
+        assert [a[0].turn_id for a in out[:2]] == ["t1", "t1"] and isinstance(out[2], DataError)
+        assert memory.users() == ["u1", "u2"]
+    records = RecordLog(tmp_path / "m" / "store" / "log.jsonl").records
+    assert [(r["row"], r["text"][-5:]) for r in records if r.get("t") == "episode"] == [(0, " bees"), (1, "goats")]
+
+
+def test_a_search_that_breaks_the_batched_read_fails_alone(tmp_path: Path, monkeypatch) -> None:
+    """A search that passes the checks but makes the batched read raise fails alone: the others of its
+    batch are read again alone and answered. (The method's read is made to raise for one query.)"""
+    with Memory.open(tmp_path / "m", DEMO, overrides=CHEAP) as memory:
+        memory.add(["u1", "u2"], [[{"speaker": "Ann", "text": "I keep bees."}], [{"speaker": "Bob", "text": "goats"}]])
+        read = memory.method.read
+
+        def fragile(run, *args, **kwargs):  # noqa: ANN001, ANN202 - the method seam's read
+            if any(q.question == "poison" for q in run.questions):
+                raise RuntimeError("the read broke")
+            return read(run, *args, **kwargs)
+
+        monkeypatch.setattr(memory.method, "read", fragile)
+        out = memory.search_batch([("u1", ["bees"], 1), ("u2", ["poison"], 1), ("u2", ["goats"], 1)])
+        assert out[0][0][0].text == "I keep bees." and out[2][0][0].text == "goats"
+        assert isinstance(out[1], RuntimeError)
+        answers = memory.answer_batch([("u1", ["bees?"], 1), ("u2", ["poison"], 1)])
+        assert answers[0][0].hits[0].text == "I keep bees." and isinstance(answers[1], RuntimeError)
+
+
+def test_queries_are_checked_before_they_reach_a_batch(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "m", DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees."}])
+        for queries, k, message in [(["bees \ud800"], 3, r"queries\[0\]: holds a lone surrogate"),
+                                    (["bees " * 9000], 3, r"queries\[0\]: 9,000 words; a query has at most 8,192"),
+                                    (["bees"], True, "an integer >= 1"), (["bees"], 2.0, "an integer >= 1")]:
+            with pytest.raises(ValueError, match=message):
+                memory.search("u1", queries, k=k)
+
+
+def test_a_log_that_older_code_left_unopenable_is_named_and_repaired(tmp_path: Path) -> None:
+    """Older code logged a live add of 64 speakers before refusing it: replay stopped with a traceback
+    and every user lost the memory. Now the open names the record and `memfit store repair` drops that
+    batch (keeping its memory record, which later batches name), leaving every other turn as it was."""
+    folder = tmp_path / "m"
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees.", "turn_id": "a1"}])
+    log = RecordLog(folder / "store" / "log.jsonl", fsync=True)
+    header = log.records[0]
+    date = "DATE:  | Speaker"
+    refused = [{"t": "memory", "memory": 1, "id": "u2", "speakers": []}] + [
+        {"t": "episode", "row": 1 + i, "memory": 1, "session": "live", "turn": f"t{i + 1}", "speaker": f"s{i}",
+         "ts": "", "date": "", "images": [], "text": f"{date} s{i} says: hello {i}"} for i in range(64)]
+    later = [{"t": "episode", "row": 1, "memory": 1, "session": "live", "turn": "t1", "speaker": "s0", "ts": "",
+              "date": "", "images": [], "text": f"{date} s0 says: acknowledged"},
+             {"t": "episode", "row": 2, "memory": 0, "session": "live", "turn": "a2", "speaker": "Ann", "ts": "",
+              "date": "", "images": [], "text": f"{date} Ann says: more bees"}]
+    log.append([*refused, {"t": "commit", "records": len(refused)}, *later, {"t": "commit", "records": 2}])
+    log.close()
+    assert header["t"] == "header"
+    with pytest.raises(DataError, match=r"record \d+ \(episode\).*would have 64 speakers|more than 63 speakers") as info:
+        Memory.open(folder, DEMO, overrides=CHEAP)
+    assert f"memfit store repair {folder / 'store'}" in str(info.value)
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store", "repair", str(folder)]
+    dry = subprocess.run([*cli, "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert dry.returncode == 0 and "would drop 1 of 3 write batches (64 records)" in dry.stdout, dry.stdout + dry.stderr
+    done = subprocess.run(cli, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0 and "dropped 1 of 3 write batches" in done.stdout, done.stdout + done.stderr
+    assert len(list((folder / "store").glob("log.jsonl.before-repair-*"))) == 1
+    dropped = [json.loads(line) for f in (folder / "store").glob("dropped-*.jsonl") for line in f.read_text().splitlines()]
+    assert len([r for r in dropped if r["t"] == "episode"]) == 64
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        assert [t["text"] for t in memory.turns("u1")] == ["I keep bees.", "more bees"]
+        assert [t["text"] for t in memory.turns("u2")] == ["acknowledged"]
+        assert memory.search("u2", ["acknowledged"], k=1)[0][0].text == "acknowledged"
+    again = subprocess.run(cli, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert "nothing to repair" in again.stdout
