@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
