@@ -223,24 +223,29 @@ def test_the_answer_route_passes_the_question_date(served) -> None:
 # ------------------------------------------------------------------------------- 10. no stalls
 def test_one_users_answers_do_not_stall_another_users_searches(served) -> None:
     """Every call ran on the memory's one worker, so another user's 3-second answer held searches for its
-    whole length; now generation runs beside the worker: searches of u2 sent while u1's answer is being
-    generated come back long before it does."""
+    whole length (4,349 ms against ~20 ms, with SmolLM2); now generation runs beside the worker: u2's
+    searches while u1's answer is generated stay within 2x of their idle latency (the slowest of six)."""
     server, keys = served
+
+    def search() -> float:
+        t0 = time.monotonic()
+        status, _ = call(server, "POST", "/v1/users/u2/search", keys["u2"], json.dumps({"queries": ["lantern"]}))
+        assert status == 200
+        return time.monotonic() - t0
+
+    idle = [search() for _ in range(6)]
     started = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(call, server, "POST", "/v1/users/u1/answer", keys["u1"],  # not cached: a new question
                              json.dumps({"questions": ["Who keeps the lantern by the harbor?"]}))
-        time.sleep(0.8)  # the answer's batch window (0.3 s) has passed: it is generating
-        latencies = []
-        while not answer.done() and len(latencies) < 5:
-            t0 = time.monotonic()
-            status, _ = call(server, "POST", "/v1/users/u2/search", keys["u2"], json.dumps({"queries": ["lantern"]}))
-            assert status == 200
-            latencies.append(time.monotonic() - t0)
+        time.sleep(0.6)  # the answer's batch window (0.3 s) has passed: it is generating
+        during = []
+        while not answer.done() and len(during) < 6:
+            during.append(search())
         status, _ = answer.result()
         answered_after = time.monotonic() - started
     assert status == 200 and answered_after >= 3.0
-    assert len(latencies) == 5 and max(latencies) < 1.5, latencies  # each search: batch window + a read
+    assert len(during) == 6 and max(during) <= 2 * max(idle), (idle, during)
 
 
 def test_stalled_connections_are_closed(served) -> None:
@@ -356,14 +361,14 @@ def test_a_shutdown_that_cannot_snapshot_exits_non_zero_saying_so(tmp_path: Path
 
 
 # ------------------------------------------------------------------------------ 8. keys
+@pytest.mark.fresh_interpreter  # 16 small processes: cheaper fresh than forked from the test zygote
 def test_sixteen_concurrent_keys_new_each_add_their_key(tmp_path: Path) -> None:
     """16 `memfit keys new` at once lost 1-3 printed keys and 9-13 failed on the shared keys.jsonl.tmp;
     now each adds its key under the file's lock, with a temporary file of its own."""
     keys_file = tmp_path / "keys.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-m", "memfit_gpu.cli", "keys", "new", "--keys", str(keys_file),
                                "--user", f"agent{i}", "--name", f"agent{i}"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for i in range(16)]
+                              stderr=subprocess.PIPE, text=True, cwd=REPO) for i in range(16)]
     printed = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)

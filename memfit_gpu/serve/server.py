@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+try:  # uvicorn's own choice for http="auto": httptools when installed (uvicorn[standard]), else h11
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HTTP_PROTOCOL
+except ImportError:
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _HTTP_PROTOCOL  # type: ignore[assignment]
 
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.files import StorageError
@@ -45,12 +49,7 @@ def stall_guarded(timeout_s: float) -> type:
     """uvicorn's HTTP protocol (httptools when installed, else h11) that closes a connection whose client
     has not completed a request's headers within `timeout_s` of connecting, or of starting the next
     request after a reply. A request whose headers are in is the app's to time (its body: 408)."""
-    if importlib.util.find_spec("httptools") is not None:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
-    else:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
-
-    class StallGuarded(base):  # type: ignore[misc, valid-type]
+    class StallGuarded(_HTTP_PROTOCOL):  # type: ignore[misc, valid-type]
         _stall: asyncio.TimerHandle | None = None
         _stall_cycle: Any = None
 
