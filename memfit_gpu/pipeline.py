@@ -337,7 +337,7 @@ def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader) -> Answ
             question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
             max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
         )
-        return (Request(messages, role=role, images=images, key=key or q.question_id),
+        return (Request(messages, role=role, images=images, key=key or q.question_id, owner=q.memory_id),
                 {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
 
     return make
@@ -487,7 +487,7 @@ class _Judge:
                 continue
             messages = build_judge_messages(q.question, q.answer, pred, q.category, self.kind,
                                             memgallery_dir=self.memgallery_dir, abstention=q.abstention)
-            requests.append(Request(messages, role="judge", key=f"judge:{q.question_id}"))
+            requests.append(Request(messages, role="judge", key=f"judge:{q.question_id}", owner=q.memory_id))
             where.append(i)
         for i, resp in zip(where, self.reader.generate(requests, partial=True) if requests else [], strict=True):
             if resp.answered:

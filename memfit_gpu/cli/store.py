@@ -239,11 +239,25 @@ def delete_command(args: argparse.Namespace) -> int:
 
 
 def compact_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.live.memory import Memory
+
     target = resolve_target(args.dir, args.config)
-    with locked(target.lock):
-        counts = _open_store(target).compact()
+    if target.run_dir is None and _memory_folder(target.store.parent):
+        # a live memory: compacted as Memory.compact does it (under the memory's own lock), so the method's
+        # files follow and the users nothing is left of leave the reader's cache too
+        with Memory.open(target.store.parent, target.cfg) as memory:
+            counts = memory.compact()
+    else:
+        with locked(target.lock):
+            store = _open_store(target)
+            counts = store.compact()
     print(f"memfit store compact: {target.store}: {counts['episodes_before']} -> {counts['episodes_after']} "
           f"episode rows, {counts['summaries_before']} -> {counts['summaries_after']} summary rows, "
           f"{counts['records_before']} -> {counts['records_after']} log records; deleted turns and retired "
           f"summaries are gone from disk (rows renumbered in their old order)")
+    if counts.get("memories_before", 0) > counts.get("memories_after", 0):
+        print(f"{counts['memories_before'] - counts['memories_after']} memory(ies) with nothing left are gone with "
+              "their ids and speakers"
+              + (f"; the memory's cache.sqlite dropped their {counts['cache_responses_dropped']} cached response(s) "
+                 f"and {counts['cache_calls_dropped']} call record(s)" if "cache_responses_dropped" in counts else ""))
     return 0

@@ -45,11 +45,12 @@ from memfit_gpu.locks import exclusive, lock_path
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
 from memfit_gpu.methods.registry import METHODS, method_entry
 from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
+from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import bounded_answer_messages
 from memfit_gpu.readers.reader import Reader, make_reader
-from memfit_gpu.readers.types import Request
+from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.store.episodes import EpisodeStore
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,9 @@ class Memory:
         self._consolidating = threading.Lock()  # one consolidation at a time
         self.entry = method_entry(cfg.method)
         self.ledger_path = path / "ledger.json"
-        self.ledger = Ledger.load(self.ledger_path) if self.ledger_path.exists() else Ledger()
+        # counts only (Ledger.per_question): its keys would grow by one per answer and name users
+        self.ledger = (Ledger.load(self.ledger_path, per_question=False) if self.ledger_path.exists()
+                       else Ledger(per_question=False))
         self._reader: Reader | None = None
         self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))
         self.method: LiveMethod = self.entry.make()  # type: ignore[assignment]
@@ -467,20 +470,45 @@ class Memory:
             return counts
 
     def _summary_generate(self, prompts: list[str]) -> list[str]:
-        requests = [Request([{"role": "user", "content": p}], role="summary", max_new_tokens=self.cfg.summary.max_new_tokens,
-                            temperature=self.cfg.summary.temperature, key=f"summary:{i}") for i, p in enumerate(prompts)]
+        requests = [Request([{"role": "user", "content": str(p)}], role="summary",
+                            max_new_tokens=self.cfg.summary.max_new_tokens, temperature=self.cfg.summary.temperature,
+                            key=f"summary:{i}", owner=owner_of(p)) for i, p in enumerate(prompts)]
         texts = [r.text.strip() for r in self.reader().generate(requests)]
         self._account("summaries.ledger")
         return texts
 
     def compact(self) -> dict[str, int]:
         """Rewrite the store on disk without deleted turns (EpisodeStore.compact), then reopen it: the
-        same search results, and deleted text is nowhere under the folder."""
+        same search results, and deleted text is nowhere under the folder. A user every turn of whom was
+        deleted is erased from every file: the store keeps no record of it, the method's own files follow,
+        and cache.sqlite drops every response and call record its data went into (ledger.json keeps the
+        counts)."""
         with self.holding():
             counts = self.store.compact()
+            erased = self.store.erased
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
             self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
+            counts["users_erased"] = len(erased)
+            counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased).items()})
             return counts
+
+    def _forget(self, users: Sequence[str]) -> dict[str, int]:
+        """Every cached response and call record of `users` dropped from cache.sqlite (rewritten), and
+        ledger.json written again (counts only)."""
+        if not users:
+            return {"responses": 0, "calls": 0}
+        if self._reader is not None and self._reader.cache is not None:
+            dropped = self._reader.cache.forget(users)
+        elif (self.path / "cache.sqlite").exists():
+            cache = ResponseCache(self.path / "cache.sqlite")
+            try:
+                dropped = cache.forget(users)
+            finally:
+                cache.close()
+        else:
+            dropped = {"responses": 0, "calls": 0}
+        self.ledger.save(self.ledger_path)
+        return dropped
 
     def consolidate(self, user_ids: Sequence[str] | None = None) -> dict[str, int]:
         """The write-time work of the method that stays off the query path (MemFit: segment summaries of
@@ -643,7 +671,7 @@ class Memory:
                                                       max_prompt_chars=self.cfg.reader.max_prompt_chars,
                                                       token_limit=limit)
                 calls.append((i, text, hits[:requests[i][2]],
-                              Request(messages, role="answer", key=f"live:{requests[i][0]}")))
+                              Request(messages, role="answer", key="live:answer", owner=requests[i][0])))
         return PreparedAnswers([r[0] for r in requests], out, calls)
 
     def finish_answers(self, prepared: PreparedAnswers) -> list[list[Answer] | BaseException]:

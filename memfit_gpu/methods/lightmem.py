@@ -438,7 +438,7 @@ class LightMem:
                              "speakers": speakers, "prompt": prompt})
         requests = [Request([{"role": "user", "content": j["prompt"]}], role="mtm_summary",
                             max_new_tokens=cfg.lightmem.mtm_max_new_tokens, temperature=cfg.lightmem.temperature,
-                            key=f"mtm:{j['user']}:{j['entry']}") for j in jobs if j["prompt"] is not None]
+                            key=f"mtm:{j['user']}:{j['entry']}", owner=j["user"]) for j in jobs if j["prompt"] is not None]
         return jobs, requests
 
     def _log_mtm(self, cfg: MemFitConfig, jobs: list[dict[str, Any]], responses: Sequence[Any]) -> None:
@@ -485,7 +485,8 @@ class LightMem:
                 requests.append(Request([{"role": "user", "content": fill(template, speakers=_speakers(speakers),
                                                                            notes=notes)}],
                                         role="consolidate", max_new_tokens=cfg.lightmem.consolidate_max_new_tokens,
-                                        temperature=cfg.lightmem.temperature, key=f"ltm:{user_id}:{batch}"))
+                                        temperature=cfg.lightmem.temperature, key=f"ltm:{user_id}:{batch}",
+                                        owner=user_id))
         return jobs, requests
 
     def _log_ltm(self, jobs: list[tuple[str, int, list[int]]], responses: Sequence[Any]) -> None:
@@ -627,7 +628,7 @@ class LightMem:
                                                       question=q.question, question_date=q.question_date,
                                                       max_hqs=lm.max_hqs)}],
                     role="rewrite", max_new_tokens=lm.rewrite_max_new_tokens, temperature=lm.temperature,
-                    key=f"rewrite:{q.question_id}") for q in questions])
+                    key=f"rewrite:{q.question_id}", owner=q.memory_id) for q in questions])
         run.account("lightmem.rewrite.ledger")
         plans = [route(parse_hqs(r.text, q.question, lm.max_hqs), lm.routing, tiers.has(q.memory_id), lm.top_k)
                  for q, r in zip(questions, replies, strict=True)]
@@ -704,7 +705,8 @@ class LightMem:
             requests.append(Request([{"role": "user", "content": fill(template, question=questions[i].question,
                                                                        candidates=listing)}],
                                     role="rerank_slm", max_new_tokens=lm.rerank_max_new_tokens,
-                                    temperature=lm.temperature, key=f"rerank:{questions[i].question_id}"))
+                                    temperature=lm.temperature, key=f"rerank:{questions[i].question_id}",
+                                    owner=questions[i].memory_id))
         replies = reader.generate(requests)
         run.account("lightmem.rerank.ledger")
         for i, reply in zip(asks, replies, strict=True):

@@ -32,7 +32,7 @@ from memfit_gpu.files import atomic_write_text
 from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
 from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
 from memfit_gpu.methods.packs import pack_row
-from memfit_gpu.readers.types import Request
+from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.retrieve.batched import retrieve_batch
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
@@ -44,9 +44,9 @@ from memfit_gpu.store.summaries import summary_records
 def summary_generate(reader: Any, cfg: MemFitConfig) -> Callable[[list[str]], list[str]]:
     """The store's `generate(list_of_prompts) -> list_of_texts`, through a cached reader (role summary)."""
     def generate(prompts: list[str]) -> list[str]:
-        requests = [Request([{"role": "user", "content": p}], role="summary",
+        requests = [Request([{"role": "user", "content": str(p)}], role="summary",
                             max_new_tokens=cfg.summary.max_new_tokens, temperature=cfg.summary.temperature,
-                            key=f"summary:{i}") for i, p in enumerate(prompts)]
+                            key=f"summary:{i}", owner=owner_of(p)) for i, p in enumerate(prompts)]
         return [r.text.strip() for r in reader.generate(requests)]
 
     return generate

@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS responses (
     latency_s REAL NOT NULL,
     tokens_estimated INTEGER NOT NULL,
     created REAL NOT NULL,
-    notes TEXT NOT NULL DEFAULT '{}'
+    notes TEXT NOT NULL DEFAULT '{}',
+    owner TEXT
 )
 """
 # Ledger entries (readers/ledger.py ENTRY_FIELDS), in commit order.
@@ -66,7 +67,8 @@ CREATE TABLE IF NOT EXISTS calls (
     tokens_estimated INTEGER NOT NULL,
     gpu_seconds REAL NOT NULL,
     error TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    owner TEXT
 )
 """
 # A ledger.json written before this file held entries (Ledger.rebuilt's base), kept once taken.
@@ -129,6 +131,9 @@ class ResponseCache:
                 columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
                 if "notes" not in columns:  # a cache written before responses carried notes
                     self._conn.execute("ALTER TABLE responses ADD COLUMN notes TEXT NOT NULL DEFAULT '{}'")
+                for table in ("responses", "calls"):  # a cache written before rows named their owner
+                    if "owner" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
+                        self._conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
                 self._conn.commit()
             except BaseException:
                 self._conn.close()
@@ -186,24 +191,42 @@ class ResponseCache:
         return found
 
     def commit(self, backend: str, rows: Sequence[tuple[str, str, Response]],
-               entries: Sequence[Mapping[str, Any]] = ()) -> None:
+               entries: Sequence[Mapping[str, Any]] = (), owners: Sequence[str | None] | None = None) -> None:
         """rows = (key, role, response) from `backend` to cache, and the ledger entries that account for
         what was handed out; one transaction, committed before returning. A response with an error, or
-        one that never came (`answered` False), is not cached: a rerun asks again."""
+        one that never came (`answered` False), is not cached: a rerun asks again. owners: per row, the
+        user whose data its request carried (Request.owner; `forget` drops a user's rows)."""
         now = time.time()
+        owned = list(owners) if owners is not None else [None] * len(rows)
         with self._guard("writing"), self._conn:
             faults.io_fault(self.path)
             self._conn.executemany(
                 "INSERT OR REPLACE INTO responses (key, backend, model, role, text, input_tokens, output_tokens, "
-                "latency_s, tokens_estimated, created, notes) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "latency_s, tokens_estimated, created, notes, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(k, backend, r.model, role, r.text, r.input_tokens, r.output_tokens, r.latency_s,
-                  int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True))
-                 for k, role, r in rows if r.error is None and r.answered],
+                  int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True), owner)
+                 for (k, role, r), owner in zip(rows, owned, strict=True) if r.error is None and r.answered],
             )
             self._conn.executemany(
                 f"INSERT INTO calls ({', '.join(ENTRY_FIELDS)}) VALUES ({','.join('?' * len(ENTRY_FIELDS))})",
-                [tuple(entry[name] for name in ENTRY_FIELDS) for entry in entries],
+                [tuple(entry.get(name) for name in ENTRY_FIELDS) for entry in entries],
             )
+
+    def forget(self, owners: Sequence[str]) -> dict[str, int]:
+        """Drop every cached response and call record of these users (Request.owner), then rewrite the
+        file (VACUUM) and empty its write-ahead log, so no byte of what they held is left in it: the
+        ledger.json counts stay, the users' responses and call records go. Returns the rows dropped."""
+        owners = list(dict.fromkeys(owners))
+        if not owners:
+            return {"responses": 0, "calls": 0}
+        marks = ",".join("?" * len(owners))
+        with self._guard("writing"):
+            with self._conn:
+                responses = self._conn.execute(f"DELETE FROM responses WHERE owner IN ({marks})", owners).rowcount
+                calls = self._conn.execute(f"DELETE FROM calls WHERE owner IN ({marks})", owners).rowcount
+            self._conn.execute("VACUUM")
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return {"responses": int(responses), "calls": int(calls)}
 
     def put_many(self, backend: str, rows: Sequence[tuple[str, str, Response]]) -> None:
         """rows = (key, role, response) from `backend`, cached in one transaction (no ledger entries)."""

@@ -69,7 +69,7 @@ class ModelStats:
 
 # One ledger entry, as cache.sqlite's `calls` table stores it (readers/cache.py), in this order.
 ENTRY_FIELDS = ("session", "served", "role", "key", "backend", "model", "input_tokens", "output_tokens",
-                "latency_s", "tokens_estimated", "gpu_seconds", "error", "created")
+                "latency_s", "tokens_estimated", "gpu_seconds", "error", "created", "owner")
 
 
 @dataclass
@@ -86,15 +86,20 @@ class Ledger:
     _applying: str | None = field(default=None, repr=False, compare=False)
     # The answer reader and the judge (on its own thread, pipelined behind the answers) share one ledger.
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    # A run keeps every answer's key (its one-answer-per-question check); a live memory counts calls only:
+    # its answers are no benchmark's questions, and a key per answer would grow without end (and name users)
+    per_question: bool = field(default=True, compare=False)
 
-    def entry(self, role: str, key: str, response: Response, backend: str, gpu_seconds: float = 0.0) -> dict[str, Any]:
+    def entry(self, role: str, key: str, response: Response, backend: str, gpu_seconds: float = 0.0,
+              owner: str | None = None) -> dict[str, Any]:
         """The ledger entry of one response handed out: a backend call (`served` "call": paid, with its
-        tokens, latency and share of GPU-seconds) or a cache hit ("hit")."""
+        tokens, latency and share of GPU-seconds) or a cache hit ("hit"); `owner`: the user whose data
+        the call carried (Request.owner), so erasing the user drops its entries."""
         return {"session": self.session, "served": "hit" if response.cached else "call", "role": role, "key": key,
                 "backend": backend, "model": response.model, "input_tokens": int(response.input_tokens),
                 "output_tokens": int(response.output_tokens), "latency_s": float(response.latency_s),
                 "tokens_estimated": int(response.tokens_estimated), "gpu_seconds": float(gpu_seconds),
-                "error": response.error, "created": time.time()}
+                "error": response.error, "created": time.time(), "owner": owner}
 
     def record(self, role: str, key: str, response: Response, backend: str) -> None:
         """Account one response (a reader without a response cache; the caching reader commits the entry
@@ -114,7 +119,7 @@ class Ledger:
         role, key, cached = entry["role"], entry["key"], entry["served"] == "hit"
         stats = self.roles.setdefault(role, RoleStats())
         stats.gpu_seconds += float(entry["gpu_seconds"])
-        if role == "answer":
+        if role == "answer" and self.per_question:
             if key in self.accounted_keys:
                 self.accounted_keys.discard(key)
                 if cached:
@@ -224,8 +229,9 @@ class Ledger:
                 "roles": {r: asdict(s) for r, s in self.roles.items()},
                 "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
                 "models": {k: asdict(m) for k, m in self.models.items()},
-                "answer_calls": len(self.answer_keys),
-                "answer_keys": list(self.answer_keys),
+                "answer_calls": len(self.answer_keys) if self.per_question else
+                self.roles["answer"].calls + self.roles["answer"].cached,
+                **({"answer_keys": list(self.answer_keys)} if self.per_question else {}),
                 "cost": self.cost(prices_path),
             }
 
@@ -236,19 +242,21 @@ class Ledger:
         atomic_write_text(path, self.to_json(prices_path))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Ledger:
-        ledger = cls()
+    def from_dict(cls, data: dict[str, Any], per_question: bool = True) -> Ledger:
+        ledger = cls(per_question=per_question)
         for role, stats in data.get("roles", {}).items():
             ledger.roles[role] = RoleStats(**stats)
         for key, m in data.get("models", {}).items():
             ledger.models[key] = ModelStats(**m)
-        ledger.answer_keys = list(data.get("answer_keys", []))
+        ledger.answer_keys = list(data.get("answer_keys", [])) if per_question else []
         ledger.accounted_keys = set(ledger.answer_keys)
         return ledger
 
     @classmethod
-    def load(cls, path: str | Path) -> Ledger:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def load(cls, path: str | Path, per_question: bool = True) -> Ledger:
+        """A ledger.json read back; per_question=False (a live memory) keeps its counts and drops any
+        answer keys an older file holds."""
+        return cls.from_dict(json.loads(Path(path).read_text()), per_question)
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, dict[str, float]]:

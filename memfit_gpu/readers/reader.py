@@ -69,7 +69,7 @@ class Reader:
             if r.max_new_tokens is None or r.temperature is None:
                 r = Request(r.messages, r.role, list(r.images),
                             self.default_max_new_tokens if r.max_new_tokens is None else r.max_new_tokens,
-                            self.default_temperature if r.temperature is None else r.temperature, r.key)
+                            self.default_temperature if r.temperature is None else r.temperature, r.key, r.owner)
             out.append(r)
         return out
 
@@ -160,10 +160,11 @@ class Reader:
         generated = sum(1 for _, response in handed if not response.cached)
         share = (now - since) * self.backend.gpus / generated if since is not None and generated else 0.0
         entries = [self.ledger.entry(requests[i].role, requests[i].key, response, self.backend.name,
-                                     0.0 if response.cached else share)
+                                     0.0 if response.cached else share, owner=requests[i].owner)
                    for i, response in sorted(handed, key=lambda item: item[0])]
         if self.cache is not None:
-            self.cache.commit(self.backend.name, [(key, requests[i].role, r) for key, i, r in made], entries)
+            self.cache.commit(self.backend.name, [(key, requests[i].role, r) for key, i, r in made], entries,
+                              owners=[requests[i].owner for _, i, _ in made])
             faults.point("reader.commit")
         self.ledger.apply(entries)
         return now

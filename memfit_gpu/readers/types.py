@@ -29,6 +29,24 @@ ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "e
 ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
 
 
+class OwnedText(str):
+    """A prompt text that names the user whose data it carries (`owner`, a memory id): a string to
+    everything that takes one (store/summaries.py hands summary prompts out as these), so a generate
+    function can put the owner on its Request without another argument."""
+
+    owner: str | None
+
+    def __new__(cls, text: str, owner: str | None) -> OwnedText:
+        made = super().__new__(cls, text)
+        made.owner = owner
+        return made
+
+
+def owner_of(text: str) -> str | None:
+    """The owner an OwnedText names (None for a plain string)."""
+    return getattr(text, "owner", None)
+
+
 @dataclass
 class Request:
     messages: list[dict[str, Any]]  # OpenAI-style chat messages; content is a string
@@ -37,6 +55,9 @@ class Request:
     max_new_tokens: int | None = None  # None = the reader's configured default (reader.max_new_tokens)
     temperature: float | None = None  # None = the reader's configured default (0 = greedy)
     key: str = ""  # what the call is for (question id, segment id); the ledger checks answer keys
+    # the user (memory id) whose data the prompt carries: cache.sqlite keeps it beside the response and the
+    # call record, so erasing the user drops both (a live memory's delete_user + compact); not in the key
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

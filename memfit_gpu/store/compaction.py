@@ -98,8 +98,9 @@ def _renumbered(deleted: np.ndarray) -> np.ndarray:
 def compacted_records(
     records: Sequence[dict[str, Any]], episode_deleted: np.ndarray, summary_deleted: np.ndarray
 ) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
-    """A log's records without deleted episodes, retired summaries, tombstones, header and commits,
-    rows renumbered 0.. in the same order.
+    """A log's records without deleted episodes, retired summaries, tombstones, header and commits, and
+    without the memories nothing is left of (their id and speakers are a user's data too: an erased user
+    leaves no trace), rows and memories renumbered 0.. in the same order.
 
     Args:
         records: the log's records, in order.
@@ -110,17 +111,32 @@ def compacted_records(
         where its stored vector comes from).
     """
     new_episode, new_summary = _renumbered(episode_deleted), _renumbered(summary_deleted)
+    alive: set[int] = set()  # memories with a kept episode or summary
+    for record in records:
+        kind = record.get("t")
+        if (kind == "episode" and new_episode[int(record["row"])] >= 0) or (
+                kind == "summary" and new_summary[int(record["row"])] >= 0):
+            alive.add(int(record["memory"]))
+    new_memory = {old: new for new, old in enumerate(sorted(alive))}
     kept: list[dict[str, Any]] = []
     sources: list[tuple[str, int]] = []
     for record in records:
         kind = record.get("t")
         if kind in ("header", "commit", "delete", "summary_delete"):
             continue
+        if kind == "summarised":
+            memories = [new_memory[int(m)] for m in record["memories"] if int(m) in new_memory]
+            if memories:
+                kept.append({**record, "memories": memories})
+            continue
+        if "memory" in record and int(record["memory"]) not in new_memory:
+            continue  # a memory nothing is left of: its memory and speaker records go with it
+        moved = {"memory": new_memory[int(record["memory"])]} if "memory" in record else {}
         if kind == "episode":
             row = int(record["row"])
             if new_episode[row] < 0:
                 continue
-            kept.append({**record, "row": int(new_episode[row])})
+            kept.append({**record, **moved, "row": int(new_episode[row])})
             sources.append((kind, row))
         elif kind == "summary":
             row = int(record["row"])
@@ -128,9 +144,9 @@ def compacted_records(
                 continue
             members = new_episode[np.asarray(record["members"], dtype=np.int64)]
             # a retired summary is gone, so nothing is left for `replaces` to name
-            kept.append({**record, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
+            kept.append({**record, **moved, "row": int(new_summary[row]), "members": members[members >= 0].tolist(),
                          "replaces": None})
             sources.append((kind, row))
         else:
-            kept.append(record)
+            kept.append({**record, **moved})
     return kept, sources

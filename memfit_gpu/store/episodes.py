@@ -94,6 +94,7 @@ class EpisodeStore(WritePath, LogReplay):
         path = path if path is not None else self.cfg.store.path
         self.path = Path(path) if path is not None else None
         self.last_timings: dict[str, float] = {}
+        self.erased: list[str] = []  # after compact(): the memories it removed (nothing was left of them)
         self.generation = next(GENERATIONS)  # a new number after every write batch (write_path.GENERATIONS)
 
         # memories
@@ -774,6 +775,7 @@ class EpisodeStore(WritePath, LogReplay):
             memory_idx=int(memory_idx), members=members,
             speakers=[self.speaker_name(int(row)) for row in members], bodies=[self.body(int(row)) for row in members],
             event=times[0] if len(times) else unknown, recorded=times[-1] if len(times) else unknown, replaces=replaces,
+            memory_id=self.memory_ids[int(memory_idx)],
         )
 
     # ------------------------------------------------------------------ persistence
@@ -827,15 +829,19 @@ class EpisodeStore(WritePath, LogReplay):
             if kind not in (None, "Flat"):
                 log.warning("EpisodeStore.compact: memory %r uses a trained %s index: it is retrained on the "
                             "remaining vectors, so its approximate results can shift", self.memory_ids[memory], kind)
-        before = {"records": len(self._log), "episodes": self.size, "summaries": len(self.summaries)}
+        before = {"records": len(self._log), "episodes": self.size, "summaries": len(self.summaries),
+                  "memories": len(self.memory_ids)}
         records, vectors = self._compacted()
+        kept = {r["id"] for r in records if r.get("t") == "memory"}
+        self.erased = [m for m in self.memory_ids if m not in kept]  # memories nothing is left of
         new, _ = compaction.compaction_dirs(self.path)
         if new.exists():
             shutil.rmtree(new)
         fresh = EpisodeStore(new, self.cfg, self.encoder)
         fresh._commit(records, embeddings=vectors)
         assert fresh._log is not None
-        after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries)}
+        after = {"records": len(fresh._log), "episodes": fresh.size, "summaries": len(fresh.summaries),
+                 "memories": len(fresh.memory_ids)}
         fresh.close()
         compaction.fsync_tree(new)
         faults.point("compact.built")

@@ -27,6 +27,7 @@ import numpy as np
 
 from memfit_gpu.config import SegmentConfig, SummaryConfig
 from memfit_gpu.readers.prompts import PromptError, load_prompt
+from memfit_gpu.readers.types import OwnedText
 from memfit_gpu.segment import segment_batch, summary_segments
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class SummaryJob:
     event: np.datetime64  # the first member's timestamp
     recorded: np.datetime64  # the last member's timestamp
     replaces: int | None = None  # the retired summary row this one rebuilds
+    memory_id: str | None = None  # whose turns they are: each prompt names it (readers.types.OwnedText)
 
 
 def excerpt_positions(count: int, limit: int) -> np.ndarray:
@@ -76,7 +78,7 @@ def summary_records(
     keep = [job for job in jobs if len(job.members) >= cfg.min_segment]
     if not keep:
         return []
-    prompts = [summary_prompt(job, cfg) for job in keep]
+    prompts = [OwnedText(summary_prompt(job, cfg), job.memory_id) for job in keep]
     outputs = generate(prompts)
     if len(outputs) != len(prompts):
         raise ValueError(f"summary generate returned {len(outputs)} texts for {len(prompts)} prompts")
