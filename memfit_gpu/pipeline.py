@@ -38,7 +38,6 @@ from tqdm.auto import tqdm
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
-from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
     empty_verdict,
@@ -54,6 +53,7 @@ from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.inputs import collect
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
+from memfit_gpu.methods.answers import answer_requests, memgallery_dir_of
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import DIAGNOSTICS, questions_of, saved_packs, write_packs
 from memfit_gpu.methods.registry import make_method
@@ -61,13 +61,11 @@ from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.prompts import (
-    bounded_answer_messages,
     build_judge_messages,
     judge_kind,
-    resolve_protocol,
 )
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
-from memfit_gpu.readers.types import PromptTokenLimit, Request
+from memfit_gpu.readers.types import Request
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -239,7 +237,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
     try:
         # the memory system under test (memfit_gpu/methods) makes the packs; answer and score are shared
         method_run = MethodRun(placed, out, bench, selected.memories, questions, get_reader, ledger_saved,
-                               _memgallery_dir(bench), progress, timer.stage)
+                               memgallery_dir_of(bench), progress, timer.stage)
         packs = _method_packs(out, timer, method_run)
 
         with timer.stage("answer"):
@@ -282,65 +280,6 @@ def _method_packs(out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dic
     return write_packs(out, rows, diagnostics)
 
 
-def _images_for(cfg: MemFitConfig, bench: Benchmark, question: Question, pack_row: dict[str, Any],
-                turn_images: dict[tuple[str, str], list[str]]) -> tuple[list[str], bool]:
-    """Image files sent with one answer call (reader.images), the question's own first."""
-    if cfg.reader.images == "none":
-        return [], False
-    base = Path(bench.source)
-    base = base if base.is_dir() else base.parent
-    paths: list[str] = []
-    has_question_image = question.image is not None and bool(question.image.path)
-    if has_question_image:
-        paths.append(question.image.path)
-    if cfg.reader.images == "retrieved":
-        for episode in pack_row["pack"]["episodes"]:
-            paths.extend(turn_images.get((question.memory_id, episode["turn_id"]), []))
-    resolved = []
-    for rel in dict.fromkeys(paths):
-        if rel.startswith(("http://", "https://")):
-            resolved.append(rel)
-            continue
-        full = (base / rel).resolve()
-        if not full.is_file():
-            raise RunError(f"{bench.source}: question {question.question_id}: image {rel} not found at {full} "
-                           f"(reader.images={cfg.reader.images}; fetch the benchmark images or set reader.images=none)")
-        resolved.append(str(full))
-    return resolved, has_question_image
-
-
-def answer_token_limit(reader: Reader, cfg: MemFitConfig) -> PromptTokenLimit | None:
-    """The prompt tokens an answer call may use, and the reader's token counter: its context less the
-    reader.max_new_tokens the answer may take (a prompt cut to the whole context leaves the answer no
-    room); None where the reader does not know its context (a server)."""
-    context = reader.prompt_token_limit()
-    return None if context is None else (context[0] - cfg.reader.max_new_tokens, context[1])
-
-
-AnswerRequest = Callable[..., tuple[Request, dict[str, int]]]
-
-
-def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader) -> AnswerRequest:
-    """`make(question, pack row, role="answer", key=question id)`: the answer request (the same bytes on every
-    resume: its cache key) and what the prompt bound cut from it ({"prompt_chars_cut": n} or {})."""
-    protocol = resolve_protocol(cfg.reader.protocol, bench.name)
-    memgallery_dir = _memgallery_dir(bench) if protocol == "memgallery" else None
-    turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
-                   for m in bench.memories for t in m.turns() if t.images}
-    token_limit = answer_token_limit(reader, cfg)
-
-    def make(q: Question, pack: dict[str, Any], role: str = "answer", key: str | None = None
-             ) -> tuple[Request, dict[str, int]]:
-        images, question_image = _images_for(cfg, bench, q, pack, turn_images)
-        messages, prompt_cut = bounded_answer_messages(
-            q.question, pack["excerpts"], q.question_date, q.category, protocol, images,
-            question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-            max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
-        )
-        return (Request(messages, role=role, images=images, key=key or q.question_id, owner=q.memory_id),
-                {"prompt_chars_cut": prompt_cut} if prompt_cut else {})
-
-    return make
 
 
 def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
@@ -459,11 +398,6 @@ def _account_answered(out: Path, questions: list[Question], answered: dict[str, 
     ledger.save(ledger_path)
 
 
-def _memgallery_dir(bench: Benchmark) -> Path:
-    """The MemGallery folder that holds prompt/ (the loader's source is its dialog/ folder or a file in it)."""
-    return benchmark_folder(bench.source)
-
-
 class _Judge:
     """LLM judge over a chunk of answers, through its own cached reader (role judge).
 
@@ -473,7 +407,7 @@ class _Judge:
     def __init__(self, cfg: MemFitConfig, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
         self.cfg = cfg
         self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
-        self.memgallery_dir = _memgallery_dir(bench) if self.kind == "memgallery" else None
+        self.memgallery_dir = memgallery_dir_of(bench) if self.kind == "memgallery" else None
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 

@@ -228,7 +228,7 @@ def test_an_answer_prompt_leaves_room_for_max_new_tokens() -> None:
     """Issue 23.7: a prompt cut to the reader's whole context left no room for the answer. The answer's
     token budget is the context less reader.max_new_tokens."""
     from memfit_gpu.config import MemFitConfig, ReaderConfig
-    from memfit_gpu.pipeline import answer_token_limit
+    from memfit_gpu.methods.answers import answer_token_limit
     from memfit_gpu.readers.ledger import Ledger
     from memfit_gpu.readers.reader import Reader
     from memfit_gpu.readers.types import Backend

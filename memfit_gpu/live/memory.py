@@ -42,13 +42,13 @@ from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.locks import exclusive, lock_path
+from memfit_gpu.methods.answers import answer_requests
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
 from memfit_gpu.methods.registry import METHODS, method_entry
 from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
-from memfit_gpu.readers.prompts import bounded_answer_messages
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.store.episodes import EpisodeStore
@@ -660,18 +660,14 @@ class Memory:
         while it reads, as a search does)."""
         with self.holding():
             out, found = self._read_requests(requests)
-            reader = self.reader()
-            limit = reader.prompt_token_limit() if found else None
+            # the run's own builder: the prompt leaves the answer reader.max_new_tokens, reader.protocol
+            make = answer_requests(self.cfg, self.run.bench, self.reader()) if found else None
         calls = []
         for i, packs in found.items():
-            question_date = requests[i][3] if len(requests[i]) > 3 else None
+            user, question_date = requests[i][0], requests[i][3] if len(requests[i]) > 3 else None
             for text, (row, hits) in zip(requests[i][1], packs, strict=True):
-                messages, _ = bounded_answer_messages(text, row["excerpts"], question_date, None, "paper",
-                                                      prompt=self.cfg.reader.prompt,
-                                                      max_prompt_chars=self.cfg.reader.max_prompt_chars,
-                                                      token_limit=limit)
-                calls.append((i, text, hits[:requests[i][2]],
-                              Request(messages, role="answer", key="live:answer", owner=requests[i][0])))
+                request, _ = make(query(user, text, question_date=question_date), row, key="live:answer")  # type: ignore[misc]
+                calls.append((i, text, hits[:requests[i][2]], request))
         return PreparedAnswers([r[0] for r in requests], out, calls)
 
     def finish_answers(self, prepared: PreparedAnswers) -> list[list[Answer] | BaseException]:
