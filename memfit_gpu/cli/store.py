@@ -1,12 +1,17 @@
-"""`memfit store`: delete turns from a store, and compact it so that deleted turns leave the disk.
+"""`memfit store`: delete turns from a store, compact it so that deleted turns leave the disk, repair a log
+an older memfit_gpu left unopenable, and take a live memory's users out and in.
 
     memfit store delete DIR --memory ID --turn TURN [--turn TURN ...] [--no-resummarize]
     memfit store compact DIR
+    memfit store repair DIR [--dry-run]
+    memfit store export DIR --user U --out FILE [--summaries] --config C
+    memfit store import DIR FILE --config C
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +48,12 @@ directory in use is refused.
            not apply are dropped (they were refused to their callers), everything else is kept byte for
            byte; the old log and the dropped records are kept beside it. --dry-run: report only. No
            config and no model needed.
+  export   a live memory's user as one line of the own-data jsonl format (its turns in order, with ids,
+           sessions, timestamps and images; --summaries: its segment summaries with the turn ids they
+           cover); DIR is the memory's folder.
+  import   adds the users of such a file (or any own-data file) to the live memory in DIR (created when
+           missing): every turn in one all-or-nothing add, then the summaries; a second import of the
+           same file stores nothing twice. Export then import into an empty memory searches the same.
 
 A run directory is a finished experiment: its packs, predictions and metrics were made from the store as
 it was, and these commands leave them (and DONE) as they are. Deleting is for live stores and for
@@ -73,6 +84,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     repair.add_argument("dir", metavar="DIR", help="run directory, live memory folder or store folder")
     repair.add_argument("--dry-run", action="store_true", help="report what would be dropped; change nothing")
     repair.set_defaults(func=repair_command, user_errors=user_errors)
+    export = commands.add_parser("export", help="a live memory's user as own-data jsonl (turns, summaries)")
+    export.add_argument("dir", metavar="DIR", help="the live memory's folder")
+    export.add_argument("--user", required=True, help="the user id")
+    export.add_argument("--out", required=True, metavar="FILE", help="the jsonl file to write (replaced atomically)")
+    export.add_argument("--summaries", action="store_true", help="also the user's segment summaries and their turns")
+    export.add_argument("--config", required=True, help="the config the memory is served with")
+    export.set_defaults(func=export_command, user_errors=live_errors)
+    importer = commands.add_parser("import", help="add the users of an own-data jsonl file to a live memory")
+    importer.add_argument("dir", metavar="DIR", help="the live memory's folder (created when missing)")
+    importer.add_argument("file", metavar="FILE", help="own-data jsonl (what `memfit store export` writes)")
+    importer.add_argument("--config", required=True, help="the config the memory is served with")
+    importer.set_defaults(func=import_command, user_errors=live_errors)
 
 
 @dataclass(frozen=True)
@@ -161,6 +184,47 @@ def repair_command(args: argparse.Namespace) -> int:
           f"; the old log is {report.backup}, the dropped records {report.dropped_file}; "
           f"{report.snapshots_removed} snapshot(s) past the first change removed (the next open re-indexes "
           "what follows the last one kept)"))
+    return 0
+
+
+def live_errors() -> tuple[type[Exception], ...]:
+    from memfit_gpu.live.memory import TurnConflictError, UnknownUserError
+    from memfit_gpu.locks import DirectoryBusyError
+
+    return (DirectoryBusyError, UnknownUserError, TurnConflictError)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.config import load_config
+    from memfit_gpu.files import atomic_write_text
+    from memfit_gpu.live.memory import Memory
+
+    folder = Path(args.dir)
+    if not _memory_folder(folder):
+        raise FileNotFoundError(f"{folder}: not a live memory's folder (store/log.jsonl and .lock inside)")
+    with Memory.open(folder, load_config(args.config)) as memory:
+        line = memory.export(args.user, summaries=args.summaries)
+    atomic_write_text(args.out, json.dumps(line, ensure_ascii=False) + "\n")
+    turns = sum(len(s["turns"]) for s in line["sessions"])
+    print(f"memfit store export: {args.user}: {turns} turn(s) in {len(line['sessions'])} session(s)"
+          + (f", {len(line.get('summaries', []))} summary(ies)" if args.summaries else "") + f" -> {args.out}")
+    return 0
+
+
+def import_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.config import load_config
+    from memfit_gpu.data.jsonl import read
+    from memfit_gpu.data.schema import DataError
+    from memfit_gpu.live.memory import Memory
+
+    bench, report = read(args.file)
+    if report.errors:
+        raise DataError(args.file, None, None, f"{len(report.errors)} problem(s); the first: {report.errors[0]} "
+                                               f"(memfit data validate {args.file} lists them all)")
+    with Memory.open(args.dir, load_config(args.config)) as memory:
+        counts = memory.import_memories(bench.memories)
+    print(f"memfit store import: {args.file} -> {args.dir}: {counts['users']} user(s), {counts['turns']} turn(s) "
+          f"stored, {counts['duplicates']} already there, {counts['summaries']} summary(ies)")
     return 0
 
 

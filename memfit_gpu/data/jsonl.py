@@ -10,7 +10,7 @@ A line (the schema; README.md "Your own data"; configs/data/example.jsonl is a c
      "speakers": ["Alice", "Bot"],                          # optional: the speakers, in this order
      "sessions": [                                          # required, in time order
        {"session_id": "s1",                                 # optional (default S1, S2, ...)
-        "timestamp": "2024-03-02T10:00:00",                 # required: ISO 8601, no UTC offset
+        "timestamp": "2024-03-02T10:00:00",                 # ISO 8601, no UTC offset (omitted: undated turns)
         "date_text": "10:00 am on 2 March, 2024",           # optional: how the episode text writes the date
         "turns": [
           {"turn_id": "s1:1",                               # optional (default <session_id>:<n>), unique
@@ -23,10 +23,16 @@ A line (the schema; README.md "Your own data"; configs/data/example.jsonl is a c
         "category": "single-hop",                           # required: any label; results are per label
         "evidence": ["s1:1"],                               # optional: gold turn ids (retrieval diagnostics)
         "question_date": "2024-05-01",                      # optional: ISO 8601
-        "evaluated": true, "abstention": false}]}           # optional: scored? the right answer is to decline?
+        "evaluated": true, "abstention": false}],           # optional: scored? the right answer is to decline?
+     "summaries": [                                         # optional (`memfit store export --summaries`)
+       {"text": "Alice adopted a dog.", "turn_ids": ["s1:1"],  # required: the summary and the turns it covers
+        "event": "2024-03-02T10:00:00", "recorded": "2024-03-02T10:00:00"}]}   # optional: ISO 8601
 
-Turns may also carry their own "timestamp" / "date_text" (default: their session's). Any other key is an
-error, so a misspelt field never goes unnoticed. Blank lines are skipped.
+Turns may also carry their own "timestamp" / "date_text" (default: their session's). A session without a
+timestamp holds undated turns (what a live memory stores for turns added without one). `summaries` are a
+live memory's segment summaries with their provenance, which `memfit store import` (Memory.import_memories)
+restores; a run ignores them and makes its own. Any other key is an error, so a misspelt field never goes
+unnoticed. Blank lines are skipped.
 
 Reading checks every line and collects every problem (`validate`); loading raises a DataError naming the
 file, the line and the field of the first error (and how many there are). Warnings (evidence naming no
@@ -51,7 +57,8 @@ from memfit_gpu.data.spec import BenchmarkSpec
 from memfit_gpu.months import MONTH_NAMES
 
 NAME = "jsonl"
-MEMORY_KEYS = ("user_id", "speakers", "sessions", "questions")
+MEMORY_KEYS = ("user_id", "speakers", "sessions", "questions", "summaries")
+SUMMARY_KEYS = ("text", "turn_ids", "event", "recorded")
 SESSION_KEYS = ("session_id", "timestamp", "date_text", "turns")
 TURN_KEYS = ("turn_id", "speaker", "text", "images", "timestamp", "date_text")
 IMAGE_KEYS = ("caption", "path", "image_id")
@@ -193,7 +200,7 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
         where = f"sessions[{s}]."
         line.keys(raw, SESSION_KEYS, where)
         session_id = line.text(raw, "session_id", where, required=False) or f"S{s + 1}"
-        stamp = line.timestamp(raw, "timestamp", where, required=True) or ""
+        stamp = line.timestamp(raw, "timestamp", where, required=False) or ""
         written = line.text(raw, "date_text", where, required=False)
         session = Session(session_id, written if written is not None else (date_text(stamp) if stamp else ""), stamp)
         turns = line.objects(raw, "turns", where, required=True)
@@ -241,6 +248,21 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
         if stray:
             line.report.warn(line.item, f"{where}evidence_sessions", f"names no session: {', '.join(stray[:10])}")
         memory.questions.append(question)
+    summaries = []
+    for n, raw in enumerate(line.objects(record, "summaries", "", required=False)):
+        where = f"summaries[{n}]."
+        line.keys(raw, SUMMARY_KEYS, where)
+        covered = line.texts(raw, "turn_ids", where)
+        if not covered:
+            line.report.error(line.item, f"{where}turn_ids", "a summary covers at least one turn")
+        unknown = [t for t in covered if t not in turn_ids]
+        if unknown:
+            line.report.error(line.item, f"{where}turn_ids", f"names no turn of this memory: {', '.join(unknown[:10])}")
+        summaries.append({"text": line.text(raw, "text", where, nonempty=True) or "", "turn_ids": covered,
+                          "event": line.timestamp(raw, "event", where, required=False),
+                          "recorded": line.timestamp(raw, "recorded", where, required=False)})
+    if summaries:
+        memory.extra["summaries"] = summaries
     return memory
 
 
@@ -323,9 +345,6 @@ def memory_json(memory: Memory) -> dict[str, Any]:
     """One line of the format: everything of `memory` that retrieval, answering and scoring read."""
     sessions = []
     for session in memory.sessions:
-        if not session.timestamp:
-            raise ValueError(f"memory {memory.memory_id!r} session {session.session_id!r} has no timestamp: the jsonl "
-                             "format needs one for every session")
         turns = []
         for turn in session.turns:
             row: dict[str, Any] = {"turn_id": turn.turn_id, "speaker": turn.speaker, "text": turn.text}
@@ -336,7 +355,8 @@ def memory_json(memory: Memory) -> dict[str, Any]:
             if turn.date_text != session.date_text:
                 row["date_text"] = turn.date_text
             turns.append(row)
-        sessions.append({"session_id": session.session_id, "timestamp": session.timestamp,
+        sessions.append({"session_id": session.session_id,
+                         **({"timestamp": session.timestamp} if session.timestamp else {}),
                          "date_text": session.date_text, "turns": turns})
     questions = []
     for q in memory.questions:
@@ -353,6 +373,8 @@ def memory_json(memory: Memory) -> dict[str, Any]:
     if memory.speakers:
         out["speakers"] = list(memory.speakers)
     out.update(sessions=sessions, questions=questions)
+    if memory.extra.get("summaries"):
+        out["summaries"] = [{k: v for k, v in s.items() if v is not None} for s in memory.extra["summaries"]]
     return out
 
 

@@ -36,8 +36,9 @@ import numpy as np
 
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
-from memfit_gpu.data.jsonl import date_text
-from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
+from memfit_gpu.data.jsonl import date_text, memory_json
+from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Session, Turn, encoding_problem
+from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.tokenize import tokenize
@@ -52,6 +53,7 @@ from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.store.episodes import EpisodeStore
+from memfit_gpu.store.text import episode_body, split_body
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +414,7 @@ class Memory:
             if not turn.turn_id:
                 turn = replace(turn, turn_id=self._next_turn_id(user, count, plan.planned, mine_planned))
             key = (user, turn.turn_id)
-            words = (turn.speaker, turn.text)
+            words = (turn.speaker, episode_body(turn))  # as the store keeps it: image captions first
             earlier = plan.planned.get(key) or mine_planned.get(key)
             row = self.store.has_turn(user, turn.turn_id) if known else None
             if row is not None:
@@ -558,6 +560,61 @@ class Memory:
                             "text": self.store.body(row), "timestamp": None if np.isnat(stamp) else str(stamp),
                             "session_id": self.store.session_ids[int(self.store.session_idx[row])]})
             return out
+
+    def export(self, user_id: str, summaries: bool = False) -> dict[str, Any]:
+        """A user's live turns (and with `summaries`, its live segment summaries with the turn ids they
+        cover) as one line of the own-data jsonl format (data/jsonl.py): sessions in the order their
+        first turn came, each turn with its id, speaker, text, timestamp, date text and images (caption
+        and id; the store keeps no image paths). `import_memories` of it into an empty memory stores the
+        same episodes, so searches give the same results."""
+        with self.holding():
+            store = self.store
+            memory = DataMemory(user_id, speakers=list(store.memory_speakers[store.memory_of(user_id)])
+                                if user_id in store.memory_ids else [])
+            sessions: dict[str, Session] = {}
+            for row in self._live_rows(user_id):
+                speaker = store.speaker_name(row)
+                text = store.text[row]
+                date = text[len("DATE: "):len(text) - len(store.body(row)) - len(f" | Speaker {speaker} says: ")]
+                stamp = store.timestamp[row]
+                images, said = split_body(store.body(row), store.image_ids[row])
+                session_id = store.session_ids[int(store.session_idx[row])]
+                session = sessions.get(session_id)
+                if session is None:
+                    session = sessions[session_id] = Session(session_id, date, "" if np.isnat(stamp) else str(stamp))
+                session.turns.append(Turn(str(store.turn_id[row]), speaker, said, "" if np.isnat(stamp) else str(stamp),
+                                          date, [Image(caption, image_id) for image_id, caption in images]))
+            memory.sessions = list(sessions.values())
+            if summaries:
+                table = store.summaries
+                memory.extra["summaries"] = [
+                    {"text": table.text[s], "turn_ids": [str(store.turn_id[int(r)]) for r in table.members[s]],
+                     "event": None if np.isnat(table.event_time.view[s]) else str(table.event_time.view[s]),
+                     "recorded": None if np.isnat(table.recorded_time.view[s]) else str(table.recorded_time.view[s])}
+                    for s in table.live_rows(store.memory_of(user_id))]
+            return memory_json(memory)
+
+    def import_memories(self, memories: Sequence[DataMemory]) -> dict[str, int]:
+        """Add memories (what `export` wrote, read back by data/jsonl.py, or any benchmark's) as users: one
+        all-or-nothing add of every turn (ids, sessions, timestamps, date texts, images), then each
+        memory's exported summaries with their provenance. Importing a file again stores nothing twice."""
+        turns = [[{"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text, "session_id": s.session_id,
+                   **({"timestamp": t.timestamp} if t.timestamp else {}), "date_text": t.date_text,
+                   **({"images": [{"caption": i.caption, **({"image_id": i.image_id} if i.image_id else {})}
+                                  for i in t.images]} if t.images else {})}
+                  for s in m.sessions for t in s.turns] for m in memories]
+        added = self.add([m.memory_id for m in memories], turns) if memories else []
+        records = []
+        with self.holding():
+            for memory in memories:
+                for summary in memory.extra.get("summaries", []):
+                    records.append({"t": "summary", "row": 0, "memory": self.store.memory_of(memory.memory_id),
+                                    "text": summary["text"], "event": summary.get("event"),
+                                    "recorded": summary.get("recorded"), "replaces": None,
+                                    "members": [self.store.row_of(memory.memory_id, t) for t in summary["turn_ids"]]})
+            stored = self.store.commit_summaries(records) if records else 0
+        return {"users": len(memories), "turns": sum(not a.duplicate for a in added),
+                "duplicates": sum(a.duplicate for a in added), "summaries": stored}
 
     def _live_rows(self, user_id: str) -> list[int]:
         rows = self.store.live_turns(user_id)

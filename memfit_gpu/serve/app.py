@@ -4,6 +4,7 @@ Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, se
 
     POST   /v1/users/{user_id}/turns     {"turns": [{speaker, text, timestamp?, turn_id?, session_id?, ...}]}
     GET    /v1/users/{user_id}/turns     the user's live turns, in order
+    GET    /v1/users/{user_id}/export    the user as own-data jsonl (?summaries=true: with its summaries)
     POST   /v1/users/{user_id}/search    {"queries": [...], "k": 10}      -> one list of hits per query
     POST   /v1/users/{user_id}/answer    {"questions": [...], "k": 10}    -> one reader call per question
     POST   /v1/users/{user_id}/delete    {"turn_ids": [...]}
@@ -368,6 +369,11 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
     @app.get("/v1/users/{user_id}/turns")
     async def turns(user_id: str = Depends(bound)) -> dict[str, Any]:
         return {"user_id": user_id, "turns": await _call(on_worker(memory.turns, user_id))}
+
+    @app.get("/v1/users/{user_id}/export")
+    async def export(user_id: str = Depends(bound), summaries: bool = False) -> dict[str, Any]:
+        """The user as one line of the own-data jsonl format (`memfit store import` adds it back)."""
+        return await _call(on_worker(memory.export, user_id, summaries))
 
     @app.post("/v1/users/{user_id}/search")
     async def search(body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:

@@ -27,3 +27,19 @@ def episode_body(turn: Turn) -> str:
 def episode_text(turn: Turn) -> str:
     """SPEC Units: `DATE: {date} | Speaker {name} says: {[Image ...] }{text}`."""
     return episode_prefix(turn.date_text, turn.speaker) + episode_body(turn)
+
+
+def split_body(body: str, image_ids: tuple[str, ...] | list[str]) -> tuple[list[tuple[str, str]], str]:
+    """`episode_body`'s inverse for a turn whose images all had ids (`image_ids`, in order): the
+    (image id, caption) pairs and the text; a body that does not start with exactly those images (an
+    image without an id, whose caption is only in the text) comes back whole as the text, so that
+    `episode_body` of the result is `body` either way."""
+    images, rest = [], body
+    for image_id in image_ids:
+        head = f"[Image {image_id}: "
+        end = rest.find("] ", len(head)) if rest.startswith(head) else -1
+        if end < 0:
+            return [], body
+        images.append((image_id, rest[len(head):end]))
+        rest = rest[end + 2:]
+    return images, rest
