@@ -37,14 +37,15 @@ register_backend("echo", BackendEntry("seam_echo_backend:EchoBackend", "json", "
 
 
 class SlowEchoBackend(EchoBackend):
-    """`slow-echo`: the echo reader after MEMFIT_TEST_READER_SLEEP_S seconds (default 3) per batch, so a
-    test can see what else a server does while an answer is being generated (a provoked delay, never a
-    reported number)."""
+    """`slow-echo`: the echo reader, after MEMFIT_TEST_READER_SLEEP_S seconds (default 8) for a batch in
+    which a prompt holds the word SLOWLY (else at once), so a test can see what else a server does while an
+    answer is being generated (a provoked delay, never a reported number)."""
 
     name = "slow-echo"
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
-        time.sleep(float(os.environ.get("MEMFIT_TEST_READER_SLEEP_S", "3")))
+        if any("SLOWLY" in str(m["content"]) for r in requests for m in r.messages):
+            time.sleep(float(os.environ.get("MEMFIT_TEST_READER_SLEEP_S", "8")))
         return super().generate(requests)
 
 

@@ -18,7 +18,6 @@ import json
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -223,32 +222,31 @@ def test_the_answer_route_passes_the_question_date(served) -> None:
 
 # ------------------------------------------------------------------------------- 10. no stalls
 def test_one_users_answers_do_not_stall_another_users_searches(served) -> None:
-    """Every call ran on the memory's one worker, so another user's 3-second answer held searches for its
-    whole length (4,349 ms against ~20 ms, with SmolLM2); now generation runs beside the worker: u2's
-    searches while u1's answer is generated stay within 2x of their idle latency."""
+    """Every call ran on the memory's one worker, so another user's answer held searches for its whole
+    generation (4,349 ms against ~20 ms with SmolLM2); now generation runs beside the worker. The slow-echo
+    reader takes 8 s for this answer: u2's searches meanwhile come back one after another, the first long
+    before the answer does. (How long a search takes beside a real model's generation is measured by
+    experiments/bench_isolation.py: docs/benchmarks.md.)"""
     server, keys = served
 
     def search() -> float:
-        t0 = time.monotonic()
         status, _ = call(server, "POST", "/v1/users/u2/search", keys["u2"], json.dumps({"queries": ["lantern"]}))
         assert status == 200
-        return time.monotonic() - t0
+        return time.monotonic()
 
-    idle = [search() for _ in range(6)]
-    started = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(call, server, "POST", "/v1/users/u1/answer", keys["u1"],  # not cached: a new question
-                             json.dumps({"questions": ["Who keeps the lantern by the harbor?"]}))
-        time.sleep(0.6)  # the answer's batch window (0.3 s) has passed: it is generating
-        during = []
-        while not answer.done() and len(during) < 6:
-            during.append(search())
+        asked = time.monotonic()
+        answer = pool.submit(call, server, "POST", "/v1/users/u1/answer", keys["u1"],
+                             json.dumps({"questions": ["Who keeps the lantern by the harbor, SLOWLY?"]}))
+        time.sleep(1.0)  # the answer's batch window (0.3 s) and its read are behind it: it is generating
+        done = []
+        while not answer.done():
+            done.append(search() - asked)
         status, _ = answer.result()
-        answered_after = time.monotonic() - started
-    assert status == 200 and answered_after >= 3.0
-    # the generation's 3 s held every search (none came back before the answer); now they go on, each
-    # about as fast as when the server is idle (medians: one search may queue behind the answer's read)
-    assert len(during) >= 4 and statistics.median(during) <= 2 * statistics.median(idle), (idle, during)
+        answered = time.monotonic() - asked
+    assert status == 200 and answered >= 8.0
+    before = [t for t in done if t < answered - 0.5]
+    assert len(before) >= 2 and before[0] < 5.0, (done, answered)
 
 
 def test_stalled_connections_are_closed(served) -> None:

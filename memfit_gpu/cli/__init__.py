@@ -21,6 +21,7 @@ from memfit_gpu.cli import (
     efficiency,
     judge_audit,
     keys,
+    mcp,
     plan,
     profile,
     retrieve,
@@ -58,9 +59,10 @@ SUBCOMMANDS: dict[str, str] = {
     "store": store.__name__,
     "serve": serve.__name__,
     "keys": keys.__name__,
+    "mcp": mcp.__name__,
 }
 _MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, tables, sweep, aggregate, store, serve,
-            keys)
+            keys, mcp)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 

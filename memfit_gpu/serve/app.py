@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,16 +51,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.schema import DataError, encoding_problem
-from memfit_gpu.devices import in_fresh_thread
-from memfit_gpu.files import StorageError
-from memfit_gpu.live.memory import Memory, PreparedAnswers, TurnConflictError, UnknownUserError
+from memfit_gpu.live.memory import Memory
 from memfit_gpu.names import user_id_problem
-from memfit_gpu.serve.batching import Batcher
+from memfit_gpu.serve.engine import Refused, ServedMemory, checked_user, memory_worker
 from memfit_gpu.serve.keys import ApiKey, KeyRing
+from memfit_gpu.serve.mcp import MCP_PATH, make_mcp
+from memfit_gpu.serve.schemas import AddIn, AnswerIn, ConsolidateIn, DeleteIn, SearchIn, turn_dicts
 
 log = logging.getLogger(__name__)
 
@@ -69,63 +66,6 @@ _USER_PATH = re.compile(r"^/v1/users/([^/]+)(?:/|$)")
 _ADMIN_PATHS = ("/v1/compact", "/v1/consolidate")
 _OPEN_PATHS = ("/healthz", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-
-
-# ------------------------------------------------------------------------------------------ the bodies
-def _valid_unicode(text: str) -> str:
-    problem = encoding_problem(text)
-    if problem is not None:
-        raise ValueError(problem)
-    return text
-
-
-# every string of a body is valid Unicode (a JSON `\ud800` escape is not): refused naming its field
-Text = Annotated[str, AfterValidator(_valid_unicode)]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
-
-
-class ImageIn(_Body):
-    caption: Text
-    image_id: Text | None = None
-    path: Text | None = None
-
-
-class TurnIn(_Body):
-    speaker: Text = Field(min_length=1, description="who said it")
-    text: Text = Field(min_length=1, description="what was said, stored verbatim")
-    timestamp: Text | None = Field(None, description="ISO 8601 local time, e.g. 2023-05-08T13:56:00")
-    turn_id: Text | None = Field(None, description="unique within the user (default t1, t2, ...); re-adding the "
-                                                  "same id with the same words stores nothing new")
-    session_id: Text | None = Field(None, description="default: the timestamp's day")
-    date_text: Text | None = Field(None, description="how the episode text writes the date (default from timestamp)")
-    images: list[ImageIn] = Field(default_factory=list)
-
-
-class AddIn(_Body):
-    turns: list[TurnIn] = Field(min_length=1)
-
-
-class SearchIn(_Body):
-    queries: list[Text] = Field(min_length=1)
-    k: StrictInt = Field(10, ge=1, description="hits per query (a JSON integer)")
-
-
-class AnswerIn(_Body):
-    questions: list[Text] = Field(min_length=1)
-    k: StrictInt = Field(10, ge=1, description="hits returned with each answer (the reader reads the method's pack)")
-    question_date: Text | None = Field(None, description="when the questions are asked, e.g. 2023-05-08 (the "
-                                                        "prompt's current date)")
-
-
-class DeleteIn(_Body):
-    turn_ids: list[Text] = Field(min_length=1)
-
-
-class ConsolidateIn(_Body):
-    user_ids: list[Text] | None = None
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -213,7 +153,7 @@ class Guard:
 
     def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
         path = scope["path"]
-        if not path.startswith("/v1/"):
+        if not (path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/")):
             return None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         presented = headers.get("x-api-key")
@@ -253,82 +193,50 @@ class Guard:
 
 
 # -------------------------------------------------------------------------------------------- the app
-def memory_worker() -> ThreadPoolExecutor:
-    """The one thread every call on a served memory runs on (open it there too: `memory_worker().submit(
-    Memory.open, ...)`), so that one thread runs all of the process's torch work (devices.in_fresh_thread
-    says why a second one slows every op)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-memory")
-
-
 def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
              worker: ThreadPoolExecutor | None = None) -> FastAPI:
-    """The app over an open memory; its lifespan starts the batchers and, at shutdown, drains them and
+    """The app over an open memory: REST routes and (serve/mcp.py) the MCP endpoint at /mcp, both over one
+    ServedMemory (serve/engine.py). Its lifespan starts the batchers and, at shutdown, drains them and
     closes the memory, then shuts the worker down (a close that fails, e.g. a snapshot on a full disk, is
     logged and left in `app.state.shutdown_error` for the server to exit non-zero). worker: the memory's
     thread (`memory_worker()`, the one that opened it); None: a new one."""
     cfg = cfg or memory.cfg
-    serve = cfg.serve
     metrics = Metrics()
-    worker = worker or memory_worker()
-    # waits for an answer batch's read (on the memory worker) and generation (on a thread of its own that
-    # ends after it: devices.in_fresh_thread), so the worker is free for searches and adds meanwhile
-    answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-answer")
-    window = serve.batch_window_ms / 1000.0
-
-    def add_run(items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
-        results = memory.add_batch(items)
-        metrics.turns.inc(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
-        return results
-
-    def answer_run(items: list[tuple[Any, ...]]) -> list[Any]:
-        prepared: PreparedAnswers = worker.submit(memory.prepare_answers, items).result()
-        return in_fresh_thread(memory.finish_answers, prepared)
-
-    adds = Batcher("add", add_run, window, serve.max_batch, worker, metrics.batch)
-    searches = Batcher("search", memory.search_batch, window, serve.max_batch, worker, metrics.batch)
-    answers = Batcher("answer", answer_run, window, serve.max_batch, answering, metrics.batch)
-    batchers = (adds, searches, answers)
+    served = ServedMemory(memory, cfg, worker, metrics.batch, metrics.turns.inc)
+    mcp = make_mcp(served, bound_key_of)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for batcher in batchers:
-            batcher.start()
+        served.start()
         app.state.shutdown_error = None
-        log.info("memfit serve: %s (method %s), batching window %.1f ms, max batch %d", memory.path,
-                 cfg.method, serve.batch_window_ms, serve.max_batch)
+        log.info("memfit serve: %s (method %s), batching window %.1f ms, max batch %d; MCP at /mcp", memory.path,
+                 cfg.method, cfg.serve.batch_window_ms, cfg.serve.max_batch)
         try:
-            yield
-        finally:
-            for batcher in batchers:  # uvicorn has let in-flight requests finish; run what is still queued
-                await batcher.stop()
-            answering.shutdown(wait=True)
-            try:
-                await asyncio.get_running_loop().run_in_executor(worker, memory.close)
+            async with mcp.session_manager.run():
+                yield
+        finally:  # uvicorn has let in-flight requests finish; run what is still queued
+            failed = await served.stop()
+            app.state.shutdown_error = failed
+            if failed is None:
                 log.info("memfit serve: drained; %s closed", memory.path)
-            except Exception as exc:  # noqa: BLE001  (kept for the server: it exits non-zero, saying why)
-                app.state.shutdown_error = exc
-                log.error("memfit serve: drained, but closing %s failed: %s", memory.path, exc)
-            worker.shutdown(wait=True)
+            else:
+                log.error("memfit serve: drained, but closing %s failed: %s", memory.path, failed)
 
     app = FastAPI(title="memfit serve", version="1", lifespan=lifespan, default_response_class=SafeJSONResponse,
-                  description="A live MemFit memory: add turns, search and answer per user (memfit_gpu/serve/app.py).")
-
-    async def on_worker(call: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(worker, call, *args)
-
-    def limit(count: int, most: int, what: str, key: str) -> None:
-        if count > most:
-            raise _Refused(422, f"{count} {what} in one request; at most {key}={most}")
+                  description="A live MemFit memory: add turns, search and answer per user (memfit_gpu/serve/app.py); "
+                              "the same over MCP at /mcp (serve/mcp.py).")
+    app.mount(MCP_PATH, mcp.streamable_http_app(streamable_http_path="/", stateless_http=True, json_response=True))
 
     def bound(request: Request, user_id: str) -> str:
         """The route's own user id, authorised again (the Guard checked the path it saw): the id a request
         was authorised for is the id it uses."""
         key: ApiKey | None = request.scope.get("memfit.key")
-        problem = user_id_problem(user_id)
-        if problem is not None:
-            raise _Refused(422, f"path: {problem}")
+        try:
+            checked_user(user_id)
+        except Refused as exc:
+            raise Refused(422, f"path: {exc.message}") from None
         if key is None or not key.may(user_id):
-            raise _Refused(403, f"key {getattr(key, 'name', None)!r} is not bound to user {user_id!r}")
+            raise Refused(403, f"key {getattr(key, 'name', None)!r} is not bound to user {user_id!r}")
         return user_id
 
     @app.exception_handler(RequestValidationError)
@@ -343,8 +251,8 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
             message = "body: not read as JSON: send it with Content-Type: application/json"
         return SafeJSONResponse({"detail": message, "errors": errors}, status_code=422)
 
-    @app.exception_handler(_Refused)
-    async def refused(request: Request, exc: _Refused) -> JSONResponse:
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
         return _error(exc.status, exc.message)
 
     @app.get("/healthz")
@@ -358,84 +266,54 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
     @app.post("/v1/users/{user_id}/turns")
     async def add(body: AddIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Store turns of the user, durably (fsynced when the reply comes); concurrent adds are batched."""
-        limit(len(body.turns), serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
-        turns = [t.model_dump(exclude_none=True) for t in body.turns]
-        for turn in turns:
-            if not turn.get("images"):
-                turn.pop("images", None)
-        added = await _call(adds.submit((user_id, turns)))
+        added = await served.add(user_id, turn_dicts(body.turns))
         return {"added": [a.to_json() for a in added]}
 
     @app.get("/v1/users/{user_id}/turns")
     async def turns(user_id: str = Depends(bound)) -> dict[str, Any]:
-        return {"user_id": user_id, "turns": await _call(on_worker(memory.turns, user_id))}
+        return {"user_id": user_id, "turns": await served.turns(user_id)}
 
     @app.get("/v1/users/{user_id}/export")
     async def export(user_id: str = Depends(bound), summaries: bool = False) -> dict[str, Any]:
         """The user as one line of the own-data jsonl format (`memfit store import` adds it back)."""
-        return await _call(on_worker(memory.export, user_id, summaries))
+        return await served.export(user_id, summaries)
 
     @app.post("/v1/users/{user_id}/search")
     async def search(body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Ranked hits per query (text, turn ids, final and stage scores); concurrent searches are batched."""
-        limit(len(body.queries), serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
-        limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
-        found = await _call(searches.submit((user_id, body.queries, body.k)))
+        found = await served.search(user_id, body.queries, body.k)
         return {"results": [[h.to_json() for h in hits] for hits in found]}
 
     @app.post("/v1/users/{user_id}/answer")
     async def answer(body: AnswerIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """One reader call per question on the method's pack; concurrent answers are batched."""
-        limit(len(body.questions), serve.max_queries_per_request, "questions", "serve.max_queries_per_request")
-        limit(body.k, serve.max_k, "hits (k)", "serve.max_k")
-        found = await _call(answers.submit((user_id, body.questions, body.k, body.question_date)))
+        found = await served.answer(user_id, body.questions, body.k, body.question_date)
         return {"answers": [a.to_json() for a in found]}
 
     @app.post("/v1/users/{user_id}/delete")
     async def delete(body: DeleteIn, user_id: str = Depends(bound)) -> dict[str, Any]:
-        limit(len(body.turn_ids), serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
-        return {"deleted": await _call(on_worker(memory.delete, user_id, body.turn_ids))}
+        return {"deleted": await served.delete(user_id, body.turn_ids)}
 
     @app.delete("/v1/users/{user_id}")
     async def delete_user(user_id: str = Depends(bound)) -> dict[str, Any]:
-        return {"deleted": await _call(on_worker(memory.delete_user, user_id))}
+        return {"deleted": await served.delete_user(user_id)}
 
     @app.post("/v1/compact")
     async def compact() -> dict[str, Any]:
-        return {"compacted": await _call(on_worker(memory.compact))}
+        return {"compacted": await served.compact()}
 
     @app.post("/v1/consolidate")
     async def consolidate(body: ConsolidateIn) -> dict[str, Any]:
-        # not on the worker (its LLM calls would hold up every search) but on a thread that ends after it
-        # (devices.in_fresh_thread: a lasting second torch thread slows the worker's every op)
-        return {"consolidated": await _call(asyncio.get_running_loop().run_in_executor(
-            None, in_fresh_thread, memory.consolidate, body.user_ids))}
+        return {"consolidated": await served.consolidate(body.user_ids)}
 
-    guarded = Guard(app, keys, serve.max_body_bytes, metrics, serve.read_timeout_s)
+    guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s)
     guarded.state = app.state  # the server reads app.state.shutdown_error after it stops
     return guarded  # type: ignore[return-value]
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
+def bound_key_of(scope: dict[str, Any]) -> ApiKey | None:
+    """The key the Guard found for a request (None: no key was checked)."""
+    return scope.get("memfit.key")
 
 
-async def _call(pending: Awaitable[Any]) -> Any:
-    """The memory's result, its refusals as HTTP errors with their message."""
-    try:
-        return await pending
-    except UnknownUserError as exc:
-        raise _Refused(404, str(exc)) from None
-    except TurnConflictError as exc:
-        raise _Refused(409, str(exc)) from None
-    except (DataError, ValueError, TypeError) as exc:
-        raise _Refused(422, str(exc)) from None
-    except StorageError as exc:
-        # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py)
-        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        raise _Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + str(exc)) from None
-
-
-__all__ = ["ApiKey", "Metrics", "make_app"]
+__all__ = ["ApiKey", "Metrics", "make_app", "memory_worker"]

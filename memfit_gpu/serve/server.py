@@ -26,8 +26,10 @@ except ImportError:
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.files import StorageError
 from memfit_gpu.live.memory import Memory
-from memfit_gpu.serve.app import make_app, memory_worker
+from memfit_gpu.serve.app import make_app
+from memfit_gpu.serve.engine import ServedMemory, memory_worker
 from memfit_gpu.serve.keys import KeyRing
+from memfit_gpu.serve.mcp import make_mcp
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,35 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
     if failed is not None:
         message = (f"{store}: drained, but closing the memory failed: {failed}; every acknowledged add is in the "
                    f"store's log, and the next start replays it")
+        if isinstance(failed, StorageError):
+            raise StorageError(failed.path, message, failed.errno) from failed
+        raise RuntimeError(message) from failed
+
+
+def serve_mcp_stdio(store: str | Path, cfg: MemFitConfig, user_id: str) -> None:
+    """`memfit mcp`: the memory in folder `store` (created when missing) as an MCP server over stdin and
+    stdout for one user (a desktop agent's own process starts it), until stdin closes. The memory is
+    opened first, on its worker thread (a second process on the folder is refused); logs go to stderr."""
+    worker = memory_worker()
+    try:
+        memory = worker.submit(Memory.open, store, cfg).result()
+    except BaseException:
+        worker.shutdown(wait=True)
+        raise
+    served = ServedMemory(memory, cfg, worker)
+    mcp = make_mcp(served, only_user=user_id)
+
+    async def main() -> BaseException | None:
+        served.start()
+        try:
+            await mcp.run_stdio_async()
+        finally:
+            failed = await served.stop()
+        return failed
+
+    failed = asyncio.run(main())
+    if failed is not None:
+        message = f"{store}: closing the memory failed: {failed}; every acknowledged add is in the store's log"
         if isinstance(failed, StorageError):
             raise StorageError(failed.path, message, failed.errno) from failed
         raise RuntimeError(message) from failed

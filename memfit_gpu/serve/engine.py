@@ -1,0 +1,162 @@
+"""The logic over one open live memory that `memfit serve`'s REST routes (serve/app.py) and its MCP tools
+(serve/mcp.py) share: the dynamic batchers, the memory's worker thread, the serve.max_* limits, and the
+memory's refusals as `Refused(status, message)` errors (each transport renders them its own way).
+
+One thread runs every call on the memory (the one that opened it: `memory_worker()`); searches, adds and
+the read half of answers are batched onto it (serve/batching.py), an answer's generation runs beside it
+on a thread of its own that ends with the batch (devices.in_fresh_thread: a lasting second torch thread
+slows the worker's every op), so one user's answers never hold another user's searches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.devices import in_fresh_thread
+from memfit_gpu.files import StorageError
+from memfit_gpu.live.memory import Added, Answer, Memory, PreparedAnswers, TurnConflictError, UnknownUserError
+from memfit_gpu.methods.base import Hit
+from memfit_gpu.names import user_id_problem
+from memfit_gpu.serve.batching import Batcher
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A request the memory (or a limit) refuses: the HTTP status it maps to, and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def memory_worker() -> ThreadPoolExecutor:
+    """The one thread every call on a served memory runs on (open it there too: `memory_worker().submit(
+    Memory.open, ...)`), so that one thread runs all of the process's torch work (devices.in_fresh_thread
+    says why a second one slows every op)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-memory")
+
+
+def checked_user(user_id: str) -> str:
+    """`user_id` when it follows names.USER_ID_RULE, else Refused(422) naming the rule."""
+    problem = user_id_problem(user_id)
+    if problem is not None:
+        raise Refused(422, problem)
+    return user_id
+
+
+async def outcome(pending: Awaitable[Any]) -> Any:
+    """The memory's result, its refusals as Refused with their status and message."""
+    try:
+        return await pending
+    except UnknownUserError as exc:
+        raise Refused(404, str(exc)) from None
+    except TurnConflictError as exc:
+        raise Refused(409, str(exc)) from None
+    except (DataError, ValueError, TypeError) as exc:
+        raise Refused(422, str(exc)) from None
+    except StorageError as exc:
+        # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        raise Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + str(exc)) from None
+
+
+class ServedMemory:
+    """One open Memory behind the batchers; `start`/`stop` inside the server's event loop (its lifespan)."""
+
+    def __init__(self, memory: Memory, cfg: MemFitConfig | None = None, worker: ThreadPoolExecutor | None = None,
+                 observe: Callable[[str, int, float], None] | None = None,
+                 turns_added: Callable[[int], None] | None = None) -> None:
+        self.memory = memory
+        self.cfg = cfg or memory.cfg
+        self.worker = worker or memory_worker()
+        self._turns_added = turns_added
+        serve = self.cfg.serve
+        # waits for an answer batch's read (on the worker) and its generation (on a thread of its own)
+        self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-answer")
+        window = serve.batch_window_ms / 1000.0
+        self.adds = Batcher("add", self._add_run, window, serve.max_batch, self.worker, observe)
+        self.searches = Batcher("search", memory.search_batch, window, serve.max_batch, self.worker, observe)
+        self.answers = Batcher("answer", self._answer_run, window, serve.max_batch, self._answering, observe)
+
+    # --------------------------------------------------------------------------------------- life
+    def start(self) -> None:
+        for batcher in (self.adds, self.searches, self.answers):
+            batcher.start()
+
+    async def stop(self) -> BaseException | None:
+        """Run what the batchers still hold, close the memory on its worker, shut the threads down; the
+        error closing raised (a snapshot refused by a full disk), or None."""
+        for batcher in (self.adds, self.searches, self.answers):
+            await batcher.stop()
+        self._answering.shutdown(wait=True)
+        failed: BaseException | None = None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.worker, self.memory.close)
+        except Exception as exc:  # noqa: BLE001  (the server exits non-zero, saying why)
+            failed = exc
+        self.worker.shutdown(wait=True)
+        return failed
+
+    # ---------------------------------------------------------------------------------------- runs
+    def _add_run(self, items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
+        results = self.memory.add_batch(items)
+        if self._turns_added is not None:
+            self._turns_added(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
+        return results
+
+    def _answer_run(self, items: list[tuple[Any, ...]]) -> list[Any]:
+        prepared: PreparedAnswers = self.worker.submit(self.memory.prepare_answers, items).result()
+        return in_fresh_thread(self.memory.finish_answers, prepared)
+
+    async def _on_worker(self, call: Callable[..., Any], *args: Any) -> Any:
+        return await outcome(asyncio.get_running_loop().run_in_executor(self.worker, call, *args))
+
+    def _limit(self, count: int, most: int, what: str, key: str) -> None:
+        if count > most:
+            raise Refused(422, f"{count} {what} in one request; at most {key}={most}")
+
+    # --------------------------------------------------------------------------------- operations
+    async def add(self, user_id: str, turns: list[dict[str, Any]]) -> list[Added]:
+        self._limit(len(turns), self.cfg.serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
+        return await outcome(self.adds.submit((checked_user(user_id), turns)))
+
+    async def search(self, user_id: str, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        self._limit(len(queries), self.cfg.serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
+        self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
+        return await outcome(self.searches.submit((checked_user(user_id), list(queries), k)))
+
+    async def answer(self, user_id: str, questions: Sequence[str], k: int,
+                     question_date: str | None = None) -> list[Answer]:
+        self._limit(len(questions), self.cfg.serve.max_queries_per_request, "questions",
+                    "serve.max_queries_per_request")
+        self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
+        return await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date)))
+
+    async def turns(self, user_id: str) -> list[dict[str, Any]]:
+        return await self._on_worker(self.memory.turns, checked_user(user_id))
+
+    async def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
+        self._limit(len(turn_ids), self.cfg.serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
+        return await self._on_worker(self.memory.delete, checked_user(user_id), list(turn_ids))
+
+    async def delete_user(self, user_id: str) -> dict[str, int]:
+        return await self._on_worker(self.memory.delete_user, checked_user(user_id))
+
+    async def export(self, user_id: str, summaries: bool = False) -> dict[str, Any]:
+        return await self._on_worker(self.memory.export, checked_user(user_id), summaries)
+
+    async def compact(self) -> dict[str, int]:
+        return await self._on_worker(self.memory.compact)
+
+    async def consolidate(self, user_ids: Sequence[str] | None) -> dict[str, int]:
+        # not on the worker (its LLM calls would hold up every search) but on a thread that ends after it
+        return await outcome(asyncio.get_running_loop().run_in_executor(
+            None, in_fresh_thread, self.memory.consolidate, user_ids))
