@@ -118,11 +118,11 @@ class _NewTurn:
 @dataclass
 class PreparedAnswers:
     """`Memory.prepare_answers`' result: per request its error or None, and the answer calls to make
-    (request index, question, the hits to return, the reader request)."""
+    (request index, the question, the hits to return, the method's pack row)."""
 
     users: list[str]
     results: list[Any]
-    calls: list[tuple[int, str, list[Hit], Request]]
+    calls: list[tuple[int, Question, list[Hit], dict[str, Any]]]
 
 
 @dataclass
@@ -228,6 +228,7 @@ class Memory:
         self._exit = lock
         self._lock = threading.RLock()
         self._consolidating = threading.Lock()  # one consolidation at a time
+        self._loading_reader = threading.Lock()
         self.entry = method_entry(cfg.method)
         self.ledger_path = path / "ledger.json"
         # counts only (Ledger.per_question): its keys would grow by one per answer and name users
@@ -297,7 +298,7 @@ class Memory:
 
     def reader(self) -> Reader:
         """The memory's reader (reader.*): loaded on first use, cached in cache.sqlite, counted in ledger.json."""
-        with self._lock:
+        with self._loading_reader:  # its own lock: loading a model (seconds) holds no search or add
             if self._reader is None:
                 self._reader = make_reader(self.cfg.reader, self.path, ledger=self.ledger, progress=False)
             return self._reader
@@ -713,35 +714,36 @@ class Memory:
         return self.finish_answers(self.prepare_answers(requests))
 
     def prepare_answers(self, requests: Sequence[tuple[Any, ...]]) -> PreparedAnswers:
-        """The read half of `answer_batch`: each request's packs and its answer calls (holds the memory
-        while it reads, as a search does)."""
+        """The read half of `answer_batch`: each request's packs (holds the memory while it reads, as a
+        search does; nothing of the reader is needed yet)."""
         with self.holding():
             out, found = self._read_requests(requests)
-            # the run's own builder: the prompt leaves the answer reader.max_new_tokens, reader.protocol
-            make = answer_requests(self.cfg, self.run.bench, self.reader()) if found else None
         calls = []
         for i, packs in found.items():
             user, question_date = requests[i][0], requests[i][3] if len(requests[i]) > 3 else None
             for text, (row, hits) in zip(requests[i][1], packs, strict=True):
-                request, _ = make(query(user, text, question_date=question_date), row, key="live:answer")  # type: ignore[misc]
-                calls.append((i, text, hits[:requests[i][2]], request))
+                calls.append((i, query(user, text, question_date=question_date), hits[:requests[i][2]], row))
         return PreparedAnswers([r[0] for r in requests], out, calls)
 
     def finish_answers(self, prepared: PreparedAnswers) -> list[list[Answer] | BaseException]:
-        """The generating half of `answer_batch`: one reader batch over every prepared call (the memory
-        is not held meanwhile; searches and writes go on), then the answers per request."""
+        """The generating half of `answer_batch`: the answer calls (the run's own builder: the prompt
+        leaves the answer reader.max_new_tokens, in reader.protocol) in one reader batch, the reader loaded
+        first if it is not yet; the memory is not held meanwhile (searches and writes go on). Then the
+        answers per request."""
         out = list(prepared.results)
         if not prepared.calls:
             return out
-        responses = self.reader().generate([call for *_, call in prepared.calls])
+        make = answer_requests(self.cfg, self.run.bench, self.reader())
+        requests = [make(question, row, key="live:answer")[0] for _, question, _, row in prepared.calls]
+        responses = self.reader().generate(requests)
         with self.holding():
             self.ledger.save(self.ledger_path)
-        for (i, text, hits, _), response in zip(prepared.calls, responses, strict=True):
+        for (i, question, hits, _), response in zip(prepared.calls, responses, strict=True):
             cleaned = clean_answer(response.text)
             if not isinstance(out[i], list):
                 out[i] = []
-            out[i].append(Answer(prepared.users[i], text, cleaned.text, response.text, cleaned.abstained, hits,
-                                 response.error))
+            out[i].append(Answer(prepared.users[i], question.question, cleaned.text, response.text, cleaned.abstained,
+                                 hits, response.error))
         return out
 
     # --------------------------------------------------------------------------------------- closing
