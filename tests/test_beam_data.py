@@ -4,9 +4,14 @@ conversation, `chat` as flat message lists per batch, `probing_questions` as a P
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import shutil
+import subprocess
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +21,7 @@ import pytest
 from memfit_gpu.cli import main
 from memfit_gpu.data import DataError, DataNotFoundError, load_benchmark, resolve_data_path
 from memfit_gpu.data.beam import ABILITIES
+from memfit_gpu.data.fetch import FetchError, download_verified, fetch_benchmark, files_for, git_blob_of
 
 ABILITY_COUNTS = {ability: 40 for ability in ABILITIES}
 
@@ -28,6 +34,27 @@ def beam_folder(shared_data: Path) -> Path:
 @pytest.fixture(scope="module")
 def beam(beam_folder: Path):
     return load_benchmark("beam", beam_folder)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture()
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """An http.server on 127.0.0.1 serving tmp_path/www (no network here); yields (base URL, folder)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", root
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def _hub_row(folder: Path) -> dict:
@@ -240,3 +267,52 @@ def test_evidence_from_references_and_undated_batches(tmp_path: Path) -> None:
         "dated one): batch-2 ('soon')",
         "beam 1: evidence naming no message of the conversation: kept (1:knowledge_update:0 ['9'])",
     ]
+
+
+# ------------------------------------------------------------------------------------------------- fetch
+def test_catalogue_pins_the_repository(shared_data: Path) -> None:
+    """`memfit data fetch beam` brings a split's folders and BEAM's prompt files from the repository at commit
+    b2a3ee8: the 100K files are the ones in ../shared (same sha256 and size); the two source files every split
+    brings; the largest files, which the catalogue could only name by their git blob id, are checked by it."""
+    shared = dict(reversed(line.split()) for line in (shared_data / "SHA256SUMS").read_text().splitlines())
+    entries = files_for("beam")
+    assert len(entries) == 42
+    data, prompts = entries[:40], entries[40:]
+    for entry in data:
+        assert entry["sha256"] == shared[f"./{entry['path']}"], entry["path"]
+        assert entry["size"] == (shared_data / entry["path"]).stat().st_size
+        assert entry["url"] == ("https://raw.githubusercontent.com/mohammadtavakoli78/BEAM/"
+                                f"b2a3ee8ba12d68f83143dda191097dc3e028ddd3/chats/{entry['path'].removeprefix('beam/')}")
+    assert [(e["path"], e["size"]) for e in prompts] == [("beam/src/prompts.py", 633_462),
+                                                        ("beam/src/evaluation/compute_metrics.py", 19_806)]
+    assert [len(files_for("beam", s)) for s in ("500K", "1M", "10M")] == [72, 72, 22]
+    by_blob = [e for s in ("1M", "10M") for e in files_for("beam", s) if "git_blob" in e]
+    assert len(by_blob) == 36 and all("sha256" not in e for e in by_blob)
+    assert {e["path"].rsplit("/", 1)[1] for e in by_blob} == {"chat.json"}
+    with pytest.raises(ValueError, match="unknown BEAM split '2M': choose one of 100K, 10M, 1M, 500K"):
+        files_for("beam", "2M")
+
+
+def test_git_blob_verification(served, tmp_path: Path) -> None:
+    base, www = served
+    (www / "chat.json").write_bytes(b'[{"batch_number": 1}]\n')
+    expected = subprocess.run(["git", "hash-object", str(www / "chat.json")], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    assert git_blob_of(www / "chat.json") == expected  # git's own id for the bytes
+    target = tmp_path / "cache" / "chat.json"
+    assert download_verified(f"{base}/chat.json", target, None, progress=False, git_blob=expected) == target
+    assert target.read_bytes() == (www / "chat.json").read_bytes()
+    with pytest.raises(FetchError, match="git blob id mismatch: expected 0{40}, got " + expected):
+        download_verified(f"{base}/chat.json", tmp_path / "other.json", None, progress=False, git_blob="0" * 40)
+    assert not (tmp_path / "other.json").exists() and not (tmp_path / "other.json.part").exists()
+
+
+def test_fetch_from_a_mirror(shared_data: Path, tmp_path: Path) -> None:
+    """The 40 files of the 100K split come from a mirror verified; the prompt files, which ../shared does not
+    ship, are then missing from it: the error names the file and nothing partial is left."""
+    dest = tmp_path / "cache"
+    with pytest.raises(FetchError, match=r"beam/src/prompts.py: download failed"):
+        fetch_benchmark("beam", dest, mirror=str(shared_data), progress=False)
+    got = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert len(got) == 40 and got[0] == "beam/100K/1/chat.json"
+    assert len(load_benchmark("beam", dest).questions()) == 400  # the cache is laid out like a data folder
