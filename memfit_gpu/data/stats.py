@@ -78,7 +78,7 @@ def format_stats(stats: dict[str, Any]) -> str:
 
     def label(key: str) -> str:  # the benchmark's own word where it has one (BEAM: conversations, messages)
         if key == "tokens_approx":
-            return f"tokens (approx., characters / {CHARS_PER_TOKEN:g})"
+            return "tokens (approx.)"  # stored characters / CHARS_PER_TOKEN
         return units.get(key, key) if key in ("memories", "sessions", "turns") else key
 
     counts = [[label(key), f"{stats[key]}"] for key in (
