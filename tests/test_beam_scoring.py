@@ -16,7 +16,7 @@ import pytest
 from beam_prompts import write_beam_prompts
 from scipy.stats import kendalltau
 
-from memfit_gpu.config import BeamEvalConfig
+from memfit_gpu.config import BeamEvalConfig, load_config
 from memfit_gpu.evaluate.beam import (
     Alignment,
     BeamItem,
@@ -28,8 +28,15 @@ from memfit_gpu.evaluate.beam import (
     render_table,
     summary,
 )
-from memfit_gpu.readers.prompts import BeamPrompts, PromptError, build_answer_messages
+from memfit_gpu.readers.prompts import (
+    BeamPrompts,
+    PromptError,
+    build_answer_messages,
+    judge_kind,
+    resolve_protocol,
+)
 from memfit_gpu.readers.types import Request, Response
+from memfit_gpu.sweep.spec import load_sweep
 
 
 @pytest.fixture()
@@ -253,3 +260,24 @@ def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, mo
     write_beam_prompts(tmp_path / "data" / "beam")
     assert BeamPrompts.find(source).folder == str((tmp_path / "data" / "beam").resolve())
     assert replace(BeamEvalConfig(), accept_at=1.0).accept_at == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ configs
+def test_the_beam_configs_load_with_beams_judge() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    readers = {"beam_gpt41_nano": ("openai", "gpt-4.1-nano"), "beam_qwen25_32b": ("vllm", "Qwen/Qwen2.5-32B-Instruct"),
+               "beam_llama4_maverick": ("openai", "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8")}
+    paper = load_config(repo / "configs" / "memfit.yaml")
+    for stem, reader in readers.items():
+        cfg = load_config(repo / "configs" / "experiments" / f"{stem}.yaml")
+        assert (cfg.data.benchmark, cfg.data.split, cfg.reader.backend, cfg.reader.model) == ("beam", "100K", *reader)
+        assert resolve_protocol(cfg.reader.protocol, "beam") == "beam" and judge_kind("beam", cfg.eval.judge.prompt) == "beam"
+        assert (cfg.eval.judge.enabled, cfg.eval.judge.backend, cfg.eval.judge.model) == (True, "openai", "gpt-4.1-mini")
+        assert (cfg.retrieve, cfg.rerank, cfg.pack, cfg.summary) == (paper.retrieve, paper.rerank, paper.pack, paper.summary)
+    demo = load_config(repo / "configs" / "demo_beam.yaml")
+    assert (demo.data.benchmark, demo.data.limit_memories, demo.data.limit_questions) == ("beam", 1, 20)
+    assert (demo.reader.backend, demo.eval.judge.enabled, demo.eval.judge.backend) == ("transformers", True, "transformers")
+    sweep = load_sweep(repo / "configs" / "sweeps" / "beam_splits_gpt41_nano.yaml")
+    pairs = [(p.overrides["data.split"], p.overrides["method"]) for p in sweep.points]
+    assert len(pairs) == 15 and ("10M", "full_context") not in pairs
+    assert {s for s, _ in pairs} == {"100K", "500K", "1M", "10M"}
