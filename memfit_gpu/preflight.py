@@ -73,6 +73,9 @@ def check_beam_prompts(cfg: MemFitConfig, data_file: Path, judge: bool, answers:
     judged = judge and judge_kind(cfg.data.benchmark, cfg.eval.judge.prompt) == "beam"
     if not (answers or judged):
         return None
+    if judged and cfg.data.benchmark != "beam":
+        raise ConfigError(f"eval.judge.prompt=beam scores BEAM's rubric items, which data.benchmark="
+                          f"{cfg.data.benchmark} does not have: use data.benchmark=beam or another judge")
     prompts = BeamPrompts.find(data_file)
     pinned = {e["path"]: e.get("sha256") for e in files_for("beam")}
     for name in BEAM_FILES.values():

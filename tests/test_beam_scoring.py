@@ -16,7 +16,7 @@ import pytest
 from beam_prompts import write_beam_prompts
 from scipy.stats import kendalltau
 
-from memfit_gpu.config import BeamEvalConfig, load_config
+from memfit_gpu.config import BeamEvalConfig, ConfigError, load_config
 from memfit_gpu.evaluate.beam import (
     Alignment,
     BeamItem,
@@ -28,6 +28,7 @@ from memfit_gpu.evaluate.beam import (
     render_table,
     summary,
 )
+from memfit_gpu.preflight import check_beam_prompts
 from memfit_gpu.readers.prompts import (
     BeamPrompts,
     PromptError,
@@ -186,14 +187,17 @@ def test_unparsed_unanswered_and_empty(prompts: BeamPrompts) -> None:
     bad = BeamItem("judge:3:summarization:0", "Summarise.", "summarization", ["says March 29", "bad item"], "March 29")
     empty = BeamItem("judge:3:summarization:1", "Summarise.", "summarization", ["says March 29"], "  ")
     lost = BeamItem("judge:3:knowledge_update:0", "How many?", "knowledge_update", ["says March 29"], "3")
+    bare = BeamItem("judge:3:event_ordering:0", "In what order?", "event_ordering", [], "A\nB")
     reader = ScriptedReader(GRADES, unanswered=frozenset({"judge:3:knowledge_update:0:rubric:0"}))
-    unparsed, empty_record, missing = judge.score([bad, empty, lost], reader)
+    unparsed, empty_record, missing, no_rubric = judge.score([bad, empty, lost, bare], reader)
+    assert (no_rubric["score"], no_rubric["verdict"]) == (0.0, False)  # nothing to judge, no call
+    assert no_rubric["reason"].startswith("the question has no rubric items")
     assert unparsed["score"] == pytest.approx(0.5) and unparsed["unparsed"] and unparsed["unparsed_items"] == 1
     assert unparsed["rubric"][1]["reason"].startswith("unparsed judge reply (beam judge reply: no score")
     assert empty_record == {"verdict": False, "score": 0.0, "reason": "empty prediction (judged wrong without a call)",
                             "rubric": [], "rubric_score": 0.0}
     assert missing is None  # a rerun asks it again
-    assert sum(len(batch) for batch in reader.batches) == 3  # no call for the empty reply
+    assert sum(len(batch) for batch in reader.batches) == 3  # no call for the empty reply or the bare question
 
 
 # -------------------------------------------------------------------------------------------- the table
@@ -260,6 +264,10 @@ def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, mo
     write_beam_prompts(tmp_path / "data" / "beam")
     assert BeamPrompts.find(source).folder == str((tmp_path / "data" / "beam").resolve())
     assert replace(BeamEvalConfig(), accept_at=1.0).accept_at == 1.0
+    # BEAM's judge on a benchmark without rubrics is refused before a run starts
+    with pytest.raises(ConfigError, match="eval.judge.prompt=beam scores BEAM's rubric items, which "
+                                          "data.benchmark=locomo does not have"):
+        check_beam_prompts(load_config(None, ["eval.judge.enabled=true", "eval.judge.prompt=beam"]), source, judge=True)
 
 
 # ------------------------------------------------------------------------------------------------ configs

@@ -190,24 +190,25 @@ class BeamJudge:
         """One record per item ({"verdict", "score", "reason", "rubric": [...], "rubric_score", ...}); None where
         a call got no answer (a rerun asks it again, the others from the cache); an empty reply scores 0
         without a call (memfit's rule for every judge)."""
-        states: list[_State | None] = []
+        states: list[_State | None | str] = []
         for item in items:
-            if is_empty_prediction(item.reply):
-                states.append(None)
+            if is_empty_prediction(item.reply) or not item.rubric:
+                # an empty reply is wrong without a call; a question without rubric items has nothing to judge
+                states.append("empty" if is_empty_prediction(item.reply) else "no rubric")
                 continue
             alignment = Alignment(item.rubric, item.reply.split("\n")) if item.ability == EVENT_ORDERING else None
             states.append(_State(item, [None] * len(item.rubric), alignment))
         requests: list[Request] = []
         where: list[tuple[_State, int | tuple[int, int]]] = []
         for state in states:
-            if state is None:
+            if not isinstance(state, _State):
                 continue
             for index in range(len(state.item.rubric)):
                 requests.append(self._rubric_request(state.item, index))
                 where.append((state, index))
         while True:
             for state in states:
-                if state is not None and state.alignment is not None and not state.failed:
+                if isinstance(state, _State) and state.alignment is not None and not state.failed:
                     pair = state.alignment.pending()
                     if pair is not None:
                         requests.append(self._match_request(state, *pair))
@@ -234,10 +235,13 @@ class BeamJudge:
         return {"item": item.rubric[index], "score": item_score(parsed["score"], item.ability, self.settings.partial),
                 "judged": parsed["score"], "reason": parsed["reason"]}
 
-    def _record(self, state: _State | None, item: BeamItem) -> dict[str, Any] | None:
-        if state is None:
+    def _record(self, state: _State | str, item: BeamItem) -> dict[str, Any] | None:
+        if state == "empty":
             return {"verdict": False, "score": 0.0, "reason": "empty prediction (judged wrong without a call)",
                     "rubric": [], "rubric_score": 0.0}
+        if not isinstance(state, _State):
+            return {"verdict": False, "score": 0.0, "reason": "the question has no rubric items (BEAM's judge scores "
+                    "only those; a benchmark other than BEAM's files has none)", "rubric": [], "rubric_score": 0.0}
         if state.failed or any(r is None for r in state.rubric):
             return None
         rubric = [r for r in state.rubric if r is not None]
