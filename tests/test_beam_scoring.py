@@ -37,6 +37,7 @@ from memfit_gpu.readers.prompts import (
     resolve_protocol,
 )
 from memfit_gpu.readers.types import Request, Response
+from memfit_gpu.sweep.aggregate import aggregate, to_markdown
 from memfit_gpu.sweep.spec import load_sweep
 
 
@@ -289,3 +290,23 @@ def test_the_beam_configs_load_with_beams_judge() -> None:
     pairs = [(p.overrides["data.split"], p.overrides["method"]) for p in sweep.points]
     assert len(pairs) == 15 and ("10M", "full_context") not in pairs
     assert {s for s, _ in pairs} == {"100K", "500K", "1M", "10M"}
+
+
+def test_a_sweeps_aggregate_shows_beams_average(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sw"
+    points = [{"id": f"split={s}", "overrides": {"data.split": s}, "dir": str(sweep_dir / "points" / f"split={s}"),
+               "state": "done"} for s in ("100K", "500K")]
+    (sweep_dir).mkdir()
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "b", "sweep_keys": ["data.split"], "points": points}))
+    for point, average in zip(points, (0.25, 0.125), strict=True):
+        folder = Path(point["dir"])
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({
+            "questions": 400, "metric_variant": "paper", "average": {"paper": {"f1": 0.5, "bleu1": 0.25}, "judge": 0.5},
+            "beam": {"average": average}, "retrieval": {"overall": {"pack_hit": 0.75}}}))
+        (folder / "DONE").write_text("")
+    columns, rows = aggregate(sweep_dir)
+    assert columns == ["point", "data.split", "status", "metric", "f1", "bleu1", "judge", "beam", "pack_hit",
+                       "questions"]
+    assert [r["beam"] for r in rows] == [0.25, 0.125]
+    assert "|   beam % |" in to_markdown(columns, rows) and "|    25.00 |" in to_markdown(columns, rows)
