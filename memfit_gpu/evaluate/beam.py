@@ -21,6 +21,12 @@ compute_metrics.py calls. Where tau-b is undefined, a constant rank vector, scip
 released code's mean; here tau_norm is 0 and `tau_undefined` says so.) compute_metrics.py also asks
 `extract_facts` for the reply's facts and discards the result: that call changes no score and is not made.
 
+Two things memfit does the same way for every judge, where BEAM's code does not: the reply under judgement is
+the reader's reply less a reasoning model's thinking and the blank lines around it (readers/clean.py
+`reply_text`; compute_metrics.py splits `.content` as it came, so a trailing newline there is one more, empty,
+unmatched line), and inside the rubric prompt its lines after the first are indented (memfit_gpu/quoting.py), so
+a reply cannot write a line of the judge's prompt. The event-ordering lines are the unquoted reply's.
+
 The switches (config.BeamEvalConfig, eval.beam.*): `question` fill (the prompt's QUESTION slot holds the
 question) | released (its `<question>` placeholder is left in, as compute_metrics.py sends it); `partial` keep
 (an item graded 0.5 counts 0.5, the prompt's scale) | floor (counts 0: compute_metrics.py's int(score) for every
