@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DataConfig:
-    benchmark: str = "locomo"  # locomo | longmemeval | memgallery | jsonl (your own data file): picks the loader
+    benchmark: str = "locomo"  # locomo | longmemeval | memgallery | beam | jsonl (your own data file): picks the loader
     path: Optional[str] = None  # file or folder; None = $MEMFIT_DATA_DIR or the fetch cache
-    split: Optional[str] = None  # LongMemEval: s | m | oracle when path is a folder holding several
+    # when path is a folder holding several: LongMemEval s | m | oracle; BEAM 100K | 500K | 1M | 10M
+    split: Optional[str] = None
     limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
     limit_questions: Optional[int] = None  # first N questions per memory: smoke runs and demos
     include_categories: Optional[list[str]] = None  # None = the benchmark's evaluated set
@@ -186,7 +187,9 @@ class ReaderConfig:
     prompt: str = "answer.txt"  # file in memfit_gpu/prompts/
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false} for Qwen3
     gpu_memory_utilization: float = 0.9  # vllm: share of each GPU an engine may claim (lower it to co-host a judge)
-    protocol: str = "auto"  # auto = the benchmark's official protocol (MemGallery system prompt + per-category)
+    # auto = the benchmark's official protocol (MemGallery: its system prompt + per-category instructions; BEAM:
+    # its answer_generation_for_rag prompt) | paper (MemFit's answer.txt) | memgallery | beam
+    protocol: str = "auto"
     # The excerpts of one answer prompt are cut so the prompt holds at most this many characters (about
     # 100k tokens; recorded per question when cut). A prompt this long already fails on most readers.
     max_prompt_chars: int = 400_000
@@ -199,7 +202,27 @@ class JudgeConfig:
     model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
     base_urls: list[str] = field(default_factory=list)
     max_new_tokens: int = 128
-    prompt: str = "auto"  # auto = paper judge (LoCoMo), graded (MemGallery), per-type (LongMemEval)
+    prompt: str = "auto"  # auto = paper judge (LoCoMo), graded (MemGallery), per-type (LongMemEval), rubric (BEAM)
+
+
+@dataclass
+class BeamEvalConfig:
+    # BEAM's judge (evaluate/beam.py) scores every rubric item with BEAM's unified_llm_judge_base_prompt, as
+    # mohammadtavakoli78/BEAM src/evaluation/compute_metrics.py does; where that code departs from its own prompt
+    # a switch names both. The prompt's QUESTION slot: "fill" gives the judge the probing question, as the prompt
+    # asks; "released" leaves the `<question>` placeholder in, as compute_metrics.py sends it (it fills only the
+    # rubric item and the response)
+    question: str = "fill"
+    # A rubric item graded 0.5 (the prompt's partial compliance): "keep" counts 0.5; "floor" counts 0, as
+    # compute_metrics.py's int(score) does for every ability but event ordering
+    partial: str = "keep"
+    # The event-ordering score: "tau_f1" = (Kendall tau-b of the aligned order + 1) / 2 x F1 of the aligned items
+    # (compute_metrics.py event_ordering_score's final_score); "tau" = the normalised tau-b alone, the column
+    # src/evaluation/report_results.py tabulates; "rubric" = the mean rubric score, like the other abilities
+    event_ordering: str = "tau_f1"
+    # memfit's own convention, not BEAM's: a question counts as accepted (the verdict that `memfit compare`'s
+    # permutation test and `memfit judge-audit` read) when its score reaches this
+    accept_at: float = 0.5
 
 
 @dataclass
@@ -216,6 +239,7 @@ class EvalConfig:
     # issue 24: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
     # whose evidence lies before that point, with the memory as it stood then (methods/growth.py); [] = none
     growth_points: list[int] = field(default_factory=list)
+    beam: BeamEvalConfig = field(default_factory=BeamEvalConfig)  # BEAM's rubric and event-ordering scoring
 
 
 @dataclass
@@ -241,7 +265,7 @@ METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lig
 # (memfit_gpu/readers/registry.py). These three lists are the built-in names of the three registries
 # (config.py imports nothing of memfit_gpu, so the names are spelled here, once); a registry's register
 # call adds a new name with `register_choice`, and tests/test_seams.py checks that both agree.
-BENCHMARKS: tuple[str, ...] = ("locomo", "longmemeval", "memgallery", "jsonl")
+BENCHMARKS: tuple[str, ...] = ("locomo", "longmemeval", "memgallery", "jsonl", "beam")
 READER_BACKENDS: tuple[str, ...] = ("transformers", "vllm", "openai")
 
 
@@ -376,7 +400,7 @@ _REGISTERED: dict[str, list[str]] = {"method": list(METHODS), "data.benchmark": 
                                      "reader.backend": list(READER_BACKENDS)}
 _CHOICES: dict[str, Sequence[str | None]] = {
     "data.benchmark": _REGISTERED["data.benchmark"],
-    "data.split": (None, "s", "m", "oracle"),
+    "data.split": (None, "s", "m", "oracle", "100K", "500K", "1M", "10M"),  # each benchmark's spec.splits
     "index.bm25_backend": ("torch", "reference"),
     "index.encoder_backend": ("packed", "sentence-transformers"),
     "index.encoder_workers": ("auto", "threads", "processes"),
@@ -388,9 +412,12 @@ _CHOICES: dict[str, Sequence[str | None]] = {
     "reader.backend": _REGISTERED["reader.backend"],
     "reader.device_map": (None, "auto"),
     "reader.images": ("none", "question", "retrieved"),
-    "reader.protocol": ("auto", "paper", "memgallery"),
+    "reader.protocol": ("auto", "paper", "memgallery", "beam"),
     "eval.judge.backend": _REGISTERED["reader.backend"],
-    "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval"),
+    "eval.judge.prompt": ("auto", "paper", "memgallery", "longmemeval", "beam"),
+    "eval.beam.question": ("fill", "released"),
+    "eval.beam.partial": ("keep", "floor"),
+    "eval.beam.event_ordering": ("tau_f1", "tau", "rubric"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
     "method": _REGISTERED["method"],
@@ -517,6 +544,7 @@ _RANGES: dict[str, _Range] = {
     "eval.bootstrap_samples": _AT_LEAST_1,
     "eval.permutation_samples": _AT_LEAST_1,
     "eval.seed": _Range(),
+    "eval.beam.accept_at": _FRACTION,
     "naive_rag.chunk_tokens": _AT_LEAST_1,
     "naive_rag.overlap_tokens": _AT_LEAST_0,
     "naive_rag.top_k": _AT_LEAST_1,

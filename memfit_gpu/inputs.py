@@ -26,9 +26,11 @@ from memfit_gpu.digests import file_sha256, text_sha256
 from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.models import origin, resolve
 from memfit_gpu.readers.prompts import (
+    BEAM_FILES,
     LONGMEMEVAL_JUDGE_FILES,
     MEMGALLERY_FILES,
     PROMPT_DIR,
+    BeamPrompts,
     judge_kind,
     load_prompt,
     resolve_protocol,
@@ -112,6 +114,12 @@ def _memgallery_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str
     return {f"prompt/{name}": file_sha256(folder / name) for name in names if (folder / name).is_file()}
 
 
+def _beam_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str]:
+    """The sha256 of BEAM's prompt files the run reads (its src/ files, found as the run finds them)."""
+    folder = Path(BeamPrompts.find(benchmark.source).folder)
+    return {name: file_sha256(folder / name) for name in names}
+
+
 def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None = None) -> dict[str, Any]:
     """The judge (eval.judge, through evaluate/judge.py's reader config): backend, model, kind and the
     sha256 of each prompt file its kind reads; {"enabled": false} when the run has no judge (`enabled`
@@ -124,6 +132,8 @@ def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None =
         prompts = _prompt_hashes(["judge.txt"])
     elif kind == "longmemeval":
         prompts = _prompt_hashes(sorted(set(LONGMEMEVAL_JUDGE_FILES.values())))
+    elif kind == "beam":  # the rubric judge (src/prompts.py), event ordering's matcher (compute_metrics.py)
+        prompts = _beam_prompts(benchmark, list(BEAM_FILES.values()))
     else:
         prompts = _memgallery_prompts(benchmark, [MEMGALLERY_FILES["judge"]])
     local = backend_entry(reader.backend).weights
@@ -137,7 +147,10 @@ def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str
     official files under its protocol; the multimodal variant when images are sent), the summary prompt
     when summaries are on, LightMem's four prompts for method=lightmem_slm."""
     out: dict[str, dict[str, str]] = {}
-    if resolve_protocol(cfg.reader.protocol, benchmark.name) == "memgallery":
+    protocol = resolve_protocol(cfg.reader.protocol, benchmark.name)
+    if protocol == "beam":
+        out["answer"] = _beam_prompts(benchmark, [BEAM_FILES["prompts"]])
+    elif protocol == "memgallery":
         official = [MEMGALLERY_FILES[k] for k in ("system", "AR", "CD", "VS")]
         out["answer"] = {**_prompt_hashes(["answer_memgallery.txt"]), **_memgallery_prompts(benchmark, official)}
     else:

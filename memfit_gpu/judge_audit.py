@@ -23,6 +23,11 @@ Deterministic given the seed (eval.seed, or --seed): each question's draws come 
 seeded with "<seed>:<question_id>", and the judge runs greedy. Every call goes through the run's reader
 cache (cache.sqlite) and is counted in its ledger.json under role judge (phase eval); a killed audit reruns
 from the cache. Writes RUN_DIR/judge_audit.json (every probe with its outcome) and judge_audit.md.
+
+BEAM's judge (evaluate/beam.py) scores a candidate with several calls (one per rubric item, event ordering's
+matcher); a candidate is accepted when its score reaches eval.beam.accept_at, unparsed when it is not and
+some rubric reply held no score. The run's own predictions are judged on the reply as the reader wrote it,
+as the run's judge read them, under the run's keys (the same calls, served from its cache).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.data import Question, load_benchmark, select_from_config
 from memfit_gpu.data.memgallery import benchmark_folder
+from memfit_gpu.evaluate.beam import BeamItem, BeamJudge
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     is_empty_prediction,
@@ -52,8 +58,9 @@ from memfit_gpu.inputs import data_record, judge_record, model_record, model_use
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.months import MONTH_NAMES
 from memfit_gpu.preflight import check_judge_can_start
+from memfit_gpu.readers.clean import reply_text
 from memfit_gpu.readers.ledger import Ledger
-from memfit_gpu.readers.prompts import build_judge_messages, judge_kind
+from memfit_gpu.readers.prompts import BeamPrompts, build_judge_messages, judge_kind
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.render import markdown_table
@@ -277,14 +284,19 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         raise AuditError(f"{run_dir / 'predictions.jsonl'}: no scored question to audit")
     questions = [by_id[r["question_id"]] for r in rows]
     variant = cfg.eval.table_metric
+    kind = judge_kind(bench.name, cfg.eval.judge.prompt)
     probes = probes_for(questions, seed)
     for row, q in zip(rows, questions, strict=True):
         stored = (row.get("scores") or {}).get(variant) or {}
         f1 = float(stored["f1"]) if "f1" in stored else score(row.get("prediction"), q.answer, q.category, variant)["f1"]
-        probes.append(Probe(q.question_id, q.category, "prediction", str(row.get("prediction") or ""), None, f1))
+        # BEAM's judge read the reply as written (the run's judge calls, served from its cache)
+        judged = reply_text(row.get("raw_output")) if kind == "beam" else str(row.get("prediction") or "")
+        probes.append(Probe(q.question_id, q.category, "prediction", judged, None, f1))
 
     check_judge_can_start(cfg)
-    kind = judge_kind(bench.name, cfg.eval.judge.prompt)
+    if kind == "beam":
+        return _report(run_dir, cfg, seed, runs_own, bench, selected, questions, probes,
+                       *_beam_outcomes(run_dir, cfg, bench, by_id, probes, progress))
     memgallery_dir = benchmark_folder(bench.source) if kind == "memgallery" else None
     outcomes: list[str | None] = [None] * len(probes)
     requests, where = [], []
@@ -316,7 +328,54 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         reader.close()
     log.info("judge audit: %d judge requests, %d made now, %d from the cache (ledger.json: role judge)",
              len(requests), made, len(requests) - made)
+    return _report(run_dir, cfg, seed, runs_own, bench, selected, questions, probes, outcomes, len(requests))
 
+
+def _beam_outcomes(run_dir: Path, cfg: MemFitConfig, bench: Any, by_id: Mapping[str, Question],
+                   probes: Sequence[Probe], progress: bool) -> tuple[list[str | None], int]:
+    """Every probe scored by BEAM's judge (all probes' calls in one batch per alignment step), its outcome,
+    and how many judge requests that took."""
+    judge = BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam)
+    items = []
+    for probe in probes:
+        q = by_id[probe.question_id]
+        key = f"judge:{q.question_id}" if probe.kind == "prediction" else f"audit:{probe.kind}:{q.question_id}"
+        items.append(BeamItem(key, q.question, q.category, list(q.extra.get("rubric") or []), probe.candidate))
+    ledger_path = run_dir / "ledger.json"
+    ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
+    reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), run_dir, ledger=ledger,
+                         progress=progress)
+    asked = 0
+
+    def generate(requests: list[Request]) -> list[Response]:
+        nonlocal asked
+        asked += len(requests)
+        responses = reader.generate(requests, partial=True)
+        ledger.save(ledger_path)  # the batch's calls are in the cache; now in the ledger too
+        faults.point("audit.ledger")
+        return responses
+
+    try:
+        records = judge.score(items, generate)
+    finally:
+        reader.close()
+    log.info("judge audit: %d BEAM judge requests (ledger.json: role judge)", asked)
+    outcomes: list[str | None] = []
+    for record in records:
+        if record is None:
+            outcomes.append("error")
+        elif record["verdict"]:
+            outcomes.append("accepted")
+        else:
+            outcomes.append("unparsed" if record.get("unparsed") else "rejected")
+    return outcomes, asked
+
+
+def _report(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, bench: Any, selected: Any,
+            questions: Sequence[Question], probes: Sequence[Probe], outcomes: Sequence[str | None],
+            judge_requests: int) -> dict[str, Any]:
+    """judge_audit.json and judge_audit.md from every probe's outcome."""
+    variant = cfg.eval.table_metric
     items = [{"question_id": p.question_id, "category": p.category, "kind": p.kind, "candidate": p.candidate,
               "expected": p.expected, **({"f1": p.f1} if p.f1 is not None else {}), "outcome": outcomes[i]}
              for i, p in enumerate(probes)]
@@ -327,7 +386,7 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         # the judge's model as provenance.json records a model (its weights' sha256 when they load here)
         "judge_model": next(model_record(u) for u in model_uses(cfg, retrieval=False, judge=True) if u.role == "judge"),
         "agreement_metric": f"{variant} F1 >= {AGREEMENT_F1}",
-        "questions": len(questions), "judge_requests": len(requests), "probes": PROBES,
+        "questions": len(questions), "judge_requests": judge_requests, "probes": PROBES,
         "overall": _block(items, len(questions)),
         "by_category": {c: {"name": category_name(c, bench.name),
                             **_block([i for i in items if i["category"] == c],

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
+from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
     empty_verdict,
@@ -53,14 +54,15 @@ from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.inputs import collect
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
-from memfit_gpu.methods.answers import answer_requests, memgallery_dir_of
+from memfit_gpu.methods.answers import answer_requests, beam_prompts_of, memgallery_dir_of
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import DIAGNOSTICS, questions_of, saved_packs, write_packs
 from memfit_gpu.methods.registry import make_method
 from memfit_gpu.preflight import check_can_start
-from memfit_gpu.readers.clean import clean_answer
+from memfit_gpu.readers.clean import clean_answer, reply_text
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.prompts import (
+    BeamPrompts,
     build_judge_messages,
     judge_kind,
 )
@@ -237,7 +239,8 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
     try:
         # the memory system under test (memfit_gpu/methods) makes the packs; answer and score are shared
         method_run = MethodRun(placed, out, bench, selected.memories, questions, get_reader, ledger_saved,
-                               memgallery_dir_of(bench), progress, timer.stage)
+                               memgallery_dir_of(bench), progress, timer.stage,
+                               beam_prompts=beam_prompts_of(bench, cfg.reader.protocol))
         packs = _method_packs(out, timer, method_run)
 
         with timer.stage("answer"):
@@ -354,7 +357,8 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
                              "reader_notes": resp.notes, "reader_error": resp.error})
-            verdicts = judging.submit(judge, chunk, [c.text for c in cleaned]) if judging and judge else None
+            verdicts = (judging.submit(judge, chunk, [c.text for c in cleaned], [r.text for r in responses])
+                        if judging and judge else None)
             waiting.append((rows, verdicts))
             while waiting and (waiting[0][1] is None or waiting[0][1].done()):
                 write(*waiting.popleft())
@@ -402,17 +406,28 @@ class _Judge:
     """LLM judge over a chunk of answers, through its own cached reader (role judge).
 
     eval.judge.prompt auto = the benchmark's judge: MemGallery's graded prompt, LongMemEval's per-type
-    yes/no prompts (abstention for `_abs`), the paper's CORRECT/WRONG judge otherwise."""
+    yes/no prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
+    the reply as the reader wrote it), the paper's CORRECT/WRONG judge otherwise."""
 
     def __init__(self, cfg: MemFitConfig, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
         self.cfg = cfg
         self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
         self.memgallery_dir = memgallery_dir_of(bench) if self.kind == "memgallery" else None
+        self.beam = (beam_scoring.BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam) if self.kind == "beam"
+                     else None)
         self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
                                   progress=progress)
 
-    def __call__(self, questions: list[Question], predictions: list[str]) -> list[dict[str, Any] | None]:
-        """One verdict per question; None where the judge got no answer (a rerun asks it again)."""
+    def __call__(self, questions: list[Question], predictions: list[str],
+                 raw_outputs: list[str] | None = None) -> list[dict[str, Any] | None]:
+        """One verdict per question; None where the judge got no answer (a rerun asks it again). BEAM's judge
+        reads `raw_outputs` (code fences and lists are what it judges), the others the cleaned predictions."""
+        if self.beam is not None:
+            replies = raw_outputs if raw_outputs is not None else predictions
+            items = [beam_scoring.BeamItem(f"judge:{q.question_id}", q.question, q.category,
+                                           list(q.extra.get("rubric") or []), reply_text(reply))
+                     for q, reply in zip(questions, replies, strict=True)]
+            return self.beam.score(items, lambda requests: self.reader.generate(requests, partial=True))
         verdicts: list[dict[str, Any] | None] = [None] * len(questions)
         requests, where = [], []
         for i, (q, pred) in enumerate(zip(questions, predictions, strict=True)):
@@ -430,6 +445,14 @@ class _Judge:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _beam_references(questions: list[Question]) -> dict[str, bool]:
+    """Per ability, whether its gold texts are reference answers (BEAM's loader says per question)."""
+    references: dict[str, bool] = {}
+    for q in questions:
+        references[q.category] = references.get(q.category, True) and bool(q.extra.get("reference_answer", True))
+    return references
 
 
 def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
@@ -464,11 +487,17 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
         metrics["text_metrics"] = text_settings
     if (out / "growth.json").is_file():
         metrics["growth"] = json.loads((out / "growth.json").read_text())
+    if cfg.eval.judge.enabled and judge_kind(bench.name, cfg.eval.judge.prompt) == "beam":
+        # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
+        metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))
+        metrics["beam"]["scoring"] = to_dict(cfg)["eval"]["beam"]
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     faults.point("metrics")
     ledger.save(out / "ledger.json")
     faults.point("score.ledger")
     table = render_markdown(metrics, benchmark=bench.name) + "\n" + provenance.markdown_block(record)
+    if "beam" in metrics:
+        table = beam_scoring.render_table(metrics["beam"], metrics["beam"]["scoring"]) + "\n" + table
     atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics

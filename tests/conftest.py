@@ -39,7 +39,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # suite"); the rest follow in their collection order.
 LONGEST_FIRST = (
     "test_methods_runs.py", "test_crash_consistency.py", "test_vllm_reader.py", "test_lightmem_sweep.py",
-    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_slurm_scripts.py", "test_store_locomo.py",
+    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_beam_runs.py", "test_slurm_scripts.py",
+    "test_store_locomo.py",
     "test_paper_tables.py", "test_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
     "test_store_run.py", "test_retrieve_reference.py", "test_readers_cache.py", "test_models.py",
     "test_retrieve_cli.py", "test_encoders.py", "test_readers_transformers.py", "test_store_cli.py", "test_serve.py",

@@ -48,6 +48,9 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     "memfit_gpu/evaluate/metrics.py": {"nltk"},  # the Porter stemmer: nltk takes seconds to import
     "memfit_gpu/evaluate/text_metrics.py": {"nltk", "rouge_score"},  # eval.text_metrics only; rouge_score imports nltk
     "memfit_gpu/models.py": {"huggingface_hub", "torch", "transformers"},  # preflight imports models.py
+    # BEAM's hub layout alone reads parquet; pyarrow.parquet takes ~0.16 s, which every command that loads the
+    # benchmark registry would pay
+    "memfit_gpu/data/beam.py": {"pyarrow"},
     "memfit_gpu/readers/openai.py": {"transformers"},  # a tokenizer for prompt-token bounds, when asked
     # full_context with a vllm reader: the model's tokenizer counts the whole history's prompt tokens
     "memfit_gpu/methods/full_context.py": {"transformers"},

@@ -79,7 +79,7 @@ def test_fetch_command(capsys, shared_data: Path, tmp_path: Path) -> None:
     )
     assert capsys.readouterr().out.strip() == str(dest / "locomo" / "locomo10.json")
     assert main(["data", "fetch", "locomo", "--split", "s", "--dest", str(dest)]) == 2
-    assert "--split applies to longmemeval only" in capsys.readouterr().err
+    assert "--split applies to longmemeval or beam only" in capsys.readouterr().err
 
 
 def test_help_explains(capsys) -> None:

@@ -161,5 +161,5 @@ def test_catalogue_matches_the_shared_checksums(shared_data: Path) -> None:
     assert [e["path"] for e in files_for("longmemeval", "m")] == ["longmemeval/longmemeval_m_cleaned.json"]
     with pytest.raises(ValueError, match="unknown LongMemEval split 'xl'"):
         files_for("longmemeval", "xl")
-    with pytest.raises(ValueError, match="applies to longmemeval only"):
+    with pytest.raises(ValueError, match="applies to longmemeval or beam only"):
         files_for("locomo", "s")

@@ -1,4 +1,4 @@
-"""`memfit data`: inspect, fetch, validate and convert benchmarks (LoCoMo, LongMemEval, MemGallery, own jsonl)."""
+"""`memfit data`: inspect, fetch, validate and convert benchmarks (LoCoMo, LongMemEval, MemGallery, BEAM, own jsonl)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from memfit_gpu.cli.errors import UsageError
 
 DESCRIPTION = """\
 Benchmark data: LoCoMo (10 conversations), LongMemEval (S, M and oracle files; each question is its
-own memory), MemGallery (20 multimodal scenarios) and your own data (jsonl: one memory per line, the
+own memory), MemGallery (20 multimodal scenarios), BEAM (splits 100K, 500K, 1M, 10M: the repository's
+conversation folders or the hub's parquet) and your own data (jsonl: one memory per line, the
 schema in README.md "Your own data"), all read into one schema (Benchmark -> Memory -> Session -> Turn,
 plus Questions). NAME is a registered benchmark (memfit_gpu/data/registry.py); a misspelt one is refused
 with the list.
 
 Where data is found, first hit wins:
   1. --path FILE_OR_FOLDER
-  2. $MEMFIT_DATA_DIR, a folder laid out as locomo/locomo10.json, longmemeval/*.json, memgallery/dialog/
+  2. $MEMFIT_DATA_DIR, a folder laid out as locomo/locomo10.json, longmemeval/*.json, memgallery/dialog/,
+     beam/<split>/<id>/chat.json
   3. the fetch cache, $MEMFIT_CACHE/data (default ~/.cache/memfit/data), same layout
 
 Known quirks of the real files (malformed LoCoMo evidence, date keys without sessions,
@@ -40,17 +42,22 @@ loads (warnings alone), 2 when it has errors. The schema: README.md "Your own da
 FETCH_HELP = """\
 Download the official files (LoCoMo from snap-research/LoCoMo on GitHub; LongMemEval from the
 Hugging Face dataset xiaowu0162/longmemeval-cleaned; MemGallery dialogs from Ethan-Bei/Mem-Gallery on
-Hugging Face and its prompts from GitHub), check each against the sha256 in
-memfit_gpu/data/checksums.json and store it in the cache (or --dest). A download is written to
+Hugging Face and its prompts from GitHub; BEAM's conversation folders of one split and its judge and
+answer prompts, src/prompts.py and src/evaluation/compute_metrics.py, from mohammadtavakoli78/BEAM on
+GitHub at the pinned commit b2a3ee8), check each against the sha256 in memfit_gpu/data/checksums.json
+(BEAM's largest chat.json files, whose sha256 could not be computed: the git blob id the commit names)
+and store it in the cache (or --dest). BEAM's hub parquet (Mohammadta/BEAM, Mohammadta/BEAM-10M) is read
+from local files (--path) and not fetched: memfit holds no checksum of it to verify. A download is written to
 NAME.part and renamed only when its checksum matches: a failed or corrupted download leaves nothing.
 Files already cached with the right checksum are skipped."""
 
 
 def _benchmark_to_read(parser: argparse.ArgumentParser) -> None:
     """NAME, --path and --split: which benchmark an action loads, found as `memfit run` finds it."""
-    parser.add_argument("name", help="benchmark (locomo, longmemeval, memgallery, jsonl, ...)")
+    parser.add_argument("name", help="benchmark (locomo, longmemeval, memgallery, beam, jsonl, ...)")
     parser.add_argument("--path", help="file or folder to read (default: $MEMFIT_DATA_DIR, then the cache)")
-    parser.add_argument("--split", help="LongMemEval split (s, m, oracle) when a folder holds several")
+    parser.add_argument("--split", help="LongMemEval split (s, m, oracle) or BEAM split (100K, 500K, 1M, 10M) when a "
+                        "folder holds several")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -78,11 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fetch", help="download and verify the official files", description=FETCH_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    fetch.add_argument("name", help="benchmark with official files (locomo, longmemeval, memgallery)")
+    fetch.add_argument("name", help="benchmark with official files (locomo, longmemeval, memgallery, beam)")
     fetch.add_argument(
         "--dest", help="folder to store into (default: $MEMFIT_CACHE/data or ~/.cache/memfit/data)"
     )
-    fetch.add_argument("--split", help="LongMemEval split: s (default), m, oracle")
+    fetch.add_argument("--split", help="LongMemEval split: s (default), m, oracle; BEAM: 100K (default), 500K, 1M, 10M")
     fetch.add_argument(
         "--mirror",
         help="URL (http://, file://) or folder laid out like the cache to download from instead of the "

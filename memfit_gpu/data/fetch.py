@@ -3,7 +3,10 @@
 The list of files (URL, cache path, sha256, size) is checksums.json beside this module. A file is
 streamed to `<name>.part`, hashed while it arrives, and renamed into place only when the hash
 matches, so the cache never holds a partial or wrong file: a failed or corrupted download leaves
-nothing behind. A mirror (a URL or folder laid out like the cache, e.g. ../shared/data) can stand in
+nothing behind. A catalogue entry whose sha256 could not be computed when it was written carries the
+git blob id its pinned commit's tree names instead (`git_blob`, BEAM's largest files), checked on the
+same `.part` before it is renamed. An entry of a benchmark with splits that names no split (BEAM's
+judge and answer prompts, src/prompts.py) belongs to every split. A mirror (a URL or folder laid out like the cache, e.g. ../shared/data) can stand in
 for the official hosts.
 """
 
@@ -57,10 +60,10 @@ def files_for(name: str, split: str | None = None) -> list[dict[str, Any]]:
                           "file as --path / data.path")
     if spec.splits:
         wanted = split or spec.default_split
-        entries = [e for e in entries if e.get("split") == wanted]
-        if not entries:
-            splits = sorted({e.get("split") for e in _catalogue() if e["benchmark"] == spec.name})
+        if not any(e.get("split") == wanted for e in entries):
+            splits = sorted({e["split"] for e in _catalogue() if e["benchmark"] == spec.name and e.get("split")})
             raise ValueError(f"unknown {spec.title} split {wanted!r}: choose one of {', '.join(splits)}")
+        entries = [e for e in entries if e.get("split") in (wanted, None)]
     elif split is not None:
         raise ValueError(f"--split applies to {' or '.join(split_benchmarks())} only, not {spec.name}")
     return entries
@@ -74,6 +77,20 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def git_blob_of(path: Path) -> str:
+    """The id git gives the file's bytes as a blob: sha1 of `blob <size>\\0` + the bytes."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _matches(path: Path, entry: dict[str, Any]) -> bool:
+    """Whether a file is the catalogue entry's: its sha256, else (no sha256 recorded) its git blob id."""
+    return sha256_of(path) == entry["sha256"] if "sha256" in entry else git_blob_of(path) == entry["git_blob"]
+
+
 def _mirror_url(mirror: str, relative: str) -> str:
     """A mirror is a URL (http://, file://) or a local folder; both are laid out like the cache."""
     base = mirror if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", mirror) else Path(mirror).resolve().as_uri()
@@ -83,12 +100,16 @@ def _mirror_url(mirror: str, relative: str) -> str:
 def download_verified(
     url: str,
     target: Path,
-    sha256: str,
+    sha256: str | None,
     size: int | None = None,
     progress: bool = True,
     timeout_s: float = 60.0,
+    git_blob: str | None = None,
 ) -> Path:
-    """Stream `url` into `target` through `target.part`; keep it only if its sha256 is `sha256`."""
+    """Stream `url` into `target` through `target.part`; keep it only if its sha256 is `sha256` (or, when no
+    sha256 is known, its git blob id is `git_blob`)."""
+    if (sha256 is None) == (git_blob is None):
+        raise ValueError("download_verified needs exactly one of sha256 and git_blob")
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
@@ -121,12 +142,17 @@ def download_verified(
     except BaseException:
         part.unlink(missing_ok=True)  # Ctrl-C included: never leave a partial file
         raise
-    got = digest.hexdigest()
-    if got != sha256:
+    kind, expected = ("sha256", sha256) if sha256 is not None else ("git blob id", git_blob)
+    try:
+        got = digest.hexdigest() if sha256 is not None else git_blob_of(part)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    if got != expected:
         part.unlink(missing_ok=True)
         raise FetchError(
             url,
-            f"sha256 mismatch: expected {sha256}, got {got} ({received} bytes"
+            f"{kind} mismatch: expected {expected}, got {got} ({received} bytes"
             + (f", expected {size}" if size is not None else "")
             + f"); the download was deleted, {target} was not written",
         )
@@ -150,12 +176,13 @@ def fetch_benchmark(
     for entry in files_for(name, split):
         target = root / entry["path"]
         if target.is_file():
-            if sha256_of(target) == entry["sha256"]:
+            if _matches(target, entry):
                 log.info("%s: already cached and verified", target)
                 written.append(target)
                 continue
-            log.warning("%s: cached copy does not match its sha256: downloading it again", target)
+            log.warning("%s: cached copy does not match its checksum: downloading it again", target)
         url = _mirror_url(mirror, entry["path"]) if mirror else entry["url"]
         log.info("fetching %s -> %s", url, target)
-        written.append(download_verified(url, target, entry["sha256"], entry.get("size"), progress=progress))
+        written.append(download_verified(url, target, entry.get("sha256"), entry.get("size"), progress=progress,
+                                         git_blob=None if "sha256" in entry else entry["git_blob"]))
     return written

@@ -10,12 +10,12 @@ and tests/test_seams.py checks that they are this registry's keys.)
 from __future__ import annotations
 
 from memfit_gpu.config import ConfigError
-from memfit_gpu.data import jsonl, locomo, longmemeval, memgallery
+from memfit_gpu.data import beam, jsonl, locomo, longmemeval, memgallery
 from memfit_gpu.data.spec import BenchmarkSpec
 from memfit_gpu.registries import Registry
 
 REGISTRY: dict[str, BenchmarkSpec] = {
-    spec.name: spec for spec in (locomo.SPEC, longmemeval.SPEC, memgallery.SPEC, jsonl.SPEC)
+    spec.name: spec for spec in (locomo.SPEC, longmemeval.SPEC, memgallery.SPEC, jsonl.SPEC, beam.SPEC)
 }
 
 

@@ -10,6 +10,7 @@ collects them by name, and every place that once asked "which benchmark is this?
     protocol, judge     readers/prompts.py: the answer protocol and the judge kind `auto` stands for
     shapes              plan/: the published shape when the benchmark file is not on the machine
     not_evaluated       the categories a loader marks unscored (LoCoMo's adversarial category 5)
+    units               data/stats.py: what the benchmark calls its memories, sessions, turns and categories
 
 A new benchmark is a loader module with a SPEC and one `register_benchmark(SPEC)` call (data/registry.py).
 This module imports nothing but the schema: specs are plain data and functions.
@@ -25,8 +26,8 @@ from types import MappingProxyType
 from memfit_gpu.data.schema import Benchmark
 
 AVERAGING_RULES: tuple[str, ...] = ("category_mean", "question_mean")
-PROTOCOLS: tuple[str, ...] = ("paper", "memgallery")
-JUDGE_KINDS: tuple[str, ...] = ("paper", "longmemeval", "memgallery")
+PROTOCOLS: tuple[str, ...] = ("paper", "memgallery", "beam")
+JUDGE_KINDS: tuple[str, ...] = ("paper", "longmemeval", "memgallery", "beam")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class BenchmarkSpec:
     judge: str = "paper"  # eval.judge.prompt=auto
     not_evaluated: frozenset[str] = frozenset()  # categories the loader marks evaluated=False
     shapes: Mapping[str | None, PublishedShape] = field(default_factory=lambda: MappingProxyType({}))
+    # `memfit data stats` names: memories, sessions, turns, category -> the benchmark's own words (BEAM:
+    # conversations, batches, messages, ability); a name not given keeps memfit's
+    units: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.averaging not in AVERAGING_RULES:

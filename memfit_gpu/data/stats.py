@@ -6,8 +6,13 @@ import re
 from collections import Counter
 from typing import Any
 
+from memfit_gpu.data.registry import find_spec
 from memfit_gpu.data.schema import Benchmark
 from memfit_gpu.render import console_table
+
+# `tokens_approx`: stored characters per token, the usual rule of thumb for English text under BPE
+# tokenizers such as cl100k (no tokenizer is loaded: a count that needs no download or model)
+CHARS_PER_TOKEN = 4.0
 
 
 def _natural_key(text: str) -> list[Any]:
@@ -32,19 +37,23 @@ def quirk_counts(problems: list[str]) -> dict[str, int]:
 
 
 def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, Any]:
-    """memories, sessions, turns, questions (all / evaluated / abstention), questions per category,
-    images (in turns, on questions), evidence coverage, and the data quirks handled."""
+    """memories, sessions, turns, tokens (approx.: stored characters / CHARS_PER_TOKEN), questions (all /
+    evaluated / abstention), questions per category, images (in turns, on questions), evidence coverage, the
+    data quirks handled, and `units`: what the benchmark calls memories, sessions, turns and categories."""
     questions = benchmark.questions()
     turns = [t for m in benchmark.memories for t in m.turns()]
     by_category = Counter(q.category for q in questions)
     evaluated_by_category = Counter(q.category for q in questions if q.evaluated)
     categories = sorted(by_category, key=_natural_key)
+    spec = find_spec(benchmark.name)
+    units = dict(spec.units) if spec is not None else {}
     return {
         "benchmark": benchmark.name,
         "source": benchmark.source,
         "memories": len(benchmark.memories),
         "sessions": sum(len(m.sessions) for m in benchmark.memories),
         "turns": len(turns),
+        "tokens_approx": round(sum(len(t.text) for t in turns) / CHARS_PER_TOKEN),
         "questions": len(questions),
         "evaluated_questions": sum(q.evaluated for q in questions),
         # an empty question, gold answer or conversation (data/_read.py check_questions): never scored
@@ -59,13 +68,21 @@ def benchmark_stats(benchmark: Benchmark, first_problems: int = 5) -> dict[str, 
         "question_images": sum(q.image is not None for q in questions),
         "questions_without_evidence": sum(not q.evidence for q in questions),
         "problems": {"count": len(benchmark.problems), "first": benchmark.problems[:first_problems]},
+        "units": {key: units.get(key, key) for key in ("memories", "sessions", "turns", "category")},
     }
 
 
 def format_stats(stats: dict[str, Any]) -> str:
     """A readable table of benchmark_stats output (the one renderer's console tables)."""
-    counts = [[key, f"{stats[key]}"] for key in (
-        "memories", "sessions", "turns", "questions", "evaluated_questions", "excluded_questions",
+    units = stats.get("units") or {}
+
+    def label(key: str) -> str:  # the benchmark's own word where it has one (BEAM: conversations, messages)
+        if key == "tokens_approx":
+            return "tokens (approx.)"  # stored characters / CHARS_PER_TOKEN
+        return units.get(key, key) if key in ("memories", "sessions", "turns") else key
+
+    counts = [[label(key), f"{stats[key]}"] for key in (
+        "memories", "sessions", "turns", "tokens_approx", "questions", "evaluated_questions", "excluded_questions",
         "abstention_questions",
         "images", "turns_with_images", "question_images", "questions_without_evidence",
     )]  # fmt: skip
@@ -75,7 +92,8 @@ def format_stats(stats: dict[str, Any]) -> str:
     lines = [f"{stats['benchmark']}  ({stats['source']})", "",
              console_table(["count", "value"], counts + [["data quirks handled", f"{problems['count']}"]],
                            ["left", "right"]), "",
-             console_table(["category", "all", "evaluated"], categories, ["left", "right", "right"])]
+             console_table([units.get("category", "category"), "all", "evaluated"], categories,
+                           ["left", "right", "right"])]
     if problems["first"]:
         lines += ["", "data quirks handled:"]
     lines.extend(f"  - {p}" for p in problems["first"])

@@ -1,7 +1,7 @@
 """The LLM judge: the reader config it runs with, and its replies read into {"verdict": bool, "reason": str,
 "score": float}. (Its prompts are built in readers/prompts.py: `judge_kind`, `build_judge_messages`.)
 
-Three judges, three reply formats:
+Four judges, four reply formats:
 - ``paper``: the MemFit paper's judge answers JSON with a CORRECT/WRONG label and a reason. Small
   judges wrap it in code fences, add text around it, or drop the JSON. The parser collects every verdict
   the judge states as its own: the label of each of its own top-level JSON objects (an object on an
@@ -25,6 +25,14 @@ Three judges, three reply formats:
   correct when ``'yes' in reply.lower()``; ``rule="official"`` (default) does the same,
   ``rule="word"`` reads the first whole yes/no word instead (asked to answer yes or no, a judge leads
   with it: "No, although it says yes elsewhere.").
+
+- ``beam``: BEAM's rubric judge (its src/prompts.py unified_llm_judge_base_prompt, one call per rubric item;
+  evaluate/beam.py runs it) answers ``{"score": 1.0 | 0.5 | 0.0, "reason": "..."}``. BEAM's
+  compute_metrics.py takes the `score` of the first JSON object it finds (json_repair as a fallback);
+  here the score of the judge's own top-level objects with one (else its `score:` lines), in [0, 1];
+  scores that disagree, or none, are unparsed (the item scores 0 and the question counts the reply as
+  unparsed; the released code would stop the whole evaluation on such a reply). verdict = score >= 0.5
+  for one item; a question's verdict and score are evaluate/beam.py's.
 
 The memgallery grade is likewise the grade of the judge's own top-level objects with a score (else the
 `score:` fields on its own lines); grades that disagree are unparsed, as conflicting labels are.
@@ -240,6 +248,16 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
     if grades not in ("official", "five"):
         raise ValueError(f"grades must be 'official' or 'five', got {grades!r}")
     text = reply_start(reply or "")
+    grade, reason = _stated_scores("memgallery", text)[-1]
+    if not 0.0 <= grade <= 1.0:
+        raise JudgeParseError("memgallery", text, f"score {grade} outside [0, 1]")
+    score = snap_memgallery_grade(grade) if grades == "official" else grade
+    return {"verdict": grade >= correct_at, "reason": reason, "score": float(score)}
+
+
+def _stated_scores(kind: str, text: str) -> list[tuple[float, str]]:
+    """(score, reason) of every score the judge states as its own: its top-level objects' `score`, else the
+    `score:` fields on its own lines."""
     found: list[tuple[float, str]] = []
     for obj in _json_objects(text):
         fields = _lower_keys(obj)
@@ -251,14 +269,20 @@ def parse_memgallery_reply(reply: str, grades: str = "official", correct_at: flo
     if not found:
         found = [(float(m.group(1)), text.strip()) for m in _SCORE_FIELD.finditer(_own_lines(text))]
     if not found:
-        raise JudgeParseError("memgallery", text, "no score")
+        raise JudgeParseError(kind, text, "no score")
     if len({g for g, _ in found}) > 1:
-        raise JudgeParseError("memgallery", text, f"conflicting scores ({', '.join(f'{g:g}' for g, _ in found)})")
-    grade, reason = found[-1]
-    if not 0.0 <= grade <= 1.0:
-        raise JudgeParseError("memgallery", text, f"score {grade} outside [0, 1]")
-    score = snap_memgallery_grade(grade) if grades == "official" else grade
-    return {"verdict": grade >= correct_at, "reason": reason, "score": float(score)}
+        raise JudgeParseError(kind, text, f"conflicting scores ({', '.join(f'{g:g}' for g, _ in found)})")
+    return found
+
+
+def parse_beam_reply(reply: str) -> dict[str, Any]:
+    """One rubric item's judge reply -> {"verdict", "reason", "score"}; score in [0, 1] as the judge gave it
+    (evaluate/beam.py applies eval.beam.partial)."""
+    text = reply_start(reply or "")
+    score, reason = _stated_scores("beam", text)[-1]
+    if not 0.0 <= score <= 1.0:
+        raise JudgeParseError("beam", text, f"score {score} outside [0, 1]")
+    return {"verdict": score >= 0.5, "reason": reason, "score": float(score)}
 
 
 def parse_longmemeval_reply(reply: str, rule: str = "official") -> dict[str, Any]:
@@ -284,6 +308,7 @@ def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **op
         "paper": parse_paper_reply,
         "memgallery": parse_memgallery_reply,
         "longmemeval": parse_longmemeval_reply,
+        "beam": parse_beam_reply,
     }
     if kind not in parsers:
         raise ValueError(f"unknown judge kind {kind!r}; choose one of {', '.join(JUDGE_KINDS)}")

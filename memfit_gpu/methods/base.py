@@ -42,6 +42,7 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Benchmark, Memory, Question
+from memfit_gpu.readers.prompts import BeamPrompts
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -96,6 +97,7 @@ class MethodRun:
     stage: Callable[[str], contextlib.AbstractContextManager[None]] = _untimed  # the caller's stage clock (timings.json)
     # an existing store to read, never written (`memfit retrieve --store`): its memories must be there
     store_path: Path | None = None
+    beam_prompts: BeamPrompts | None = None  # BEAM's prompts when the answer protocol is beam
 
     def store_location(self) -> Path | None:
         """Where a method keeps its store: `store_path` when given, else store.path, else DIR/store in a run

@@ -105,8 +105,8 @@ class FullContext:
         reader = run.reader() if run.reader is not None else None
         budget = token_budget(run, reader)
         protocol = resolve_protocol(cfg.reader.protocol, run.bench.name)
-        if protocol == "memgallery" and run.memgallery_dir is None:
-            protocol = "paper"  # `memfit retrieve` sizes the history without MemGallery's prompt files
+        if (protocol == "memgallery" and run.memgallery_dir is None) or (protocol == "beam" and run.beam_prompts is None):
+            protocol = "paper"  # `memfit retrieve` sizes the history without MemGallery's or BEAM's prompt files
         lines_of: dict[int, list[str]] = {}
         cuts_of: dict[int, list[int]] = {}
         for m_idx in range(len(table.memory_ids)):
@@ -125,7 +125,8 @@ class FullContext:
 
             def messages(dropped: int, q: Question = q, tails: list[str] = tails) -> list[dict[str, Any]]:
                 return build_answer_messages(q.question, excerpts(tails[dropped:]), q.question_date, q.category,
-                                             protocol, memgallery_dir=run.memgallery_dir, prompt=cfg.reader.prompt)
+                                             protocol, memgallery_dir=run.memgallery_dir, prompt=cfg.reader.prompt,
+                                             beam_prompts=run.beam_prompts)
 
             def fits(dropped: int) -> bool:
                 built = messages(dropped)

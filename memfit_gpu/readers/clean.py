@@ -132,5 +132,11 @@ def clean_answer(raw: str | None) -> CleanAnswer:
     return CleanAnswer(text, False)
 
 
+def reply_text(raw: str | None) -> str:
+    """The reply as the reader wrote it, less a reasoning model's thinking and the blank lines around it:
+    what a judge that reads whole replies (BEAM's rubric judge: code fences, lists and all) is shown."""
+    return reply_start(_THINK.sub("", raw or "")).rstrip()
+
+
 def clean_answers(raws: Sequence[str | None]) -> list[CleanAnswer]:
     return [clean_answer(r) for r in raws]

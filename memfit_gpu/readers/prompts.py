@@ -7,11 +7,16 @@ excerpts or in a JSON example stay as they are. A line whose only content was a 
 (e.g. `Question date: {question_date}` for LoCoMo, which has none) is dropped.
 
 MemGallery's official system prompt, AR/CD/VS instructions and graded judge are not copied into this
-repository: they are read at run time from the benchmark's `prompt/` folder.
+repository: they are read at run time from the benchmark's `prompt/` folder. BEAM's likewise: its rubric
+judge, its answer prompt and the event-ordering matcher's messages are read at run time from the BEAM
+repository's src/prompts.py and src/evaluation/compute_metrics.py (`BeamPrompts`), parsed with `ast` as
+text, never imported or run.
 """
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.config import ConfigError
+from memfit_gpu.data import cache_dir
+from memfit_gpu.data.beam import NAME as BEAM
+from memfit_gpu.data.beam import prompt_roots
 from memfit_gpu.data.registry import find_spec
 from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
 from memfit_gpu.quoting import quote_lines
@@ -40,6 +48,12 @@ LONGMEMEVAL_JUDGE_FILES = {
 }
 MEMGALLERY_FILES = {"system": "sys_prompt.txt", "AR": "ar_prompt.txt", "CD": "cd_prompt.txt",
                     "VS": "vs_prompt.txt", "judge": "llm_judge.txt"}
+# BEAM's two source files that hold its prompts (paths inside the repository, and under a data folder's beam/),
+# and what memfit reads from each
+BEAM_FILES = {"prompts": "src/prompts.py", "metrics": "src/evaluation/compute_metrics.py"}
+BEAM_JUDGE_PROMPT = "unified_llm_judge_base_prompt"  # src/prompts.py: the judge of every rubric item
+BEAM_ANSWER_PROMPT = "answer_generation_for_rag"  # src/prompts.py: what BEAM's retrieval baselines ask a reader
+BEAM_EQUIVALENCE = "llm_equivalence"  # compute_metrics.py: event ordering's item matcher (its two messages)
 
 
 class PromptError(FileNotFoundError):
@@ -103,6 +117,153 @@ class MemGalleryPrompts:
         return cls(text["system"], {k: text[k] for k in ("AR", "CD", "VS")}, text["judge"])
 
 
+@dataclass(frozen=True)
+class BeamPrompts:
+    """BEAM's prompts as its repository writes them (src/prompts.py, src/evaluation/compute_metrics.py).
+
+    judge: `unified_llm_judge_base_prompt`, slots `<question>`, `<rubric_item>`, `<llm_response>`; answer:
+    `answer_generation_for_rag`, slots `<context>`, `<question>`; equivalence_system and equivalence_user:
+    `llm_equivalence`'s system message and its user f-string, the latter as literal pieces between which the
+    two snippets go (`first_paragraph`, then `second_paragraph`, as the f-string places them)."""
+
+    judge: str
+    answer: str
+    equivalence_system: str
+    equivalence_user: tuple[tuple[str, str], ...]  # (literal text, slot after it: "first" | "second" | "")
+    folder: str  # the folder holding src/
+
+    @classmethod
+    def find(cls, source: str | Path) -> BeamPrompts:
+        """From the first of `prompt_candidates(source)` that holds both files; PromptError naming where it
+        looked and the command that fetches them otherwise."""
+        candidates = prompt_candidates(source)
+        for root in candidates:
+            if all((root / f).is_file() for f in BEAM_FILES.values()):
+                return cls.load(root)
+        places = ", ".join(str(root / BEAM_FILES["prompts"]) for root in candidates)
+        raise PromptError(f"BEAM's judge and answer prompts ({BEAM_FILES['prompts']} and {BEAM_FILES['metrics']} of "
+                          f"mohammadtavakoli78/BEAM) are not at {places}: run `memfit data fetch beam` (it brings them "
+                          "at the pinned commit, checksum-verified), or choose reader.protocol=paper and "
+                          "eval.judge.prompt=paper")
+
+    @classmethod
+    def load(cls, root: str | Path) -> BeamPrompts:
+        """Parse the two files under `root` (the folder holding src/); parsed once per process while neither
+        file changes (their size and mtime are part of the memo's key)."""
+        folder = Path(root).resolve()
+        stamps = tuple((s.st_size, s.st_mtime_ns) for s in ((folder / f).stat() for f in BEAM_FILES.values()
+                                                           if (folder / f).is_file()))
+        return _beam_prompts(str(folder), stamps)
+
+    def judge_text(self, question: str | None, rubric_item: str, response: str) -> str:
+        """One rubric item's judge prompt: the slots filled in one pass (a value that holds `<rubric_item>`
+        stays as written); question None leaves `<question>` in, as compute_metrics.py sends it."""
+        values = {"rubric_item": rubric_item, "llm_response": response}
+        if question is not None:
+            values["question"] = question
+        pattern = "|".join(re.escape(f"<{slot}>") for slot in values)
+        return re.sub(pattern, lambda m: values[m.group(0)[1:-1]], self.judge)
+
+    def answer_text(self, context: str, question: str) -> str:
+        values = {"context": context, "question": question}
+        return re.sub(r"<(context|question)>", lambda m: values[m.group(1)], self.answer)
+
+    def equivalence_messages(self, first: str, second: str) -> list[dict[str, str]]:
+        """llm_equivalence's two messages for one (reference item, response line) pair."""
+        values = {"first": first, "second": second, "": ""}
+        user = "".join(text + values[slot] for text, slot in self.equivalence_user)
+        return [{"role": "system", "content": self.equivalence_system}, {"role": "user", "content": user}]
+
+
+def prompt_candidates(source: str | Path) -> list[Path]:
+    """Where BEAM's src/ is looked for, first hit wins: beside the loaded data (its conversation, split and
+    beam/ folders), $MEMFIT_DATA_DIR/beam, the fetch cache's beam/ (where `memfit data fetch beam` puts it)."""
+    roots = prompt_roots(source)
+    if os.environ.get("MEMFIT_DATA_DIR"):
+        roots.append(Path(os.environ["MEMFIT_DATA_DIR"]).expanduser() / BEAM)
+    roots.append(cache_dir() / BEAM)
+    return list(dict.fromkeys(roots))
+
+
+def _constant_text(node: ast.AST | None) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _module_string(path: Path, name: str) -> str:
+    """The string a module-level `name = "..."` assigns in `path` (parsed, never run)."""
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            text = _constant_text(node.value)
+            if text is None:
+                raise PromptError(f"{path}: {name} is not a string literal")
+            return text
+    raise PromptError(f"{path}: no module-level {name} = \"...\" (not the BEAM file memfit reads)")
+
+
+def _message_content(function: ast.FunctionDef, variable: str, path: Path) -> ast.AST:
+    """The `content` value of the dict literal `variable = {"role": ..., "content": ...}` in `function`."""
+    for node in ast.walk(function):
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            for key, value in zip(node.value.keys, node.value.values, strict=True):
+                if _constant_text(key) == "content":
+                    return value
+    raise PromptError(f"{path}: {function.name} has no {variable} = {{..., \"content\": ...}}")
+
+
+def _equivalence(path: Path) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """llm_equivalence's system text and its user f-string as (literal, slot) pieces."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    function = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == BEAM_EQUIVALENCE), None)
+    if function is None:
+        raise PromptError(f"{path}: no function {BEAM_EQUIVALENCE} (not the BEAM file memfit reads)")
+    system = _constant_text(_message_content(function, "system_msg", path))
+    if system is None:
+        raise PromptError(f"{path}: {BEAM_EQUIVALENCE}'s system message is not a string literal")
+    user = _message_content(function, "user_msg", path)
+    arguments = [a.arg for a in function.args.args]
+    slots = {arguments[0]: "first", arguments[1]: "second"} if len(arguments) >= 2 else {}
+    parts = user.values if isinstance(user, ast.JoinedStr) else [user]
+    pieces: list[tuple[str, str]] = []
+    text = ""
+    for part in parts:
+        literal = _constant_text(part)
+        if literal is not None:
+            text += literal
+        elif (isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id in slots
+              and part.conversion == -1 and part.format_spec is None):
+            pieces.append((text, slots[part.value.id]))
+            text = ""
+        else:
+            raise PromptError(f"{path}: {BEAM_EQUIVALENCE}'s user message holds {ast.unparse(part)!r}: memfit reads "
+                              f"only literal text and the {' and '.join(slots) or 'two snippet'} parameters")
+    pieces.append((text, ""))
+    if sorted(slot for _, slot in pieces if slot) != ["first", "second"]:
+        raise PromptError(f"{path}: {BEAM_EQUIVALENCE}'s user message must place each snippet once")
+    return system, tuple(pieces)
+
+
+@lru_cache(maxsize=8)
+def _beam_prompts(root: str, stamps: tuple[tuple[int, int], ...]) -> BeamPrompts:
+    folder = Path(root)
+    prompts_file, metrics_file = folder / BEAM_FILES["prompts"], folder / BEAM_FILES["metrics"]
+    try:
+        judge = _module_string(prompts_file, BEAM_JUDGE_PROMPT)
+        answer = _module_string(prompts_file, BEAM_ANSWER_PROMPT)
+        system, user = _equivalence(metrics_file)
+    except SyntaxError as exc:
+        raise PromptError(f"{exc.filename}: not Python source memfit can parse (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{prompts_file} or {metrics_file}: not UTF-8 text ({exc})") from None
+    for name, text, slots in ((BEAM_JUDGE_PROMPT, judge, ("<rubric_item>", "<llm_response>")),
+                              (BEAM_ANSWER_PROMPT, answer, ("<context>", "<question>"))):
+        missing = [slot for slot in slots if slot not in text]
+        if missing:
+            raise PromptError(f"{prompts_file}: {name} lacks {', '.join(missing)}")
+    return BeamPrompts(judge, answer, system, user, str(folder))
+
+
 def resolve_protocol(protocol: str, benchmark: str) -> str:
     """`auto` = the benchmark's official protocol (its BenchmarkSpec: MemGallery's own prompts for
     MemGallery), the paper's for a benchmark memfit does not know."""
@@ -143,10 +304,11 @@ def image_note(n_images: int, question_image: bool) -> str:
 def build_answer_messages(question: str, excerpts_text: str, question_date: str | None = None,
                           category: str | None = None, protocol: str = "paper", images: Sequence[str] = (),
                           *, question_image: bool = False, memgallery_dir: str | Path | None = None,
-                          prompt: str = "answer.txt") -> list[dict[str, str]]:
+                          prompt: str = "answer.txt", beam_prompts: BeamPrompts | None = None) -> list[dict[str, str]]:
     """Chat messages for one answer call. `images` are the paths sent with the request, in order; with
     `question_image` the first of them is the question's own image. The protocol must be resolved
-    (`resolve_protocol`) first: paper | memgallery."""
+    (`resolve_protocol`) first: paper | memgallery | beam (BEAM's answer_generation_for_rag, as BEAM's
+    retrieval baselines send it: one message, the excerpts as its <context>)."""
     note = image_note(len(images), question_image)
     if protocol == "paper":
         template = load_prompt("answer_multimodal.txt" if images and prompt == "answer.txt" else prompt)
@@ -161,6 +323,11 @@ def build_answer_messages(question: str, excerpts_text: str, question_date: str 
         text = fill(load_prompt("answer_memgallery.txt"), excerpts=excerpts_text, question=question,
                     question_date=question_date, image_note=note, instruction=instruction)
         return [{"role": "system", "content": official.system}, {"role": "user", "content": text}]
+    if protocol == "beam":
+        if beam_prompts is None:
+            raise PromptError("protocol 'beam' needs BEAM's prompts (BeamPrompts: `memfit data fetch beam`)")
+        context = excerpts_text if not note else f"{note}\n{excerpts_text}"
+        return [{"role": "user", "content": beam_prompts.answer_text(context, question)}]
     raise ValueError(f"answer protocol {protocol!r} is not one of {', '.join(PROTOCOLS)} (resolve 'auto' first)")
 
 

@@ -22,8 +22,9 @@ from memfit_gpu.render import csv_text, markdown_table
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import PointState, read_sweep_record
 
-METRIC_COLUMNS = ("f1", "bleu1", "judge", "pack_hit", "questions")
-PERCENT_COLUMNS = ("f1", "bleu1", "judge", "pack_hit")
+# beam: BEAM's Average (the mean of its abilities' rubric-judge scores, metrics.json `beam`), on BEAM's points
+METRIC_COLUMNS = ("f1", "bleu1", "judge", "beam", "pack_hit", "questions")
+PERCENT_COLUMNS = ("f1", "bleu1", "judge", "beam", "pack_hit")
 TEXT_COLUMNS = ("point", "status", "metric")  # left-aligned; sweep keys are too (their values may be text)
 
 
@@ -67,14 +68,16 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
             row["bleu1"] = get_path(metrics, "average", variant, "bleu1")
             judge = get_path(metrics, "average", "judge")
             row["judge"] = judge if judge is not None else get_path(metrics, "overall", "judge")
+            row["beam"] = get_path(metrics, "beam", "average")
             pack_hit = get_path(metrics, "retrieval", "overall", "pack_hit")
             row["pack_hit"] = pack_hit if pack_hit is not None else pack_hit_rate(point_dir / "predictions.jsonl")
             row["questions"] = metrics.get("questions")
         rows.append(row)
     columns = ["point", *keys, "status", "metric", *METRIC_COLUMNS]
-    # a judge column with no judge anywhere is noise
-    if all(r.get("judge") is None for r in rows):
-        columns.remove("judge")
+    # a judge (or BEAM) column with no judge (or BEAM point) anywhere is noise
+    for column in ("judge", "beam"):
+        if all(r.get(column) is None for r in rows):
+            columns.remove(column)
     return columns, rows
 
 
