@@ -1016,6 +1016,36 @@ def stage_memory(ctx: Context) -> None:
         m["longmemeval_m_bm25"] = synthetic
         m["checks"]["every_question_found_rows"] = bool((found[1][:, 0] >= 0).all())
         ctx.placed("longmemeval_m_bm25_index", index.device, movable=index)
+
+    # BEAM-10M shape: one synthetic conversation of ~21,000 messages (data/synth.py beam-10m; the quick run:
+    # the 100K shape), its BM25 index on the device and its 20 questions searched, with random unit
+    # vectors of its messages in a dense index on the device, searched by vectors near the gold messages
+    with ctx.part("beam_10m"):
+        like = "beam-100k" if ctx.quick else "beam-10m"
+        base = _reset_peaks(ctx)
+        start = time.perf_counter()
+        memory = next(iter_memories(like, 20, seed=0, embedding_dim=384))
+        generated_s = time.perf_counter() - start
+        memory_turns = memory.turns()
+        index = BM25Index(device=ctx.device)
+        build_s, _ = ctx.timed(lambda: index.add(tokenize_many([t.text for t in memory_turns]),
+                                                 [0] * len(memory_turns)))
+        queries = [tokenize(q.question) for q in memory.questions]
+        search_s, found = ctx.timed(lambda: index.search(queries, [0] * len(queries), SCAN_K))
+        vectors = torch.as_tensor(memory.extra["embeddings"], device=ctx.device)
+        asked = torch.as_tensor(np.stack([q.extra["embedding"] for q in memory.questions]), device=ctx.device)
+        dense_s, top = ctx.timed(lambda: torch.topk(asked @ vectors.T, SCAN_K, dim=1))
+        positions = {t.turn_id: i for i, t in enumerate(memory_turns)}
+        gold = [positions[q.evidence[0]] for q in memory.questions]
+        m["beam_10m"] = {
+            "like": like, "messages": len(memory_turns), "questions": len(memory.questions),
+            "words": int(sum(len(t.text.split()) for t in memory_turns)), "generate_s": generated_s,
+            "bm25_build_s": build_s, "bm25_search_s": search_s, "dense_search_s": dense_s,
+            "postings": int(index._post_term.size), "bm25_tensor_bytes": _bm25_tensor_bytes(index),
+            "bm25_gold_in_top": int(sum(g in found[1][i].tolist() for i, g in enumerate(gold))),
+            "dense_gold_in_top": int(sum(g in top.indices[i].tolist() for i, g in enumerate(gold))),
+            "gpu": _gpu_memory(ctx, base), "host": host_memory()}
+        m["checks"]["beam_every_question_found_rows"] = bool((found[1][:, 0] >= 0).all())
     if not ctx.on_gpu:
         m["skipped"]["gpu_memory"] = "CPU run: host memory only"
 

@@ -99,14 +99,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fetch.set_defaults(func=_fetch)
 
     synth = actions.add_parser(
-        "synth", help="write a seeded synthetic LongMemEval-format file (memfit_gpu/data/synth.py)",
+        "synth", help="write a seeded synthetic benchmark: LongMemEval-format file or BEAM folders (data/synth.py)",
         description="A seeded synthetic benchmark shaped like LongMemEval S or M (or with LoCoMo-sized "
         "haystacks), one gold evidence turn per question, in the LongMemEval JSON layout that "
-        "`--benchmark longmemeval --data FILE` reads. Streamed memory by memory.",
+        "`--benchmark longmemeval --data FILE` reads (streamed memory by memory); or shaped like BEAM "
+        "(beam-100k: the real 100K split's message lengths; beam-10m: ~21,000 messages a conversation, in "
+        "plans as BEAM-10M), written in BEAM's repository layout that `--benchmark beam --data DIR` reads.",
     )  # fmt: skip
-    synth.add_argument("--like", required=True, choices=("longmemeval-s", "longmemeval-m", "locomo"))
-    synth.add_argument("--out", required=True, help="JSON file to write")
-    synth.add_argument("--questions", type=int, default=50, help="questions (each with its own haystack)")
+    synth.add_argument("--like", required=True, choices=("longmemeval-s", "longmemeval-m", "locomo", "beam-100k",
+                                                         "beam-10m"))
+    synth.add_argument("--out", required=True, help="JSON file to write (beam-*: a folder, written in BEAM's layout)")
+    synth.add_argument("--questions", type=int, default=50, help="questions (each with its own haystack; not beam-*)")
+    synth.add_argument("--conversations", type=int, default=1, help="beam-*: conversations to write (20 questions each)")
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(func=_synth)
 
@@ -154,8 +158,15 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from memfit_gpu.data.synth import write_longmemeval
+    from memfit_gpu.data.synth import write_beam, write_longmemeval
 
+    if args.like.startswith("beam"):
+        if args.conversations < 1:
+            raise UsageError(f"--conversations must be >= 1, got {args.conversations}")
+        counts = write_beam(args.out, args.like, args.conversations, args.seed)
+        print(json.dumps({"out": args.out, "like": args.like, **counts, "seed": args.seed,
+                          "read_with": f"--benchmark beam --data {args.out}"}))
+        return 0
     if args.questions < 1:
         raise UsageError(f"--questions must be >= 1, got {args.questions}")
     count = write_longmemeval(args.out, args.like, args.questions, args.seed)

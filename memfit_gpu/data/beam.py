@@ -46,13 +46,14 @@ import re
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tqdm import tqdm
 
 from memfit_gpu.data._read import check_turns, read_json
 from memfit_gpu.data.schema import Benchmark, DataError, Memory, Question, Session, Turn
-from memfit_gpu.data.spec import BenchmarkSpec
+from memfit_gpu.data.spec import BenchmarkSpec, PublishedShape
 
 NAME = "beam"
 SPLITS: tuple[str, ...] = ("100K", "500K", "1M", "10M")  # the hub's split names (the repository's chats/ folders)
@@ -494,6 +495,17 @@ SPEC = BenchmarkSpec(
     fetchable=True, splits=SPLITS, default_split=DEFAULT_SPLIT, categories=dict(ABILITIES),
     category_source="the ability keys of probing_questions.json, named as mohammadtavakoli78/BEAM README.md "
                     "'Probing Questions Types' names them; src/evaluation/report_results.py column_names orders them",
-    averaging="category_mean", protocol="beam", judge="beam",
+    averaging="category_mean", protocol="beam", judge="beam", shapes=MappingProxyType({
+        # the 100K split as counted in ../shared; the others from the BEAM paper's 100 conversations (20, 35,
+        # 35 and 10 a split, 20 questions each), messages a conversation scaled from the 100K split's 287 per
+        # 128K tokens (data/synth.py beam-*), BM25 tokens a message as measured on the 100K split
+        "100K": PublishedShape("beam-100k", memories=20, questions=400, tokens_per_episode=310.4, episodes=5732),
+        "500K": PublishedShape("beam-500k", memories=35, questions=700, tokens_per_episode=310.4,
+                               note="messages per conversation scaled from the 100K split"),
+        "1M": PublishedShape("beam-1m", memories=35, questions=700, tokens_per_episode=310.4, sample_memories=2,
+                             note="messages per conversation scaled from the 100K split"),
+        "10M": PublishedShape("beam-10m", memories=10, questions=200, tokens_per_episode=310.4, sample_memories=1,
+                              note="messages per conversation scaled from the 100K split"),
+    }),
     units={"memories": "conversations", "sessions": "batches", "turns": "messages", "category": "ability"},
 )

@@ -1,4 +1,4 @@
-"""Seeded synthetic benchmarks shaped like LongMemEval (S, M) or LoCoMo, in the package's own schema.
+"""Seeded synthetic benchmarks shaped like LongMemEval (S, M), LoCoMo or BEAM, in the package's own schema.
 
     for memory in iter_memories("longmemeval-m", n_questions=500, seed=0):   # one memory at a time
         ...
@@ -11,8 +11,17 @@ For scale work (kernels, benchmarks, the M regime) where the real M file is not 
     longmemeval-s   50 +- 5             ~11 (8-14)        user 18, assistant 70                1
     longmemeval-m   500 +- 20           ~11 (8-14)        user 18, assistant 70                1
     locomo          19-32               16-28             18 both                              154 (1 in files)
+    beam-100k       3                   58-70             user 39 (s 0.59), asst. 567 (s 0.38) 20
+    beam-500k       17-19               58-70             (as beam-100k)                       20
+    beam-1m         34-36               58-70             (as beam-100k)                       20
+    beam-10m        325-345             58-70             user 39 (s 0.59), asst. 567 (s 0.38) 20
 
-so S has ~550 turns a question and M ~5,500 (500 questions: ~2.75M turns). Words come from a Zipf
+so S has ~550 turns a question and M ~5,500 (500 questions: ~2.75M turns). The BEAM shapes are the real
+100K split's (../shared/data/beam/100K, measured: 2,866 user and 2,866 assistant messages, words per message
+median 39 and 567, log standard deviation 0.59 and 0.38; 3 batches of ~63 messages per conversation, about
+153k tokens at 4 characters a token); beam-10m has about 110 times its batches: ~21,000 messages and ~6.6M
+words (~10M tokens of a reader's tokenizer), as a BEAM-10M conversation, written in plans of 30 batches as
+the 10M split is. Words per message use the shape's log standard deviation (0.6 for the others). Words come from a Zipf
 (s = 1.07) law over a 30,000-word pseudo-word vocabulary. Each question has one gold evidence turn,
 a user turn holding a fact ("my <w1> <w2> is <w3>") built from rare words; the question asks for it
 ("What is my <w1> <w2>?", answer <w3>) and `Question.evidence` names that turn.
@@ -29,7 +38,11 @@ normalised sum of its tokens'. Deterministic and independent of the batch, so it
 rebuilds exactly comparable.
 
 Files: `write_longmemeval` writes the LongMemEval JSON layout (one record per question, each its own
-haystack) that `memfit_gpu.data.longmemeval` reads back into the same memories (embeddings aside).
+haystack) that `memfit_gpu.data.longmemeval` reads back into the same memories (embeddings aside);
+`write_beam` writes the BEAM repository's layout (`<id>/chat.json`, `<id>/probing_questions/
+probing_questions.json`; batches of turns of a user message and the assistant's reply, integer message
+ids, time anchors, the `->-> b,t` marker on user messages; questions per ability with a one-item rubric
+and `source_chat_ids`) that `memfit_gpu.data.beam` reads.
 """
 
 from __future__ import annotations
@@ -51,7 +64,7 @@ from memfit_gpu.data._read import parse_longmemeval_date
 from memfit_gpu.data.schema import Benchmark, Memory, Question, Session, Turn
 from memfit_gpu.index.tokenize import tokenize
 
-__all__ = ["LIKES", "HashEncoder", "iter_memories", "synth_benchmark", "write_longmemeval"]
+__all__ = ["LIKES", "HashEncoder", "iter_memories", "synth_benchmark", "write_beam", "write_longmemeval"]
 
 VOCABULARY = 30_000
 ZIPF_EXPONENT = 1.07
@@ -60,6 +73,11 @@ _SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "lo", "ni", "da", "ve", "pu", 
               "ru", "le", "ti", "no", "ka", "su", "we", "yo", "bi", "de", "po", "xa", "ji", "cu")
 _QUESTION_TYPES = ("single-session-user", "multi-session", "knowledge-update", "temporal-reasoning")
 _LOCOMO_CATEGORIES = ("1", "2", "3", "4")
+# BEAM's ten abilities (data/beam.py ABILITIES), named here to keep synth below the loaders
+_BEAM_ABILITIES = ("abstention", "contradiction_resolution", "event_ordering", "information_extraction",
+                   "instruction_following", "knowledge_update", "multi_session_reasoning", "preference_following",
+                   "summarization", "temporal_reasoning")
+BEAM_PLAN_BATCHES = 30  # batches per plan in a beam-10m chat.json (the 10M split holds 10 plans)
 _START = datetime(2023, 1, 2, 9, 0)
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -72,12 +90,18 @@ class Shape:
     assistant_words: float
     questions_per_memory: int
     prefix: str
+    user_sigma: float = 0.6  # log standard deviation of a user turn's words
+    assistant_sigma: float = 0.6
 
 
 LIKES = {
     "longmemeval-s": Shape((45, 55), (8, 14), 18.0, 70.0, 1, "lme-s"),
     "longmemeval-m": Shape((480, 520), (8, 14), 18.0, 70.0, 1, "lme-m"),
     "locomo": Shape((19, 32), (16, 28), 18.0, 18.0, 154, "locomo"),
+    "beam-100k": Shape((3, 3), (58, 70), 39.0, 567.0, 20, "beam-100k", 0.59, 0.38),
+    "beam-500k": Shape((17, 19), (58, 70), 39.0, 567.0, 20, "beam-500k", 0.59, 0.38),
+    "beam-1m": Shape((34, 36), (58, 70), 39.0, 567.0, 20, "beam-1m", 0.59, 0.38),
+    "beam-10m": Shape((325, 345), (58, 70), 39.0, 567.0, 20, "beam-10m", 0.59, 0.38),
 }
 
 
@@ -128,7 +152,8 @@ def _memory(like: str, shape: Shape, index: int, n_questions: int, seed: int, em
     n_turns = int(turns_per.sum())
     is_user = np.concatenate([np.arange(n) % 2 == 0 for n in turns_per])
     median = np.where(is_user, shape.user_words, shape.assistant_words)
-    lengths = np.maximum(1, np.round(median * rng.lognormal(0.0, 0.6, size=n_turns))).astype(np.int64)
+    sigma = np.where(is_user, shape.user_sigma, shape.assistant_sigma)
+    lengths = np.maximum(1, np.round(median * np.exp(sigma * rng.standard_normal(n_turns)))).astype(np.int64)
     words = _words(rng, int(lengths.sum()))
     cuts = np.cumsum(lengths)[:-1]
     texts = [" ".join(chunk) for chunk in np.split(words, cuts)]
@@ -166,7 +191,7 @@ def _memory(like: str, shape: Shape, index: int, n_questions: int, seed: int, em
     asked = _START + timedelta(minutes=int(minutes[-1]) + 24 * 60)
     question_date_text = _date_text(asked)
     question_date = parse_longmemeval_date(question_date_text)
-    kinds = _LOCOMO_CATEGORIES if like == "locomo" else _QUESTION_TYPES
+    kinds = _LOCOMO_CATEGORIES if like == "locomo" else _BEAM_ABILITIES if like.startswith("beam") else _QUESTION_TYPES
     questions = []
     for j, (turn, (w1, w2, w3)) in enumerate(zip(gold.tolist(), facts, strict=True)):
         questions.append(Question(
@@ -239,6 +264,67 @@ def write_longmemeval(path: str | Path, like: str, n_questions: int, seed: int =
         fh.write("\n]\n")
     os.replace(part, path)
     return count
+
+
+def _beam_chat(memory: Memory, plans: bool) -> tuple[list[Any], dict[str, int]]:
+    """`memory` as a BEAM chat.json (batches of [user message, assistant reply] turns; integer message ids
+    in order; in plans of BEAM_PLAN_BATCHES batches for beam-10m) and each turn id's message id."""
+    ids: dict[str, int] = {}
+    batches = []
+    for b, session in enumerate(memory.sessions):
+        anchor = f"{datetime.fromisoformat(session.timestamp):%B-%d-%Y}"
+        turns: list[list[dict[str, Any]]] = []
+        for t, turn in enumerate(session.turns):
+            ids[turn.turn_id] = len(ids)
+            message: dict[str, Any] = {"role": turn.speaker, "id": ids[turn.turn_id], "content": turn.text}
+            if turn.speaker == "user":
+                index = f"{b + 1},{len(turns) + 1}"
+                message.update(content=f"{turn.text} ->-> {index}", index=index, question_type="main_question")
+                if not turns:
+                    message["time_anchor"] = anchor
+                turns.append([message])
+            elif turns:
+                turns[-1].append(message)
+            else:  # a batch that starts with the assistant: a turn of its own
+                turns.append([message])
+            del t
+        batches.append({"batch_number": b + 1, "time_anchor": anchor, "turns": turns})
+    if not plans:
+        return batches, ids
+    chunks = [batches[i:i + BEAM_PLAN_BATCHES] for i in range(0, len(batches), BEAM_PLAN_BATCHES)]
+    return [{f"plan-{p + 1}": chunk} for p, chunk in enumerate(chunks)], ids
+
+
+def write_beam(folder: str | Path, like: str = "beam-10m", conversations: int = 1, seed: int = 0) -> dict[str, int]:
+    """Write `conversations` seeded BEAM-shaped conversations in the BEAM repository's layout under `folder`
+    (`<n>/chat.json`, `<n>/probing_questions/probing_questions.json`, n from 1); each file is written
+    beside its place and renamed, so a killed write leaves no partial file. Returns the counts written."""
+    if not like.startswith("beam"):
+        raise ValueError(f"write_beam: like={like!r} is not a BEAM shape ({', '.join(k for k in LIKES if k.startswith('beam'))})")
+    shape = _shape(like)
+    folder = Path(folder)
+    counts = {"conversations": 0, "messages": 0, "questions": 0, "characters": 0}
+    for index in range(conversations):
+        memory = _memory(like, shape, index, shape.questions_per_memory, seed, None)
+        chat, ids = _beam_chat(memory, plans=like == "beam-10m")
+        probing: dict[str, list[dict[str, Any]]] = {}
+        for question in memory.questions:
+            probing.setdefault(question.category, []).append({
+                "question": question.question, "answer": question.answer,
+                "rubric": [f"States that it is {question.answer}"],
+                "source_chat_ids": [ids[t] for t in question.evidence], "difficulty": "easy"})
+        target = folder / str(index + 1)
+        (target / "probing_questions").mkdir(parents=True, exist_ok=True)
+        for path, data in ((target / "chat.json", chat), (target / "probing_questions" / "probing_questions.json", probing)):
+            part = path.with_name(path.name + ".part")
+            part.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+            os.replace(part, path)
+        turns = memory.turns()
+        counts["conversations"] += 1
+        counts["messages"] += len(turns)
+        counts["questions"] += len(memory.questions)
+        counts["characters"] += sum(len(t.text) for t in turns)
+    return counts
 
 
 class HashEncoder:

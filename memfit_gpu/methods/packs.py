@@ -70,3 +70,8 @@ def write_packs(out: Path, rows: Sequence[dict[str, Any]], diagnostics: dict[str
     atomic_write_text(out / PACKS, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     faults.point("packs")
     return {row["question_id"]: row for row in rows}
+
+
+def read_diagnostics(out: str | Path) -> dict[str, Any]:
+    """The diagnostics.json a run or `memfit retrieve` wrote in `out` (hit@k, pack hit, MRR, ...)."""
+    return json.loads((Path(out) / DIAGNOSTICS).read_text(encoding="utf-8"))
