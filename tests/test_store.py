@@ -575,8 +575,9 @@ def test_compact_forgets_deleted_turns_everywhere_and_searches_the_same(tmp_path
     before = _keyed(store, bi_encoder, QUERIES, memories)
     live_turns = store.turn_id[~store.deleted].tolist()
     counts = store.compact()
-    assert counts == {"records_before": 18, "episodes_before": 7, "summaries_before": 2,
-                      "records_after": 12, "episodes_after": 6, "summaries_after": 1}
+    assert counts == {"records_before": 18, "episodes_before": 7, "summaries_before": 2, "memories_before": 2,
+                      "records_after": 12, "episodes_after": 6, "summaries_after": 1, "memories_after": 2}
+    assert store.erased == []  # both memories keep turns: none is gone
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["store"]  # nothing left beside it
     for needle in (text.encode(), text.split(" says: ")[1].encode(), vector, *retired):
         assert _files_containing(root, needle) == []
