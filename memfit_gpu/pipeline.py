@@ -69,6 +69,7 @@ from memfit_gpu.readers.prompts import (
 )
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.readers.types import Request
+from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -180,11 +181,26 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConf
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
+        if tracker.enabled:
+            _log_report(tracker, out)
     finally:
         tracker.finish()
     atomic_write_text(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     faults.point("DONE")
     return metrics
+
+
+def _log_report(tracker: Tracker, out: Path) -> None:
+    """The W&B run gets `memfit report`'s per-question table (the viewer's records: outcome, evidence ranks, pack
+    hit) and the report of this run (DIR/report.html) as an artifact. The run's results are complete by now, so
+    a report that cannot be made is a warning, not a failed run."""
+    try:
+        report = build_report([out], out / "report.html")
+        tracker.log_table("questions", *question_table(question_records(read_run(out, out.name))))
+    except ReportError as exc:
+        log.warning("W&B gets no report of %s: %s", out, exc)
+        return
+    tracker.log_files("report", [report.path])
 
 
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
