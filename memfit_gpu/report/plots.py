@@ -75,6 +75,7 @@ def attribution_bars(categories: Sequence[str], labels: Sequence[str], runs: Seq
                 bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
             ax.set_xticks(range(len(categories)), labels, rotation=20, ha="right")
             ax.set_title(run)
+            ax.yaxis.get_major_locator().set_params(integer=True)  # counts of questions
         axes[0].set_ylabel("questions")
         axes[-1].legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
