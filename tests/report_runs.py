@@ -41,6 +41,7 @@ class FakeQuestion:
     ranked: list[str] = field(default_factory=list)  # turn ids in rank order (default: the excerpts' order)
     selected: int | None = None  # how many of the excerpts were chosen on their own merit (default all)
     judge: bool | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # the method's own pack row fields (None drops `ranked`)
 
 
 def write_run(out: Path, questions: Sequence[FakeQuestion], benchmark: str = "locomo",
@@ -71,6 +72,8 @@ def write_run(out: Path, questions: Sequence[FakeQuestion], benchmark: str = "lo
                       "excerpts": "\n".join(f"EXCERPT {i} (recorded 8 May 2023): {text}"
                                             for i, (_, text) in enumerate(q.excerpts, start=1)),
                       "retrieval": record})
+        packs[-1].update(q.fields)
+        packs[-1] = {k: v for k, v in packs[-1].items() if v is not None}
     metrics = summarize(predictions, judge=cfg.eval.judge.enabled, benchmark=benchmark, n_boot=50)
     metrics.update(name=out.name, benchmark=benchmark, method=cfg.method, questions=len(questions),
                    metric_variant="paper")

@@ -12,6 +12,7 @@ import pytest
 from report_runs import FakeQuestion, write_run  # tests/ is on sys.path
 
 from memfit_gpu.cli import main
+from memfit_gpu.evaluate.tables import category_name
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
 from memfit_gpu.report.build import TABLE_COLUMNS, _segments, excerpt_blocks
 
@@ -69,6 +70,49 @@ def test_a_memgallery_run_shows_its_image_ids_and_category_names(tmp_path: Path)
     assert "visual-centric search (VS)" in page  # the benchmark's category names
     (record,) = question_records(read_run(run, "mg"))
     assert (record["outcome"], record["ranks"], record["pack_hit"]) == ("correct", {"D1:1": 1}, True)
+
+
+@pytest.mark.parametrize("benchmark, categories", [
+    ("locomo", ["1", "2", "3", "4"]), ("longmemeval", ["temporal-reasoning", "knowledge-update"]),
+    ("memgallery", ["TTL", "VS"]), ("jsonl", ["my label", "another"]), ("beam", ["abstention", "event_ordering"])])
+def test_every_benchmark_gets_its_category_names(tmp_path: Path, benchmark: str, categories: list[str]) -> None:
+    questions = [FakeQuestion(f"q{i}", c, "x", "x" if i % 2 else "y", ["t0"], [("t0", "a turn"), ("t1", "b")],
+                              judge=bool(i % 2)) for i, c in enumerate(categories * 2)]
+    run = write_run(tmp_path / benchmark, questions, benchmark=benchmark, overrides=["eval.judge.enabled=true"])
+    page = build_report([run], tmp_path / "r.html").path.read_text()
+    for c in categories:
+        name = category_name(c, benchmark)
+        assert f'<option value="{c}">{name}{"" if name == c else f" ({c})"}</option>' in page
+    # judged: correct is the verdict (the odd questions), the others' evidence was packed
+    outcomes = re.findall(r'<section class="answer" data-run="0" data-outcome="(\w+)"', page)
+    assert outcomes == ["reader_missed", "correct"] * len(categories)
+
+
+def test_every_methods_rows_in_one_report(tmp_path: Path) -> None:
+    """memfit, naive_rag (chunks), full_context (no ranking, a truncation) and lightmem_slm (no turn ranking) side by
+    side: each gets its ranks, its notes and its outcome; the first is the others' baseline."""
+    turns = [("D1:1", "Speaker A says: one"), ("D1:2", "Speaker B says: two")]
+    base = dict(category="1", gold="two", prediction="no", evidence=["D1:2"], excerpts=turns)
+    runs = [
+        write_run(tmp_path / "memfit", [FakeQuestion("q0", **base, selected=1)]),
+        write_run(tmp_path / "naive_rag", [FakeQuestion("q0", **base, fields={
+            "ranked": None, "method": "naive_rag",
+            "chunks": [{"chunk": 0, "turn_ids": ["D1:1"]}, {"chunk": 1, "turn_ids": ["D1:2"]}]})],
+            overrides=["method=naive_rag"]),
+        write_run(tmp_path / "full_context", [FakeQuestion("q0", **{**base, "excerpts": turns[:1]}, fields={
+            "ranked": None, "method": "full_context",
+            "method_notes": {"truncation": {"turns": 2, "turns_kept": 1, "turns_dropped": 1, "first_kept_turn": "D1:1",
+                                            "bound": "reader.max_prompt_chars=10"}}})], overrides=["method=full_context"]),
+        write_run(tmp_path / "lightmem", [FakeQuestion("q0", **{**base, "excerpts": turns[:1]}, fields={
+            "ranked": None, "method": "lightmem_slm", "lightmem": {"hqs": [], "items": []}})],
+            overrides=["method=lightmem_slm"]),
+    ]
+    page = build_report(runs, tmp_path / "r.html").path.read_text()
+    answers = re.findall(r'<section class="answer" data-run="(\d)" data-outcome="(\w+)"', page)
+    assert answers == [("0", "cut_from_pack"), ("1", "reader_missed"), ("2", "cut_from_pack"), ("3", "not_retrieved")]
+    assert "<td>turn rank 2</td>" in page and "<td>chunk rank 2</td>" in page and page.count("<td>no ranking</td>") == 2
+    assert "1 of 2 turns dropped to fit the reader (first kept: D1:1; bound reader.max_prompt_chars=10)" in page
+    assert page.count('<table class="comparison"') == 3
 
 
 @pytest.mark.slow
