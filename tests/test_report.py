@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from report_runs import FakeQuestion, write_run  # tests/ is on sys.path
+from report_runs import REPO, FakeQuestion, write_run  # tests/ is on sys.path
 
 from memfit_gpu.cli import main
 from memfit_gpu.evaluate.tables import category_name
@@ -147,6 +149,32 @@ def test_the_wandb_table_is_the_viewers_records(tmp_path: Path) -> None:
     assert [row[columns.index("outcome")] for row in rows] == [r["outcome"] for r in records]
     assert rows[1][columns.index("evidence_ranks")] == "t1 turn rank 2"
     assert rows[0][columns.index("evidence")] == "" and rows[0][columns.index("pack_hit")] is None
+
+
+def test_the_latency_percentiles_of_a_bench_online_json(tmp_path: Path) -> None:
+    """experiments/bench_online.py's own table (method_table over its replays) and concurrency levels, as its JSON
+    holds them: a table and a figure of P50 / P95 / P99 per kind of call, and the concurrent P95."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    import bench_online  # the script's own shapes: what its JSON holds
+
+    def timed(ms: list[float]) -> dict[str, Any]:
+        return bench_online.percentiles([m / 1000 for m in ms])
+
+    replays = {"memfit": {"api": {"insert": timed([4, 5, 6]), "search": timed([10, 12, 30]), "e2e": timed([900, 1000])},
+                          "http": {"insert": timed([6, 7, 8]), "search": timed([14, 15, 40]), "e2e": None}}}
+    levels = [{"clients": n, "batched": {"p95_ms": 20.0 * n}, "unbatched": {"p95_ms": 30.0 * n}} for n in (1, 4, 16)]
+    online = tmp_path / "online.json"
+    online.write_text("progress\n" + json.dumps({"conversations": 1, "turns": 419, "questions": 152, "cpus": 2,
+                                                 "replay": replays, "table": bench_online.method_table(replays),
+                                                 "concurrency": {"levels": levels}}) + "\n")
+    run = write_run(tmp_path / "a", _questions(3, 2, "t"))
+    page = build_report([run], tmp_path / "r.html", online=online).path.read_text()
+    rows = re.findall(r"<tr><td>memfit</td><td>(api|http)</td>(.*?)</tr>", page)
+    cells = {path: re.findall(r'<td class="num">([^<]*)</td>', rest) for path, rest in rows}
+    assert cells["api"][:3] == [str(p) for p in (timed([4, 5, 6])[k] for k in ("p50_ms", "p95_ms", "p99_ms"))]
+    assert cells["http"][-3:] == ["-", "-", "-"]  # no answers through HTTP
+    figure = re.search(r'<figure id="figure-latency">(.*?)</figure>', page, re.S).group(1)
+    assert "search P95 ms" in figure and "end to end (answer)" in figure and "concurrent clients" in figure
 
 
 def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
