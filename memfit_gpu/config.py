@@ -239,6 +239,10 @@ class EvalConfig:
     # issue 24: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
     # whose evidence lies before that point, with the memory as it stood then (methods/growth.py); [] = none
     growth_points: list[int] = field(default_factory=list)
+    # Pack depths k (increasing) at which, after the run, every question is answered again on the top k of the
+    # same ranking (one answer call per question per depth, role depth_answer; the paper's Table 10 from one
+    # retrieval, memfit_gpu/depths.py); [] = the run's pack.k only
+    pack_cutoffs: list[int] = field(default_factory=list)
     beam: BeamEvalConfig = field(default_factory=BeamEvalConfig)  # BEAM's rubric and event-ordering scoring
 
 
@@ -603,6 +607,10 @@ def _check_choices(cfg: MemFitConfig, source: str) -> None:
         if point < 1 or (position and point <= cfg.eval.growth_points[position - 1]):
             raise ConfigError(f"{source}: eval.growth_points[{position}]={point} must be >= 1 and larger than the "
                               "point before it (MTM sizes in increasing order, e.g. [100,1000,5000,10000])")
+    for position, depth in enumerate(cfg.eval.pack_cutoffs):
+        if depth < 1 or (position and depth <= cfg.eval.pack_cutoffs[position - 1]):
+            raise ConfigError(f"{source}: eval.pack_cutoffs[{position}]={depth} must be >= 1 and larger than the "
+                              "depth before it (pack depths k in increasing order, e.g. [5,10,20,30])")
 
 
 def _check_ranges(cfg: MemFitConfig, source: str) -> None:

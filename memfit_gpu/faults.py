@@ -25,7 +25,8 @@ their call records committed to cache.sqlite, before the ledger.json that report
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
 lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
 gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it);
-growth.ledger, growth (a growth point's rows appended), growth.json (growth.py).
+growth.ledger, growth (a growth point's rows appended), growth.json (growth.py); depths.ledger, depths (a pack
+depth's rows appended), depths.json (depths.py).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
+from memfit_gpu.depths import check_depths, render_depths, run_depths
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
@@ -68,6 +69,7 @@ from memfit_gpu.readers.prompts import (
 )
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.readers.types import Request
+from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
 from memfit_gpu.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,7 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
             return json.loads((out / "metrics.json").read_text())
         # before config.yaml: a run refused here leaves the directory free for the corrected one
         check_growth(cfg)
+        check_depths(cfg)
         plan = check_can_start(cfg)
         _check_config(cfg, out)
         # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
@@ -178,11 +181,26 @@ def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConf
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
+        if tracker.enabled:
+            _log_report(tracker, out)
     finally:
         tracker.finish()
     atomic_write_text(out / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     faults.point("DONE")
     return metrics
+
+
+def _log_report(tracker: Tracker, out: Path) -> None:
+    """The W&B run gets `memfit report`'s per-question table (the viewer's records: outcome, evidence ranks, pack
+    hit) and the report of this run (DIR/report.html) as an artifact. The run's results are complete by now, so
+    a report that cannot be made is a warning, not a failed run."""
+    try:
+        report = build_report([out], out / "report.html")
+        tracker.log_table("questions", *question_table(question_records(read_run(out, out.name))))
+    except ReportError as exc:
+        log.warning("W&B gets no report of %s: %s", out, exc)
+        return
+    tracker.log_files("report", [report.path])
 
 
 def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
@@ -250,6 +268,16 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             with timer.stage("growth"):
                 run_growth(cfg, out, method_run, answer_requests(cfg, bench, get_reader()), ledger_saved,
                            text_encode if "sbert" in cfg.eval.text_metrics else None)
+
+        if cfg.eval.pack_cutoffs:  # the paper's Table 10: the same ranking answered at each pack depth
+            with timer.stage("depths"):
+                judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
+                try:
+                    run_depths(cfg, out, method_run, packs, answer_requests(cfg, bench, get_reader()), ledger_saved,
+                               text_encode if "sbert" in cfg.eval.text_metrics else None, judge, bench.name)
+                finally:
+                    if judge is not None:
+                        judge.close()
 
         with timer.stage("score"):
             # the weights that embedded (loaded here when a resumed run had answered everything before)
@@ -487,6 +515,8 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
         metrics["text_metrics"] = text_settings
     if (out / "growth.json").is_file():
         metrics["growth"] = json.loads((out / "growth.json").read_text())
+    if cfg.eval.pack_cutoffs:
+        metrics["depths"] = json.loads((out / "depths.json").read_text())
     if cfg.eval.judge.enabled and judge_kind(bench.name, cfg.eval.judge.prompt) == "beam":
         # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
         metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))
@@ -498,6 +528,8 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     table = render_markdown(metrics, benchmark=bench.name) + "\n" + provenance.markdown_block(record)
     if "beam" in metrics:
         table = beam_scoring.render_table(metrics["beam"], metrics["beam"]["scoring"]) + "\n" + table
+    if "depths" in metrics:
+        table += "\n" + render_depths(metrics["depths"])
     atomic_write_text(out / "results.md", table)
     faults.point("results")
     return metrics

@@ -335,8 +335,9 @@ def _expected(section: str, fields: Sequence[str], record: Mapping[str, Any], va
     return f" (expected: the runs vary {', '.join(named)})" if named else ""
 
 
-def markdown_block(record: Mapping[str, Any]) -> str:
-    """The short provenance block of results.md: commit, data hash, models, judge (the rest: provenance.json)."""
+def summary(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The short provenance summary, (what, text) pairs with Markdown `code` spans: commit, data hash, models,
+    judge, categories, changes; results.md's block (markdown_block) and the report's header (memfit report)."""
     code = record.get("code") or {}
     if code.get("commit"):
         dirty = ", uncommitted changes (diff sha256 " + _short(code.get("diff_sha256")) + ")" if code.get("dirty") else ""
@@ -356,19 +357,24 @@ def markdown_block(record: Mapping[str, Any]) -> str:
     else:
         judge_text = "off"
     categories = record.get("categories") or {}
-    lines = ["### Provenance", "",
-             f"- code: {code_text}",
-             f"- data: {data.get('benchmark')}{' split ' + data['split'] if data.get('split') else ''}: {files}; "
-             f"{quirks} data quirk{'s' if quirks != 1 else ''} handled",
-             f"- models: {models or 'none'}",
-             f"- judge: {judge_text}"]
+    items = [("code", code_text),
+             ("data", f"{data.get('benchmark')}{' split ' + data['split'] if data.get('split') else ''}: {files}; "
+                      f"{quirks} data quirk{'s' if quirks != 1 else ''} handled"),
+             ("models", models or "none"),
+             ("judge", judge_text)]
     if categories.get("map"):
         names = ", ".join(f"{k} {v}" for k, v in categories["map"].items())
-        lines.append(f"- categories: {names} (from {categories.get('source')})")
+        items.append(("categories", f"{names} (from {categories.get('source')})"))
     if record.get("changes"):
-        lines.append(f"- changed during the run ({ALLOW_FLAG}): "
-                     + "; ".join(", ".join(c["fields"]) for c in record["changes"]))
-    lines += ["", f"Everything else (packages, devices, prompt hashes, weight files): `{FILE}`."]
+        items.append((f"changed during the run ({ALLOW_FLAG})",
+                      "; ".join(", ".join(c["fields"]) for c in record["changes"])))
+    return items
+
+
+def markdown_block(record: Mapping[str, Any]) -> str:
+    """The short provenance block of results.md: commit, data hash, models, judge (the rest: provenance.json)."""
+    lines = ["### Provenance", "", *(f"- {what}: {text}" for what, text in summary(record)),
+             "", f"Everything else (packages, devices, prompt hashes, weight files): `{FILE}`."]
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ tracker.log_provenance(record)           # provenance.json's record, under `prov
 tracker.log_timings({"build": 12.3, "retrieve": 4.5})
 tracker.log_metrics(metrics_json)        # nested: logged as `overall/paper/f1`, ...
 tracker.log_predictions(rows, run_dir / "predictions.jsonl")
+tracker.log_table("questions", columns, rows)   # a table of the caller's (memfit report's per-question table)
+tracker.log_files("report", [run_dir / "report.html"])
 tracker.finish()
 ```
 
@@ -96,6 +98,9 @@ class Tracker:
     def log_predictions(self, rows: Sequence[Mapping[str, Any]], path: str | Path | None = None) -> None:
         pass
 
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        pass
+
     def log_files(self, name: str, paths: Sequence[str | Path], images: Sequence[str | Path] = ()) -> None:
         pass
 
@@ -174,6 +179,12 @@ class WandbTracker(Tracker):
                                       metadata={"questions": len(rows), "run_dir": str(self.run_dir)})
             artifact.add_file(str(path), name=Path(path).name)
             self.run.log_artifact(artifact)
+
+    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """A table the caller built (columns, one list of cells per row) as a wandb.Table under `name`."""
+        import wandb
+
+        self.run.log({name: wandb.Table(columns=list(columns), data=[[_table_cell(v) for v in row] for row in rows])})
 
     def log_files(self, name: str, paths: Sequence[str | Path], images: Sequence[str | Path] = ()) -> None:
         """Files as one artifact of type `name` (e.g. profile.json), and images shown in the run (profile.png)."""

@@ -45,6 +45,8 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
         "matplotlib",  # the plot only; selects the Agg backend first, which must not happen at import
     },
     # heavy hard dependencies, imported only by the path that needs them
+    # memfit report's figures (the Figure API, no backend chosen); memfit run imports the report for W&B only
+    "memfit_gpu/report/plots.py": {"matplotlib"},
     "memfit_gpu/evaluate/metrics.py": {"nltk"},  # the Porter stemmer: nltk takes seconds to import
     "memfit_gpu/evaluate/text_metrics.py": {"nltk", "rouge_score"},  # eval.text_metrics only; rouge_score imports nltk
     "memfit_gpu/models.py": {"huggingface_hub", "torch", "transformers"},  # preflight imports models.py

@@ -24,6 +24,7 @@ from memfit_gpu.cli import (
     mcp,
     plan,
     profile,
+    report,
     retrieve,
     run,
     serve,
@@ -53,6 +54,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": compare.__name__,
     "judge-audit": judge_audit.__name__,
     "efficiency": efficiency.__name__,
+    "report": report.__name__,
     "tables": tables.__name__,
     "sweep": sweep.__name__,
     "aggregate": aggregate.__name__,
@@ -61,8 +63,8 @@ SUBCOMMANDS: dict[str, str] = {
     "keys": keys.__name__,
     "mcp": mcp.__name__,
 }
-_MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, tables, sweep, aggregate, store, serve,
-            keys, mcp)
+_MODULES = (data, run, plan, profile, retrieve, compare, judge_audit, efficiency, report, tables, sweep, aggregate, store,
+            serve, keys, mcp)
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "one_line"]
 

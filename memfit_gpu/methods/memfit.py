@@ -24,7 +24,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
+
+import torch
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
@@ -33,8 +36,9 @@ from memfit_gpu.index.encoders import PairScorer, TextEncoder, load_bi_encoder
 from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.readers.types import Request, owner_of
-from memfit_gpu.retrieve.batched import retrieve_batch
+from memfit_gpu.retrieve.batched import RetrievalResult, packs_at, retrieve_batch
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics
+from memfit_gpu.retrieve.pool import EPISODE, SUMMARY
 from memfit_gpu.retrieve.rerank import load_reranker, reranker_info
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store.episodes import EpisodeStore
@@ -128,6 +132,32 @@ class MemFit:
             del made["memory_id"], made["question"]  # the question's own fields lead the row
             rows.append(pack_row(q, self.name, {**made, "retrieval": record}))
         return rows, diagnostics
+
+    def read_depth(self, run: MethodRun, rows: list[dict[str, Any]], k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The rows a read at pack.k=k makes, from `rows` (this method's packs.jsonl rows of run.questions, at the
+        run's pack.k): the same ranked candidates, their top k packed and quoted by the batched path's own
+        assembly (retrieve/batched.py packs_at), and their diagnostics. Nothing before the pack depends on k,
+        so this equals retrieving again at pack.k=k, without the retrieval."""
+        assert self.cfg is not None, "read_depth before write"
+        cfg = replace(self.cfg, pack=replace(self.cfg.pack, k=k))
+        view = self.view()
+        top_kind = torch.full((len(rows), k), -1, dtype=torch.long)
+        top_row = torch.full((len(rows), k), -1, dtype=torch.long)
+        for i, row in enumerate(rows):
+            for j, item in enumerate(row["ranked"][:k]):
+                top_kind[i, j] = EPISODE if item["kind"] == "episode" else SUMMARY
+                top_row[i, j] = int(item["row"])
+        results = [RetrievalResult(row["memory_id"], row["question"], row["ranked"], pack, text, row["prf_terms"],
+                                   row["reranker"], excerpt_chars_cut=cut)
+                   for row, (pack, text, cut) in zip(rows, packs_at(view, cfg, top_kind, top_row), strict=True)]
+        diagnostics, records = compute_diagnostics(results, run.questions, view, rows[0]["reranker"] if rows else None)
+        diagnostics["method"] = {**self.info(), "pack_k": k}
+        out = []
+        for q, result, record in zip(run.questions, results, records, strict=True):
+            made = result.to_json(view)
+            del made["memory_id"], made["question"]  # the question's own fields lead the row
+            out.append(pack_row(q, self.name, {**made, "retrieval": record}))
+        return out, diagnostics
 
     def view(self) -> ReadView:
         """The store's ReadView, built again only after the store changed (a live memory's writes)."""

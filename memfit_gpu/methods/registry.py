@@ -39,11 +39,14 @@ class MethodEntry:
     # a GrowthMethod (methods/base.py) with `read_at`: it reads its memory as it stood at a point of the
     # trajectory, from its one write of the whole of it (eval.growth_points, memfit_gpu/growth.py)
     growth: bool = False
+    # a DepthMethod (methods/base.py) with `read_depth`: its pack is the top pack.k of a ranking pack.k does not
+    # change, so the same ranking is packed at other depths (eval.pack_cutoffs, memfit_gpu/depths.py)
+    depths: bool = False
 
 
 REGISTRY: dict[str, MethodEntry] = {
-    "memfit": MethodEntry(MemFit, incremental=True, live=True),
-    "plain": MethodEntry(Plain, incremental=True, live=True),
+    "memfit": MethodEntry(MemFit, incremental=True, live=True, depths=True),
+    "plain": MethodEntry(Plain, incremental=True, live=True, depths=True),
     "naive_rag": MethodEntry(NaiveRAG, live=True, growth=True),
     "full_context": MethodEntry(FullContext),
     "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True),

@@ -15,17 +15,19 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
 
-Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm", "growth_answer"]
+Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm", "growth_answer",
+               "depth_answer"]
 # (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
 PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
 # Called with each group of (position, response) before it is yielded (the caching reader commits it).
 Received = Callable[[list[tuple[int, "Response"]]], None]
 # Each role's phase, which the ledger totals (issue 15): write = building memory (MemFit's summaries,
 # LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
-# query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers, issue 24).
+# query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers, issue 24; the answers at
+# the other pack depths of eval.pack_cutoffs, which the run's own read phase and its efficiency row leave out).
 ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "eval", "mtm_summary": "write",
                                "consolidate": "write", "rewrite": "read", "rerank_slm": "read",
-                               "growth_answer": "eval"}
+                               "growth_answer": "eval", "depth_answer": "eval"}
 ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
 
 

@@ -352,13 +352,21 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     info = reranker_info(cfg.rerank, reranker)
     columns = _ChunkColumns(ranked, final, raw_rerank, view.ep_turn_id)
     k = cfg.pack.k
-    packs = build_packs(ranked.kind[:, :k], ranked.row[:, :k], view, cfg.pack.context_window)
+    results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i),
+                               excerpt_chars_cut=cut)
+               for i, (pack, text, cut) in enumerate(packs_at(view, cfg, ranked.kind[:, :k], ranked.row[:, :k]))]
+    tick(timings, StageKey.PACK, clock, device)
+    return results
+
+
+def packs_at(view: ReadView, cfg: MemFitConfig, top_kind: torch.Tensor, top_row: torch.Tensor
+             ) -> list[tuple[Pack, str, int]]:
+    """SPEC read path 8-9 for a batch: per question the pack of its top candidates (top_kind / top_row [Q, k]:
+    kind 0 episode, 1 summary, anything else a pad), its excerpt text and the characters cut from it. The one
+    assembly of the batched read path and of the other pack depths of a run (eval.pack_cutoffs)."""
+    packs = build_packs(top_kind, top_row, view, cfg.pack.context_window)
     tails = view.__dict__.setdefault("_excerpt_tails", {}).setdefault(
         (cfg.pack.resolve_dates, cfg.pack.max_excerpt_chars), {})
     texts = format_excerpts_batch(packs, view, cfg.rerank.summary_suffix, cfg.pack.resolve_dates, tails,
                                   cfg.pack.max_excerpt_chars)
-    results = [RetrievalResult(memory_ids[i], questions[i], None, pack, text, prf_terms[i], info, (columns, i),
-                               excerpt_chars_cut=cut)
-               for i, (pack, (text, cut)) in enumerate(zip(packs, texts, strict=True))]
-    tick(timings, StageKey.PACK, clock, device)
-    return results
+    return [(pack, text, cut) for pack, (text, cut) in zip(packs, texts, strict=True)]
