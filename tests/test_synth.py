@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,7 +95,10 @@ def test_data_synth_command(tmp_path, capsys):
     assert "--questions must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["data", "synth", "--like", "longmemeval-x", "--out", str(out)])
-    assert set(LIKES) == {"longmemeval-s", "longmemeval-m", "locomo"}  # the command's choices
+    usage = capsys.readouterr().err
+    choices = re.search(r"--like \{([^}]*)\}", " ".join(usage.split())).group(1)
+    assert set(choices.split(",")) == set(LIKES)  # the command offers every shape data/synth.py has, no other
+    assert {"longmemeval-s", "longmemeval-m", "locomo", "beam-100k", "beam-500k", "beam-1m", "beam-10m"} == set(LIKES)
 
 
 def test_unknown_shape_is_named():

@@ -103,11 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="A seeded synthetic benchmark shaped like LongMemEval S or M (or with LoCoMo-sized "
         "haystacks), one gold evidence turn per question, in the LongMemEval JSON layout that "
         "`--benchmark longmemeval --data FILE` reads (streamed memory by memory); or shaped like BEAM "
-        "(beam-100k: the real 100K split's message lengths; beam-10m: ~21,000 messages a conversation, in "
-        "plans as BEAM-10M), written in BEAM's repository layout that `--benchmark beam --data DIR` reads.",
+        "(beam-100k, beam-500k, beam-1m: the real 100K split's message lengths at each split's size; beam-10m: "
+        "~21,000 messages a conversation, in plans as BEAM-10M), written in BEAM's repository layout that "
+        "`--benchmark beam --data DIR` reads.",
     )  # fmt: skip
+    # data/synth.py LIKES, spelt out so that `--help` does not import torch (a test holds the two equal)
     synth.add_argument("--like", required=True, choices=("longmemeval-s", "longmemeval-m", "locomo", "beam-100k",
-                                                         "beam-10m"))
+                                                         "beam-500k", "beam-1m", "beam-10m"))
     synth.add_argument("--out", required=True, help="JSON file to write (beam-*: a folder, written in BEAM's layout)")
     synth.add_argument("--questions", type=int, default=50, help="questions (each with its own haystack; not beam-*)")
     synth.add_argument("--conversations", type=int, default=1, help="beam-*: conversations to write (20 questions each)")
