@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,15 +24,52 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 
 
+# MEMFIT_TEST_TIMELINE=FILE: where the suite's time goes. Each worker appends a line per test (worker, start,
+# end, test id) and the controller a line per second with the machine's busy cores (/proc/stat), so idle
+# stretches can be matched with the tests that ran then (docs/benchmarks.md "Test suite").
+TIMELINE_ENV = "MEMFIT_TEST_TIMELINE"
+_timeline_stop = threading.Event()
+
+
+def _sample_busy_cores(path: str) -> None:
+    def read() -> tuple[float, float]:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all jiffies, idle + iowait
+
+    cores = os.cpu_count() or 1
+    last = read()
+    while not _timeline_stop.wait(1.0):
+        now = read()
+        total, idle = now[0] - last[0], now[1] - last[1]
+        last = now
+        with open(path, "a") as handle:
+            handle.write(f"cpu\t{time.time():.2f}\t{cores * (1 - idle / total) if total else 0:.2f}\n")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # `python -m memfit_gpu.cli` children are forks of a process that imported torch & co. once
     # (tests/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
     if forkserver.enabled():
         forkserver.install()
+    timeline = os.environ.get(TIMELINE_ENV)
+    if timeline and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        threading.Thread(target=_sample_busy_cores, args=(timeline,), daemon=True).start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _timeline_stop.set()
     forkserver.uninstall()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    timeline = os.environ.get(TIMELINE_ENV)
+    started = time.time()
+    yield
+    if timeline:
+        with open(timeline, "a") as handle:
+            handle.write(f"test\t{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{started:.2f}\t{time.time():.2f}"
+                         f"\t{item.nodeid}\n")
 
 
 # `make test` runs the suite on two pytest-xdist workers (--dist loadfile): each test file runs on one

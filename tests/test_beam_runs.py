@@ -1,8 +1,9 @@
 """BEAM through memfit's commands, on the real conversation 1 of the 128K split (188 messages, 20 questions):
-`memfit retrieve` (hit@k and pack hit for every question with evidence, each reader-free method), the live
-Memory (the same ranking as the offline read), every method through `memfit run`, a judged run of the embedded
-default (configs/demo_beam.yaml: SmolLM2-135M as reader and judge) killed and resumed, `memfit judge-audit` on
-it, and a run refused in one line when BEAM's prompt files are missing.
+`memfit retrieve` (hit@k and pack hit for every question with evidence) and the live Memory (the same ranking
+as the offline read) on the whole conversation; on its first batch (60 messages, the same 20 questions) each
+reader-free method's retrieval, every method through `memfit run`, a judged run of the embedded default
+(configs/demo_beam.yaml: SmolLM2-135M as reader and judge) killed and resumed, and `memfit judge-audit` on it;
+and a run refused in one line when BEAM's prompt files are missing.
 
 BEAM's src/prompts.py and compute_metrics.py are not in ../shared (`memfit data fetch beam` brings them): the
 runs read tests/beam_prompts.py's stand-ins, and the reader of the every-method runs is the test-only echo
@@ -46,10 +47,22 @@ def conversation(shared_data: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def beam_data(tmp_path_factory: pytest.TempPathFactory, conversation: Path) -> Path:
-    """A data folder with conversation 1 as beam/100K/1 and the stand-in prompt files as beam/src/."""
+def first_batch(tmp_path_factory: pytest.TempPathFactory, conversation: Path) -> Path:
+    """Conversation 1 cut to its first batch (60 of its 188 messages, all 20 questions): the runs below check
+    the machinery, and each of them encodes every message it stores (BEAM's are ~2,700 characters each)."""
+    root = tmp_path_factory.mktemp("first_batch") / "1"
+    shutil.copytree(conversation, root)
+    batches = json.loads((conversation / "chat.json").read_text())
+    (root / "chat.json").write_text(json.dumps(batches[:1]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def beam_data(tmp_path_factory: pytest.TempPathFactory, first_batch: Path) -> Path:
+    """A data folder with conversation 1's first batch as beam/100K/1 and the stand-in prompt files as
+    beam/src/."""
     root = tmp_path_factory.mktemp("beam_data")
-    shutil.copytree(conversation, root / "beam" / "100K" / "1")
+    shutil.copytree(first_batch, root / "beam" / "100K" / "1")
     write_beam_prompts(root / "beam")
     return root
 
@@ -95,21 +108,21 @@ def test_retrieve_reports_hits_for_every_question_with_evidence(retrieved: Path)
 
 
 @pytest.mark.parametrize("method", ["plain", "naive_rag", "full_context"])
-def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, conversation: Path, method: str) -> None:
+def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, first_batch: Path, method: str) -> None:
     out = tmp_path / method
-    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(conversation), "--out",
+    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(first_batch), "--out",
                   str(out), "rerank.backend=none", f"method={method}", "full_context.context_tokens=4096",
-                  data=conversation, cache=tmp_path / "cache")
+                  data=first_batch, cache=tmp_path / "cache")
     assert done.returncode == 0, done.stderr[-3000:]
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     named = diagnostics["method"]["name"] if isinstance(diagnostics["method"], dict) else diagnostics["method"]
-    assert (named, diagnostics["questions"]) == (method, 18)
+    assert (named, diagnostics["questions"]) == (method, 13)  # the first batch holds evidence of 13 questions
     rows = read_jsonl(out / "packs.jsonl")
     assert len(rows) == 20
     if method == "full_context":  # the history cut to its newest messages (4,096 tokens at 4 characters a token)
         truncation = rows[0]["method_notes"]["truncation"]
-        assert truncation["turns"] == 188 and truncation["turns_dropped"] > 0
-        assert truncation["turns_kept"] + truncation["turns_dropped"] == 188
+        assert truncation["turns"] == 60 and truncation["turns_dropped"] > 0
+        assert truncation["turns_kept"] + truncation["turns_dropped"] == 60
 
 
 def test_the_live_memory_reads_beam_as_the_offline_run_does(tmp_path: Path, conversation: Path,
@@ -144,7 +157,7 @@ def test_every_method_runs_on_beam(tmp_path: Path, beam_data: Path, method: str)
     assert prompt == "CONTEXT:"  # the echo of BEAM's answer prompt (the stand-in's first line): protocol beam
     if method == "full_context":  # the whole history does not fit reader.max_prompt_chars: oldest messages dropped
         truncation = rows[0]["method_notes"]["truncation"]
-        assert truncation["turns"] == 188 and truncation["turns_dropped"] > 0
+        assert truncation["turns"] == 60 and truncation["turns_dropped"] > 0
 
 
 def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_path: Path, beam_data: Path) -> None:
@@ -152,10 +165,13 @@ def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_p
     abstention questions and an event-ordering one), SIGKILLed right after its first two predictions are
     appended; the same command finishes it without asking a finished question or verdict again."""
     out = tmp_path / "demo"
+    # the test session's cache (`make test` makes a new one): SmolLM2's GGUF is converted once per session there,
+    # not again here (~26 s); the data comes from MEMFIT_DATA_DIR
+    cache = Path(os.environ.get("MEMFIT_CACHE") or tmp_path / "cache")
     args = ("run", "--config", str(DEMO_BEAM), "data.include_categories=[abstention,event_ordering]",
             "data.limit_questions=3", "summary.enabled=false", "reader.max_new_tokens=24", "reader.flush_every=2",
             "eval.judge.max_new_tokens=40", "--out", str(out), "--quiet")
-    killed = memfit(*args, data=beam_data, cache=tmp_path / "cache", **{FAULT_ENV: "predictions:1"})
+    killed = memfit(*args, data=beam_data, cache=cache, **{FAULT_ENV: "predictions:1"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     first = read_jsonl(out / "predictions.jsonl")
     assert [r["question_id"] for r in first] == ["1:abstention:0", "1:abstention:1"]
@@ -163,7 +179,7 @@ def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_p
     judge_calls = Ledger.load(out / "ledger.json").roles["judge"].calls
     assert judge_calls == 2  # one rubric item each
 
-    done = memfit(*args, data=beam_data, cache=tmp_path / "cache")
+    done = memfit(*args, data=beam_data, cache=cache)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_jsonl(out / "predictions.jsonl")
     assert [r["question_id"] for r in rows] == ["1:abstention:0", "1:abstention:1", "1:event_ordering:0"]
@@ -190,7 +206,7 @@ def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_p
     assert set(record["judge"]["prompts"]) == {"src/prompts.py", "src/evaluation/compute_metrics.py"}
     assert set(record["prompts"]["answer"]) == {"src/prompts.py"}
 
-    audited = memfit("judge-audit", str(out), data=beam_data, cache=tmp_path / "cache")
+    audited = memfit("judge-audit", str(out), data=beam_data, cache=cache)
     assert audited.returncode == 0, audited.stderr[-3000:]
     report = json.loads((out / "judge_audit.json").read_text())
     assert report["judge"]["kind"] == "beam" and report["questions"] == 3
