@@ -142,6 +142,32 @@ def test_the_live_memory_reads_beam_as_the_offline_run_does(tmp_path: Path, conv
         assert [h.turn_ids[0] for h in found] == offline[question.question_id], question.question_id
 
 
+@pytest.mark.parametrize("method", ["plain", "naive_rag", "lightmem_slm"])
+def test_every_other_live_method_holds_and_searches_beam(tmp_path: Path, first_batch: Path, method: str) -> None:
+    """The other methods with a live write path (full_context has none) take the first batch's messages as an
+    agent adds them and answer a search with ranked hits over them. plain and naive_rag find a user message
+    by its own words (twenty from its middle rank it first); LightMem-SLM reads through its reader's
+    rewrite and its consolidated notes (none here: the echo reader, consolidation manual), so it gives its
+    short-term turns, the newest."""
+    memory = load_benchmark("beam", first_batch).memories[0]
+    overrides = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "summary.enabled=false"]
+    user_turns = [t for t in memory.turns() if t.speaker == "user" and len(t.text.split()) >= 40]
+    wanted = {t.turn_id: " ".join(t.text.split()[10:30]) for t in (user_turns[1], user_turns[5], user_turns[10])}
+    with Memory.open(tmp_path / "live", config=PAPER, method=method, overrides=overrides) as live:
+        for session in memory.sessions:
+            live.add("1", [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
+                            "session_id": session.session_id, "date_text": t.date_text} for t in session.turns])
+        assert [t["turn_id"] for t in live.turns("1")] == [str(i) for i in range(60)]
+        hits = live.search("1", list(wanted.values()), k=5)
+    for (turn_id, query), found in zip(wanted.items(), hits, strict=True):
+        assert 0 < len(found) <= 5 and [h.score for h in found] == sorted((h.score for h in found), reverse=True)
+        assert all(int(t) < 60 for h in found for t in h.turn_ids)
+        if method == "lightmem_slm":
+            assert [h.turn_ids for h in found] == [[str(i)] for i in range(60 - len(found), 60)]
+        else:
+            assert turn_id in found[0].turn_ids, (method, query, [(h.kind, h.turn_ids) for h in found])
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_runs_on_beam(tmp_path: Path, beam_data: Path, method: str) -> None:
     out = tmp_path / method
