@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -236,6 +239,40 @@ def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
     twin = copy.deepcopy(layer)  # packed tensors cannot be copied: the copy starts without them
     assert not twin.__dict__.get("_memfit_gemm")
     torch.testing.assert_close(onednn.linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
+
+
+SHAPES_CHILD = """
+import memfit_gpu, torch
+from memfit_gpu.index.encoders import onednn
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
+layer = torch.nn.Linear(384, 1536)
+with torch.inference_mode():
+    for rows in range(1, 401):  # a batch of another token count each time, as a served memory's batches are
+        onednn.linear(layer, "w", torch.randn(rows, 384), layer.weight, layer.bias)
+        if rows == 200:
+            half = rss()
+print(rss() - half)
+"""
+
+
+@pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN linear ops to cache")
+def test_torch_keeps_a_bounded_number_of_cpu_kernels_for_new_shapes() -> None:
+    """torch's oneDNN caches held a compiled kernel for each of up to 1,024 shapes each: a served memory grew
+    by ~1 GiB over 20,000 requests (bench_soak). Importing memfit_gpu bounds them (a value the environment
+    gives wins): over the second 200 of 400 new shapes the process grows by a fraction of what it grows
+    with the caches at torch's default."""
+    def growth(**env: str) -> float:
+        base = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+        done = subprocess.run([sys.executable, "-c", SHAPES_CHILD], env={**base, "OMP_NUM_THREADS": "1", **env},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return float(done.stdout.strip().splitlines()[-1])
+
+    bounded = growth()
+    unbounded = growth(ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024", LRU_CACHE_CAPACITY="1024")
+    assert unbounded > 40.0, unbounded  # torch's default keeps every shape: ~0.6 MiB each
+    assert bounded < 0.25 * unbounded, (bounded, unbounded)
 
 
 def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
