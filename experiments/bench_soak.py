@@ -8,8 +8,11 @@ short answer; every answer question is new, so none is a cache hit).
 Sampled every --sample requests: the server's RSS (/proc/PID/status VmRSS), its open files
 (/proc/PID/fd), ledger.json's size and the /metrics page's size. The figures compare the start with the
 end: RSS and open files after the first window against after the last one, and the P95 latency of the
-first --window requests against the last --window (searches and adds apart). Flat within noise is the
-goal: a server answering for months must not write quadratically more or hold more per request.
+first --window requests against the last --window (searches and adds apart). The memory grows with every
+add, so the end is also set beside a fresh server over the same memory folder: its RSS (warmed as the soak
+began) and the P95s of the last window asked of it again at the same concurrency (its adds under new turn
+ids, its answer questions new). Flat within noise is the goal: a server answering for months must not
+write quadratically more or hold more per request.
 
     PYTHONPATH=. .venv/bin/python experiments/bench_soak.py                       # 20,000 requests
     PYTHONPATH=. .venv/bin/python experiments/bench_soak.py --requests 2000 --sample 250
@@ -117,6 +120,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             plan.append((n, "search", {"user": user, "queries": [rng.choice(questions)], "k": 10}))
         else:
             plan.append((n, "read", {"user": user}))
+    # the end window again, for the fresh server below: the same mix, its adds under new turn ids and its answer
+    # questions new (so none is a duplicate or a cache hit); soak() takes "user" out of each body
+    end_window = json.loads(json.dumps(plan[-args.window:]))
+    for _, kind, body in end_window:
+        if kind == "add":
+            body["turns"][0]["turn_id"] += "-again"
+        elif kind == "answer":
+            body["questions"] = [f"{q} again" for q in body["questions"]]
     samples: list[dict[str, Any]] = []
     overrides = [*BENCH_OVERRIDES, "reader.max_new_tokens=8"]
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as folder:
@@ -140,6 +151,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             warm.append((len(users), "answer", {"user": users[0], "questions": [f"{questions[0]} (fresh)"], "k": 5}))
             asyncio.run(soak(url, key, warm, args.clients, len(warm) + 1, lambda done: None))
             fresh = sample(pid, url, root / "memory", len(timings))
+            # the soak's last window again at the same concurrency on the same memory: what the grown memory
+            # itself costs a request, apart from anything the soak's server accumulated
+            again = asyncio.run(soak(url, key, end_window, args.clients, len(end_window) + 1, lambda done: None))
+    fresh_window = {kind: percentiles([sec for _, k, sec in again if k == kind]) for kind in ("add", "search")}
     by_index = sorted(timings)
     first, last = by_index[:args.window], by_index[-args.window:]
     windows = {name: {kind: percentiles([s for _, k, s in part if k == kind]) for kind in ("add", "search")}
@@ -150,6 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "requests_per_s": round(len(timings) / seconds, 1),
         "kinds": {k: sum(1 for _, kind, _ in timings if kind == k) for k in ("add", "search", "read", "answer")},
         "latency": windows,
+        "fresh_server_end_window": fresh_window,
+        "p95_end_over_fresh": {k: round(windows["end"][k]["p95_ms"] / fresh_window[k]["p95_ms"], 3)
+                               for k in ("add", "search")},
         "p95_ratio_end_over_start": {k: round(windows["end"][k]["p95_ms"] / windows["start"][k]["p95_ms"], 3)
                                      for k in ("add", "search")},
         "rss_mib": {"start": start["rss_mib"], "end": end["rss_mib"], "ratio": round(end["rss_mib"] / start["rss_mib"], 3),
