@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import random
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             plan.append((n, "read", {"user": user}))
     # the end window again, for the fresh server below: the same mix, its adds under new turn ids and its answer
     # questions new (so none is a duplicate or a cache hit); soak() takes "user" out of each body
-    end_window = json.loads(json.dumps(plan[-args.window:]))
+    end_window = copy.deepcopy(plan[-args.window:])
     for _, kind, body in end_window:
         if kind == "add":
             body["turns"][0]["turn_id"] += "-again"

@@ -69,6 +69,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2
 
 
 # ------------------------------------------------------------------------------------------- metrics
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -149,7 +152,9 @@ class Guard:
             self.metrics.in_flight.dec()
             route = scope.get("route")
             path = getattr(route, "path", None) or ("other" if not scope["path"].startswith("/v1/") else "/v1/unmatched")
-            self.metrics.latency.labels(path, scope["method"], str(status["code"])).observe(time.perf_counter() - started)
+            # label values from a bounded set only: a client's own method names would grow the series without end
+            method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
+            self.metrics.latency.labels(path, method, str(status["code"])).observe(time.perf_counter() - started)
 
     def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
         path = scope["path"]
