@@ -195,8 +195,8 @@ def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_p
     # not again here (~26 s); the data comes from MEMFIT_DATA_DIR
     cache = Path(os.environ.get("MEMFIT_CACHE") or tmp_path / "cache")
     args = ("run", "--config", str(DEMO_BEAM), "data.include_categories=[abstention,event_ordering]",
-            "data.limit_questions=3", "summary.enabled=false", "reader.max_new_tokens=24", "reader.flush_every=2",
-            "eval.judge.max_new_tokens=40", "--out", str(out), "--quiet")
+            "data.limit_questions=3", "summary.enabled=false", "reader.max_new_tokens=16", "reader.flush_every=2",
+            "eval.judge.max_new_tokens=32", "--out", str(out), "--quiet")
     killed = memfit(*args, data=beam_data, cache=cache, **{FAULT_ENV: "predictions:1"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     first = read_jsonl(out / "predictions.jsonl")
