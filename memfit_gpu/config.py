@@ -264,7 +264,7 @@ class TrackingConfig:
 # memfit: the paper's system; plain: the same store and hybrid + rerank with every MemFit addition off
 # (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
 # full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
-METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm")
+METHODS: tuple[str, ...] = ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm", "mem0")
 # The benchmarks (memfit_gpu/data: one loader module each, with its BenchmarkSpec) and the reader backends
 # (memfit_gpu/readers/registry.py). These three lists are the built-in names of the three registries
 # (config.py imports nothing of memfit_gpu, so the names are spelled here, once); a registry's register
@@ -334,6 +334,20 @@ class LightMemConfig:
     noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # issue 24: stress tests
 
 
+@dataclass
+class Mem0Config:
+    # method=mem0 (methods/peers/mem0.py): mem0's own package, fed as mem0's LoCoMo evaluation feeds it
+    # (evaluation/src/memzero/add.py and search.py in mem0's repository).
+    # Messages per `add` call: that script's batch_size (each call is one LLM extraction call).
+    batch_size: int = 2
+    # Memories `search` returns per speaker for a question: that script's top_k; both speakers are searched.
+    top_k: int = 10
+    # Tokens mem0's LLM may write per call: mem0's OpenAIConfig default (an extraction is a JSON list).
+    max_tokens: int = 2000
+    # mem0's LLM temperature (its evaluation sets 0.0 with the hosted client, 0.1 without).
+    temperature: float = 0.0
+
+
 # ---- issue 22: the live memory (memfit_gpu.Memory) and its server (memfit serve)
 @dataclass
 class LiveConfig:
@@ -390,6 +404,7 @@ class MemFitConfig:
     naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     lightmem: LightMemConfig = field(default_factory=LightMemConfig)
+    mem0: Mem0Config = field(default_factory=Mem0Config)
     # issue 22: memfit_gpu.Memory and memfit serve
     live: LiveConfig = field(default_factory=LiveConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
@@ -527,6 +542,10 @@ _RANGES: dict[str, _Range] = {
     "rerank.rerank_pool": _AT_LEAST_1,
     "rerank.batch_size": _AT_LEAST_1,
     "rerank.zscore_min": _AT_LEAST_0,
+    "mem0.batch_size": _AT_LEAST_1,
+    "mem0.top_k": _AT_LEAST_1,
+    "mem0.max_tokens": _AT_LEAST_1,
+    "mem0.temperature": _AT_LEAST_0,
     "pack.k": _AT_LEAST_1,
     "pack.context_window": _AT_LEAST_0,
     "pack.max_excerpt_chars": _AT_LEAST_1,

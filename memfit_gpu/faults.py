@@ -24,6 +24,8 @@ aside), compact.swapped (the new store in its place), compact.removed (the old o
 their call records committed to cache.sqlite, before the ledger.json that reports them);
 lightmem.turns, lightmem.mtm.ledger, lightmem.mtm, lightmem.ltm.ledger, lightmem.ltm, lightmem.rewrite.ledger,
 lightmem.rerank.ledger (methods/lightmem.py; `.ledger` = the ledger saved after that batch of calls);
+mem0.add.ledger (methods/peers/mem0.py: a mem0 `add` returned and the ledger is saved, its mark not yet
+written), mem0.added (its mark in mem0/added.jsonl);
 gpu_check.part (experiments/_gpu_check_stages.py: a part of the GPU check starts, gpu_check.json naming it);
 growth.ledger, growth (a growth point's rows appended), growth.json (growth.py); depths.ledger, depths (a pack
 depth's rows appended), depths.json (depths.py).

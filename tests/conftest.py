@@ -78,7 +78,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # suite"); the rest follow in their collection order.
 LONGEST_FIRST = (
     "test_methods_runs.py", "test_crash_consistency.py", "test_vllm_reader.py", "test_lightmem_sweep.py",
-    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_beam_runs.py", "test_slurm_scripts.py",
+    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_beam_runs.py", "test_peers.py", "test_slurm_scripts.py",
     "test_store_locomo.py",
     "test_paper_tables.py", "test_depths.py", "test_report_browser.py", "test_report.py", "test_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
     "test_store_run.py", "test_retrieve_reference.py", "test_readers_cache.py", "test_models.py",

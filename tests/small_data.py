@@ -18,3 +18,16 @@ def write_small_locomo(shared_data: Path, folder: Path, questions: int, pick: li
     path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
                                  "qa": [sample["qa"][i] for i in pick] if pick else sample["qa"][:questions]}]))
     return path
+
+
+def write_tiny_locomo(shared_data: Path, folder: Path, turns: int, questions: int) -> Path:
+    """LoCoMo conv-26 cut to the first `turns` turns of its first session and its first `questions` questions
+    (for methods whose every write is a long LLM call, such as mem0's extraction)."""
+    sample = json.loads((shared_data / "locomo" / "locomo10.json").read_text())[0]
+    conversation = {k: v for k, v in sample["conversation"].items()
+                    if not k.startswith("session_") or k.removesuffix("_date_time") == "session_1"}
+    conversation["session_1"] = conversation["session_1"][:turns]
+    path = folder / f"locomo_conv26_s1_{turns}turns.json"
+    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation,
+                                 "qa": sample["qa"][:questions]}]))
+    return path

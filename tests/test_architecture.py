@@ -39,6 +39,7 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     "memfit_gpu/sweep/slurm.py": {"submitit"},  # [slurm]
     "memfit_gpu/sweep/watch.py": {"submitit"},  # [slurm]
     "memfit_gpu/tracking.py": {"wandb"},  # [track]
+    "memfit_gpu/methods/peers/mem0.py": {"mem0"},  # [peers]; it reads its telemetry switch when first imported
     "memfit_gpu/kernels/_launch.py": {"triton"},  # [dev]; the kernels fall back to torch without it
     "memfit_gpu/profile.py": {
         "pynvml",  # nvidia-ml-py, [gpu]: GPU sampling is reported as unavailable without it

@@ -48,7 +48,7 @@ EXAMPLE_QUESTIONS = ["alice:q0", "alice:q1", "alice:q2", "alice:q3", "alice:q4",
 def test_registry_keys_are_the_configs_choices() -> None:
     """Each name list exists once: config.py spells the built-in names (it imports nothing of memfit_gpu),
     each registry holds an entry per name, and a register call adds to both (config.register_choice)."""
-    assert tuple(METHODS) == config.choices("method") and config.choices("method")[:5] == config.METHODS
+    assert tuple(METHODS) == config.choices("method") and config.choices("method")[:len(config.METHODS)] == config.METHODS
     assert tuple(BENCHMARKS) == config.choices("data.benchmark")
     assert config.choices("data.benchmark")[:len(config.BENCHMARKS)] == config.BENCHMARKS
     # data.split takes every split a built-in benchmark's spec names (LongMemEval's, BEAM's)

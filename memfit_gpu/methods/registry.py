@@ -20,6 +20,7 @@ from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import LightMem
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.naive_rag import NaiveRAG
+from memfit_gpu.methods.peers.mem0 import Mem0Method
 from memfit_gpu.methods.plain import Plain
 from memfit_gpu.registries import Registry
 
@@ -50,6 +51,8 @@ REGISTRY: dict[str, MethodEntry] = {
     "naive_rag": MethodEntry(NaiveRAG, live=True, growth=True),
     "full_context": MethodEntry(FullContext),
     "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True),
+    # the peer systems, from their own packages (methods/peers/): the `peers` extra
+    "mem0": MethodEntry(Mem0Method, reader_free=False, incremental=True),
 }
 
 

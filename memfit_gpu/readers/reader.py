@@ -169,6 +169,16 @@ class Reader:
         self.ledger.apply(entries)
         return now
 
+    def record_call(self, role: str, key: str, response: Response, backend: str, owner: str | None = None) -> None:
+        """Account a call this reader's backend did not make (the run's encoder serving a peer system's
+        embeddings, methods/peers/endpoint.py): its ledger entry is committed to the cache like a generated
+        response's, so a resumed run's ledger has it, then applied."""
+        entries = [self.ledger.entry(role, key, response, backend, owner=owner)]
+        if self.cache is not None:
+            self.cache.commit(backend, [], entries)
+            faults.point("reader.commit")
+        self.ledger.apply(entries)
+
     def close(self) -> None:
         self.backend.close()
         if self.cache is not None:

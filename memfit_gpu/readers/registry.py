@@ -116,6 +116,8 @@ def backend_entry(name: str) -> BackendEntry:
 
 def is_local(name: str) -> bool:
     """Whether the backend named in a ledger ran on this node (False for a name no longer registered)."""
+    if name == "encoder":  # the run's own bi-encoder serving a peer's embeddings (methods/peers/endpoint.py)
+        return True
     entry = REGISTRY.get(name)
     return entry is not None and entry.local
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
 
 Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewrite", "rerank_slm", "growth_answer",
-               "depth_answer"]
+               "depth_answer", "mem0_write", "mem0_read", "mem0_embed_write", "mem0_embed_read"]
 # (tokens a model reads at most, a function counting the prompt tokens of a chat message list)
 PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
 # Called with each group of (position, response) before it is yielded (the caching reader commits it).
@@ -25,9 +25,13 @@ Received = Callable[[list[tuple[int, "Response"]]], None]
 # LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
 # query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers, issue 24; the answers at
 # the other pack depths of eval.pack_cutoffs, which the run's own read phase and its efficiency row leave out).
+# A peer system run from its own package (methods/peers/) has a role per phase for its chat calls and for the
+# embeddings the run's encoder serves it (methods/peers/endpoint.py).
 ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "eval", "mtm_summary": "write",
                                "consolidate": "write", "rewrite": "read", "rerank_slm": "read",
-                               "growth_answer": "eval", "depth_answer": "eval"}
+                               "growth_answer": "eval", "depth_answer": "eval",
+                               "mem0_write": "write", "mem0_read": "read",
+                               "mem0_embed_write": "write", "mem0_embed_read": "read"}
 ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
 
 

@@ -1,0 +1,228 @@
+"""The peer systems run from their own packages: the OpenAI-compatible endpoint over the run's reader and
+encoder, and method=mem0 (mem0ai's own `Memory`) through `memfit run`, killed and resumed.
+
+Real parts only: mem0's package with its embedded Qdrant, the packaged SmolLM2 reader and MiniLM encoder,
+the OpenAI client mem0 itself uses. Each mem0 `add` sends SmolLM2 mem0's ~8,700-token extraction prompt
+(about a minute on one core), so the run reads conv-26's first two turns: one `add` per speaker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from small_data import write_tiny_locomo  # tests/small_data.py (tests/ is on sys.path)
+
+from memfit_gpu.config import load_config
+from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.files import read_jsonl
+from memfit_gpu.methods.peers import endpoint as endpoint_module
+from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
+from memfit_gpu.methods.peers.mem0 import memory_class, memory_config
+from memfit_gpu.methods.registry import method_entry
+from memfit_gpu.readers.reader import load_ledger, make_reader
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "configs" / "demo.yaml"
+ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _calls_per_role(run_dir: Path) -> Counter[tuple[str, str]]:
+    """(role, served) -> call records in the directory's cache.sqlite (every entry, once)."""
+    with sqlite3.connect(run_dir / "cache.sqlite") as db:
+        return Counter({(role, served): n for role, served, n in
+                        db.execute("select role, served, count(*) from calls group by role, served")})
+
+
+@pytest.fixture()
+def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Counter[str]]:
+    """What the endpoint answered, per route and phase, counted from its HTTP answers' usage fields."""
+    seen: dict[str, Counter[str]] = {"chat": Counter(), "embeddings": Counter()}
+
+    def counting(route: str, original: Any) -> Any:
+        def wrapped(self: EndpointLogic, body: dict[str, Any]) -> dict[str, Any]:
+            answer = original(self, body)
+            phase = self.serving.phase
+            seen[route][f"{phase}:requests"] += 1
+            seen[route][f"{phase}:prompt_tokens"] += answer["usage"]["prompt_tokens"]
+            seen[route][f"{phase}:completion_tokens"] += answer["usage"].get("completion_tokens", 0)
+            return answer
+        return wrapped
+
+    monkeypatch.setattr(EndpointLogic, "chat", counting("chat", EndpointLogic.chat))
+    monkeypatch.setattr(EndpointLogic, "embeddings", counting("embeddings", EndpointLogic.embeddings))
+    return seen
+
+
+def test_a_real_mem0_memory_on_the_endpoint_has_every_request_in_the_ledger_once(
+        tmp_path: Path, bi_encoder: Any, served: dict[str, Counter[str]]) -> None:
+    cfg = load_config(DEMO)
+    reader = make_reader(replace(cfg.reader, max_new_tokens=8), tmp_path, progress=False)
+    logic = EndpointLogic("mem0", reader, embedder_of(bi_encoder, ENCODER))
+    mem0_memory = memory_class(tmp_path / "home")
+    with PeerEndpoint(logic) as endpoint:
+        memory = mem0_memory.from_config(memory_config(endpoint.base_url, reader.model, ENCODER, bi_encoder.dim,
+                                                       tmp_path / "mem0", 0.0, 8))
+        try:
+            with logic.serve("write", "conv-26", "batch-1"):
+                # infer=False: mem0 stores each message as it is (one embedding request each, no LLM call)
+                memory.add([{"role": "user", "content": "Caroline: I went to a LGBTQ support group yesterday."},
+                            {"role": "assistant", "content": "Melanie: That sounds powerful, Caroline!"}],
+                           user_id="Caroline_conv-26", metadata={"timestamp": "8 May 2023"}, infer=False)
+            with logic.serve("read", "conv-26", "q0"):
+                found = memory.search("When did Caroline go to the support group?", top_k=5,
+                                      filters={"user_id": "Caroline_conv-26"})
+                client = openai.OpenAI(base_url=endpoint.base_url, api_key="memfit-local")
+                reply = client.chat.completions.create(model=reader.model, max_tokens=4, temperature=0,
+                                                       messages=[{"role": "user", "content": "Say yes."}])
+                again = client.chat.completions.create(model=reader.model, max_tokens=4, temperature=0,
+                                                       messages=[{"role": "user", "content": "Say yes."}])
+        finally:
+            memory.close()
+    texts = [hit["memory"] for hit in found["results"]]
+    assert texts[0] == "Caroline: I went to a LGBTQ support group yesterday.", texts
+    assert reply.choices[0].message.content == again.choices[0].message.content
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+
+    ledger = reader.ledger
+    roles = {name: ledger.roles[name] for name in ("mem0_write", "mem0_read", "mem0_embed_write", "mem0_embed_read")}
+    # two messages embedded at write, the question at read; two chat requests at read, the second a cache hit
+    assert served["embeddings"]["write:requests"] == 2 and served["embeddings"]["read:requests"] == 1
+    assert served["chat"]["read:requests"] == 2 and served["chat"]["write:requests"] == 0
+    for phase in ("write", "read"):
+        embed = roles[f"mem0_embed_{phase}"]
+        assert (embed.calls, embed.input_tokens, embed.output_tokens) == (
+            served["embeddings"][f"{phase}:requests"], served["embeddings"][f"{phase}:prompt_tokens"], 0)
+    chat = roles["mem0_read"]
+    assert (chat.calls, chat.cached) == (1, 1)
+    assert chat.input_tokens == reply.usage.prompt_tokens and chat.output_tokens == reply.usage.completion_tokens
+    assert roles["mem0_write"].calls == roles["mem0_write"].cached == 0
+    assert ledger.models[f"encoder|{ENCODER}"].calls == 3
+    # committed to cache.sqlite as they were served: a resumed run's ledger has them all, once
+    reader.close()
+    assert _calls_per_role(tmp_path) == Counter({("mem0_embed_write", "call"): 2, ("mem0_embed_read", "call"): 1,
+                                                 ("mem0_read", "call"): 1, ("mem0_read", "hit"): 1})
+    rebuilt = load_ledger(tmp_path)
+    assert rebuilt.roles["mem0_embed_write"].input_tokens == served["embeddings"]["write:prompt_tokens"]
+    assert rebuilt.cost()["usd"] == 0.0 and rebuilt.cost()["unpriced_models"] == []
+    assert rebuilt.phases()["write"].calls == 2 and rebuilt.phases()["read"].calls == 2
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_endpoint_refuses_what_it_cannot_serve_by_name(tmp_path: Path, bi_encoder: Any) -> None:
+    cfg = load_config(DEMO)
+    reader = make_reader(cfg.reader, None, progress=False)
+    logic = EndpointLogic("mem0", reader, embedder_of(bi_encoder, ENCODER))
+    with PeerEndpoint(logic) as endpoint:
+        base = endpoint.base_url
+        assert base.startswith("http://127.0.0.1:")
+        cases = {
+            "not JSON": ("/chat/completions", b"{not json", 400, "not JSON"),
+            "no messages": ("/chat/completions", b'{"messages": []}', 400, "messages must be a non-empty list"),
+            "tools": ("/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                                       "tools": [{"type": "function"}]}).encode(), 400, "tool calls"),
+            "image part": ("/chat/completions", json.dumps({"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "x"}}]}]}).encode(), 400, "messages[0].content[0]"),
+            "token ids": ("/embeddings", b'{"input": [[1, 2, 3]]}', 400, "token ids are not served"),
+            "dimensions": ("/embeddings", b'{"input": "x", "dimensions": 1536}', 400, "embeds in 384"),
+            "route": ("/completions", b"{}", 404, "no route"),
+        }
+        for name, (route, body, status, words) in cases.items():
+            code, answer = _post(base + route, body)
+            assert code == status, (name, answer)
+            assert words in answer["error"]["message"], (name, answer)
+        with urllib.request.urlopen(base + "/models", timeout=30) as answer:
+            assert [m["id"] for m in json.loads(answer.read())["data"]] == [reader.model, ENCODER]
+    reader.close()
+    # nothing was accounted for the refused requests
+    assert all(stats.calls == 0 for stats in reader.ledger.roles.values())
+    assert endpoint_module.ENCODER_BACKEND == "encoder"
+
+
+def test_mem0_is_registered_as_a_reader_method_with_a_persistent_store() -> None:
+    entry = method_entry("mem0")
+    assert (entry.reader_free, entry.incremental, entry.live) == (False, True, False)
+
+
+def _env(shared_data: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
+    return {**env, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _run(out: Path, data: Path, shared_data: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(DEMO), "method=mem0",
+                           f"data.path={data}", "mem0.max_tokens=48", "--out", str(out), "--quiet"],
+                          env=_env(shared_data, **env), capture_output=True, text=True, timeout=1800)
+
+
+def _memories(run_dir: Path) -> dict[str, list[str]]:
+    """What each question's search returned (speaker, memory text), from packs.jsonl."""
+    return {row["question_id"]: sorted(f"{hit['speaker']}: {hit['memory']}" for hit in row["mem0"])
+            for row in read_jsonl(run_dir / "packs.jsonl")}
+
+
+def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictions(
+        tmp_path: Path, shared_data: Path) -> None:
+    data = write_tiny_locomo(shared_data, tmp_path, turns=2, questions=2)
+    out = tmp_path / "run"
+    # killed after the second add (Melanie's) returned and the ledger was saved, before its mark
+    killed = _run(out, data, shared_data, **{FAULT_ENV: "mem0.add.ledger:2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    marks = read_jsonl(out / "mem0" / "added.jsonl")
+    assert [m["batch"].split("\t")[2] for m in marks] == ["Caroline"]
+    assert not (out / "packs.jsonl").exists()
+
+    resumed = _run(out, data, shared_data)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    marks = read_jsonl(out / "mem0" / "added.jsonl")
+    assert [m["batch"].split("\t")[2] for m in marks] == ["Caroline", "Melanie"]
+    diagnostics = json.loads((out / "diagnostics.json").read_text())["method"]
+    # Melanie's add finished before the kill: found in mem0's own files, not added again
+    assert marks[1].get("found_in_store") is True
+    assert (diagnostics["add_calls_this_process"], diagnostics["batches_already_added"]) == (0, 2)
+    assert diagnostics["served"].get("chat_calls", 0) == 0
+    ledger = json.loads((out / "ledger.json").read_text())["roles"]
+    assert ledger["mem0_write"]["calls"] == 2  # each extraction paid once, over both processes
+    assert ledger["answer"]["calls"] == 2
+    assert ledger["mem0_embed_read"]["calls"] >= 2  # each question embedded once per speaker searched
+    stored = diagnostics["memories_per_user"]
+    assert set(stored) == {"Caroline_conv-26", "Melanie_conv-26"}
+
+    # the same run uninterrupted, from the same response cache: every call a cache hit, the same memories
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    shutil.copy(out / "cache.sqlite", reference / "cache.sqlite")
+    copied = _calls_per_role(reference)
+    whole = _run(reference, data, shared_data)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert json.loads((reference / "diagnostics.json").read_text())["method"]["memories_per_user"] == stored
+    assert _memories(reference) == _memories(out)
+    answers = {r["question_id"]: r["prediction"] for r in read_jsonl(out / "predictions.jsonl")}
+    assert answers == {r["question_id"]: r["prediction"] for r in read_jsonl(reference / "predictions.jsonl")}
+    assert len(answers) == 2
+    made = _calls_per_role(reference) - copied
+    assert (made[("mem0_write", "call")], made[("mem0_write", "hit")]) == (0, 2)
+    assert (made[("answer", "call")], made[("answer", "hit")]) == (0, 2)
+    whole_diagnostics = json.loads((reference / "diagnostics.json").read_text())["method"]
+    assert whole_diagnostics["served"]["response_format_unhonoured"] == 2  # mem0 asks for JSON mode
