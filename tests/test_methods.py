@@ -453,7 +453,7 @@ def test_ledger_totals_roles_per_phase():
     ledger.record("rewrite", "again", Response("x", 99, 9, 0.0, cached=True), backend="transformers")
     phases = ledger.to_dict()["phases"]
     assert {p: (s["calls"], s["cached"], s["input_tokens"], s["output_tokens"]) for p, s in phases.items()} == {
-        "write": (3, 0, 60, 6), "read": (3, 1, 150, 6), "eval": (1, 0, 70, 2)}
+        "write": (3, 0, 60, 6), "read": (3, 1, 150, 6), "eval": (1, 0, 70, 2), "embed": (0, 0, 0, 0)}
     assert Ledger.from_dict(json.loads(ledger.to_json())).to_dict()["phases"] == phases  # derived, not stored
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import ConfigError, ReaderConfig
-from memfit_gpu.readers.cache import ResponseCache
+from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.images import with_image_parts
 from memfit_gpu.readers.openai import probe_base_urls
 from memfit_gpu.readers.reader import make_reader
@@ -168,6 +168,22 @@ def test_a_request_without_sampling_settings_gets_the_readers_config(server: Fau
                       Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=3, temperature=0.0)])
     sent = sorted((body["max_tokens"], body["temperature"], body.get("seed")) for body in server.bodies["ok-defaults"])
     assert sent == [(3, 0.0, None), (7, 0.25, 11)]
+
+
+def test_json_mode_travels_as_the_servers_response_format_and_keys_another_cache_entry(server: FaultServer) -> None:
+    reader = _reader([server.url("ok-json")])
+    free = Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=4, key="free")
+    as_json = Request([{"role": "user", "content": "Hi"}], "answer", max_new_tokens=4, key="json",
+                      response_format="json_object")
+    reader.generate([free, as_json])
+    assert [body.get("response_format") for body in server.bodies["ok-json"]] == [None, {"type": "json_object"}]
+    assert reader.backend.json_mode is True
+    # the same prompt asked in JSON mode is another call; without it the key is what it always was
+    keys = [request_key("openai", "test-model", r) for r in (free, as_json)]
+    assert keys[0] != keys[1]
+    assert keys[0] == request_key("openai", "test-model", Request(free.messages, "answer", max_new_tokens=4))
+    with pytest.raises(ValueError, match="response_format 'json' is not one of"):
+        Request([{"role": "user", "content": "Hi"}], "answer", response_format="json")
 
 
 def test_timeout_is_retried(server: FaultServer) -> None:

@@ -36,6 +36,9 @@ from memfit_gpu.methods.registry import method_entry
 from memfit_gpu.readers.reader import load_ledger, make_reader
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import bench_peers  # noqa: E402 - experiments/bench_peers.py, read by the run test below
+
 DEMO = REPO / "configs" / "demo.yaml"
 ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -118,7 +121,9 @@ def test_a_real_mem0_memory_on_the_endpoint_has_every_request_in_the_ledger_once
     rebuilt = load_ledger(tmp_path)
     assert rebuilt.roles["mem0_embed_write"].input_tokens == served["embeddings"]["write:prompt_tokens"]
     assert rebuilt.cost()["usd"] == 0.0 and rebuilt.cost()["unpriced_models"] == []
-    assert rebuilt.phases()["write"].calls == 2 and rebuilt.phases()["read"].calls == 2
+    # the embeddings are no LLM calls: the write and read phases count chat calls only
+    phases = rebuilt.phases()
+    assert (phases["write"].calls, phases["read"].calls, phases["read"].cached, phases["embed"].calls) == (0, 1, 1, 3)
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -224,5 +229,28 @@ def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictio
     made = _calls_per_role(reference) - copied
     assert (made[("mem0_write", "call")], made[("mem0_write", "hit")]) == (0, 2)
     assert (made[("answer", "call")], made[("answer", "hit")]) == (0, 2)
+    # what experiments/bench_peers.py reads of a mem0 run
+    row = bench_peers.figures("mem0", out, turns=2, wall_s=1.0)
+    assert (row["write_llm_calls"], row["write_llm_calls_per_1k_turns"], row["questions"]) == (2, 1000.0, 2)
+    assert row["write_input_tokens"] == ledger["mem0_write"]["input_tokens"] > 8000  # mem0's extraction prompt
+    assert row["embed_requests"] == sum(ledger[r]["calls"] for r in ("mem0_embed_write", "mem0_embed_read"))
+    assert row["read_llm_calls"] == 2 and row["mem0_batch_size"] == 2 and row["mem0_search_s"]["n"] == 2
     whole_diagnostics = json.loads((reference / "diagnostics.json").read_text())["method"]
     assert whole_diagnostics["served"]["response_format_unhonoured"] == 2  # mem0 asks for JSON mode
+
+
+def test_bench_peers_cuts_a_conversation_at_a_turn_and_keeps_the_questions_answerable(
+        tmp_path: Path, shared_data: Path) -> None:
+    path, turns, questions = bench_peers.cut_locomo(shared_data / "locomo" / "locomo10.json", tmp_path, 25, 4)
+    sample = json.loads(path.read_text())[0]
+    kept = [chat["dia_id"] for key, chats in sample["conversation"].items()
+            if key.startswith("session_") and not key.endswith("date_time") for chat in chats]
+    assert turns == len(kept) == 25 and kept[:2] == ["D1:1", "D1:2"] and kept[-1] == "D2:7"  # session 1: 18 turns
+    assert questions == len(sample["qa"]) == 4
+    assert all(set(q["evidence"]) <= set(kept) and str(q["category"]) != "5" for q in sample["qa"])
+    rows = {"memfit": {"write_llm_calls": 2, "write_input_tokens": 900, "write_output_tokens": 100,
+                       "build_s": 4.0, "read_tokens_per_question": 500.0},
+            "mem0": {"write_llm_calls": 50, "write_input_tokens": 400_000, "write_output_tokens": 5_000,
+                     "build_s": 200.0, "read_tokens_per_question": 300.0}}
+    assert bench_peers.ratios(rows) == {"mem0": {"write_llm_calls": 25.0, "write_tokens": 405.0, "build_s": 50.0,
+                                                 "read_tokens_per_question": 0.6}}

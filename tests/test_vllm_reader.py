@@ -125,7 +125,12 @@ ENGINE_SCRIPT = textwrap.dedent('''
                                          images=[image, image], key="image")])
         after = reader.generate([Request([{"role": "user", "content": "Say goodbye."}], "judge", max_new_tokens=3,
                                          key="after")])
+        # JSON mode (a peer system's extraction calls): the engine's structured outputs hold the reply to JSON
+        as_json = reader.generate([Request([{"role": "user", "content": "The capital of France, as JSON with the "
+                                            "key city."}], "judge", max_new_tokens=40, key="json",
+                                           response_format="json_object")])
         print(json.dumps({
+            "json": [as_json[0].text, as_json[0].error],
             "mixed": [[r.text, r.input_tokens, r.notes, r.error, r.cached] for r in mixed],
             "again_cached": again[0].cached, "again_error": again[0].error,
             "judge_errors": reader.ledger.to_dict()["roles"]["judge"]["errors"],
@@ -173,6 +178,8 @@ def test_offline_engine_answers_from_a_guarded_script(tmp_path: Path, model_dir:
     assert result["again_cached"] is False and result["again_error"]  # a failure is not cached: asked again
     assert result["judge_errors"] == 2
     assert result["after"] and result["after_cached"] is False
+    json_text, json_error = result["json"]
+    assert json_error is None and isinstance(json.loads(json_text), dict), json_text
     log = tmp_path / "run" / "logs" / "vllm-engine-0.log"
     assert log.is_file() and log.stat().st_size > 0
     assert (tmp_path / "run" / "cache.sqlite").is_file()
@@ -237,6 +244,10 @@ def test_openai_reader_against_a_real_vllm_server(vllm_server: str, model_dir: s
     assert out[0].input_tokens == _prompt_len(model_dir, QUESTIONS[0])
     assert 1 <= out[0].output_tokens <= 10
     assert reader.ledger.roles["answer"].calls == 2
+    # JSON mode travels as the server's response_format and its structured outputs hold the reply to JSON
+    as_json = reader.generate([Request([{"role": "user", "content": "The capital of France, as JSON with the key "
+                                        "city."}], "answer", max_new_tokens=40, key="json", response_format="json_object")])
+    assert isinstance(json.loads(as_json[0].text), dict), as_json[0].text
 
 
 class ServerLoad:

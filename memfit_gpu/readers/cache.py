@@ -111,6 +111,8 @@ def request_key(backend: str, model: str, request: Request, template_kwargs: dic
     }
     if template_kwargs:  # absent when empty, so keys made before the option existed still hit
         payload["chat_template_kwargs"] = dict(template_kwargs)
+    if request.response_format is not None:  # likewise: a JSON-mode reply is another call than a free one
+        payload["response_format"] = request.response_format
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

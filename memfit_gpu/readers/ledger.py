@@ -38,7 +38,8 @@ from memfit_gpu.readers.types import ROLE_PHASES, ROLES, Response
 
 # Package data, so an installed (non-editable) memfit finds it too; configs/prices.yaml links to it.
 DEFAULT_PRICES = resources.files(__package__).joinpath("prices.yaml")
-PHASES = ("write", "read", "eval")  # ROLE_PHASES' values: ledger.json totals its roles per phase
+# ROLE_PHASES' values: ledger.json totals its roles per phase (embed: a peer system's embedding requests)
+PHASES = ("write", "read", "eval", "embed")
 
 
 class LedgerCheckError(AssertionError):

@@ -88,6 +88,7 @@ def _run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
 
 class OpenAIBackend(Backend):
     name = "openai"
+    json_mode = True  # sent as the server's response_format: OpenAI and vLLM servers honour JSON mode
 
     def __init__(self, cfg: ReaderConfig, backoff_base_s: float = 1.0, backoff_max_s: float = 60.0,
                  tokenizer: Any | None = None) -> None:
@@ -152,6 +153,8 @@ class OpenAIBackend(Backend):
             body["seed"] = int(self.cfg.seed)
         if self.template_kwargs:  # vLLM / SGLang servers read it; the OpenAI API does not need it
             body["chat_template_kwargs"] = self.template_kwargs
+        if request.response_format is not None:  # the server constrains its decoding (vLLM: structured outputs)
+            body["response_format"] = {"type": request.response_format}
         endpoint = f"{url}/chat/completions"
         last = "no attempt"
         start = time.perf_counter()

@@ -69,7 +69,8 @@ class Reader:
             if r.max_new_tokens is None or r.temperature is None:
                 r = Request(r.messages, r.role, list(r.images),
                             self.default_max_new_tokens if r.max_new_tokens is None else r.max_new_tokens,
-                            self.default_temperature if r.temperature is None else r.temperature, r.key, r.owner)
+                            self.default_temperature if r.temperature is None else r.temperature, r.key, r.owner,
+                            r.response_format)
             out.append(r)
         return out
 

@@ -25,14 +25,16 @@ Received = Callable[[list[tuple[int, "Response"]]], None]
 # LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
 # query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers, issue 24; the answers at
 # the other pack depths of eval.pack_cutoffs, which the run's own read phase and its efficiency row leave out).
-# A peer system run from its own package (methods/peers/) has a role per phase for its chat calls and for the
-# embeddings the run's encoder serves it (methods/peers/endpoint.py).
+# A peer system run from its own package (methods/peers/) has a role per phase for its chat calls, and roles
+# for the embeddings the run's encoder serves it (methods/peers/endpoint.py) in phase embed: they are no LLM
+# calls (MemFit's own encodings are not requests at all), so the write and read phases count LLM calls only.
 ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "eval", "mtm_summary": "write",
                                "consolidate": "write", "rewrite": "read", "rerank_slm": "read",
                                "growth_answer": "eval", "depth_answer": "eval",
                                "mem0_write": "write", "mem0_read": "read",
-                               "mem0_embed_write": "write", "mem0_embed_read": "read"}
+                               "mem0_embed_write": "embed", "mem0_embed_read": "embed"}
 ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
+RESPONSE_FORMATS: tuple[str | None, ...] = (None, "json_object")
 
 
 class OwnedText(str):
@@ -64,8 +66,14 @@ class Request:
     # the user (memory id) whose data the prompt carries: cache.sqlite keeps it beside the response and the
     # call record, so erasing the user drops both (a live memory's delete_user + compact); not in the key
     owner: str | None = None
+    # "json_object": the reply must be one JSON object (OpenAI's JSON mode). A backend whose `json_mode` is
+    # True constrains its decoding to it; the others generate freely (a peer's endpoint records that).
+    response_format: str | None = None
 
     def __post_init__(self) -> None:
+        if self.response_format not in RESPONSE_FORMATS:
+            raise ValueError(f"Request(key={self.key!r}): response_format {self.response_format!r} is not one of "
+                             f"{RESPONSE_FORMATS}")
         if self.role not in ROLES:
             raise ValueError(f"Request(key={self.key!r}): role {self.role!r} is not one of {ROLES}")
         if not isinstance(self.messages, list) or not self.messages:
@@ -115,6 +123,7 @@ class Backend(ABC):
     gpus: int = 0  # GPUs this backend keeps busy while generating (GPU-seconds = wall x gpus)
     chunk_size: int = 64  # requests per call between cache commits
     template_kwargs: dict[str, Any] = {}  # reader.chat_template_kwargs, applied to every chat template
+    json_mode: bool = False  # decoding is constrained to one JSON object when a request asks (response_format)
 
     def __init__(self, cfg: ReaderConfig) -> None:
         self.cfg = cfg

@@ -118,6 +118,7 @@ def _close_all(engines: list[_Engine]) -> None:
 
 class VLLMBackend(Backend):
     name = "vllm"
+    json_mode = True  # structured outputs (StructuredOutputsParams json_object) in the engine's sampling
 
     def __init__(self, cfg: ReaderConfig, log_dir: Path | None = None, startup_timeout_s: float = 1800.0,
                  batch_timeout_s: float | None = None, max_images: int | None = None,
@@ -189,7 +190,7 @@ class VLLMBackend(Backend):
         for r in requests:
             max_new_tokens, temperature = self.sampling(r)
             payload.append({"messages": r.messages, "images": list(r.images), "max_new_tokens": max_new_tokens,
-                            "temperature": temperature})
+                            "temperature": temperature, "response_format": r.response_format})
         parts = split_even(len(payload), len(self.engines))
         start = time.perf_counter()
         for engine, (lo, hi) in zip(self.engines, parts, strict=False):

@@ -107,6 +107,7 @@ def _chat_isolated(llm: Any, conversations: list[Any], params: list[Any], templa
 
 def _answer(llm: Any, batch: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
     template_kwargs = settings.get("chat_template_kwargs")
     tokenizer = llm.get_tokenizer()
@@ -129,8 +130,10 @@ def _answer(llm: Any, batch: list[dict[str, Any]], settings: dict[str, Any]) -> 
         except Exception as exc:  # noqa: BLE001 - this request alone cannot be served
             items[i] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
+        json_object = r.get("response_format") == "json_object"  # JSON mode: decoding held to one JSON object
         params.append(SamplingParams(max_tokens=max_tokens, temperature=float(r["temperature"]),
-                                     seed=int(settings.get("seed", 0))))
+                                     seed=int(settings.get("seed", 0)),
+                                     structured_outputs=StructuredOutputsParams(json_object=True) if json_object else None))
         where.append(i)
         notes_of[i] = notes
     outputs = _chat_isolated(llm, conversations, params, template_kwargs) if conversations else []

@@ -12,8 +12,10 @@ serves one request at a time (the reader serves one batch at a time anyway). Rou
 `POST /v1/chat/completions`, `POST /v1/embeddings`, `GET /v1/models`. The logic (`EndpointLogic`) is apart
 from the HTTP skin (`PeerEndpoint`), as in vLLM's entrypoints.
 
-`response_format` (JSON mode) is recorded: no reader backend constrains its decoding to JSON yet, so each
-such request counts under `served["response_format_unhonoured"]` and the method reports it.
+`response_format` (JSON mode, `json_object`) goes on the Request: the vllm and openai backends constrain the
+reply to one JSON object; the transformers backend cannot, so each such request it serves counts under
+`served["response_format_unhonoured"]` and the method reports it. A `json_schema` format is served as JSON
+mode (the schema itself is not enforced) and counted under `served["json_schema_as_json_object"]`.
 """
 
 from __future__ import annotations
@@ -124,17 +126,24 @@ class EndpointLogic:
             raise EndpointError("n must be 1")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         temperature = body.get("temperature")
+        wanted = body.get("response_format")
+        kind = wanted.get("type") if isinstance(wanted, dict) else None
+        if kind not in (None, "text", "json_object", "json_schema"):
+            raise EndpointError(f"response_format type {kind!r} is not served (text, json_object, json_schema)")
+        json_object = kind in ("json_object", "json_schema")
         serving = self.serving
         request = Request(chat, role=f"{self.system}_{serving.phase}",
                           max_new_tokens=None if limit is None else int(limit),
                           temperature=None if temperature is None else float(temperature),
-                          key=serving.key, owner=serving.owner)
+                          key=serving.key, owner=serving.owner, response_format="json_object" if json_object else None)
         with self._lock:
             response = self.reader.generate([request], partial=True)[0]
             self.served["chat_calls"] += 1
             self.served["chat_cached"] += int(response.cached)
-            if isinstance(body.get("response_format"), dict) and body["response_format"].get("type") != "text":
+            if json_object and not self.reader.backend.json_mode:
                 self.served["response_format_unhonoured"] += 1
+            if kind == "json_schema":
+                self.served["json_schema_as_json_object"] += 1
             if not response.cached:
                 self.served["chat_input_tokens"] += response.input_tokens
                 self.served["chat_output_tokens"] += response.output_tokens

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import tempfile
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,8 @@ class Mem0Method:
         self.parse_failures = _ParseFailures()
         self.added_now = 0  # add calls made by this process
         self.skipped = 0  # batches a mark (or Qdrant) said were added by an earlier process
+        self.add_seconds: list[float] = []  # each `add` call of this process (one batch of messages)
+        self.search_seconds: list[float] = []  # each question's searches (every speaker) in this process
         self._levels: dict[str, int] = {}  # the loggers quietened while mem0 runs, and their levels before
 
     # ---- set-up -----------------------------------------------------------------------------------------
@@ -206,9 +210,11 @@ class Mem0Method:
                             append_jsonl(marks_path, [{"batch": key, "stored": None, "found_in_store": True}])
                             self.skipped += 1
                             continue
+                        started = time.perf_counter()
                         with self.logic.serve("write", memory.memory_id, key):
                             result = self.memory.add(batch, user_id=user,
                                                      metadata={"timestamp": session.date_text, "memfit_batch": key})
+                        self.add_seconds.append(time.perf_counter() - started)
                         self.added_now += 1
                         run.account("mem0.add.ledger")  # the ledger is saved before the mark says done
                         append_jsonl(marks_path, [{"batch": key, "stored": len((result or {}).get("results", []))}])
@@ -237,6 +243,7 @@ class Mem0Method:
         rows = []
         for q in run.questions:
             found: list[dict[str, Any]] = []
+            started = time.perf_counter()
             with self.logic.serve("read", q.memory_id, q.question_id):
                 for speaker in speakers_of(by_id[q.memory_id]):
                     hits = self.memory.search(q.question, top_k=run.cfg.mem0.top_k,
@@ -244,6 +251,7 @@ class Mem0Method:
                     for hit in hits.get("results", []):
                         found.append({"speaker": speaker, "memory": hit["memory"], "score": float(hit["score"]),
                                       "timestamp": (hit.get("metadata") or {}).get("timestamp"), "id": hit["id"]})
+            self.search_seconds.append(time.perf_counter() - started)
             lines = [f"EXCERPT {i} {hit['timestamp']}: {hit['memory']} (from {hit['speaker']}'s memories)"
                      for i, hit in enumerate(found, start=1)]
             rows.append(pack_row(q, self.name, {
@@ -258,7 +266,9 @@ class Mem0Method:
                            "top_k": run.cfg.mem0.top_k, "max_tokens": run.cfg.mem0.max_tokens,
                            "memories_stored": sum(stored.values()), "memories_per_user": stored,
                            "replies_unparsed": self.parse_failures.count, "add_calls_this_process": self.added_now,
-                           "batches_already_added": self.skipped, "served": dict(self.logic.served)},
+                           "batches_already_added": self.skipped, "served": dict(self.logic.served),
+                           "add_seconds": _percentiles(self.add_seconds),
+                           "search_seconds": _percentiles(self.search_seconds)},
                 "retrieval_note": "mem0's memories name no turns: hit@k and pack hit are not measurable for it"}
 
     def close(self) -> None:
@@ -278,6 +288,15 @@ class Mem0Method:
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
             self._temporary = None
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """n, P50 and P95 (nearest rank) of this process's timings; None where there were none."""
+    if not seconds:
+        return {"n": 0, "p50": None, "p95": None}
+    ordered = sorted(seconds)
+    rank = lambda q: ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]  # noqa: E731
+    return {"n": len(ordered), "p50": rank(0.50), "p95": rank(0.95)}
 
 
 def _version() -> str:

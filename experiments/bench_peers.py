@@ -1,0 +1,167 @@
+"""MemFit beside the systems it is compared with, in one run, on the same data, reader and encoder: what
+each costs to build its memory (LLM calls and tokens, seconds) and to answer, and how well it answers.
+
+Each method is one `memfit run --config CONFIG method=M` child process over the same cut of a LoCoMo
+conversation (its first `--turns` turns, the questions whose evidence lies in them, at most `--questions`),
+one after the other, each with an empty run directory (no response cache shared): memfit, plain, naive_rag,
+lightmem_slm and mem0 (mem0ai's own package, its LLM and embedder served by the run's reader and encoder
+through methods/peers/endpoint.py, so its calls are counted by the same ledger). mem0 is fed as its own
+LoCoMo evaluation feeds it: `--mem0-batch-size` messages per `add` (2, its evaluation's; each `add` is
+one LLM call with its ~8,700-token extraction prompt).
+
+From each run's files: write-time LLM calls and tokens (ledger.json phase write: every role that builds
+memory; embeddings are phase embed, not LLM calls) per 1,000 turns, build seconds (timings.json build +
+summaries) per turn, read-time tokens per answered question (phase read: the answer call and any read-time
+calls), F1 (metrics.json), and for mem0 its own per-call timings (one `add` of a batch, one question's
+searches). Then each method's ratio to MemFit's figure, measured in the same run: write calls, write tokens
+and build seconds per turn (how many times fewer / faster MemFit is). Insertion and search latency of the
+live API are bench_online.py's (mem0 has no live path yet).
+
+    PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --turns 8 --questions 3     # ~15 min on 2 cores
+    PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --methods memfit,mem0 --turns 4
+
+Last line: JSON (the CPU, the data cut, one row per method, the ratios to memfit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "demo.yaml"
+LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
+METHODS = ("memfit", "plain", "naive_rag", "lightmem_slm", "mem0")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cut_locomo(source: Path, folder: Path, turns: int, questions: int) -> tuple[Path, int, int]:
+    """LoCoMo's first conversation cut to its first `turns` turns (whole sessions first, the last one cut)
+    and the questions whose evidence lies in them (at most `questions`): (file, turns, questions)."""
+    sample = json.loads(source.read_text())[0]
+    conversation, kept_ids, left = {}, set(), turns
+    index = 1
+    while left > 0 and f"session_{index}" in sample["conversation"]:
+        key = f"session_{index}"
+        chats = sample["conversation"][key][:left]
+        conversation[key], conversation[f"{key}_date_time"] = chats, sample["conversation"][f"{key}_date_time"]
+        kept_ids.update(chat["dia_id"] for chat in chats)
+        left -= len(chats)
+        index += 1
+    conversation.update({k: sample["conversation"][k] for k in ("speaker_a", "speaker_b")})
+    asked = [q for q in sample["qa"] if q.get("evidence") and set(q["evidence"]) <= kept_ids
+             and str(q.get("category")) != "5"][:questions]
+    if not asked:
+        raise SystemExit(f"no question of {source}'s first conversation has all its evidence in its first {turns} turns")
+    path = folder / f"locomo_{sample['sample_id']}_{turns}turns.json"
+    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation, "qa": asked}]))
+    return path, turns - left, len(asked)
+
+
+def run_method(method: str, data: Path, out: Path, config: Path, extra: list[str], threads: int) -> float:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(config), f"method={method}",
+                           f"data.path={data}", "data.limit_questions=null", *extra, "--out", str(out), "--quiet"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"method={method} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]:
+    ledger = json.loads((out / "ledger.json").read_text())
+    timings = json.loads((out / "timings.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    phases = ledger["phases"]
+    write, read = phases["write"], phases["read"]
+    questions = int(metrics["questions"])
+    build_s = float(timings.get("build", 0.0)) + float(timings.get("summaries", 0.0))
+    row: dict[str, Any] = {
+        "method": method, "turns": turns, "questions": questions,
+        "write_llm_calls": write["calls"], "write_input_tokens": write["input_tokens"],
+        "write_output_tokens": write["output_tokens"],
+        "write_llm_calls_per_1k_turns": round(write["calls"] * 1000 / turns, 1),
+        "write_tokens_per_1k_turns": round((write["input_tokens"] + write["output_tokens"]) * 1000 / turns),
+        "build_s": round(build_s, 3), "build_s_per_turn": round(build_s / turns, 4),
+        "read_llm_calls": read["calls"],
+        "read_tokens_per_question": round((read["input_tokens"] + read["output_tokens"]) / questions, 1),
+        "retrieve_s_per_question": round(float(timings.get("retrieve", 0.0)) / questions, 4),
+        "f1": (metrics.get("overall") or {}).get("f1"), "run_wall_s": round(wall_s, 1),
+        "embed_requests": phases.get("embed", {}).get("calls", 0),
+    }
+    if method == "mem0":
+        held = json.loads((out / "diagnostics.json").read_text())["method"]
+        row.update({"mem0_add_s": held["add_seconds"], "mem0_search_s": held["search_seconds"],
+                    "mem0_memories_stored": held["memories_stored"], "mem0_replies_unparsed": held["replies_unparsed"],
+                    "mem0_batch_size": held["batch_size"]})
+    return row
+
+
+def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each method's figure over MemFit's: how many times more write calls, write tokens and build seconds."""
+    base = rows.get("memfit")
+    if base is None:
+        return {}
+
+    def over(a: float, b: float) -> float | None:
+        return None if not b else round(a / b, 2)
+
+    return {m: {"write_llm_calls": over(r["write_llm_calls"], base["write_llm_calls"]),
+                "write_tokens": over(r["write_input_tokens"] + r["write_output_tokens"],
+                                     base["write_input_tokens"] + base["write_output_tokens"]),
+                "build_s": over(r["build_s"], base["build_s"]),
+                "read_tokens_per_question": over(r["read_tokens_per_question"], base["read_tokens_per_question"])}
+            for m, r in rows.items() if m != "memfit"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--locomo", type=Path, default=Path(os.environ.get("MEMFIT_DATA_DIR", LOCOMO.parent.parent))
+                        / "locomo" / "locomo10.json", help="LoCoMo's locomo10.json (default: ../shared/data)")
+    parser.add_argument("--turns", type=int, default=8, help="the conversation's first N turns (default: %(default)s)")
+    parser.add_argument("--questions", type=int, default=3, help="at most this many questions (default: %(default)s)")
+    parser.add_argument("--mem0-batch-size", type=int, default=2,
+                        help="messages per mem0 add (default: %(default)s, mem0's LoCoMo evaluation)")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the runs' config (default: configs/demo.yaml)")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: a temporary one)")
+    args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    root = args.out or Path(tempfile.mkdtemp(prefix="bench_peers-"))
+    root.mkdir(parents=True, exist_ok=True)
+    data, turns, questions = cut_locomo(args.locomo, root, args.turns, args.questions)
+    rows = {}
+    for method in methods:
+        extra = [f"mem0.batch_size={args.mem0_batch_size}"] if method == "mem0" else []
+        out = root / method
+        wall = run_method(method, data, out, args.config, extra, args.threads)
+        rows[method] = figures(method, out, turns, wall)
+        print(json.dumps(rows[method]), file=sys.stderr, flush=True)
+    print(json.dumps({"cpu": cpu_name(), "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+                      "data": {"file": data.name, "turns": turns, "questions": questions},
+                      "config": str(args.config), "threads": args.threads, "runs": str(root),
+                      "rows": list(rows.values()), "ratio_to_memfit": ratios(rows)}))
+
+
+if __name__ == "__main__":
+    main()
