@@ -15,7 +15,10 @@ summaries) per turn, read-time tokens per answered question (phase read: the ans
 calls), F1 (metrics.json), and for mem0 its own per-call timings (one `add` of a batch, one question's
 searches). Then each method's ratio to MemFit's figure, measured in the same run: write calls, write tokens
 and build seconds per turn (how many times fewer / faster MemFit is). Insertion and search latency of the
-live API are bench_online.py's (mem0 has no live path yet).
+live API: MemFit's are measured in the same run over the same turns (`memfit_gpu.Memory`, one turn per add,
+one question per search, as bench_online.py's API path); mem0 has no live path yet, so its insertion is its
+own `add` timing (a call of `--mem0-batch-size` messages) and the JSON gives per turn the seconds of mem0's
+adds (each turn goes to every speaker's memory) over MemFit's one-turn add P50.
 
     PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --turns 8 --questions 3     # ~15 min on 2 cores
     PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --methods memfit,mem0 --turns 4
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -35,6 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.live.memory import Memory  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo.yaml"
@@ -104,7 +115,8 @@ def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]
         "read_llm_calls": read["calls"],
         "read_tokens_per_question": round((read["input_tokens"] + read["output_tokens"]) / questions, 1),
         "retrieve_s_per_question": round(float(timings.get("retrieve", 0.0)) / questions, 4),
-        "f1": (metrics.get("overall") or {}).get("f1"), "run_wall_s": round(wall_s, 1),
+        "f1": ((metrics.get("overall") or {}).get(metrics.get("metric_variant", "paper")) or {}).get("f1"),
+        "run_wall_s": round(wall_s, 1),
         "embed_requests": phases.get("embed", {}).get("calls", 0),
     }
     if method == "mem0":
@@ -113,6 +125,39 @@ def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]
                     "mem0_memories_stored": held["memories_stored"], "mem0_replies_unparsed": held["replies_unparsed"],
                     "mem0_batch_size": held["batch_size"]})
     return row
+
+
+def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """n, P50 and P95 (nearest rank), the way mem0's diagnostics give its own timings."""
+    if not seconds:
+        return {"n": 0, "p50": None, "p95": None}
+    ordered = sorted(seconds)
+    rank = lambda q: ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]  # noqa: E731
+    return {"n": len(ordered), "p50": rank(0.50), "p95": rank(0.95)}
+
+
+def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str, Any]:
+    """MemFit as a live memory (memfit_gpu.Memory, the API path of bench_online.py) over the same turns: each
+    turn added alone (one durable write, its encoding and indexing), then each question searched alone
+    (top 10), timed; the first search is a warm-up, untimed (every read cache is built once)."""
+    torch.set_num_threads(threads)
+    bench = load_benchmark("locomo", data)
+    conversation = bench.memories[0]
+    records = [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
+                "session_id": s.session_id, "date_text": t.date_text} for s in conversation.sessions for t in s.turns]
+    questions = [q.question for q in conversation.questions]
+    adds, searches = [], []
+    with Memory.open(work, str(config), method="memfit") as memory:
+        for record in records:
+            started = time.perf_counter()
+            memory.add(conversation.memory_id, [record])
+            adds.append(time.perf_counter() - started)
+        memory.search(conversation.memory_id, questions[:1], k=10)
+        for question in questions:
+            started = time.perf_counter()
+            memory.search(conversation.memory_id, [question], k=10)
+            searches.append(time.perf_counter() - started)
+    return {"add_s_per_turn": percentiles(adds), "search_s": percentiles(searches)}
 
 
 def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -157,10 +202,19 @@ def main() -> None:
         wall = run_method(method, data, out, args.config, extra, args.threads)
         rows[method] = figures(method, out, turns, wall)
         print(json.dumps(rows[method]), file=sys.stderr, flush=True)
+    live = live_memfit(data, args.config, root / "memfit-live", args.threads) if "memfit" in methods else None
+    insertion = None
+    if live is not None and "mem0" in rows:
+        # per turn: mem0 adds each turn to every speaker's memory, in calls of --mem0-batch-size messages
+        mem0_add = rows["mem0"]["mem0_add_s"]
+        mem0_per_turn = (mem0_add["p50"] * mem0_add["n"] / turns) if mem0_add["n"] else None
+        insertion = {"mem0_add_s_per_turn_from_p50": mem0_per_turn, "memfit_add_s_per_turn_p50": live["add_s_per_turn"]["p50"],
+                     "ratio": None if not mem0_per_turn else round(mem0_per_turn / live["add_s_per_turn"]["p50"], 1)}
     print(json.dumps({"cpu": cpu_name(), "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                       "data": {"file": data.name, "turns": turns, "questions": questions},
                       "config": str(args.config), "threads": args.threads, "runs": str(root),
-                      "rows": list(rows.values()), "ratio_to_memfit": ratios(rows)}))
+                      "rows": list(rows.values()), "ratio_to_memfit": ratios(rows), "memfit_live": live,
+                      "insertion_mem0_over_memfit": insertion}))
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictio
     assert row["write_input_tokens"] == ledger["mem0_write"]["input_tokens"] > 8000  # mem0's extraction prompt
     assert row["embed_requests"] == sum(ledger[r]["calls"] for r in ("mem0_embed_write", "mem0_embed_read"))
     assert row["read_llm_calls"] == 2 and row["mem0_batch_size"] == 2 and row["mem0_search_s"]["n"] == 2
+    assert row["f1"] == json.loads((out / "metrics.json").read_text())["overall"]["paper"]["f1"]
     whole_diagnostics = json.loads((reference / "diagnostics.json").read_text())["method"]
     assert whole_diagnostics["served"]["response_format_unhonoured"] == 2  # mem0 asks for JSON mode
 

@@ -126,8 +126,8 @@ ENGINE_SCRIPT = textwrap.dedent('''
         after = reader.generate([Request([{"role": "user", "content": "Say goodbye."}], "judge", max_new_tokens=3,
                                          key="after")])
         # JSON mode (a peer system's extraction calls): the engine's structured outputs hold the reply to JSON
-        as_json = reader.generate([Request([{"role": "user", "content": "The capital of France, as JSON with the "
-                                            "key city."}], "judge", max_new_tokens=40, key="json",
+        as_json = reader.generate([Request([{"role": "user", "content": 'Reply with exactly this JSON object: '
+                                            '{"city": "Paris"}'}], "judge", max_new_tokens=40, key="json",
                                            response_format="json_object")])
         print(json.dumps({
             "json": [as_json[0].text, as_json[0].error],
@@ -245,8 +245,8 @@ def test_openai_reader_against_a_real_vllm_server(vllm_server: str, model_dir: s
     assert 1 <= out[0].output_tokens <= 10
     assert reader.ledger.roles["answer"].calls == 2
     # JSON mode travels as the server's response_format and its structured outputs hold the reply to JSON
-    as_json = reader.generate([Request([{"role": "user", "content": "The capital of France, as JSON with the key "
-                                        "city."}], "answer", max_new_tokens=40, key="json", response_format="json_object")])
+    as_json = reader.generate([Request([{"role": "user", "content": 'Reply with exactly this JSON object: '
+                                        '{"city": "Paris"}'}], "answer", max_new_tokens=40, key="json", response_format="json_object")])
     assert isinstance(json.loads(as_json[0].text), dict), as_json[0].text
 
 
