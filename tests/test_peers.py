@@ -211,6 +211,7 @@ def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictio
     assert ledger["mem0_write"]["calls"] == 2  # each extraction paid once, over both processes
     assert ledger["answer"]["calls"] == 2
     assert ledger["mem0_embed_read"]["calls"] >= 2  # each question embedded once per speaker searched
+    assert json.loads((out / "provenance.json").read_text())["packages"]["mem0ai"] == "2.2.1"
     stored = diagnostics["memories_per_user"]
     assert set(stored) == {"Caroline_conv-26", "Melanie_conv-26"}
 
