@@ -60,7 +60,7 @@ class IndexConfig:
     encode_batch_tokens: int = 0  # padded tokens (rows x width) per forward; 0 = auto: 2,048 on a CPU (cache-sized), 65,536 on a GPU (fills it)
     encoder_workers: str = "auto"  # replicas on several devices: threads (one process) | processes (one per device) | auto (processes for 2+ GPUs)
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
-    dtype: str = "auto"  # auto = bf16 on a CPU with AMX (several times fp32's rate, hits held), else float32 (GPU packs = the paper's fp32 packs) | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto = bf16 on a CPU with AMX (several times fp32's rate; hit rates held, top-10 order not: docs/benchmarks.md), else float32 (the paper's fp32 packs) | float32 | bf16 | fp16
     encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
