@@ -221,10 +221,11 @@ def _log_auto(setting: str, chosen: torch.dtype, cpu_only: bool) -> None:
     if key in _logged:
         return
     _logged.add(key)
+    forced = os.environ.get(AMX_ENV, "").strip()
     if chosen == torch.bfloat16:
-        why = "this CPU has AMX tiles"
+        why = "this CPU has AMX tiles" + (f" ({AMX_ENV}=1)" if forced == "1" else "")
     elif cpu_only:
-        why = "this CPU has no AMX tiles" + (f" ({AMX_ENV}=0)" if os.environ.get(AMX_ENV, "").strip() == "0" else "")
+        why = "this CPU has no AMX tiles" + (f" ({AMX_ENV}=0)" if forced == "0" else "")
     else:
         why = "a GPU or no device (fp32 packs)"
     logger.info("%s=auto: %s (%s; set %s=float32 or bf16 to choose)", setting, str(chosen).removeprefix("torch."),
