@@ -4,7 +4,8 @@ Same weights (all-MiniLM-L6-v2, packaged offline), same texts (stored-episode fo
 size 128 and normalised; runs alternate so both see the same machine load. Pairs of figures: wall
 clock texts/s (the ratio) and CPU-time texts/s (this machine is shared).
 
-Last line: JSON with ours_tps, st_tps, ratio (ours / reference), max_abs_diff.
+--dtype picks both models' compute dtype (index.dtype's values; the reference is loaded in the dtype ours
+resolved to). Last line: JSON with cpu, dtype, ours_tps, st_tps, ratio (ours / reference), max_abs_diff.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.devices import describe  # noqa: E402
 from memfit_gpu.index.encoders import BiEncoder, onednn  # noqa: E402
 from memfit_gpu.store import episode_text  # noqa: E402
 
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for both (0 = torch default)")
+    parser.add_argument("--dtype", default="auto",
+                        help="compute dtype of both (index.dtype's values: auto, float32, bf16, fp16)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,10 +57,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     turns = locomo_turns(args.locomo)
     texts = random.Random(args.seed).sample(turns, min(args.texts, len(turns)))
-    ours = BiEncoder.from_pretrained(args.model, device=args.device)
+    ours = BiEncoder.from_pretrained(args.model, device=args.device, dtype=args.dtype)
     from sentence_transformers import SentenceTransformer
 
-    reference = SentenceTransformer(ours.loaded_from.path, device=str(ours.device))
+    # the reference in the dtype ours resolved to (auto included)
+    reference = SentenceTransformer(ours.loaded_from.path, device=str(ours.device), model_kwargs={"dtype": ours.dtype})
     ours.encode(texts[:64], batch_size=args.batch_size)
     reference.encode(texts[:64], batch_size=args.batch_size)
 
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result = {
         "texts": n,
         "device": str(ours.device),
+        "cpu": describe()["cpu"]["model"],
+        "dtype": str(ours.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
         "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",

@@ -8,7 +8,9 @@ which case a machine is, before anyone hunts for a regression in the encoders.
 
 For each torch thread count and shape (rows = tokens of a batch, in -> out features): the best of
 `--repeats` timings of `--inner` calls each, ours and the reference alternating; `mkl_over_onednn` > 1
-means oneDNN is faster. Results are checked equal (max abs difference printed).
+means oneDNN is faster. Results are checked equal (max abs difference printed). `bf16_ms` times the same layer
+in bf16 (`F.linear` on bf16 tensors: what the encoders run with `index.dtype: bf16`, oneDNN's AMX or AVX512-BF16
+kernels where the CPU has them), and `onednn_over_bf16` is fp32's time over it.
 
     PYTHONPATH=. .venv/bin/python experiments/bench_gemm.py
 
@@ -53,17 +55,20 @@ def best_of(repeats: int, inner: int, call: Callable[[], torch.Tensor]) -> float
 
 
 def compare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, repeats: int,
-            inner: int) -> tuple[float, float, float]:
-    """(oneDNN seconds, F.linear seconds, max abs difference) of one layer, the two alternating twice."""
+            inner: int) -> tuple[float, float, float, float]:
+    """(oneDNN seconds, F.linear seconds, max abs difference, bf16 F.linear seconds) of one layer, the three
+    alternating twice."""
     owner = torch.nn.Module()
+    low = [t.bfloat16() for t in (x, weight, bias)]
     with torch.inference_mode():
         ours = onednn.linear(owner, "w", x, weight, bias)  # packs the weight once (not timed)
         diff = float((ours - torch.nn.functional.linear(x, weight, bias)).abs().max())
-        t_onednn = t_mkl = float("inf")
-        for _ in range(2):  # alternate, so both see the same load
+        t_onednn = t_mkl = t_bf16 = float("inf")
+        for _ in range(2):  # alternate, so all see the same load
             t_onednn = min(t_onednn, best_of(repeats, inner, lambda: onednn.linear(owner, "w", x, weight, bias)))
             t_mkl = min(t_mkl, best_of(repeats, inner, lambda: torch.nn.functional.linear(x, weight, bias)))
-    return t_onednn, t_mkl, diff
+            t_bf16 = min(t_bf16, best_of(repeats, inner, lambda: torch.nn.functional.linear(*low)))
+    return t_onednn, t_mkl, diff, t_bf16
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -81,13 +86,16 @@ def main(argv: list[str] | None = None) -> dict:
         for tokens, fan_in, fan_out in SHAPES:
             x = torch.randn(tokens, fan_in, generator=generator)
             weight, bias = torch.randn(fan_out, fan_in, generator=generator), torch.randn(fan_out, generator=generator)
-            t_onednn, t_mkl, diff = compare(x, weight, bias, args.repeats, args.inner)
+            t_onednn, t_mkl, diff, t_bf16 = compare(x, weight, bias, args.repeats, args.inner)
             row = {"threads": threads, "shape": f"{tokens}x{fan_in}->{fan_out}", "onednn_ms": round(t_onednn * 1e3, 3),
                    "mkl_ms": round(t_mkl * 1e3, 3), "mkl_over_onednn": round(t_mkl / t_onednn, 3),
-                   "gflops_onednn": round(2 * tokens * fan_in * fan_out / t_onednn / 1e9, 1), "max_abs_diff": diff}
+                   "gflops_onednn": round(2 * tokens * fan_in * fan_out / t_onednn / 1e9, 1), "max_abs_diff": diff,
+                   "bf16_ms": round(t_bf16 * 1e3, 3), "onednn_over_bf16": round(t_onednn / t_bf16, 3),
+                   "gflops_bf16": round(2 * tokens * fan_in * fan_out / t_bf16 / 1e9, 1)}
             rows.append(row)
             print(f"threads={threads} {row['shape']:>16}: oneDNN {row['onednn_ms']:8.3f} ms  MKL {row['mkl_ms']:8.3f} ms"
-                  f"  MKL/oneDNN {row['mkl_over_onednn']:.2f}", flush=True)
+                  f"  MKL/oneDNN {row['mkl_over_onednn']:.2f}  bf16 {row['bf16_ms']:8.3f} ms"
+                  f"  oneDNN/bf16 {row['onednn_over_bf16']:.2f}", flush=True)
     result = {"cpu": cpu_model(), "torch": torch.__version__, "rows": rows}
     print(json.dumps(result))
     return result

@@ -10,7 +10,8 @@ The reference runs at its own default batch size (32) unless `--st-batch-size` s
 alternate (ours, reference, ours, ...) so both see the same machine load. Pairs/s are wall-clock; the
 CPU-time figures are printed too because this machine is shared.
 
-Last line: JSON with ours_pps, st_pps, ratio (ours / reference), max_abs_diff.
+--dtype picks both models' compute dtype (rerank.dtype's values; the reference is loaded in the dtype ours
+resolved to). Last line: JSON with cpu, dtype, ours_pps, st_pps, ratio (ours / reference), max_abs_diff.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.devices import describe  # noqa: E402
 from memfit_gpu.index.encoders import CrossEncoderModule, onednn, random_cross_encoder  # noqa: E402
 from memfit_gpu.store import episode_text  # noqa: E402
 
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads for both (0 = torch default)")
+    parser.add_argument("--dtype", default="auto",
+                        help="compute dtype of both (rerank.dtype's values: auto, float32, bf16, fp16)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,10 +77,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     pairs = locomo_pairs(args.locomo, args.questions, args.candidates, args.seed)
     with tempfile.TemporaryDirectory(prefix="bench_rerank_") as tmp:
         model_path = args.model or str(random_cross_encoder(Path(tmp) / "ce", seed=args.seed))
-        ours = CrossEncoderModule.from_pretrained(model_path, device=args.device, max_length=384)
+        ours = CrossEncoderModule.from_pretrained(model_path, device=args.device, max_length=384, dtype=args.dtype,
+                                                  setting="rerank.dtype")
         from sentence_transformers import CrossEncoder
 
-        reference = CrossEncoder(ours.loaded_from.path, device=str(ours.device), max_length=384)
+        # the reference in the dtype ours resolved to (auto included)
+        reference = CrossEncoder(ours.loaded_from.path, device=str(ours.device), max_length=384,
+                                 model_kwargs={"dtype": ours.dtype})
         if ours.activation == "identity" and "Identity" not in type(reference.activation_fn).__name__:
             raise RuntimeError(f"activation mismatch: ours identity, reference {reference.activation_fn}")
 
@@ -98,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "mean_tokens": round(sum(lengths) / n, 1),
         "max_tokens": max(lengths),
         "device": str(ours.device),
+        "cpu": describe()["cpu"]["model"],
+        "dtype": str(ours.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "fast_path": ours.fast_path,
         "cpu_gemm": "onednn" if ours.device.type == "cpu" and onednn.available() else "aten",

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from memfit_gpu.config import MemFitConfig  # noqa: E402
 from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.devices import describe  # noqa: E402
 from memfit_gpu.index.encoders import load_bi_encoder  # noqa: E402
 from memfit_gpu.store import EpisodeStore, episode_text  # noqa: E402
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--store-dir", default=None, help="where the store is written (default: a temp dir)")
     parser.add_argument("--no-st", action="store_true", help="skip the sentence-transformers reference")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--dtype", default="auto", help="index.dtype of both encoders: auto | float32 | bf16 | fp16")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = MemFitConfig()
     cfg.index.device = args.device
     cfg.index.encode_batch_size = args.batch_size
+    cfg.index.dtype = args.dtype
     cfg.summary.enabled = False
     benchmark = load_benchmark("locomo", args.data)
     texts = [episode_text(t) for m in benchmark.memories for t in m.turns()]
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         "episodes": len(texts),
         "memories": len(benchmark.memories),
         "device": str(encoder.devices[0]),
+        "cpu": describe()["cpu"]["model"],
         "dtype": str(encoder.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,

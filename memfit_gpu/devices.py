@@ -4,9 +4,10 @@
     visible_devices("cuda:0,cuda:1") [cuda:0, cuda:1];  "cuda" / "gpu": every GPU (an error without one)
     first_device(spec)               where a single-device structure (the BM25 index) lives: the first one
     visible_gpu_ids()                GPU ids as CUDA_VISIBLE_DEVICES spells them (vLLM engine groups)
-    resolve_dtype(dtype, devices)    encoders: "auto" = float32 everywhere; bf16 only where it is native
+    resolve_dtype(dtype, devices)    encoders: "auto" = bf16 on a CPU with AMX, float32 elsewhere (GPUs included)
     reader_dtype(dtype, device)      generation: "auto" = bf16 where it is native (GPU: else fp16; CPU: else fp32)
     cpu_native_bf16()                whether this CPU computes bf16 itself (AVX512-BF16 or AMX tiles)
+    cpu_amx()                        whether this CPU has AMX tiles (MEMFIT_CPU_AMX=0/1 overrides the probe)
     warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
     synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
@@ -15,7 +16,9 @@
     in_fresh_thread(call, *args)     run CPU torch work that is not the process's own on a thread that then ends
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
-fp32 packs; a reader generates text, where bf16's range matters more than its last bits.
+fp32 packs, except on a CPU with AMX, where bf16 runs several times faster and the packs stay within the
+measured tolerance (docs/benchmarks.md "Encoders in bf16"); a reader generates text, where bf16's range
+matters more than its last bits.
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["DTYPES", "cpu_native_bf16", "describe", "in_fresh_thread", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
+__all__ = ["AMX_ENV", "DTYPES", "cpu_amx", "cpu_native_bf16", "describe", "in_fresh_thread", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
            "resolve_dtype", "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
+
+# "0" / "1": what the encoders' dtype "auto" takes this CPU to have instead of asking torch (a run that must
+# make the same packs on every node of a mixed cluster, or the test suite, whose parity checks are fp32's).
+AMX_ENV = "MEMFIT_CPU_AMX"
 
 # Every spelling the config accepts for a dtype ("auto" aside).
 DTYPES = {
@@ -174,23 +181,66 @@ def _native_bf16(device: torch.device) -> bool:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
 
 
-def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], setting: str = "dtype") -> torch.dtype:
-    """The encoders' compute dtype: "auto" = float32 on every device; bf16 / fp16 only when asked.
+def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], setting: str = "dtype",
+                  amx: bool | None = None) -> torch.dtype:
+    """The encoders' compute dtype: "auto" = bf16 when every device is a CPU with AMX tiles, float32 elsewhere
+    (every GPU, a CPU without AMX, no device named); float32 / bf16 / fp16 when asked.
 
-    fp32 keeps GPU packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
+    On a GPU fp32 keeps packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
     cross-encoder logits in [4, 8) are 1/32 apart, so rounding alone ties or reorders top-10 lists,
     and identical texts in different batches differ by bf16's 2^-8 steps instead of fp32's ~2e-7 (GEMM
     blocking depends on the batch shape even in fp32, so bit equality across batches is not promised).
-    bf16 is refused on GPUs that only emulate it (V100, T4): use fp16 there."""
+    On an AMX CPU a MiniLM-sized GEMM runs several times faster in bf16 than in fp32 (about 9x reported for
+    an AMX Xeon; docs/benchmarks.md says what was measured where), and over LoCoMo's 1,540 questions the bf16 bi-encoder's hit@5 / hit@10 / pack hit stay within
+    0.1 point of fp32's, but its top-10 lists are not fp32's: equal in order on 63 % of the questions, as sets
+    on 89 % (docs/benchmarks.md "Encoders in bf16", measured with AVX512-BF16's bf16 arithmetic). On a CPU
+    with AVX512-BF16 alone (AMD Zen 4/5) bf16 encodes 1.6x faster than the packed fp32 path, too little for
+    that: auto keeps float32 there. bf16 is refused on GPUs that only emulate it (V100, T4).
+
+    amx: whether the CPU has AMX tiles (the injected probe of tests and the device plan); None = cpu_amx()."""
     chosen = parse_dtype(dtype, setting)
     if chosen is None:
-        return torch.float32
+        cpu_only = bool(devices) and all(torch.device(d).type == "cpu" for d in devices)
+        chosen = torch.bfloat16 if cpu_only and (cpu_amx() if amx is None else amx) else torch.float32
+        _log_auto(setting, chosen, cpu_only)
+        return chosen
     if chosen == torch.bfloat16:
         for device in devices:
             if device.type == "cuda" and not _native_bf16(device):
                 raise ValueError(f"{setting} bf16: {torch.cuda.get_device_name(device)} ({device}) has no native "
                                  "bf16 (it would be emulated, slowly); use fp16 or float32")
     return chosen
+
+
+_logged: set[tuple[str, torch.dtype, bool]] = set()
+
+
+def _log_auto(setting: str, chosen: torch.dtype, cpu_only: bool) -> None:
+    """Say once per process and setting what "auto" chose, and why."""
+    key = (setting, chosen, cpu_only)
+    if key in _logged:
+        return
+    _logged.add(key)
+    forced = os.environ.get(AMX_ENV, "").strip()
+    if chosen == torch.bfloat16:
+        why = "this CPU has AMX tiles" + (f" ({AMX_ENV}=1)" if forced == "1" else "")
+    elif cpu_only:
+        why = "this CPU has no AMX tiles" + (f" ({AMX_ENV}=0)" if forced == "0" else "")
+    else:
+        why = "a GPU or no device (fp32 packs)"
+    logger.info("%s=auto: %s (%s; set %s=float32 or bf16 to choose)", setting, str(chosen).removeprefix("torch."),
+                why, setting)
+
+
+def cpu_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon 4th generation and later), where oneDNN runs bf16 GEMMs
+    several times faster than fp32's; MEMFIT_CPU_AMX=0 or 1 overrides torch's probe."""
+    forced = os.environ.get(AMX_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{AMX_ENV}={forced!r}: use 0 or 1 (or leave it unset: ask the CPU)")
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def cpu_native_bf16() -> bool:

@@ -22,6 +22,7 @@ from memfit_gpu.data import Benchmark, resolve_data_path
 from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.stats import quirk_counts
+from memfit_gpu.devices import resolve_dtype, visible_devices
 from memfit_gpu.digests import file_sha256, text_sha256
 from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.models import origin, resolve
@@ -47,18 +48,24 @@ class ModelUse:
     backend: str | None = None  # a reader's or judge's backend
     weights: bool = True  # loaded from disk here (False: a server's model, named only)
     base_urls: tuple[str, ...] = ()
+    # an encoder's dtype setting (its key, its value) and index.device: model_record resolves what it computes in
+    dtype: tuple[str, str] | None = None
+    device: str = "auto"
 
 
 def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = True,
                judge: bool | None = None) -> list[ModelUse]:
     """The models `cfg` loads: the encoder, the cross-encoder (rerank.backend=cross-encoder) and, with
     readers, the reader and the judge (eval.judge.enabled, or `judge`); a reader whose backend loads no
-    weights (its registry entry: a server) is listed with weights=False."""
+    weights (its registry entry: a server) is listed with weights=False. The encoders carry the dtype they
+    compute in on index.device (`cfg` placed by the device plan: where they run)."""
     uses = []
     if retrieval:
-        uses.append(ModelUse("encoder", "encoder", cfg.index.encoder, "index.encoder"))
+        uses.append(ModelUse("encoder", "encoder", cfg.index.encoder, "index.encoder",
+                             dtype=("index.dtype", cfg.index.dtype), device=cfg.index.device))
         if cfg.rerank.backend == "cross-encoder":
-            uses.append(ModelUse("cross_encoder", "cross-encoder", cfg.rerank.model, "rerank.model"))
+            uses.append(ModelUse("cross_encoder", "cross-encoder", cfg.rerank.model, "rerank.model",
+                                 dtype=("rerank.dtype", cfg.rerank.dtype), device=cfg.index.device))
     if readers:
         roles = [("reader", cfg.reader, "reader.model")]
         if cfg.eval.judge.enabled if judge is None else judge:
@@ -71,10 +78,14 @@ def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = Tru
 
 
 def model_record(use: ModelUse) -> dict[str, Any]:
-    """What the record says of one model: its id, where its weights came from and their sha256."""
+    """What the record says of one model: its id, where its weights came from and their sha256, and an
+    encoder's compute dtype (devices.resolve_dtype on index.device, as the encoder resolves it when it loads)."""
     record: dict[str, Any] = {"name": use.name, "config_key": use.config_key}
     if use.backend is not None:
         record["backend"] = use.backend
+    if use.dtype is not None:
+        key, value = use.dtype
+        record["dtype"] = str(resolve_dtype(value, visible_devices(use.device), key)).removeprefix("torch.")
     if not use.weights:
         return {**record, "source": "server", "base_urls": list(use.base_urls)}
     resolved = resolve(use.kind, use.name)

@@ -214,7 +214,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
         # before any LLM call: what makes this run's numbers, compared on every resume
-        record = collect(cfg, selected)
+        record = collect(placed, selected)  # placed: the encoders' dtype is resolved where they run
         if not (out / provenance.FILE).exists() and (out / "predictions.jsonl").exists():
             log.warning("%s: a directory started by a memfit that recorded no provenance: recorded now, after its "
                         "first answers (recorded_late)", out)

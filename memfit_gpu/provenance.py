@@ -8,7 +8,8 @@ A record (README.md "provenance.json" says what each field means) holds:
     devices     devices.describe(): the CPU, the visible GPUs, CUDA and the driver
     data        the benchmark, its split, each file read (bytes, sha256), the loader's quirk counts
     categories  the category id -> name map and where it is written (the benchmark's official scorer)
-    models      every model the configuration loads: its id, where it came from, its weight files' sha256
+    models      every model the configuration loads: its id, where it came from, its weight files' sha256, and
+                the encoders' compute dtype (float32 in a record written before it was recorded)
     judge       the judge's backend, model and prompt files (sha256), or {"enabled": false}
     prompts     the reader's prompt files (answer, summaries, ...) by sha256
     changes     resumes under different provenance that --allow-provenance-change let through
@@ -66,6 +67,9 @@ CHECKOUT_ONLY = frozenset({"code.commit", "code.dirty", "code.diff_sha256"})
 WARNINGS = {"data": "data", "categories": "category names", "models": "weights", "judge": "judge",
             "prompts": "prompts"}
 NOTES = {"code": "code version", "python": "python", "packages": "package versions", "devices": "devices"}
+# Leaves added to records after runs were made, with the value every earlier run had: a record without one
+# is taken to hold that value (the encoders' dtype: "auto" was float32 everywhere before it was recorded).
+ADDED = {"dtype": "float32"}
 
 
 class ProvenanceError(ValueError):
@@ -199,7 +203,15 @@ def differences(before: Mapping[str, Any], after: Mapping[str, Any],
     a, b = _leaves(before, sections), _leaves(after, sections)
     order = {section: i for i, section in enumerate(sections)}
     keys = sorted(a.keys() | b.keys(), key=lambda k: (order[k.split(".", 1)[0]], k))
-    return [Difference(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+    return [Difference(k, a.get(k), b.get(k)) for k in keys if _value(a, k) != _value(b, k)]
+
+
+def _value(leaves: Mapping[str, Any], key: str) -> Any:
+    """A leaf's value; an ADDED leaf a model's entry lacks (a record written before it was added) as ADDED says."""
+    parts = key.split(".")
+    if key not in leaves and len(parts) == 3 and parts[0] == "models" and parts[2] in ADDED:
+        return ADDED[parts[2]]
+    return leaves.get(key)
 
 
 def _short(value: Any) -> str:

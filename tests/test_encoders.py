@@ -303,6 +303,24 @@ def test_encoders_say_what_ran(minilm: BiEncoder, cross_encoder_dir: Path) -> No
     assert bf16.info()["dtype"] == "bfloat16"
 
 
+def test_bf16_cross_encoder_scores_off_the_bf16_grid_and_alike_batched_or_alone(
+        cross_encoder_dir: Path, locomo_pairs: list[tuple[str, str]]) -> None:
+    """In bf16 the head runs in float32: logits in [4, 8), where bf16's steps are 1/32, stay distinct and within
+    bf16's body noise of float32's. Batched and one-at-a-time scores agree to that noise (float32: to 1e-5)."""
+    pairs = locomo_pairs[:40]
+    scores = {}
+    for dtype in ("float32", "bf16"):
+        module = CrossEncoderModule.from_pretrained(str(cross_encoder_dir), device="cpu", dtype=dtype)
+        with torch.no_grad():
+            module.model.classifier.bias.fill_(6.0)  # a trained ms-marco model's range for relevant pairs
+        scores[dtype] = module.score(pairs, batch_size=16)
+        alone = torch.cat([module.score([pair]) for pair in pairs[:6]])
+        assert float((alone - scores[dtype][:6]).abs().max()) < (1e-5 if dtype == "float32" else 4e-3)
+    assert bool(((scores["float32"] >= 4) & (scores["float32"] < 8)).all())
+    assert len(set(scores["bf16"].tolist())) == len(pairs)  # rounded to bf16 they would share ~4 values
+    assert float((scores["bf16"] - scores["float32"]).abs().max()) < 1 / 128
+
+
 @pytest.fixture(scope="module")
 def st_minilm() -> TextEncoder:
     return load_bi_encoder(IndexConfig(device="cpu", encoder_backend="sentence-transformers"))

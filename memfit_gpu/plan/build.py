@@ -159,9 +159,10 @@ class Plan:
         }
 
 
-def _encoder_dtype(setting: str) -> torch.dtype:
-    """The encoders' compute dtype (devices.resolve_dtype: auto = float32), without asking a GPU."""
-    return resolve_dtype(setting, (), "index.dtype")
+def _encoder_dtype(setting: str, on_cpu: bool, key: str = "index.dtype") -> torch.dtype:
+    """The encoders' compute dtype (devices.resolve_dtype: auto = bf16 on a CPU with AMX, this one asked;
+    float32 on GPUs), without asking a GPU."""
+    return resolve_dtype(setting, [torch.device("cpu")] if on_cpu else (), key)
 
 
 def _reader_runtime_dtype(setting: str, on_gpu: bool, vllm: bool) -> torch.dtype | None:
@@ -331,13 +332,14 @@ class _Builder:
                       + PROCESS_HOST_BYTES,
                       note=f"incl. memfit's process {PROCESS_HOST_BYTES / GIB:.0f} GiB", unknown=w.unknown))
         # encoder and its write path
-        encoder = self._model(cfg.index.encoder, _encoder_dtype(cfg.index.dtype))
+        enc_dtype = _encoder_dtype(cfg.index.dtype, on_cpu)
+        encoder = self._model(cfg.index.encoder, enc_dtype)
         dim = encoder.get("hidden_size", 384)
         max_len = encoder.get("max_seq_length", encoder.get("max_position_embeddings", 512))
         torch_devices = [torch.device(d) for d in devices]
         tokens = min(cfg.index.encode_batch_size * max_len,
                      cfg.index.encode_batch_tokens or default_batch_tokens(torch_devices))
-        act = self._activations(encoder, tokens, cfg.index.dtype)
+        act = self._activations(encoder, tokens, enc_dtype)
         weights = encoder.weight_bytes or 0
         self.add(Part(f"bi-encoder x{len(devices)}", ",".join(devices), "index.encode_batch_tokens",
                       host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
@@ -403,9 +405,10 @@ class _Builder:
             self.add(part)
         # cross-encoder
         if cfg.rerank.backend == "cross-encoder":
-            ce = self._model(cfg.rerank.model, _encoder_dtype(cfg.rerank.dtype))
+            ce_dtype = _encoder_dtype(cfg.rerank.dtype, on_cpu, "rerank.dtype")
+            ce = self._model(cfg.rerank.model, ce_dtype)
             tokens = min(cfg.rerank.batch_size * cfg.rerank.max_length, default_batch_tokens(torch_devices))
-            act = self._activations(ce, tokens, cfg.rerank.dtype)
+            act = self._activations(ce, tokens, ce_dtype)
             weights = ce.weight_bytes or 0
             self.add(Part(f"cross-encoder x{len(devices)}", ",".join(devices), "rerank.batch_size",
                           host=weights if on_cpu else 0, host_peak=act if on_cpu else 0,
@@ -413,12 +416,12 @@ class _Builder:
                           note=f"{cfg.rerank.model}, weights {_size(ce)}; activations of a batch of {tokens:,} tokens",
                           unknown=not ce.known))
 
-    def _activations(self, model: ModelSize, tokens: int, dtype: str) -> int:
+    def _activations(self, model: ModelSize, tokens: int, dtype: torch.dtype) -> int:
         """Activations of one batch of `tokens` padded tokens (batches are cut by rows and by tokens)."""
         hidden = model.get("hidden_size", 384)
         intermediate = model.get("intermediate_size", 4 * hidden)
         per_token = ENCODER_LIVE_HIDDEN * hidden + ENCODER_LIVE_INTERMEDIATE * intermediate
-        return int(tokens * per_token * _dtype_bytes(_encoder_dtype(dtype)))
+        return int(tokens * per_token * _dtype_bytes(dtype))
 
     def dense_gpu(self, devices: list[str]) -> int | None:
         """GPU FAISS sits on the GPU of the BM25 index (the first retrieval device; the store passes it as

@@ -4,12 +4,14 @@ Including its activation choice: the ms-marco cross-encoders declare `Identity` 
 (`sbert_ce_default_activation_function` / `sentence_transformers.activation_fn`), so their score is the
 raw logit; a one-label model that declares nothing gets sentence-transformers' default, the sigmoid.
 For BertForSequenceClassification the packed path runs the last block for the [CLS] row alone
-(packed_bert.py). `random_cross_encoder` builds the seeded test/benchmark model (no trained one ships
+(packed_bert.py), and in bf16 / fp16 its head (pooler and classifier) in float32, so that scores are not
+rounded to the dtype's grid. `random_cross_encoder` builds the seeded test/benchmark model (no trained one ships
 offline).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 from memfit_gpu.devices import resolve_dtype, visible_devices, warn_tf32
 from memfit_gpu.index.encoders.batching import BatchedEncoder
 from memfit_gpu.index.encoders.layout import activation_from_config
+from memfit_gpu.index.encoders.onednn import tensor_version
 from memfit_gpu.index.encoders.packed_bert import bert_body, bert_packed
 from memfit_gpu.index.encoders.protocols import split_pairs
 from memfit_gpu.models import ResolvedModel, resolve
@@ -57,7 +60,7 @@ class CrossEncoderModule(BatchedEncoder):
         Args:
             device: devices.visible_devices spec; one replica per device.
             max_length: tokens per pair (capped at the model's positions).
-            dtype: devices.resolve_dtype spec ("auto" = float32); `setting` names it in errors.
+            dtype: devices.resolve_dtype spec ("auto" = bf16 on a CPU with AMX, else float32); `setting` names it in errors.
             activation: None = what the config declares (layout.activation_from_config).
             workers: threads | processes | auto, for replicas on several devices (batching.Workers).
         """
@@ -93,8 +96,14 @@ class CrossEncoderModule(BatchedEncoder):
         body = bert_body(replica) if self.fast_path else None
         if body is not None:
             cls, _ = bert_packed(body, batch, cls_only=True)
-            pooled = body.pooler.activation(body.pooler.dense(cls))
-            scores = replica.classifier(pooled).float().squeeze(-1)
+            if cls.dtype not in (torch.bfloat16, torch.float16):
+                pooled = body.pooler.activation(body.pooler.dense(cls))
+                scores = replica.classifier(pooled).float().squeeze(-1)
+            else:
+                # bf16 / fp16: the head (pooler + classifier, 0.2 % of the work) in float32, so the scores are
+                # not rounded to the dtype's grid (bf16 logits in [4, 8) are 1/32 apart: ties, reordered top-10s)
+                dense, classifier = _float32_head(replica, body)
+                scores = classifier(body.pooler.activation(dense(cls.float()))).squeeze(-1)
         else:
             scores = replica(**batch).logits.float().squeeze(-1)
         return torch.sigmoid(scores) if self.activation == "sigmoid" else scores
@@ -110,6 +119,18 @@ class CrossEncoderModule(BatchedEncoder):
             return out
         tokens = self._tokenize(firsts, seconds)
         return self._run(tokens, batch_size, self._logits, out, progress, "rerank")
+
+
+def _float32_head(replica: torch.nn.Module, body: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """float32 copies of `replica`'s pooler dense layer and classifier, made once per replica (a plain
+    attribute, not a submodule: state_dict and .to() never see them) and remade when the weights change."""
+    sources = (body.pooler.dense, replica.classifier)
+    key = tuple((p.data_ptr(), tensor_version(p), p.dtype, p.device) for m in sources for p in m.parameters())
+    cached = replica.__dict__.get("_memfit_float32_head")
+    if cached is None or cached[0] != key:
+        cached = (key, *(copy.deepcopy(m).float().eval() for m in sources))
+        replica.__dict__["_memfit_float32_head"] = cached
+    return cached[1], cached[2]
 
 
 def random_cross_encoder(folder: str | Path, base: str = "sentence-transformers/all-MiniLM-L6-v2",
