@@ -60,7 +60,7 @@ class IndexConfig:
     encode_batch_tokens: int = 0  # padded tokens (rows x width) per forward; 0 = auto: 2,048 on a CPU (cache-sized), 65,536 on a GPU (fills it)
     encoder_workers: str = "auto"  # replicas on several devices: threads (one process) | processes (one per device) | auto (processes for 2+ GPUs)
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
-    dtype: str = "auto"  # auto = bf16 on a CPU with AMX (several times fp32's rate; hit rates held, top-10 order not: docs/benchmarks.md), else float32 (the paper's fp32 packs) | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto = float32 everywhere: the paper's fp32 packs (bf16: several times the rate on an AMX CPU, hit rates held, top-10 order not: docs/benchmarks.md) | float32 | bf16 | fp16
     encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
@@ -136,7 +136,7 @@ class RerankConfig:
     backend: str = "cross-encoder"  # cross-encoder | none (keep the first-stage order)
     model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"  # SPEC read path 7
     max_length: int = 384  # SPEC read path 7
-    dtype: str = "auto"  # auto = index.dtype's rule: bf16 on a CPU with AMX, else float32 (bf16 logits 1/32 apart may tie and reorder top-10s) | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto = float32, as index.dtype (bf16 logits 1/32 apart tie and reorder top-10s; in bf16 the head runs in float32) | float32 | bf16 | fp16
     rerank_pool: int = 80  # pool[:80] plus every expansion is reranked
     batch_size: int = 256  # pairs per forward, length-sorted; halved on OOM
     zscore_min: int = 3  # fewer items of a kind: leave raw scores

@@ -4,10 +4,10 @@
     visible_devices("cuda:0,cuda:1") [cuda:0, cuda:1];  "cuda" / "gpu": every GPU (an error without one)
     first_device(spec)               where a single-device structure (the BM25 index) lives: the first one
     visible_gpu_ids()                GPU ids as CUDA_VISIBLE_DEVICES spells them (vLLM engine groups)
-    resolve_dtype(dtype, devices)    encoders: "auto" = bf16 on a CPU with AMX, float32 elsewhere (GPUs included)
+    resolve_dtype(dtype, devices)    encoders: "auto" = float32 everywhere (bf16 holds hit rates, not top-10 order)
     reader_dtype(dtype, device)      generation: "auto" = bf16 where it is native (GPU: else fp16; CPU: else fp32)
     cpu_native_bf16()                whether this CPU computes bf16 itself (AVX512-BF16 or AMX tiles)
-    cpu_amx()                        whether this CPU has AMX tiles (MEMFIT_CPU_AMX=0/1 overrides the probe)
+    cpu_amx()                        whether this CPU has AMX tiles (auto's log says what bf16 would give there)
     warn_tf32(dtype, devices)        fp32 on a GPU with TF32 matmuls on is not fp32: say so
     device_guard(device)             the context a kernel launch runs under (the tensors' GPU)
     synchronize(device)              wait for a GPU's queued work (stage clocks); a no-op elsewhere
@@ -36,14 +36,10 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["AMX_ENV", "DTYPES", "cpu_amx", "cpu_native_bf16", "describe", "in_fresh_thread", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
+__all__ = ["DTYPES", "cpu_amx", "cpu_native_bf16", "describe", "in_fresh_thread", "device_guard", "driver_version", "first_device", "gpu_count", "parse_dtype", "reader_dtype",
            "resolve_dtype", "is_oom", "synchronize", "visible_devices", "visible_gpu_ids", "warn_tf32"]
 
 logger = logging.getLogger(__name__)
-
-# "0" / "1": what the encoders' dtype "auto" takes this CPU to have instead of asking torch (a run that must
-# make the same packs on every node of a mixed cluster, or the test suite, whose parity checks are fp32's).
-AMX_ENV = "MEMFIT_CPU_AMX"
 
 # Every spelling the config accepts for a dtype ("auto" aside).
 DTYPES = {
@@ -183,27 +179,25 @@ def _native_bf16(device: torch.device) -> bool:
 
 def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], setting: str = "dtype",
                   amx: bool | None = None) -> torch.dtype:
-    """The encoders' compute dtype: "auto" = bf16 when every device is a CPU with AMX tiles, float32 elsewhere
-    (every GPU, a CPU without AMX, no device named); float32 / bf16 / fp16 when asked.
+    """The encoders' compute dtype: "auto" = float32 on every device; float32 / bf16 / fp16 when asked.
 
-    On a GPU fp32 keeps packs equal to the CPU/fp32 packs the paper's numbers come from: in bf16,
-    cross-encoder logits in [4, 8) are 1/32 apart, so rounding alone ties or reorders top-10 lists,
-    and identical texts in different batches differ by bf16's 2^-8 steps instead of fp32's ~2e-7 (GEMM
-    blocking depends on the batch shape even in fp32, so bit equality across batches is not promised).
-    On an AMX CPU a MiniLM-sized GEMM runs several times faster in bf16 than in fp32 (about 9x reported for
-    an AMX Xeon; docs/benchmarks.md says what was measured where), and over LoCoMo's 1,540 questions the bf16 bi-encoder's hit@5 / hit@10 / pack hit stay within
-    0.1 point of fp32's, but its top-10 lists are not fp32's: equal in order on 63 % of the questions, as sets
-    on 89 % (docs/benchmarks.md "Encoders in bf16", measured with AVX512-BF16's bf16 arithmetic). On a CPU
-    with AVX512-BF16 alone (AMD Zen 4/5) bf16 encodes 1.6x faster than the packed fp32 path, too little for
-    that: auto keeps float32 there. bf16 is refused on GPUs that only emulate it (V100, T4).
+    fp32 keeps packs equal to the CPU/fp32 packs the paper's numbers come from. bf16 was measured over
+    LoCoMo's 1,540 questions (docs/benchmarks.md "Encoders in bf16"): hit@5 / hit@10 / pack hit stay within
+    0.1 point of fp32's, but a top-10 list equals fp32's in order on 63 % of the questions (89 % as a set),
+    far from the 97 % a default must keep, and a question encoded alone gets the batched pack on 99 % only;
+    the noise is the GEMM inputs' rounding to bf16, which an AMX CPU does too. So bf16 is a choice
+    (`index.dtype: bf16`: 1.6x the encode rate on an AVX512-BF16 CPU, several times on an AMX one), and on a
+    CPU with AMX tiles "auto" says so once in the log. In bf16 the cross-encoder's logits in [4, 8) are 1/32
+    apart, so its head runs in float32 (index/encoders/cross_encoder.py). bf16 is refused on GPUs that only
+    emulate it (V100, T4): use fp16 there.
 
-    amx: whether the CPU has AMX tiles (the injected probe of tests and the device plan); None = cpu_amx()."""
+    amx: whether the CPU has AMX tiles, for that log line (the tests' probe); None = cpu_amx()."""
     chosen = parse_dtype(dtype, setting)
     if chosen is None:
         cpu_only = bool(devices) and all(torch.device(d).type == "cpu" for d in devices)
-        chosen = torch.bfloat16 if cpu_only and (cpu_amx() if amx is None else amx) else torch.float32
-        _log_auto(setting, chosen, cpu_only)
-        return chosen
+        if cpu_only and (cpu_amx() if amx is None else amx):
+            _hint_amx(setting)
+        return torch.float32
     if chosen == torch.bfloat16:
         for device in devices:
             if device.type == "cuda" and not _native_bf16(device):
@@ -212,34 +206,22 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
     return chosen
 
 
-_logged: set[tuple[str, torch.dtype, bool]] = set()
+_hinted: set[str] = set()
 
 
-def _log_auto(setting: str, chosen: torch.dtype, cpu_only: bool) -> None:
-    """Say once per process and setting what "auto" chose, and why."""
-    key = (setting, chosen, cpu_only)
-    if key in _logged:
+def _hint_amx(setting: str) -> None:
+    """Say once per process and setting that this CPU would run the encoders in bf16 several times faster,
+    and what that costs (auto keeps float32)."""
+    if setting in _hinted:
         return
-    _logged.add(key)
-    forced = os.environ.get(AMX_ENV, "").strip()
-    if chosen == torch.bfloat16:
-        why = "this CPU has AMX tiles" + (f" ({AMX_ENV}=1)" if forced == "1" else "")
-    elif cpu_only:
-        why = "this CPU has no AMX tiles" + (f" ({AMX_ENV}=0)" if forced == "0" else "")
-    else:
-        why = "a GPU or no device (fp32 packs)"
-    logger.info("%s=auto: %s (%s; set %s=float32 or bf16 to choose)", setting, str(chosen).removeprefix("torch."),
-                why, setting)
+    _hinted.add(setting)
+    logger.info("%s=auto: float32. This CPU has AMX tiles, where bf16 GEMMs run several times faster: %s=bf16 holds "
+                "LoCoMo's hit rates but not fp32's top-10 order (docs/benchmarks.md \"Encoders in bf16\")", setting, setting)
 
 
 def cpu_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Xeon 4th generation and later), where oneDNN runs bf16 GEMMs
-    several times faster than fp32's; MEMFIT_CPU_AMX=0 or 1 overrides torch's probe."""
-    forced = os.environ.get(AMX_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    if forced:
-        raise ValueError(f"{AMX_ENV}={forced!r}: use 0 or 1 (or leave it unset: ask the CPU)")
+    several times faster than fp32's."""
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 

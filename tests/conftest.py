@@ -20,11 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The encoders' dtype "auto" is bf16 on a CPU with AMX (devices.resolve_dtype). The suite's parity checks
-# (packed vs sentence-transformers to 1e-5, batched vs one-at-a-time packs, golden fp32 packs) are float32's
-# wherever it runs, so "auto" is float32 here, in every process the tests start too; the bf16 path has its
-# own tests (test_devices.py, test_bench_dtype_quality.py). MEMFIT_CPU_AMX=1 runs the suite as an AMX CPU would.
-os.environ.setdefault("MEMFIT_CPU_AMX", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -76,25 +76,26 @@ def test_gpu_ids_follow_cuda_visible_devices(two_gpus, monkeypatch):
     assert visible_gpu_ids() == []
 
 
-def test_encoder_dtype_auto_is_bf16_on_an_amx_cpu_only_and_bf16_needs_native_support(monkeypatch) -> None:
+def test_encoder_dtype_auto_is_float32_everywhere_and_an_amx_cpu_is_told_about_bf16(monkeypatch, caplog) -> None:
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.delenv(devices.AMX_ENV, raising=False)  # conftest pins "auto" to float32: ask the probe here
-    for amx, want in ((True, torch.bfloat16), (False, torch.float32)):  # a Xeon with AMX; an EPYC (AVX512-BF16)
+    monkeypatch.setattr(devices, "_hinted", set())
+    for amx in (True, False):  # a Xeon with AMX; an EPYC (AVX512-BF16)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-        assert devices.cpu_amx() is amx and resolve_dtype("auto", [cpu], "index.dtype") == want
-        assert resolve_dtype("auto", [cpu], amx=not amx) != want  # the injected probe wins
+        caplog.clear()
+        with caplog.at_level("INFO", logger="memfit_gpu.devices"):
+            assert devices.cpu_amx() is amx and resolve_dtype("auto", [cpu], "index.dtype") == torch.float32
+        told = [r.getMessage() for r in caplog.records if "AMX" in r.getMessage()]
+        assert (told[0].startswith("index.dtype=auto: float32. This CPU has AMX tiles") if amx else told == []), told
+        assert resolve_dtype("bf16", [cpu]) == torch.bfloat16  # a choice, on any CPU
         assert resolve_dtype("float32", [cpu]) == torch.float32 and resolve_dtype("fp16", [cpu]) == torch.float16
         # GPUs (even beside a CPU) and no device at all keep fp32: the paper's packs
         assert resolve_dtype("auto", [gpu, torch.device("cuda", 1)]) == resolve_dtype("auto", [cpu, gpu]) == torch.float32
         assert resolve_dtype("auto", []) == torch.float32
-    for forced, want in (("1", torch.bfloat16), ("0", torch.float32)):  # MEMFIT_CPU_AMX overrides the probe
-        monkeypatch.setenv(devices.AMX_ENV, forced)
-        assert resolve_dtype("auto", [cpu]) == want
-    monkeypatch.setenv(devices.AMX_ENV, "yes")
-    with pytest.raises(ValueError, match="MEMFIT_CPU_AMX='yes': use 0 or 1"):
-        resolve_dtype("auto", [cpu])
-    monkeypatch.setenv(devices.AMX_ENV, "0")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="memfit_gpu.devices"):
+        resolve_dtype("auto", [cpu], "index.dtype", amx=True)  # said once per setting and process
+    assert not [r for r in caplog.records if "AMX" in r.getMessage()]
     assert resolve_dtype("fp16", [gpu]) == torch.float16
     assert resolve_dtype("fp16", [gpu]) == torch.float16
     # a V100 / T4 only emulates bf16: asking for it there is an error, not a silent slow path

@@ -187,13 +187,13 @@ def test_the_models_a_configuration_loads():
 
 def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minilm_path: Path, monkeypatch,
                                                               tmp_path: Path):
-    """index.dtype / rerank.dtype as devices.resolve_dtype resolves them on index.device: "auto" is bf16 on a CPU
-    with AMX (simulated), float32 on one without; a record written before the field existed counts as float32."""
+    """index.dtype / rerank.dtype as devices.resolve_dtype resolves them on index.device: "auto" is float32 on a
+    CPU with AMX (simulated) and without; an explicit bf16 is named; a record written before the field existed
+    counts as float32."""
     from memfit_gpu.inputs import model_record
 
     cfg = load_config(SMOKE, ["index.device=cpu", "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
-    monkeypatch.delenv("MEMFIT_CPU_AMX", raising=False)  # conftest pins "auto" to float32: ask the probe
-    for amx, want in ((True, "bfloat16"), (False, "float32")):
+    for amx, want in ((True, "float32"), (False, "float32")):
         monkeypatch.setattr("torch.cpu._is_amx_tile_supported", lambda v=amx: v)
         records = {u.role: model_record(u) for u in model_uses(cfg, readers=False)}
         assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == (want, want)
@@ -201,7 +201,7 @@ def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minil
                                    "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
     records = {u.role: model_record(u) for u in model_uses(explicit, readers=False)}
     assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == ("float32", "bfloat16")
-    # this machine's record (conftest: float32) resumes a record without the field; a bf16 one does not
+    # this machine's record (auto: float32) resumes a record without the field; a bf16 one does not
     assert record["models"]["encoder"]["dtype"] == "float32"
     older = copy.deepcopy(record)
     del older["models"]["encoder"]["dtype"]

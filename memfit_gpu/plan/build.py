@@ -160,7 +160,7 @@ class Plan:
 
 
 def _encoder_dtype(setting: str, on_cpu: bool, key: str = "index.dtype") -> torch.dtype:
-    """The encoders' compute dtype (devices.resolve_dtype: auto = bf16 on a CPU with AMX, this one asked;
+    """The encoders' compute dtype (devices.resolve_dtype: auto = float32, this one asked;
     float32 on GPUs), without asking a GPU."""
     return resolve_dtype(setting, [torch.device("cpu")] if on_cpu else (), key)
 

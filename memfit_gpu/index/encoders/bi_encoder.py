@@ -79,7 +79,7 @@ class BiEncoder(BatchedEncoder):
 
         Args:
             device: devices.visible_devices spec; one replica per device.
-            dtype: devices.resolve_dtype spec ("auto" = bf16 on a CPU with AMX, else float32); `setting` names it in errors.
+            dtype: devices.resolve_dtype spec ("auto" = float32); `setting` names it in errors.
             normalize / max_length: None = what the folder says (modules.json, sentence_bert_config.json).
             batch_tokens: padded tokens per forward (0 = by device, batching.default_batch_tokens).
             workers: threads | processes | auto, for replicas on several devices (batching.Workers).

@@ -60,7 +60,7 @@ class CrossEncoderModule(BatchedEncoder):
         Args:
             device: devices.visible_devices spec; one replica per device.
             max_length: tokens per pair (capped at the model's positions).
-            dtype: devices.resolve_dtype spec ("auto" = bf16 on a CPU with AMX, else float32); `setting` names it in errors.
+            dtype: devices.resolve_dtype spec ("auto" = float32); `setting` names it in errors.
             activation: None = what the config declares (layout.activation_from_config).
             workers: threads | processes | auto, for replicas on several devices (batching.Workers).
         """
