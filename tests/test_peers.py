@@ -177,7 +177,7 @@ def _env(shared_data: Path, **extra: str) -> dict[str, str]:
 
 def _run(out: Path, data: Path, shared_data: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(DEMO), "method=mem0",
-                           f"data.path={data}", "mem0.max_tokens=48", "--out", str(out), "--quiet"],
+                           f"data.path={data}", "mem0.max_tokens=48", "mem0.batch_size=2", "--out", str(out), "--quiet"],
                           env=_env(shared_data, **env), capture_output=True, text=True, timeout=1800)
 
 
