@@ -22,7 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -391,14 +391,24 @@ def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path
         shutil.copytree(state, out)
         return out, lightmem(out)
 
-    def chain() -> list[tuple[Path, subprocess.CompletedProcess[str], bool]]:
-        return [kill(point) for point in chained]
+    # independent directories, one torch thread each: the chain of kills on one thread, on the other the first
+    # kill and every rerun as soon as its state is there
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        def chain() -> list[tuple[tuple[Path, subprocess.CompletedProcess[str], bool], Future]]:
+            states = []
+            for point in chained:
+                state = kill(point)
+                states.append((state, pool.submit(rerun, state[0])))
+            return states
 
-    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:  # independent directories, one torch thread each
-        states = pool.submit(chain)
-        first = kill(points[0])
-        killed_states = [first, *states.result()]
-        scenarios = list(pool.map(lambda state: rerun(state[0]), killed_states))
+        def first() -> tuple[tuple[Path, subprocess.CompletedProcess[str], bool], Future]:
+            state = kill(points[0])
+            return state, pool.submit(rerun, state[0])
+
+        later = pool.submit(chain)
+        started = [pool.submit(first).result(), *later.result()]
+        killed_states = [state for state, _ in started]
+        scenarios = [rerun_done.result() for _, rerun_done in started]
     for point, (_, killed, done_after_kill), (out, rerun_proc) in zip(points, killed_states, scenarios, strict=True):
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
         assert not done_after_kill, point
