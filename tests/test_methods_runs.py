@@ -1,7 +1,7 @@
 """Issue 15's acceptance, on real data with the packaged models: every method through `memfit run`.
 
-`memfit run --config configs/demo.yaml method=M data.limit_questions=5 data.path=F` (F: LoCoMo conv-26 cut
-to its first three sessions, 58 real turns, with its first five questions, whose evidence lies there; MiniLM
+`memfit run --config configs/demo.yaml method=M data.limit_questions=3 data.path=F` (F: LoCoMo conv-26 cut
+to its first three sessions, 58 real turns, with its first three questions, whose evidence lies there; MiniLM
 encoder, SmolLM2-135M reader) for plain, naive_rag, full_context, lightmem_slm and memfit: the run directory's files, one answer call per question, no new call on a rerun, `memfit compare`
 between methods and `memfit efficiency` over all five. Then plain against MemFit's path with the ablation
 file's overrides, full context's truncation against the reader's own context, LightMem's calls per role,
@@ -22,7 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ from small_data import write_small_locomo  # tests/small_data.py (tests/ is on s
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
-from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import TurnTable
@@ -50,7 +50,7 @@ from memfit_gpu.store import RecordLog
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo.yaml"
 METHODS = ("plain", "naive_rag", "full_context", "lightmem_slm", "memfit")
-QUESTIONS = [f"conv-26:q{i}" for i in range(5)]
+QUESTIONS = [f"conv-26:q{i}" for i in range(3)]  # two temporal, one open-domain: one answer batch
 OUTPUTS = ("config.yaml", "predictions.jsonl", "metrics.json", "ledger.json", "results.md", "packs.jsonl",
            "diagnostics.json", "DONE")
 
@@ -66,7 +66,7 @@ def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> su
 
 
 def overrides(method: str, data: Path) -> list[str]:
-    return [f"method={method}", "data.limit_questions=5", f"data.path={data}"]
+    return [f"method={method}", f"data.limit_questions={len(QUESTIONS)}", f"data.path={data}"]
 
 
 def demo_run(out: Path, method: str, shared_data: Path, data: Path, *extra: str,
@@ -95,8 +95,8 @@ PARALLEL_RUNS = 2
 
 @pytest.fixture(scope="module")
 def conv26_s1_3(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
-    """conv-26 cut to its first three sessions (58 turns) with its first five questions."""
-    return write_small_locomo(shared_data, tmp_path_factory.mktemp("conv26"), questions=5)
+    """conv-26 cut to its first three sessions (58 turns) with its first three questions."""
+    return write_small_locomo(shared_data, tmp_path_factory.mktemp("conv26"), questions=len(QUESTIONS))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path, conv26_s1_
                          strict=True))
     for method, proc in procs.items():
         assert proc.returncode == 0, f"{method}: {proc.stderr[-3000:]}"
-        assert re.search(r"^\| \*\*Average\*\* +\| +5 \|", proc.stdout, re.MULTILINE), proc.stdout
+        assert re.search(rf"^\| \*\*Average\*\* +\| +{len(QUESTIONS)} \|", proc.stdout, re.MULTILINE), proc.stdout
     assert sorted(RUN_ORDER) == sorted(METHODS)
     return {method: root / method for method in METHODS}
 
@@ -124,15 +124,15 @@ def test_every_method_writes_a_run_directory_with_one_answer_call_per_question(r
     assert [p["question_id"] for p in predictions] == QUESTIONS
     ledger = Ledger.load(run_dir / "ledger.json")
     ledger.check_one_answer_per_question(QUESTIONS)
-    assert ledger.answer_keys == QUESTIONS and ledger.roles["answer"].calls == 5
+    assert ledger.answer_keys == QUESTIONS and ledger.roles["answer"].calls == 3
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert (metrics["method"], metrics["questions"], metrics["ledger"]["answer_calls"]) == (method, 5, 5)
+    assert (metrics["method"], metrics["questions"], metrics["ledger"]["answer_calls"]) == (method, 3, 3)
     assert metrics["retrieval"]["method"]["name"] == method
     phases = json.loads((run_dir / "ledger.json").read_text())["phases"]
     write_roles = {"memfit": ["summary"], "lightmem_slm": ["mtm_summary", "consolidate"]}.get(method, [])
     assert phases["write"]["calls"] == sum(ledger.roles[r].calls for r in write_roles)
     assert (phases["write"]["calls"] > 0) == (method in ("memfit", "lightmem_slm"))
-    assert phases["read"]["calls"] == 5 + sum(ledger.roles[r].calls for r in ("rewrite", "rerank_slm"))
+    assert phases["read"]["calls"] == 3 + sum(ledger.roles[r].calls for r in ("rewrite", "rerank_slm"))
 
 
 @pytest.mark.slow
@@ -170,7 +170,7 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
 def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], conv26_s1_3: Path):
     """method=plain == MemFit's path with configs/ablations/plain_retrieval.yaml's overrides."""
     ablation = yaml.safe_load((REPO / "configs" / "ablations" / "plain_retrieval.yaml").read_text())
-    overrides = ["data.limit_questions=5", f"data.path={conv26_s1_3}", "index.device=cpu",
+    overrides = [f"data.limit_questions={len(QUESTIONS)}", f"data.path={conv26_s1_3}", "index.device=cpu",
                  *(f"{section}.{key}={value}" for section, keys in ablation.items() if section != "defaults"
                    for key, value in keys.items() if not isinstance(value, dict)),
                  *(f"retrieve.prf.{key}={value}" for key, value in ablation["retrieve"]["prf"].items())]
@@ -255,7 +255,7 @@ def test_lightmem_calls_each_small_model_role_batched(runs: dict[str, Path], con
     ledger = Ledger.load(runs["lightmem_slm"] / "ledger.json")
     assert ledger.roles["mtm_summary"].calls == windows
     assert ledger.roles["consolidate"].calls == len(due_consolidations(windows, cfg.lightmem.consolidate_every))
-    assert ledger.roles["rewrite"].calls == 5
+    assert ledger.roles["rewrite"].calls == 3
     packs = read_jsonl(runs["lightmem_slm"] / "packs.jsonl")
     # SLM-2 is asked only where there is more than one candidate to order
     assert ledger.roles["rerank_slm"].calls == sum(1 for p in packs if p["lightmem"]["candidates"] > 1)
@@ -306,7 +306,7 @@ def test_memfit_retrieve_runs_llm_free_methods_and_refuses_lightmem(runs: dict[s
         "memfit retrieve: error: method=lightmem_slm retrieves with LLM calls (small language models): use "
         "`memfit run`, which makes and accounts for them")
     proc = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--data", str(conv26_s1_3), "--out",
-                  str(tmp_path / "rag"), "--limit-questions", "5", "method=naive_rag", shared_data=shared_data,
+                  str(tmp_path / "rag"), "--limit-questions", str(len(QUESTIONS)), "method=naive_rag", shared_data=shared_data,
                   timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     mine = {r["question_id"]: r for r in read_jsonl(tmp_path / "rag" / "packs.jsonl")}
@@ -326,6 +326,21 @@ def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) ->
     return write_small_locomo(shared_data, tmp_path_factory.mktemp("data"), questions=4)
 
 
+# Trace points that are no durable write of their own (as test_crash_consistency.py: timings.json is rewritten
+# after every stage, store.encode counts the texts encoded)
+NOT_BOUNDARIES = {"timings", "store.encode"}
+
+
+def crossed(trace: Path) -> list[str]:
+    return [name for name, _ in parse_trace(trace)]
+
+
+def nth_crossing(trace: list[str], point: str) -> int:
+    """Index in `trace` of `name:n`, its n-th crossing."""
+    name, _, nth = point.partition(":")
+    return [i for i, seen in enumerate(trace) if seen == name][int(nth) - 1]
+
+
 @pytest.mark.slow
 def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path: Path, small_locomo: Path,
                                                                         shared_data: Path):
@@ -333,30 +348,74 @@ def test_lightmem_killed_at_its_durable_writes_resumes_to_the_reference(tmp_path
         return demo_run(out, "lightmem_slm", shared_data, small_locomo, *SMALL, **env)
 
     reference = tmp_path / "reference"
-    proc = lightmem(reference)
+    proc = lightmem(reference, **{TRACE_ENV: str(tmp_path / "reference.trace")})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = crossed(tmp_path / "reference.trace")
     want = Ledger.load(reference / "ledger.json")
     assert (want.roles["mtm_summary"].calls, want.roles["consolidate"].calls) == (10, 5)
     # mid-way through the per-turn appends; the MTM calls made and accounted, their entries not logged;
     # the LTM batches logged; the re-rank calls made and accounted, the packs not written
     points = ("store.log:30", "lightmem.mtm.ledger:1", "lightmem.ltm:1", "lightmem.rerank.ledger:1")
+    assert [nth_crossing(trace, p) for p in points] == sorted(nth_crossing(trace, p) for p in points)
+    # Each killed state after the MTM calls' is cut from a copy of the one before it (the kill point counted
+    # as that run counts it), so that it makes again no call the state before made; each copy must cross
+    # exactly the reference's durable writes between the two points (after redoing the step the earlier kill
+    # interrupted). Every state is a scenario: its rerun is checked against the reference below.
+    chained = points[1:]
 
-    def kill_then_rerun(point: str) -> tuple[Path, subprocess.CompletedProcess[str], bool,
-                                             subprocess.CompletedProcess[str]]:
-        out = tmp_path / point.replace(":", "_")
-        killed = lightmem(out, MEMFIT_FAULT=point)
-        done_after_kill = (out / "DONE").exists()
-        return out, killed, done_after_kill, lightmem(out)
+    def kill(point: str) -> tuple[Path, subprocess.CompletedProcess[str], bool]:
+        out = tmp_path / f"killed-{point.replace(':', '_')}"
+        fault, index = point, points.index(point)
+        if point in chained[1:]:
+            before = points[index - 1]
+            shutil.copytree(tmp_path / f"killed-{before.replace(':', '_')}", out)
+            name, _, nth = point.partition(":")
+            fault = f"{name}:{int(nth) - trace[:nth_crossing(trace, before) + 1].count(name)}"
+        here = out.parent / f"{out.name}.trace"
+        killed = lightmem(out, MEMFIT_FAULT=fault, **{TRACE_ENV: str(here)})
+        if point in chained[1:] and killed.returncode == -signal.SIGKILL:
+            # the copy crossed exactly the reference's durable writes from the state before to the point, after
+            # it redid, in the reference's order, the writes of the step that state's kill interrupted (LightMem
+            # serves that step's calls from the cache and logs them)
+            writes = [name for name in crossed(here) if name not in NOT_BOUNDARIES]
+            upto = [name for name in trace[:nth_crossing(trace, before) + 1] if name not in NOT_BOUNDARIES]
+            between = [name for name in trace[nth_crossing(trace, before) + 1:nth_crossing(trace, point) + 1]
+                       if name not in NOT_BOUNDARIES]
+            redone, rest = writes[:len(writes) - len(between)], writes[len(writes) - len(between):]
+            earlier = iter(upto)
+            assert rest == between and all(name in earlier for name in redone), (point, writes, between)
+        return out, killed, (out / "DONE").exists()
 
-    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:  # independent directories, one torch thread each
-        scenarios = list(pool.map(kill_then_rerun, points))
-    for point, (out, killed, done_after_kill, rerun) in zip(points, scenarios, strict=True):
+    def rerun(state: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        out = tmp_path / state.name.removeprefix("killed-")
+        shutil.copytree(state, out)
+        return out, lightmem(out)
+
+    # independent directories, one torch thread each: the chain of kills on one thread, on the other the first
+    # kill and every rerun as soon as its state is there
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        def chain() -> list[tuple[tuple[Path, subprocess.CompletedProcess[str], bool], Future]]:
+            states = []
+            for point in chained:
+                state = kill(point)
+                states.append((state, pool.submit(rerun, state[0])))
+            return states
+
+        def first() -> tuple[tuple[Path, subprocess.CompletedProcess[str], bool], Future]:
+            state = kill(points[0])
+            return state, pool.submit(rerun, state[0])
+
+        later = pool.submit(chain)
+        started = [pool.submit(first).result(), *later.result()]
+        killed_states = [state for state, _ in started]
+        scenarios = [rerun_done.result() for _, rerun_done in started]
+    for point, (_, killed, done_after_kill), (out, rerun_proc) in zip(points, killed_states, scenarios, strict=True):
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
         assert not done_after_kill, point
-        assert rerun.returncode == 0, (point, rerun.stderr[-3000:])
+        assert rerun_proc.returncode == 0, (point, rerun_proc.stderr[-3000:])
         assert read_jsonl(out / "predictions.jsonl") == read_jsonl(reference / "predictions.jsonl"), point
         assert read_jsonl(out / "packs.jsonl") == read_jsonl(reference / "packs.jsonl"), point
         got = Ledger.load(out / "ledger.json")
         assert got.answer_keys == want.answer_keys, point
-        # every call was made once: the killed run's calls are on its books, the rerun's hits are not calls
+        # every call was made once: the killed runs' calls are on its books, the rerun's hits are not calls
         assert {r: s.calls for r, s in got.roles.items()} == {r: s.calls for r, s in want.roles.items()}, point

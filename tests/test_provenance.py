@@ -165,6 +165,36 @@ def test_weights_are_hashed_once_per_process_and_hub_blobs_by_their_name(tmp_pat
     assert provenance.weights_entry(snapshot)["files"] == {"model.safetensors": "e" * 64}
 
 
+def test_a_large_files_digest_is_kept_in_the_cache_for_the_next_process(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    """Weights are read by every `memfit` process: from PERSIST_MIN_BYTES on, a digest is kept under
+    $MEMFIT_CACHE/digests by path, size, mtime, ctime and inode; a file written again is read again."""
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(digests, "PERSIST_MIN_BYTES", 1000)
+    small, large = tmp_path / "small.bin", tmp_path / "model.safetensors"
+    small.write_bytes(b"\0" * 999)
+    large.write_bytes(b"\0" * 1000)
+    digests._file_digest.cache_clear()  # as a new process starts
+    assert digests.file_sha256(small) == digests.bytes_sha256(b"\0" * 999)
+    assert not (tmp_path / "cache" / "digests").exists()  # small files are only memoised in the process
+    assert digests.file_sha256(large) == digests.bytes_sha256(b"\0" * 1000)
+    [kept] = (tmp_path / "cache" / "digests").iterdir()
+    assert kept.read_text() == digests.bytes_sha256(b"\0" * 1000) + "\n"
+    kept.write_text("a" * 64)  # what the next process reads instead of the file
+    digests._file_digest.cache_clear()
+    assert digests.file_sha256(large) == "a" * 64
+    stat = large.stat()
+    large.write_bytes(b"\1" * 1000)  # the same size and mtime, but written again: a new ctime
+    os.utime(large, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    digests._file_digest.cache_clear()
+    assert digests.file_sha256(large) == digests.bytes_sha256(b"\1" * 1000)
+    [rewritten] = set((tmp_path / "cache" / "digests").iterdir()) - {kept}
+    rewritten.write_text("not a digest")  # a damaged entry is read past, and written again
+    digests._file_digest.cache_clear()
+    assert digests.file_sha256(large) == digests.bytes_sha256(b"\1" * 1000)
+    assert rewritten.read_text() == digests.bytes_sha256(b"\1" * 1000) + "\n"
+
+
 def test_quirks_are_counted_by_kind():
     problems = ["locomo conv-26:q5: evidence 'D8:6; D9:17' read as ['D8:6', 'D9:17']",
                 "locomo conv-30:q7: evidence 'D1:3 D1:4 D2:1' read as ['D1:3', 'D1:4', 'D2:1']",
