@@ -2,7 +2,8 @@
 each costs to build its memory (LLM calls and tokens, seconds) and to answer, and how well it answers.
 
 Each method is one `memfit run --config CONFIG method=M` child process over the same cut of a LoCoMo
-conversation (its first `--turns` turns, the questions whose evidence lies in them, at most `--questions`),
+conversation (its first `--turns` turns, the questions whose evidence lies in them, at most `--questions`, written in
+memfit's own jsonl format),
 one after the other, each with an empty run directory (no response cache shared): memfit, plain, naive_rag,
 lightmem_slm and mem0 (mem0ai's own package, its LLM and embedder served by the run's reader and encoder
 through methods/peers/endpoint.py, so its calls are counted by the same ledger). mem0 is fed as its own
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
+from memfit_gpu.data.jsonl import to_jsonl  # noqa: E402
+from memfit_gpu.evaluate.efficiency import efficiency_row  # noqa: E402
+from memfit_gpu.evaluate.paper_tables import load_run  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
+from memfit_gpu.methods.packs import read_diagnostics  # noqa: E402
+from memfit_gpu.readers.ledger import Ledger  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo.yaml"
@@ -64,33 +71,30 @@ def cpu_name() -> str:
 
 
 def cut_locomo(source: Path, folder: Path, turns: int, questions: int) -> tuple[Path, int, int]:
-    """LoCoMo's first conversation cut to its first `turns` turns (whole sessions first, the last one cut)
-    and the questions whose evidence lies in them (at most `questions`): (file, turns, questions)."""
-    sample = json.loads(source.read_text())[0]
-    conversation, kept_ids, left = {}, set(), turns
-    index = 1
-    while left > 0 and f"session_{index}" in sample["conversation"]:
-        key = f"session_{index}"
-        chats = sample["conversation"][key][:left]
-        conversation[key], conversation[f"{key}_date_time"] = chats, sample["conversation"][f"{key}_date_time"]
-        kept_ids.update(chat["dia_id"] for chat in chats)
-        left -= len(chats)
-        index += 1
-    conversation.update({k: sample["conversation"][k] for k in ("speaker_a", "speaker_b")})
-    asked = [q for q in sample["qa"] if q.get("evidence") and set(q["evidence"]) <= kept_ids
-             and str(q.get("category")) != "5"][:questions]
+    """LoCoMo's first conversation (read by the LoCoMo loader) cut to its first `turns` turns (whole sessions
+    first, the last one cut) and the questions (categories 1-4) whose evidence lies in them (at most
+    `questions`), written in memfit's own jsonl format (data.benchmark=jsonl): (file, turns, questions)."""
+    memory = load_benchmark("locomo", source).memories[0]
+    sessions, kept, left = [], set(), turns
+    for session in memory.sessions:
+        if left <= 0:
+            break
+        sessions.append(replace(session, turns=session.turns[:left]))
+        kept.update(t.turn_id for t in sessions[-1].turns)
+        left -= len(sessions[-1].turns)
+    asked = [q for q in memory.questions if q.evidence and set(q.evidence) <= kept and q.category != "5"][:questions]
     if not asked:
         raise SystemExit(f"no question of {source}'s first conversation has all its evidence in its first {turns} turns")
-    path = folder / f"locomo_{sample['sample_id']}_{turns}turns.json"
-    path.write_text(json.dumps([{"sample_id": sample["sample_id"], "conversation": conversation, "qa": asked}]))
-    return path, turns - left, len(asked)
+    path = folder / f"locomo_{memory.memory_id}_{turns}turns.jsonl"
+    path.write_text(to_jsonl([replace(memory, sessions=sessions, questions=asked)]), encoding="utf-8")
+    return path, sum(len(s.turns) for s in sessions), len(asked)
 
 
 def run_method(method: str, data: Path, out: Path, config: Path, extra: list[str], threads: int) -> float:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(config), f"method={method}",
-                           f"data.path={data}", "data.limit_questions=null", *extra, "--out", str(out), "--quiet"],
+                           "data.benchmark=jsonl", f"data.path={data}", "data.limit_questions=null", *extra, "--out", str(out), "--quiet"],
                           cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"method={method} failed:\n{proc.stderr[-3000:]}")
@@ -98,33 +102,32 @@ def run_method(method: str, data: Path, out: Path, config: Path, extra: list[str
 
 
 def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]:
-    ledger = json.loads((out / "ledger.json").read_text())
-    timings = json.loads((out / "timings.json").read_text())
-    metrics = json.loads((out / "metrics.json").read_text())
-    phases = ledger["phases"]
-    write, read = phases["write"], phases["read"]
-    questions = int(metrics["questions"])
-    build_s = float(timings.get("build", 0.0)) + float(timings.get("summaries", 0.0))
-    row: dict[str, Any] = {
+    """One run's row, read as `memfit efficiency` reads it (evaluate.efficiency) plus its F1 and, for mem0, its
+    own diagnostics."""
+    row = efficiency_row(out, price=None)
+    run = load_run(out)
+    embed = Ledger.load(out / "ledger.json").phases()["embed"]
+    questions = int(row["questions"])
+    write_tokens = row["write_input_tokens"] + row["write_output_tokens"]
+    figures: dict[str, Any] = {
         "method": method, "turns": turns, "questions": questions,
-        "write_llm_calls": write["calls"], "write_input_tokens": write["input_tokens"],
-        "write_output_tokens": write["output_tokens"],
-        "write_llm_calls_per_1k_turns": round(write["calls"] * 1000 / turns, 1),
-        "write_tokens_per_1k_turns": round((write["input_tokens"] + write["output_tokens"]) * 1000 / turns),
-        "build_s": round(build_s, 3), "build_s_per_turn": round(build_s / turns, 4),
-        "read_llm_calls": read["calls"],
-        "read_tokens_per_question": round((read["input_tokens"] + read["output_tokens"]) / questions, 1),
-        "retrieve_s_per_question": round(float(timings.get("retrieve", 0.0)) / questions, 4),
-        "f1": ((metrics.get("overall") or {}).get(metrics.get("metric_variant", "paper")) or {}).get("f1"),
-        "run_wall_s": round(wall_s, 1),
-        "embed_requests": phases.get("embed", {}).get("calls", 0),
+        "write_llm_calls": row["write_calls"], "write_input_tokens": row["write_input_tokens"],
+        "write_output_tokens": row["write_output_tokens"],
+        "write_llm_calls_per_1k_turns": round(row["write_calls"] * 1000 / turns, 1),
+        "write_tokens_per_1k_turns": round(write_tokens * 1000 / turns),
+        "build_s": row["build_s"], "build_s_per_turn": round(row["build_s"] / turns, 4),
+        "read_llm_calls": row["read_calls"],
+        "read_tokens_per_question": round((row["read_input_tokens"] + row["read_output_tokens"]) / questions, 1),
+        "latency_s_per_question": row["latency_s_per_question"],
+        "f1": ((run.metrics.get("overall") or {}).get(run.metrics.get("metric_variant", "paper")) or {}).get("f1"),
+        "run_wall_s": round(wall_s, 1), "embed_requests": embed.calls + embed.cached,
     }
     if method == "mem0":
-        held = json.loads((out / "diagnostics.json").read_text())["method"]
-        row.update({"mem0_add_s": held["add_seconds"], "mem0_search_s": held["search_seconds"],
-                    "mem0_memories_stored": held["memories_stored"], "mem0_replies_unparsed": held["replies_unparsed"],
-                    "mem0_batch_size": held["batch_size"]})
-    return row
+        held = read_diagnostics(out)["method"]
+        figures.update({"mem0_add_s": held["add_seconds"], "mem0_search_s": held["search_seconds"],
+                        "mem0_memories_stored": held["memories_stored"], "mem0_replies_unparsed": held["replies_unparsed"],
+                        "mem0_batch_size": held["batch_size"]})
+    return figures
 
 
 def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
@@ -141,7 +144,7 @@ def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str,
     turn added alone (one durable write, its encoding and indexing), then each question searched alone
     (top 10), timed; the first search is a warm-up, untimed (every read cache is built once)."""
     torch.set_num_threads(threads)
-    bench = load_benchmark("locomo", data)
+    bench = load_benchmark("jsonl", data)
     conversation = bench.memories[0]
     records = [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
                 "session_id": s.session_id, "date_text": t.date_text} for s in conversation.sessions for t in s.turns]

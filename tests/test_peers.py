@@ -27,6 +27,7 @@ import pytest
 from small_data import write_tiny_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu.config import load_config
+from memfit_gpu.data import load_benchmark
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.peers import endpoint as endpoint_module
@@ -244,12 +245,13 @@ def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictio
 def test_bench_peers_cuts_a_conversation_at_a_turn_and_keeps_the_questions_answerable(
         tmp_path: Path, shared_data: Path) -> None:
     path, turns, questions = bench_peers.cut_locomo(shared_data / "locomo" / "locomo10.json", tmp_path, 25, 4)
-    sample = json.loads(path.read_text())[0]
-    kept = [chat["dia_id"] for key, chats in sample["conversation"].items()
-            if key.startswith("session_") and not key.endswith("date_time") for chat in chats]
+    memory = load_benchmark("jsonl", path).memories[0]
+    kept = [turn.turn_id for session in memory.sessions for turn in session.turns]
     assert turns == len(kept) == 25 and kept[:2] == ["D1:1", "D1:2"] and kept[-1] == "D2:7"  # session 1: 18 turns
-    assert questions == len(sample["qa"]) == 4
-    assert all(set(q["evidence"]) <= set(kept) and str(q["category"]) != "5" for q in sample["qa"])
+    assert [s.date_text for s in memory.sessions] == ["1:56 pm on 8 May, 2023", "1:14 pm on 25 May, 2023"]
+    assert memory.speakers == ["Caroline", "Melanie"]
+    assert questions == len(memory.questions) == 4
+    assert all(set(q.evidence) <= set(kept) and q.category != "5" for q in memory.questions)
     rows = {"memfit": {"write_llm_calls": 2, "write_input_tokens": 900, "write_output_tokens": 100,
                        "build_s": 4.0, "read_tokens_per_question": 500.0},
             "mem0": {"write_llm_calls": 50, "write_input_tokens": 400_000, "write_output_tokens": 5_000,
