@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ import torch  # noqa: E402
 
 from memfit_gpu.data import load_benchmark  # noqa: E402
 from memfit_gpu.data.jsonl import to_jsonl  # noqa: E402
+from memfit_gpu.devices import describe  # noqa: E402
 from memfit_gpu.evaluate.efficiency import efficiency_row  # noqa: E402
 from memfit_gpu.evaluate.paper_tables import load_run  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
@@ -58,16 +58,6 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo.yaml"
 LOCOMO = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
 METHODS = ("memfit", "plain", "naive_rag", "lightmem_slm", "mem0")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cut_locomo(source: Path, folder: Path, turns: int, questions: int) -> tuple[Path, int, int]:
@@ -213,7 +203,7 @@ def main() -> None:
         mem0_per_turn = (mem0_add["p50"] * mem0_add["n"] / turns) if mem0_add["n"] else None
         insertion = {"mem0_add_s_per_turn_from_p50": mem0_per_turn, "memfit_add_s_per_turn_p50": live["add_s_per_turn"]["p50"],
                      "ratio": None if not mem0_per_turn else round(mem0_per_turn / live["add_s_per_turn"]["p50"], 1)}
-    print(json.dumps({"cpu": cpu_name(), "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+    print(json.dumps({"cpu": describe()["cpu"]["model"], "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                       "data": {"file": data.name, "turns": turns, "questions": questions},
                       "config": str(args.config), "threads": args.threads, "runs": str(root),
                       "rows": list(rows.values()), "ratio_to_memfit": ratios(rows), "memfit_live": live,
