@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from memfit_gpu.evaluate.efficiency import efficiency_row  # noqa: E402
 from memfit_gpu.evaluate.paper_tables import load_run  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
 from memfit_gpu.methods.packs import read_diagnostics  # noqa: E402
+from memfit_gpu.methods.peers.mem0 import percentiles  # noqa: E402
 from memfit_gpu.readers.ledger import Ledger  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,15 +118,6 @@ def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]
                         "mem0_memories_stored": held["memories_stored"], "mem0_replies_unparsed": held["replies_unparsed"],
                         "mem0_batch_size": held["batch_size"]})
     return figures
-
-
-def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
-    """n, P50 and P95 (nearest rank), the way mem0's diagnostics give its own timings."""
-    if not seconds:
-        return {"n": 0, "p50": None, "p95": None}
-    ordered = sorted(seconds)
-    rank = lambda q: ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]  # noqa: E731
-    return {"n": len(ordered), "p50": rank(0.50), "p95": rank(0.95)}
 
 
 def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str, Any]:

@@ -30,11 +30,11 @@ from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
 from memfit_gpu.files import read_jsonl
-from memfit_gpu.methods.peers import endpoint as endpoint_module
 from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
 from memfit_gpu.methods.peers.mem0 import memory_class, memory_config
 from memfit_gpu.methods.registry import method_entry
 from memfit_gpu.readers.reader import load_ledger, make_reader
+from memfit_gpu.readers.registry import ENCODER_BACKEND, is_local
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -163,7 +163,7 @@ def test_the_endpoint_refuses_what_it_cannot_serve_by_name(tmp_path: Path, bi_en
     reader.close()
     # nothing was accounted for the refused requests
     assert all(stats.calls == 0 for stats in reader.ledger.roles.values())
-    assert endpoint_module.ENCODER_BACKEND == "encoder"
+    assert ENCODER_BACKEND == "encoder" and is_local(ENCODER_BACKEND)  # the embeddings' backend costs nothing
 
 
 def test_mem0_is_registered_as_a_reader_method_with_a_persistent_store() -> None:

@@ -114,9 +114,14 @@ def backend_entry(name: str) -> BackendEntry:
     return BACKENDS.get(name)
 
 
+# The ledger's backend name for the run's own bi-encoder serving a peer system's embeddings
+# (methods/peers/endpoint.py): it runs on this node, so it costs nothing.
+ENCODER_BACKEND = "encoder"
+
+
 def is_local(name: str) -> bool:
     """Whether the backend named in a ledger ran on this node (False for a name no longer registered)."""
-    if name == "encoder":  # the run's own bi-encoder serving a peer's embeddings (methods/peers/endpoint.py)
+    if name == ENCODER_BACKEND:
         return True
     entry = REGISTRY.get(name)
     return entry is not None and entry.local

@@ -32,10 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from memfit_gpu.readers.reader import Reader
+from memfit_gpu.readers.registry import ENCODER_BACKEND
 from memfit_gpu.readers.types import ROLE_PHASES, Request, Response
 
-# The ledger's backend name for the run's own bi-encoder serving embeddings (a local model: costs nothing).
-ENCODER_BACKEND = "encoder"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 

@@ -152,7 +152,6 @@ class Mem0Method:
     def _open(self, run: MethodRun) -> None:
         if self.memory is not None:
             return
-        require_mem0()
         if run.reader is None:
             raise ValueError("method=mem0 needs the run's reader (its memories are written by an LLM): use memfit run")
         if run.out is not None:
@@ -219,11 +218,6 @@ class Mem0Method:
                         run.account("mem0.add.ledger")  # the ledger is saved before the mark says done
                         append_jsonl(marks_path, [{"batch": key, "stored": len((result or {}).get("results", []))}])
                         faults.point("mem0.added")
-        stored = self.stored_counts(run)
-        if not any(stored.values()) and run.memories:
-            log.warning("mem0 stored no memory for %d conversations: its LLM (%s) wrote no fact it could parse "
-                        "(%d replies unparsed); its answers will have no context", len(run.memories),
-                        self.logic.reader.model, self.parse_failures.count)
 
     def stored_counts(self, run: MethodRun) -> dict[str, int]:
         """Memories mem0 holds per mem0 user of the selected conversations."""
@@ -262,13 +256,17 @@ class Mem0Method:
     def diagnostics(self, run: MethodRun) -> dict[str, Any]:
         assert self.logic is not None
         stored = self.stored_counts(run)
+        if not any(stored.values()) and run.memories:
+            log.warning("mem0 stored no memory for %d conversations: its LLM (%s) wrote no fact it could parse "
+                        "(%d replies unparsed); its answers had no context", len(run.memories),
+                        self.logic.reader.model, self.parse_failures.count)
         return {"method": {"name": self.name, "package": f"{PACKAGE} {_version()}", "batch_size": run.cfg.mem0.batch_size,
                            "top_k": run.cfg.mem0.top_k, "max_tokens": run.cfg.mem0.max_tokens,
                            "memories_stored": sum(stored.values()), "memories_per_user": stored,
                            "replies_unparsed": self.parse_failures.count, "add_calls_this_process": self.added_now,
                            "batches_already_added": self.skipped, "served": dict(self.logic.served),
-                           "add_seconds": _percentiles(self.add_seconds),
-                           "search_seconds": _percentiles(self.search_seconds)},
+                           "add_seconds": percentiles(self.add_seconds),
+                           "search_seconds": percentiles(self.search_seconds)},
                 "retrieval_note": "mem0's memories name no turns: hit@k and pack hit are not measurable for it"}
 
     def close(self) -> None:
@@ -290,8 +288,9 @@ class Mem0Method:
             self._temporary = None
 
 
-def _percentiles(seconds: list[float]) -> dict[str, float | int | None]:
-    """n, P50 and P95 (nearest rank) of this process's timings; None where there were none."""
+def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
+    """n, P50 and P95 (nearest rank) of timings in seconds; None where there were none (mem0's diagnostics,
+    experiments/bench_peers.py)."""
     if not seconds:
         return {"n": 0, "p50": None, "p95": None}
     ordered = sorted(seconds)
