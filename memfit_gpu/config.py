@@ -193,6 +193,11 @@ class ReaderConfig:
     # The excerpts of one answer prompt are cut so the prompt holds at most this many characters (about
     # 100k tokens; recorded per question when cut). A prompt this long already fails on most readers.
     max_prompt_chars: int = 400_000
+    # transformers: a leading system message of at least this many tokens is read once and its keys and values
+    # kept (the two latest such prefixes) for every request that starts with it, which is then generated alone
+    # from that cache: mem0 sends its 8,530-token extraction prompt with every add. Whether a request takes this
+    # path depends only on the request, so a resumed run computes what an uninterrupted one did. 0 = off
+    prefix_cache_min_tokens: int = 1024
 
 
 @dataclass
@@ -561,6 +566,7 @@ _RANGES: dict[str, _Range] = {
     "reader.max_model_len": _AT_LEAST_1,
     "reader.gpu_memory_utilization": _Range(0, 1, low_open=True),
     "reader.max_prompt_chars": _AT_LEAST_1,
+    "reader.prefix_cache_min_tokens": _AT_LEAST_0,
     "reader.max_images": _AT_LEAST_0,
     "reader.max_pixels": _Range(1, optional=True),
     "eval.judge.max_new_tokens": _AT_LEAST_1,

@@ -243,3 +243,43 @@ def test_a_backend_must_implement_generate() -> None:
 
     with pytest.raises(TypeError, match="abstract method 'generate'|abstract methods? generate"):
         NoGenerate(ReaderConfig())  # type: ignore[abstract]
+
+
+@pytest.mark.slow
+def test_a_long_system_prompt_is_read_once_and_answers_as_without_the_prefix_cache() -> None:
+    """mem0 sends its long extraction prompt with every add: with reader.prefix_cache_min_tokens the system
+    message's keys and values are computed once and each request reads only the rest. In float32 the replies are
+    those of the whole-prompt path; a request takes the prefix path by what it is, not by what came before it
+    (a fresh backend given one request alone computes what the warm one did), and a short system message or
+    a prompt without one goes the batched way."""
+    from memfit_gpu.readers.transformers import TransformersBackend
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rules = " ".join(f"Rule {i}: keep every fact about the user's {word} short and in the third person."
+                         for i, word in enumerate(["family", "work", "travel", "health", "hobbies", "friends"] * 3))
+        asks = ["Caroline: I went to a support group yesterday.", "Melanie: I painted a lake at sunrise.",
+                "Caroline: My mother gave me a necklace from Sweden."]
+        long_system = [Request([{"role": "system", "content": rules}, {"role": "user", "content": ask}],
+                               max_new_tokens=12) for ask in asks]
+        others = [Request([{"role": "system", "content": "Be brief."}, {"role": "user", "content": asks[0]}],
+                          max_new_tokens=12),
+                  Request([{"role": "user", "content": asks[1]}], max_new_tokens=12)]
+        cfg = ReaderConfig(dtype="float32", batch_size=4, prefix_cache_min_tokens=256)
+        cached = TransformersBackend(cfg)
+        assert len(cached._system_prefix(long_system[0], cached._prompt_ids(long_system[0]))) >= 256
+        replies = cached.generate([long_system[0], others[0], long_system[1], others[1], long_system[2]])
+        assert (cached.prefix_reads, cached.prefix_served) == (1, 3)
+        whole = TransformersBackend(ReaderConfig(dtype="float32", batch_size=4, prefix_cache_min_tokens=0))
+        plain = whole.generate([long_system[0], others[0], long_system[1], others[1], long_system[2]])
+        assert (whole.prefix_reads, whole.prefix_served) == (0, 0)
+        assert [(r.text, r.input_tokens, r.output_tokens) for r in replies] == \
+            [(r.text, r.input_tokens, r.output_tokens) for r in plain]
+        assert all(r.text for r in replies)
+        fresh = TransformersBackend(cfg)
+        alone = fresh.generate([long_system[2]])[0]
+        assert (fresh.prefix_reads, fresh.prefix_served) == (1, 1)
+        assert (alone.text, alone.output_tokens) == (replies[4].text, replies[4].output_tokens)
+    finally:
+        torch.set_num_threads(threads)

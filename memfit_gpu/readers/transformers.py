@@ -8,6 +8,12 @@ A vision-language checkpoint (its config has a `vision_config`) is loaded with A
 AutoModelForImageTextToText instead; a request's images (local files) go into its last user message as
 `{"type": "image"}` parts before the text, in order, and the processor expands them into image tokens.
 
+A request whose leading system message is long (`reader.prefix_cache_min_tokens`, 1,024 tokens by default:
+mem0 sends its 8,530-token extraction prompt with every add) is generated alone, from a copy of that
+message's keys and values, which are computed once and kept for the two latest such messages: only the rest
+of the prompt is read per request. Whether a request goes this way depends on the request only, never on
+what came before, so a resumed run computes exactly what an uninterrupted one did.
+
 `reader.device_map: auto` hands placement to accelerate (`from_pretrained(device_map="auto")`): the
 layers are spread over every visible GPU (then the CPU) so a reader too large for one GPU still loads;
 inputs go to the device of the first layer. Unset (the default), the model sits whole on one device.
@@ -15,8 +21,10 @@ inputs go to the device of the first layer. Unset (the default), the model sits 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +58,10 @@ def _param_groups(requests: Sequence[Request],
     for i, r in enumerate(requests):
         groups.setdefault(sampling(r), []).append(i)
     return groups
+
+
+# The long system prompts whose keys and values are kept (prefix_cache_min_tokens): the latest this many.
+PREFIX_CACHE_ENTRIES = 2
 
 
 # On the CPU a padded token costs what a real one does (prefill is compute-bound, and a padded batch takes
@@ -144,6 +156,11 @@ class TransformersBackend(Backend):
         # cache is plain per-layer keys and values (not a sliding window, say): decided once, here
         self.rows_alone = self.device == "cpu" and not self.vision and all(
             type(layer) is DynamicLayer for layer in DynamicCache(config=self.net.config).layers)
+        # prompt ids of a long system message -> its keys and values (prefix_cache_min_tokens); and how many
+        # requests were generated from such a prefix and how many prefixes were read (the tests, the log)
+        self._prefixes: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
+        self.prefix_served = 0
+        self.prefix_reads = 0
         self.load_s = time.perf_counter() - start
         logger.info("transformers reader %s loaded from %s on %s in %s (attention %s) in %.1f s", cfg.model,
                     self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
@@ -157,8 +174,8 @@ class TransformersBackend(Backend):
             )
         return self._chat_ids(request.messages)
 
-    def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+    def _chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
                                                  **self.template_kwargs)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
@@ -180,9 +197,15 @@ class TransformersBackend(Backend):
         eos_ids = self._eos_ids()
         lengths = [len(p) for p in prompts]
         slack = CPU_PADDED_PER_REAL if self.device == "cpu" else None
+        prefixes = [self._system_prefix(r, p) for r, p in zip(requests, prompts, strict=True)]
+        for i, prefix in enumerate(prefixes):
+            if prefix:
+                out[i] = self._generate_from_prefix(requests[i], prompts[i], prefix, eos_ids)
         # within a group, sort by length so padding is small (on the CPU, batches of similar lengths only)
         for (max_new, temperature), members in _param_groups(requests, self.sampling).items():
-            members = sorted(members, key=lambda i: lengths[i])
+            members = sorted((i for i in members if not prefixes[i]), key=lambda i: lengths[i])
+            if not members:
+                continue
             for batch in length_batches(lengths, members, self.batch_size, slack):
                 width = max(len(prompts[i]) for i in batch)
                 pad = self.tokenizer.pad_token_id
@@ -204,6 +227,53 @@ class TransformersBackend(Backend):
                     text = self.tokenizer.decode(kept, skip_special_tokens=True)
                     out[i] = Response(text, len(prompts[i]), n_out, share, False, self.model)
         return [r for r in out if r is not None]
+
+    def _system_prefix(self, request: Request, ids: list[int]) -> tuple[int, ...]:
+        """The prompt ids of the request's leading system message when it is long enough to be kept
+        (prefix_cache_min_tokens) and the prompt starts with them; () otherwise."""
+        least = int(self.cfg.prefix_cache_min_tokens)
+        messages = request.messages
+        if least <= 0 or len(messages) < 2 or messages[0].get("role") != "system" \
+                or len(str(messages[0].get("content", ""))) < least:  # fewer characters than tokens: too short
+            return ()
+        prefix = self._chat_ids(messages[:1], generation_prompt=False)
+        if len(prefix) < least or len(prefix) >= len(ids) or ids[:len(prefix)] != prefix:
+            return ()
+        return tuple(prefix)
+
+    def _prefix_cache(self, prefix: tuple[int, ...]) -> DynamicCache:
+        """The keys and values of `prefix`: read once, the latest PREFIX_CACHE_ENTRIES kept."""
+        cache = self._prefixes.get(prefix)
+        if cache is None:
+            cache = DynamicCache(config=self.net.config)
+            with torch.inference_mode():
+                self.net(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+            self.prefix_reads += 1
+            self._prefixes[prefix] = cache
+            while len(self._prefixes) > PREFIX_CACHE_ENTRIES:
+                self._prefixes.popitem(last=False)
+        self._prefixes.move_to_end(prefix)
+        return cache
+
+    def _generate_from_prefix(self, request: Request, ids: list[int], prefix: tuple[int, ...],
+                              eos_ids: set[int]) -> Response:
+        """One request generated alone from a copy of its system prefix's keys and values (generate reads the
+        rest of the prompt, then decodes)."""
+        max_new, temperature = self.sampling(request)
+        start = time.perf_counter()
+        cache = copy.deepcopy(self._prefix_cache(prefix))
+        kwargs = _generate_kwargs(max_new, temperature, self.tokenizer.pad_token_id)
+        if temperature > 0:  # from reader.seed, as a batch is: a rerun samples the same
+            torch.manual_seed(self.cfg.seed)
+        with torch.inference_mode():
+            generated = self.net.generate(input_ids=torch.tensor([ids], device=self.device),
+                                          attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
+                                          past_key_values=cache, **kwargs)
+        self.prefix_served += 1
+        kept, n_out = _until_eos(generated[0, len(ids):].tolist(), eos_ids)
+        return Response(self.tokenizer.decode(kept, skip_special_tokens=True), len(ids), n_out,
+                        time.perf_counter() - start, False, self.model)
 
     def _prefilled_rows(self, batch_prompts: list[list[int]], width: int) -> DynamicCache:
         """On the CPU (`rows_alone`): each prompt of a batch but its last token read on its own (no padded
