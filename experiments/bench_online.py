@@ -38,10 +38,14 @@ and live.consolidate=manual (MemFit's summaries and LightMem's notes are off the
 them with SmolLM2 on two cores would take minutes and run beside the timed calls, so none is built and
 the memories hold only turns). lightmem_slm runs only when --methods names it (its query path calls the
 SLM). Targets (issue 22, on the 2-core CPU, one conversation) are checked on the Python API path of
-every method and printed as booleans with their thresholds; HTTP figures are printed beside them.
+every method of ours and printed as booleans with their thresholds; HTTP figures are printed beside them.
+A peer system (mem0, from its own package) runs only when --methods names it: its every add makes its LLM
+calls (mem0's extraction, SmolLM2 here: seconds per turn), so a few --turns suffice; it is held to no
+target, and `peer_ratios` gives its insertion and search P50/P95 over our first method's in the same run.
 
     PYTHONPATH=. .venv/bin/python experiments/bench_online.py                  # the default run
     PYTHONPATH=. .venv/bin/python experiments/bench_online.py --no-reader --methods memfit --clients 1 16
+    PYTHONPATH=. .venv/bin/python experiments/bench_online.py --no-reader --methods memfit mem0 --turns 8 --clients
 
 Last line: JSON with `replay` (per method and path: insert/search/e2e P50/P95/P99 ms), `concurrency`
 (per N: batched and unbatched throughput and tail latency, ratios), `identical_results`, `targets`.
@@ -78,6 +82,7 @@ from memfit_gpu.data import load_benchmark, select_questions  # noqa: E402
 from memfit_gpu.data.schema import Memory as Conversation  # noqa: E402
 from memfit_gpu.data.schema import Question, written_turn_id  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
+from memfit_gpu.methods.registry import method_entry  # noqa: E402
 from memfit_gpu.serve.keys import new_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -422,6 +427,24 @@ def method_table(replays: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_ratios(replays: dict[str, Any]) -> dict[str, Any]:
+    """Per peer system (mem0) and path: its insertion and search P50/P95 over those of the first of our methods
+    replayed in the same run (how many times slower than MemFit; None where either is missing)."""
+    ours = next((m for m in replays if not method_entry(m).peer), None)
+    out: dict[str, Any] = {}
+    for method, paths in replays.items():
+        if ours is None or not method_entry(method).peer:
+            continue
+        for path in ("api", "http"):
+            row: dict[str, Any] = {"over": ours}
+            for kind in ("insert", "search"):
+                for p in ("p50_ms", "p95_ms"):
+                    theirs, base = (paths[path].get(kind) or {}).get(p), (replays[ours][path].get(kind) or {}).get(p)
+                    row[f"{kind}_{p.removesuffix('_ms')}_x"] = round(theirs / base, 1) if theirs and base else None
+            out[f"{method}/{path}"] = row
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
@@ -509,6 +532,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     targets: dict[str, Any] = {}
     for method, r in replays.items():
+        if method_entry(method).peer:  # another system: measured beside ours, not held to our targets
+            continue
         for name, limit in TARGETS.items():
             kind, stat = name.split("_", 1)
             value = r["api"][kind][stat]
@@ -537,6 +562,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ask_point": "right after the turn that completes the question's evidence",
         "replay": replays,
         "table": method_table(replays),
+        "peer_ratios": peer_ratios(replays),
         "concurrency": conc,
         "identical_results": conc["identical_results"]["all"] if conc else None,
         "targets": targets,

@@ -1,7 +1,8 @@
 """A test-only reader backend, `echo`, added from tests/ with one module and one registry call (issue 21).
 
 It answers every request with the first line of the request's last message (or, with
-MEMFIT_TEST_ECHO_PREFIX set, the first line that starts with it), at once: the tests that use
+MEMFIT_TEST_ECHO_PREFIX set, the first line that starts with it; a JSON-mode request holding a
+`## New Messages` section, mem0's extraction, with that section's first line as mem0's one fact), at once: the tests that use
 it check the machinery around a reader (registry, preflight, plan, ledger, cache, predictions), never
 what a reader says, and no reported number comes from it. Loaded into a `memfit` process with
 MEMFIT_PLUGINS=seam_echo_backend (tests/ on PYTHONPATH).
@@ -9,6 +10,7 @@ MEMFIT_PLUGINS=seam_echo_backend (tests/ on PYTHONPATH).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -26,6 +28,10 @@ class EchoBackend(Backend):
             lines = str(request.messages[-1]["content"]).strip().splitlines()
             prefix = os.environ.get("MEMFIT_TEST_ECHO_PREFIX")  # reply with the first line that starts so
             text = next((line for line in lines if prefix and line.startswith(prefix)), lines[0])
+            if request.response_format == "json_object" and "## New Messages" in lines:
+                # a JSON reply, as a peer's extraction prompt asks (mem0): the first new message as its fact
+                rest = lines[lines.index("## New Messages") + 1:]
+                text = json.dumps({"memory": [{"text": next((line for line in rest if line.strip()), "")}]})
             words = sum(len(str(m["content"]).split()) for m in request.messages)
             out.append(Response(text, input_tokens=words, output_tokens=len(text.split()), latency_s=0.0,
                                 model=self.model))

@@ -136,7 +136,7 @@ def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
             Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP)
     with pytest.raises(ConfigError, match="method=full_context has no live write path"):
         Memory.open(tmp_path / "m2", config=DEMO, overrides=CHEAP, method="full_context")
-    assert live_methods() == ["memfit", "plain", "naive_rag", "lightmem_slm"]
+    assert live_methods() == ["memfit", "plain", "naive_rag", "lightmem_slm", "mem0"]
 
 
 def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_path: Path, conv_turns) -> None:

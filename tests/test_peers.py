@@ -166,9 +166,10 @@ def test_the_endpoint_refuses_what_it_cannot_serve_by_name(tmp_path: Path, bi_en
     assert ENCODER_BACKEND == "encoder" and is_local(ENCODER_BACKEND)  # the embeddings' backend costs nothing
 
 
-def test_mem0_is_registered_as_a_reader_method_with_a_persistent_store() -> None:
+def test_mem0_is_registered_as_a_live_reader_method_with_a_persistent_store() -> None:
     entry = method_entry("mem0")
-    assert (entry.reader_free, entry.incremental, entry.live) == (False, True, False)
+    assert (entry.reader_free, entry.incremental, entry.live, entry.peer) == (False, True, True, True)
+    assert not any(method_entry(name).peer for name in ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm"))
 
 
 def _env(shared_data: Path, **extra: str) -> dict[str, str]:
@@ -258,3 +259,79 @@ def test_bench_peers_cuts_a_conversation_at_a_turn_and_keeps_the_questions_answe
                      "build_s": 200.0, "read_tokens_per_question": 300.0}}
     assert bench_peers.ratios(rows) == {"mem0": {"write_llm_calls": 25.0, "write_tokens": 405.0, "build_s": 50.0,
                                                  "read_tokens_per_question": 0.6}}
+
+
+def _files_holding(folder: Path, words: list[str]) -> dict[str, list[str]]:
+    """Per file under `folder` (every byte), the words found in it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        hits = [w for w in words if w.encode() in path.read_bytes()]
+        if hits:
+            found[str(path.relative_to(folder))] = hits
+    return found
+
+
+def _same_hits(found: list[Any], expected: list[Any]) -> bool:
+    """The same memories in the same order from the same turns; scores as Qdrant stores vectors (float32 on
+    disk: a reopened store's cosine differs in the 9th digit)."""
+    return [(h.kind, h.text, h.turn_ids) for h in found] == [(h.kind, h.text, h.turn_ids) for h in expected] and \
+        all(abs(a.score - b.score) < 1e-6 for a, b in zip(found, expected, strict=True))
+
+
+def test_a_live_mem0_is_fed_as_turns_come_forgets_deleted_turns_and_erases_a_user(tmp_path: Path) -> None:
+    """Memory.open(method="mem0"): every add feeds mem0 the new turns (one mem0 add per speaker and batch,
+    under mem0_write); a search returns mem0's memories with the turns they came from; deleting a turn
+    retires the memories of its batch and feeds its other turns again; a reopened memory feeds nothing
+    twice; and after delete_user + compact no byte of the user (its words, its id) is in any file under the
+    memory's folder, while the other user's memories are all there. The reader is the echo backend
+    (tests/seam_echo_backend.py), which answers mem0's JSON-mode extraction with the first new message as
+    the fact, so mem0 stores the users' words as a real model's memories would quote them."""
+    import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+
+    from memfit_gpu.live import Memory
+
+    overrides = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "mem0.batch_size=2"]
+    victim, keeper = "victim-7", "keeper-3"
+
+    def turns(user: str) -> list[dict[str, str]]:
+        words = "The Zorblaxian vault code is quibbleflux" if user == victim else "The Glimmerwick lantern glows mauveish"
+        return [{"speaker": ["Ann", "Bob"][i % 2], "text": f"{words} {i}.", "turn_id": f"t{i}",
+                 "timestamp": f"2024-03-01T10:{i:02d}:00"} for i in range(4)]
+
+    folder = tmp_path / "memory"
+    memory = Memory.open(folder, DEMO, method="mem0", overrides=overrides)
+    try:
+        memory.add(victim, turns(victim))
+        memory.add(keeper, turns(keeper)[:2])
+        memory.add(keeper, turns(keeper)[2:])
+        ledger = json.loads((folder / "ledger.json").read_text())
+        # per user: 2 speakers x one batch of 2 turns per add call; the victim's 4 turns in one call = 2 batches
+        marks = read_jsonl(folder / "mem0" / "added.jsonl")
+        assert sorted((m["user"], tuple(m["turns"])) for m in marks) == sorted(
+            [(f"{s}_{u}", t) for u in (victim, keeper) for s in ("Ann", "Bob") for t in (("t0", "t1"), ("t2", "t3"))])
+        assert ledger["roles"]["mem0_write"]["calls"] == 8
+        hits = memory.search(keeper, ["Where does the lantern glow?"], k=10)[0]
+        assert hits and {h.kind for h in hits} == {"memory"}
+        assert all("Glimmerwick" in h.text and h.turn_ids in (["t0", "t1"], ["t2", "t3"]) for h in hits)
+        assert not any("Zorblaxian" in h.text for h in hits)  # one user's memories only
+
+        memory.delete(keeper, ["t1"])  # its batch (t0, t1) is retired for both speakers; t0 is fed again
+        hits = memory.search(keeper, ["Where does the lantern glow?"], k=10)[0]
+        assert not any("mauveish 1." in h.text for h in hits) and any(h.turn_ids == ["t0"] for h in hits)
+        assert json.loads((folder / "ledger.json").read_text())["roles"]["mem0_write"]["calls"] == 10
+    finally:
+        memory.close()
+
+    memory = Memory.open(folder, DEMO, method="mem0", overrides=overrides)
+    try:  # reopened: nothing is fed twice, the same memories are found
+        assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
+        assert json.loads((folder / "ledger.json").read_text())["roles"]["mem0_write"]["calls"] == 10
+        assert _files_holding(folder, ["Zorblaxian", "quibbleflux", victim])  # before: everywhere
+        memory.delete_user(victim)
+        memory.compact()
+        assert _files_holding(folder, ["Zorblaxian", "quibbleflux", victim]) == {}
+        kept = _files_holding(folder / "mem0", ["Glimmerwick", "mauveish", keeper])
+        assert {"history.db", "added.jsonl"} <= set(kept) and any(name.startswith("qdrant/") for name in kept)
+        assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
+    finally:
+        memory.close()

@@ -7,9 +7,10 @@ run-directory lock of locks.py; a second `Memory.open` or `memfit serve` on it i
 holder's pid). Inside that process every call is thread-safe (one lock; searches and writes take turns).
 
 Every method of the method seam whose registry entry is `live` runs behind it (methods/base.py
-LiveMethod: memfit, plain, naive_rag, lightmem_slm): the Memory owns the store of turns, whatever the
-method, and the method derives its own state from it (MemFit: nothing, the store is its index; naive_rag:
-chunks; LightMem: MTM notes and an LTM graph). So the same turns, encoder and reader serve every method,
+LiveMethod: memfit, plain, naive_rag, lightmem_slm, and mem0 from its own package): the Memory owns the
+store of turns, whatever the method, and the method derives its own state from it (MemFit: nothing, the
+store is its index; naive_rag: chunks; LightMem: MTM notes and an LTM graph; mem0: its own memories, written
+by its LLM as turns arrive). So the same turns, encoder and reader serve every method,
 and the online table compares them on equal terms.
 
 Batch first, like the rest: `add` takes many turns of many users and writes them as ONE store batch (one
@@ -37,7 +38,7 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data.jsonl import date_text, memory_json
-from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Session, Turn, encoding_problem
+from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
 from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.index.encoders import load_bi_encoder
@@ -53,7 +54,7 @@ from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.store.episodes import EpisodeStore
-from memfit_gpu.store.text import episode_body, split_body
+from memfit_gpu.store.text import episode_body
 
 log = logging.getLogger(__name__)
 
@@ -570,22 +571,8 @@ class Memory:
         same episodes, so searches give the same results."""
         with self.holding():
             store = self.store
-            memory = DataMemory(user_id, speakers=list(store.memory_speakers[store.memory_of(user_id)])
-                                if user_id in store.memory_ids else [])
-            sessions: dict[str, Session] = {}
-            for row in self._live_rows(user_id):
-                speaker = store.speaker_name(row)
-                text = store.text[row]
-                date = text[len("DATE: "):len(text) - len(store.body(row)) - len(f" | Speaker {speaker} says: ")]
-                stamp = store.timestamp[row]
-                images, said = split_body(store.body(row), store.image_ids[row])
-                session_id = store.session_ids[int(store.session_idx[row])]
-                session = sessions.get(session_id)
-                if session is None:
-                    session = sessions[session_id] = Session(session_id, date, "" if np.isnat(stamp) else str(stamp))
-                session.turns.append(Turn(str(store.turn_id[row]), speaker, said, "" if np.isnat(stamp) else str(stamp),
-                                          date, [Image(caption, image_id) for image_id, caption in images]))
-            memory.sessions = list(sessions.values())
+            self._live_rows(user_id)
+            memory = store.conversation(user_id)
             if summaries:
                 table = store.summaries
                 memory.extra["summaries"] = [

@@ -43,6 +43,9 @@ class MethodEntry:
     # a DepthMethod (methods/base.py) with `read_depth`: its pack is the top pack.k of a ranking pack.k does not
     # change, so the same ranking is packed at other depths (eval.pack_cutoffs, memfit_gpu/depths.py)
     depths: bool = False
+    # another memory system run from its own package (methods/peers/): measured beside MemFit with the same
+    # reader and encoder, never held to MemFit's own targets (experiments/bench_online.py, bench_peers.py)
+    peer: bool = False
 
 
 REGISTRY: dict[str, MethodEntry] = {
@@ -52,7 +55,7 @@ REGISTRY: dict[str, MethodEntry] = {
     "full_context": MethodEntry(FullContext),
     "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True),
     # the peer systems, from their own packages (methods/peers/): the `peers` extra
-    "mem0": MethodEntry(Mem0Method, reader_free=False, incremental=True),
+    "mem0": MethodEntry(Mem0Method, reader_free=False, incremental=True, live=True, peer=True),
 }
 
 

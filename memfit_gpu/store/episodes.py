@@ -47,7 +47,7 @@ import torch
 from memfit_gpu import faults
 from memfit_gpu.buffers import GrowableArray, TextColumn
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.schema import Turn
+from memfit_gpu.data.schema import Image, Memory, Session, Turn
 from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
@@ -62,7 +62,7 @@ from memfit_gpu.store.replay import LogReplay, RecordRefused
 from memfit_gpu.store.snapshot import write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
-from memfit_gpu.store.text import episode_prefix
+from memfit_gpu.store.text import episode_prefix, split_body
 from memfit_gpu.store.write_path import GENERATIONS, WritePath
 
 log = logging.getLogger(__name__)
@@ -624,6 +624,28 @@ class EpisodeStore(WritePath, LogReplay):
         """The live rows of one memory in conversation order ([] for a memory never stored)."""
         memory = self._memory_index.get(memory_id)
         return [] if memory is None else self.memory_rows(memory).tolist()
+
+    def conversation(self, memory_id: str) -> Memory:
+        """One memory's live turns as the data schema's Memory (what a loader yields): its speakers, and its
+        sessions in the order their first turn came, each turn with its id, speaker, own words, timestamp,
+        date text and images (caption and id; the store keeps no image paths)."""
+        memory = Memory(memory_id, speakers=list(self.memory_speakers[self.memory_of(memory_id)])
+                        if memory_id in self._memory_index else [])
+        sessions: dict[str, Session] = {}
+        for row in self.live_turns(memory_id):
+            speaker = self.speaker_name(row)
+            text = self._text[row]
+            date = text[len("DATE: "):len(text) - len(self.body(row)) - len(f" | Speaker {speaker} says: ")]
+            stamp = "" if np.isnat(self.timestamp[row]) else str(self.timestamp[row])
+            images, said = split_body(self.body(row), self.image_ids[row])
+            session_id = self.session_ids[int(self.session_idx[row])]
+            session = sessions.get(session_id)
+            if session is None:
+                session = sessions[session_id] = Session(session_id, date, stamp)
+            session.turns.append(Turn(str(self.turn_id[row]), speaker, said, stamp, date,
+                                      [Image(caption, image_id) for image_id, caption in images]))
+        memory.sessions = list(sessions.values())
+        return memory
 
     def has_turn(self, memory_id: str, turn_id: str) -> int | None:
         """The live row of a turn id in a memory, None when there is none (row_of raises instead)."""

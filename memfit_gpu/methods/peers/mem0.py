@@ -13,10 +13,20 @@ user per speaker of a conversation (`<speaker>_<memory id>`); for each session a
 session's turns as chat messages "<speaker>: <text>", the speaker's own as `user` and the others' as
 `assistant`, added `mem0.batch_size` messages per `add` call, with the session's date as metadata
 `timestamp`. mem0's own extraction prompt is used (the evaluation's hosted-platform custom instructions are
-not part of the package). Each finished call is marked in DIR/mem0/added.jsonl (after the ledger is saved),
-so a killed run resumes without adding a batch twice; a batch whose `add` finished before the kill but not
-its mark is found in mem0's own files (its memories' `memfit_batch` payload in Qdrant, or its messages as
-the user's last in mem0's history database) and is not added again either.
+not part of the package). Each finished call is marked in DIR/mem0/added.jsonl with its turn ids (after the
+ledger is saved), so a killed run resumes without adding a batch twice; a batch whose `add` finished before
+the kill but not its mark is found in mem0's own files (its memories' `memfit_batch` payload in Qdrant, or
+its messages as the user's last in mem0's history database) and is not added again either.
+
+Live (`memfit_gpu.Memory.open(..., method="mem0")`, `memfit serve`): the live memory's store holds the
+turns; after each add, mem0 is fed the turns it has not had, in the same batches (so an agent's add waits
+for mem0's LLM calls, as with mem0 itself). Deleting a turn retires each batch that held it: the memories
+that add wrote leave Qdrant and mem0's history, with the user's recent messages (mem0's context for its next
+extraction), and the batch's other turns are fed again. `compact` rewrites mem0's SQLite files and
+added.jsonl, so after `delete_user` and `compact` nothing of the user is under the memory's folder (the
+memory's cache.sqlite drops the user's calls itself). mem0 writes nothing off the write path: its
+`consolidate` does nothing. Note that mem0 puts today's date in every extraction prompt: a run resumed on
+another day asks its LLM again for the adds still to come (their prompts differ; the cache holds the rest).
 
 Read (evaluation/src/memzero/search.py): for each question, `search` with the question for the top
 `mem0.top_k` memories of each speaker; the excerpts hold them as "<timestamp>: <memory>" per speaker, and
@@ -31,25 +41,31 @@ installed, as in a plain `pip install mem0ai`; mem0 then skips those steps itsel
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import logging
 import math
 import os
 import shutil
+import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu import faults
-from memfit_gpu.data.schema import Memory, Session
-from memfit_gpu.files import append_jsonl, read_jsonl
+from memfit_gpu.data.schema import DataError, Memory, Session
+from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders.backends import load_bi_encoder
-from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.base import Hit, MethodRun
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
 from memfit_gpu.readers.types import MissingBackendError
+from memfit_gpu.store.episodes import EpisodeStore
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +147,76 @@ class _ParseFailures(logging.Handler):
             self.count += 1
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One mem0 `add`: consecutive turns of one session as one speaker tells them (session_messages)."""
+
+    key: str  # memory id, session id, speaker and first turn id, tab-separated: the mark's name
+    memory_id: str
+    user: str  # the speaker's mem0 user
+    turn_ids: list[str]
+    messages: list[dict[str, str]]
+    timestamp: str  # the session's date text (mem0's evaluation: metadata `timestamp`)
+
+
+def pending_batches(memory: Memory, fed: dict[str, set[str]], size: int) -> list[Batch]:
+    """The adds that feed mem0 what it has not been fed of `memory` (`fed`: per mem0 user, the turn ids it
+    got), as mem0's evaluation feeds a conversation: per session, per speaker, `size` messages an add. With
+    nothing fed, every turn of every session, cut at the session's start; in a live memory, the turns added
+    since (and the rest of a batch retired by a deletion)."""
+    batches = []
+    speakers = speakers_of(memory)
+    for session in memory.sessions:
+        for speaker in speakers:
+            user = user_id(memory.memory_id, speaker)
+            todo = [t for t in session.turns if t.turn_id not in fed.get(user, ())]
+            for start in range(0, len(todo), size):
+                chunk = todo[start:start + size]
+                batches.append(Batch(f"{memory.memory_id}\t{session.session_id}\t{speaker}\t{chunk[0].turn_id}",
+                                     memory.memory_id, user, [t.turn_id for t in chunk],
+                                     session_messages(replace(session, turns=chunk), speaker), session.date_text))
+    return batches
+
+
+class Marks:
+    """DIR/mem0/added.jsonl: one line per finished add (its batch key, mem0 user and turn ids) and one per
+    batch retired (a turn of it was deleted: its memories are gone from mem0). Read in order, it says what
+    mem0 holds now: the batches added and not retired, and per mem0 user the turns it was fed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.batches: dict[str, dict[str, Any]] = {}  # key -> the add's mark (memory, user, turns)
+        for number, row in enumerate(read_jsonl(path) if path.exists() else [], 1):
+            if "retired" in row:
+                self.batches.pop(row["retired"], None)
+            elif not isinstance(row.get("turns"), list) or "user" not in row:
+                raise DataError(str(path), f"line {number}", "turns",
+                                "a mark without its turns (written by an older memfit): run in a new directory")
+            else:
+                self.batches[row["batch"]] = row
+
+    def fed(self, memory_id: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for row in self.batches.values():
+            if row["memory"] == memory_id:
+                out.setdefault(row["user"], set()).update(row["turns"])
+        return out
+
+    def add(self, batch: Batch, stored: int | None, found_in_store: bool = False) -> None:
+        row = {"batch": batch.key, "memory": batch.memory_id, "user": batch.user, "turns": batch.turn_ids,
+               "stored": stored, **({"found_in_store": True} if found_in_store else {})}
+        append_jsonl(self.path, [row])
+        self.batches[batch.key] = row
+
+    def retire(self, key: str) -> None:
+        append_jsonl(self.path, [{"retired": key}])
+        self.batches.pop(key, None)
+
+    def rewrite(self) -> None:
+        """The file again with only the batches mem0 holds (no retired line names a deleted turn)."""
+        atomic_write_text(self.path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.batches.values()))
+
+
 class Mem0Method:
     name = SYSTEM
 
@@ -141,83 +227,101 @@ class Mem0Method:
         self.logic: EndpointLogic | None = None
         self.endpoint: PeerEndpoint | None = None
         self.encoder: Any = None
+        self._own_encoder = False  # loaded here (a run) rather than the live memory's store's
+        self.store: EpisodeStore | None = None  # a live memory's store (attach)
+        self.marks: Marks | None = None
         self.parse_failures = _ParseFailures()
         self.added_now = 0  # add calls made by this process
         self.skipped = 0  # batches a mark (or Qdrant) said were added by an earlier process
+        self.retired = 0  # batches whose memories a deletion removed, in this process
         self.add_seconds: list[float] = []  # each `add` call of this process (one batch of messages)
         self.search_seconds: list[float] = []  # each question's searches (every speaker) in this process
         self._levels: dict[str, int] = {}  # the loggers quietened while mem0 runs, and their levels before
 
     # ---- set-up -----------------------------------------------------------------------------------------
+    def _place(self, run: MethodRun) -> Path:
+        if self.folder is None:
+            if run.out is not None:
+                self.folder = Path(run.out) / "mem0"
+            else:
+                self._temporary = Path(tempfile.mkdtemp(prefix="memfit-mem0-"))
+                self.folder = self._temporary
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.marks = Marks(self.folder / MARKS)
+        return self.folder
+
     def _open(self, run: MethodRun) -> None:
+        """mem0 and the endpoint it talks to; the reader is loaded here, when mem0 is first needed."""
         if self.memory is not None:
             return
         if run.reader is None:
             raise ValueError("method=mem0 needs the run's reader (its memories are written by an LLM): use memfit run")
-        if run.out is not None:
-            self.folder = Path(run.out) / "mem0"
-        else:
-            self._temporary = Path(tempfile.mkdtemp(prefix="memfit-mem0-"))
-            self.folder = self._temporary
-        self.folder.mkdir(parents=True, exist_ok=True)
-        mem0_memory = memory_class(self.folder / "home")
+        folder = self._place(run)
         cfg = run.cfg
-        self.encoder = load_bi_encoder(cfg.index)
-        self.logic = EndpointLogic(SYSTEM, run.reader(), embedder_of(self.encoder, cfg.index.encoder))
-        self.endpoint = PeerEndpoint(self.logic)
-        config = memory_config(self.endpoint.start(), self.logic.reader.model, cfg.index.encoder,
-                               int(self.encoder.dim), self.folder, cfg.mem0.temperature, cfg.mem0.max_tokens)
-        self.memory = mem0_memory.from_config(config)
-        logging.getLogger("mem0").addHandler(self.parse_failures)
-        for name in QUIET:  # the OpenAI client logs every request at INFO; the ledger records them
-            self._levels[name] = logging.getLogger(name).level
-            logging.getLogger(name).setLevel(logging.WARNING)
+        if self.endpoint is None:
+            if self.encoder is None:
+                self.encoder, self._own_encoder = load_bi_encoder(cfg.index), True
+            self.logic = EndpointLogic(SYSTEM, run.reader(), embedder_of(self.encoder, cfg.index.encoder))
+            self.endpoint = PeerEndpoint(self.logic)
+            self._base_url = self.endpoint.start()
+            logging.getLogger("mem0").addHandler(self.parse_failures)
+            for name in QUIET:  # the OpenAI client logs every request at INFO; the ledger records them
+                self._levels[name] = logging.getLogger(name).level
+                logging.getLogger(name).setLevel(logging.WARNING)
+        assert self.logic is not None
+        config = memory_config(self._base_url, self.logic.reader.model, cfg.index.encoder, int(self.encoder.dim),
+                               folder, cfg.mem0.temperature, cfg.mem0.max_tokens)
+        self.memory = memory_class(folder / "home").from_config(config)
+
+    def _close_memory(self) -> None:
+        """mem0's SQLite history and its embedded Qdrant (which holds its folder's lock until closed)."""
+        if self.memory is not None:
+            self.memory.close()
+            client = getattr(self.memory.vector_store, "client", None)
+            if client is not None:
+                client.close()
+            self.memory = None
 
     # ---- write ------------------------------------------------------------------------------------------
-    def _added_before_kill(self, user: str, key: str, batch: list[dict[str, str]]) -> bool:
+    def _added_before_kill(self, batch: Batch) -> bool:
         """Whether an earlier process's `add` of this batch finished before its mark: mem0 keeps each user's
         last messages in its history database as the last step of every add (whatever it extracted), and
         the memories it stored carry the batch's key."""
-        points, _ = self.memory.vector_store.list(filters={"user_id": user, "memfit_batch": key}, top_k=1)
+        points, _ = self.memory.vector_store.list(filters={"user_id": batch.user, "memfit_batch": batch.key}, top_k=1)
         if points:
             return True
-        # mem0's own scope string for a user (pinned release); one add's messages share one created_at
-        from mem0.memory.main import _build_session_scope  # optional extra, as above
+        last = self.memory.db.get_last_messages(_session_scope(batch.user), limit=len(batch.messages))
+        return sorted((m["role"], m["content"]) for m in last) == sorted((m["role"], m["content"]) for m in batch.messages)
 
-        last = self.memory.db.get_last_messages(_build_session_scope({"user_id": user}), limit=len(batch))
-        return sorted((m["role"], m["content"]) for m in last) == sorted((m["role"], m["content"]) for m in batch)
+    def _feed(self, run: MethodRun, memories: list[Memory]) -> None:
+        """Add to mem0 every turn of `memories` it has not been fed (pending_batches), marking each add."""
+        self._place(run)
+        assert self.marks is not None
+        size = max(1, int(run.cfg.mem0.batch_size))
+        for memory in memories:
+            for batch in pending_batches(memory, self.marks.fed(memory.memory_id), size):
+                self._open(run)
+                assert self.logic is not None
+                if self._added_before_kill(batch):
+                    self.marks.add(batch, None, found_in_store=True)
+                    self.skipped += 1
+                    continue
+                started = time.perf_counter()
+                with self.logic.serve("write", memory.memory_id, batch.key):
+                    result = self.memory.add(batch.messages, user_id=batch.user,
+                                             metadata={"timestamp": batch.timestamp, "memfit_batch": batch.key})
+                self.add_seconds.append(time.perf_counter() - started)
+                self.added_now += 1
+                run.account("mem0.add.ledger")  # the ledger is saved before the mark says done
+                self.marks.add(batch, len((result or {}).get("results", [])))
+                faults.point("mem0.added")
 
     def write(self, run: MethodRun) -> None:
-        self._open(run)
-        assert self.folder is not None and self.logic is not None
-        marks_path = self.folder / MARKS
-        done = {row["batch"] for row in read_jsonl(marks_path)} if marks_path.exists() else set()
-        size = max(1, int(run.cfg.mem0.batch_size))
-        for memory in run.memories:
-            speakers = speakers_of(memory)
-            for session in memory.sessions:
-                for speaker in speakers:
-                    user = user_id(memory.memory_id, speaker)
-                    messages = session_messages(session, speaker)
-                    for start in range(0, len(messages), size):
-                        key = f"{memory.memory_id}\t{session.session_id}\t{speaker}\t{start}"
-                        if key in done:
-                            self.skipped += 1
-                            continue
-                        batch = messages[start:start + size]
-                        if self._added_before_kill(user, key, batch):
-                            append_jsonl(marks_path, [{"batch": key, "stored": None, "found_in_store": True}])
-                            self.skipped += 1
-                            continue
-                        started = time.perf_counter()
-                        with self.logic.serve("write", memory.memory_id, key):
-                            result = self.memory.add(batch, user_id=user,
-                                                     metadata={"timestamp": session.date_text, "memfit_batch": key})
-                        self.add_seconds.append(time.perf_counter() - started)
-                        self.added_now += 1
-                        run.account("mem0.add.ledger")  # the ledger is saved before the mark says done
-                        append_jsonl(marks_path, [{"batch": key, "stored": len((result or {}).get("results", []))}])
-                        faults.point("mem0.added")
+        self._place(run)
+        assert self.marks is not None
+        ids = {m.memory_id for m in run.memories}  # what an earlier process of this run added
+        self.skipped += sum(row["memory"] in ids for row in self.marks.batches.values())
+        self._feed(run, list(run.memories))
 
     def stored_counts(self, run: MethodRun) -> dict[str, int]:
         """Memories mem0 holds per mem0 user of the selected conversations."""
@@ -229,22 +333,105 @@ class Mem0Method:
                 counts[user] = len(points)
         return counts
 
+    # ---- live (memfit_gpu.Memory) -------------------------------------------------------------------------
+    def attach(self, run: MethodRun, store: EpisodeStore) -> None:
+        """A live memory's store: mem0 is fed its turns as they are added (a turn stored before a kill and
+        not yet fed is fed now); the reader and mem0 open when first needed."""
+        self.store, self.encoder, self._own_encoder = store, store.encoder, False
+        self.changed(run, list(store.memory_ids))
+
+    def changed(self, run: MethodRun, memory_ids: list[str]) -> None:
+        """Turns were added or deleted: a batch with a deleted turn is retired (its memories, their history
+        and the user's recent messages leave mem0) and its other turns are fed again; new turns are fed."""
+        assert self.store is not None
+        self._place(run)
+        assert self.marks is not None
+        conversations = []
+        for memory_id in memory_ids:
+            live = {str(self.store.turn_id[r]) for r in self.store.live_turns(memory_id)}
+            gone = [row for row in self.marks.batches.values()
+                    if row["memory"] == memory_id and not set(row["turns"]) <= live]
+            if gone:
+                self._open(run)
+                for row in gone:
+                    self._retire(row)
+            if live:
+                conversations.append(self.store.conversation(memory_id))
+        self._feed(run, conversations)
+
+    def _retire(self, mark: dict[str, Any]) -> None:
+        """Remove what one add stored: its memories from Qdrant, their rows from mem0's history, and the
+        user's recent messages (mem0's context for its next extraction) from its database."""
+        assert self.marks is not None
+        points, _ = self.memory.vector_store.list(filters={"user_id": mark["user"], "memfit_batch": mark["batch"]},
+                                                  top_k=1_000_000)
+        ids = [str(p.id) for p in points]
+        for memory_id in ids:
+            self.memory.delete(memory_id)
+        db = self.memory.db
+        with db._lock:  # mem0's SQLiteManager (pinned release): its own lock and connection
+            db.connection.executemany("DELETE FROM history WHERE memory_id = ?", [(i,) for i in ids])
+            db.connection.execute("DELETE FROM messages WHERE session_scope = ?", (_session_scope(mark["user"]),))
+            db.connection.commit()
+        self.marks.retire(mark["batch"])
+        self.retired += 1
+
+    def hits(self, row: dict[str, Any], k: int) -> list[Hit]:
+        """mem0's memories for one query, best first, each with the turns of the add that wrote it."""
+        assert self.marks is not None
+        found = sorted(row["mem0"], key=lambda hit: -hit["score"])[:k]
+        return [Hit("memory", hit["memory"], hit["score"],
+                    list(self.marks.batches.get(hit["batch"] or "", {}).get("turns", [])), {"mem0": hit["score"]})
+                for hit in found]
+
+    def consolidate(self, run: MethodRun, memory_ids: list[str],
+                    holding: Callable[[], contextlib.AbstractContextManager[Any]]) -> dict[str, int]:
+        return {}  # mem0 writes its memories in `add` (its LLM calls are on the write path)
+
+    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+        """The store was compacted (a deleted user's every byte leaves it): mem0's files follow. Its two
+        SQLite files (the history and the embedded Qdrant's points) are rewritten without the free pages that
+        deleted rows leave, and added.jsonl without the retired batches."""
+        self.store, self.encoder = store, store.encoder
+        if self.logic is not None:
+            self.logic.embedder = embedder_of(self.encoder, run.cfg.index.encoder)
+        folder = self._place(run)
+        assert self.marks is not None
+        reopen = self.memory is not None
+        self._close_memory()
+        for database in [folder / "history.db", *sorted((folder / "qdrant").rglob("*.sqlite"))]:
+            if database.exists():
+                connection = sqlite3.connect(database)
+                try:
+                    connection.execute("VACUUM")
+                finally:
+                    connection.close()
+        self.marks.rewrite()
+        if reopen:
+            self._open(run)
+
     # ---- read -------------------------------------------------------------------------------------------
+    def _speakers(self, run: MethodRun, memory_id: str) -> list[str]:
+        if self.store is not None:
+            return list(self.store.memory_speakers[self.store.memory_of(memory_id)])
+        return speakers_of(next(m for m in run.memories if m.memory_id == memory_id))
+
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         self._open(run)
         assert self.logic is not None
-        by_id = {m.memory_id: m for m in run.memories}
         rows = []
         for q in run.questions:
             found: list[dict[str, Any]] = []
             started = time.perf_counter()
             with self.logic.serve("read", q.memory_id, q.question_id):
-                for speaker in speakers_of(by_id[q.memory_id]):
+                for speaker in self._speakers(run, q.memory_id):
                     hits = self.memory.search(q.question, top_k=run.cfg.mem0.top_k,
                                               filters={"user_id": user_id(q.memory_id, speaker)})
                     for hit in hits.get("results", []):
+                        metadata = hit.get("metadata") or {}
                         found.append({"speaker": speaker, "memory": hit["memory"], "score": float(hit["score"]),
-                                      "timestamp": (hit.get("metadata") or {}).get("timestamp"), "id": hit["id"]})
+                                      "timestamp": metadata.get("timestamp"), "id": hit["id"],
+                                      "batch": metadata.get("memfit_batch")})
             self.search_seconds.append(time.perf_counter() - started)
             lines = [f"EXCERPT {i} {hit['timestamp']}: {hit['memory']} (from {hit['speaker']}'s memories)"
                      for i, hit in enumerate(found, start=1)]
@@ -264,7 +451,8 @@ class Mem0Method:
                            "top_k": run.cfg.mem0.top_k, "max_tokens": run.cfg.mem0.max_tokens,
                            "memories_stored": sum(stored.values()), "memories_per_user": stored,
                            "replies_unparsed": self.parse_failures.count, "add_calls_this_process": self.added_now,
-                           "batches_already_added": self.skipped, "served": dict(self.logic.served),
+                           "batches_already_added": self.skipped, "batches_retired": self.retired,
+                           "served": dict(self.logic.served),
                            "add_seconds": percentiles(self.add_seconds),
                            "search_seconds": percentiles(self.search_seconds)},
                 "retrieval_note": "mem0's memories name no turns: hit@k and pack hit are not measurable for it"}
@@ -274,18 +462,23 @@ class Mem0Method:
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
         self._levels.clear()
-        if self.memory is not None:
-            self.memory.close()
-            self.memory = None
+        self._close_memory()
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
-        if self.encoder is not None and hasattr(self.encoder, "close"):
+        if self._own_encoder and self.encoder is not None and hasattr(self.encoder, "close"):
             self.encoder.close()
         self.encoder = None
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)
             self._temporary = None
+
+
+def _session_scope(user: str) -> str:
+    """mem0's scope string for a user's recent messages (its pinned release's own function)."""
+    from mem0.memory.main import _build_session_scope  # optional extra: imported only for method=mem0
+
+    return str(_build_session_scope({"user_id": user}))
 
 
 def percentiles(seconds: list[float]) -> dict[str, float | int | None]:
