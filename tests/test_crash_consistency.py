@@ -60,6 +60,12 @@ NOT_BOUNDARIES = {"timings", "store.encode"}
 # The durable writes issue 11 lists; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
             "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
+# Second crossings of a durable write whose killed state a kept scenario reaches the same way, left out of
+# the kill scenarios (each kind is still killed at least once): the summaries' snapshot staged (staged:1
+# leaves a staged snapshot behind, store.log:3 the summaries logged beyond a complete snapshot), the second
+# answer batch's commit before its ledger save (reader.commit:2, the first batch's), and that batch's ledger
+# save before its flush (killed there with a torn chunk, below; answer.ledger:1 without one).
+LEFT_OUT = ("store.snapshot.staged:2", "reader.commit:3", "answer.ledger:2")
 # The end of the store's build: the last durable write before the first LLM call (summaries are made
 # inside the build stage, so a stage boundary would come after calls). A kill after it starts from a copy
 # of a run killed there.
@@ -308,7 +314,10 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
     # second (as a kill inside the write leaves it). The rerun cuts the half row and re-serves it.
     reference_lines = (reference / "predictions.jsonl").read_bytes().splitlines(keepends=True)
     torn = reference_lines[2] + reference_lines[3][: len(reference_lines[3]) // 2]
-    scenarios: list[tuple[str, bytes]] = [(p, b"") for p in points] + [("answer.ledger:2", torn)]
+    assert set(LEFT_OUT) <= set(points), sorted(set(LEFT_OUT) - set(points))
+    scenarios: list[tuple[str, bytes]] = [(p, b"") for p in points if p not in LEFT_OUT] + [("answer.ledger:2", torn)]
+    # every kind of durable write the reference crossed is still a kill point
+    assert {p.split(":")[0] for p, _ in scenarios} == names
 
     trace = [name for name, _ in parse_trace(reference.parent / "reference.trace")]
     # A scenario starts from the latest state cut before its kill point: `prepared` (the store built), or a
