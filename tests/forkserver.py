@@ -17,6 +17,13 @@ What differs from a fresh interpreter, and why it is safe here:
 - Libraries read some environment variables when imported (HF_*, OMP_*, CUDA_*, PYTHON*, ...): a zygote
   serves only requests whose values of those variables equal its own (`import_time_env`); a request with
   other values starts zygotes of its own on its second use and runs as a fresh interpreter until then.
+  Two are not import-time here and are served by the zygote of the other values: MEMFIT_PLUGINS (read by
+  the command itself, `memfit_gpu.cli.main`), and PYTHONPATH folders that only add modules (the tests'
+  plugins in tests/: no name in them is one the interpreter finds elsewhere), which the child puts on
+  sys.path where a fresh interpreter would (`_extra_path`, `_become`). A folder that shadows a module
+  (a site with an installed memfit_gpu) still gets zygotes of its own. Nor are the values preloaded
+  libraries set themselves (sklearn's KMP_*, torch's default TORCHINDUCTOR_CACHE_DIR), which the test
+  process passes on once it has imported or used them (`zygote_env`).
 - Forked children share the zygote's string hash seed, so an order that depends on it would repeat
   across runs where fresh interpreters would vary it. Each environment gets two zygotes (two seeds) that
   take requests in turn, so a test's reference run and its rerun hash differently, as they would for a
@@ -71,8 +78,92 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "OMP
 READY_TIMEOUT_S = 300.0
 
 
+# Read by the command when it runs (memfit_gpu.plugins.load_plugins, from memfit_gpu.cli.main), not on import
+RUN_TIME_VARS = ("MEMFIT_PLUGINS",)
+PYTHONPATH = "PYTHONPATH"
+# What preloaded libraries put in os.environ themselves: sklearn and joblib set these (setdefault) when
+# imported, so a test process that imported them passes them on, and a zygote holds them already
+SET_ON_IMPORT = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"  # torch sets it to its default when it first uses the cache
+
+
+def _default_inductor_cache() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 def import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)))
+
+
+def _path_entries(value: str | None, cwd: str) -> list[str]:
+    """PYTHONPATH's folders as a fresh interpreter puts them on sys.path (relative ones and empty ones, the
+    working directory, made absolute), in order, without repeats."""
+    out: list[str] = []
+    for entry in (value or "").split(os.pathsep) if value else []:
+        path = os.path.normpath(os.path.join(cwd, entry)) if entry else cwd
+        if path not in out:
+            out.append(path)
+    return out
+
+
+_ADDS_ONLY: dict[str, bool] = {}
+
+
+def _adds_only(folder: str) -> bool:
+    """Whether a folder on PYTHONPATH only adds modules: each top-level name in it is found nowhere else
+    (or, for a folder this process searches already, there)."""
+    if folder not in _ADDS_ONLY:
+        import importlib.util
+
+        names = set()
+        try:
+            for entry in os.scandir(folder):
+                name = entry.name.split(".", 1)[0] if entry.is_file() else entry.name
+                if name.isidentifier() and not name.startswith("__") and (entry.is_dir() or entry.name.endswith((".py", ".pyc", ".so"))):
+                    names.add(name)
+        except OSError:
+            names = set()
+        ok = True
+        for name in sorted(names):
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                ok = False
+                break
+            if spec is None:
+                continue
+            where = spec.origin if spec.origin not in (None, "namespace") else next(
+                iter(spec.submodule_search_locations or []), None)
+            if where is None or os.path.commonpath([os.path.abspath(where), folder]) != folder:
+                ok = False
+                break
+        _ADDS_ONLY[folder] = ok
+    return _ADDS_ONLY[folder]
+
+
+def _extra_path(env: dict[str, str], cwd: str) -> list[str] | None:
+    """The folders `env`'s PYTHONPATH adds to this process's own (the zygotes'), or None when one of them may
+    shadow a module (then the request's PYTHONPATH is part of its import-time key)."""
+    base = _path_entries(os.environ.get(PYTHONPATH), cwd)
+    extra = [p for p in _path_entries(env.get(PYTHONPATH), cwd) if p not in base and p != cwd]
+    return extra if all(_adds_only(p) for p in extra) else None
+
+
+def zygote_env(env: dict[str, str], cwd: str) -> dict[str, str]:
+    """The environment of a zygote that serves a request with `env` from `cwd`: `env` less the variables read
+    at run time, with this process's PYTHONPATH where the request's only adds modules to it."""
+    env = {k: v for k, v in env.items() if k not in RUN_TIME_VARS and SET_ON_IMPORT.get(k) != v}
+    if INDUCTOR_CACHE in env and env[INDUCTOR_CACHE] == _default_inductor_cache():
+        del env[INDUCTOR_CACHE]  # what an unset variable means
+    if env.get(PYTHONPATH) != os.environ.get(PYTHONPATH) and _extra_path(env, cwd) is not None:
+        env.pop(PYTHONPATH, None)
+        if os.environ.get(PYTHONPATH) is not None:
+            env[PYTHONPATH] = os.environ[PYTHONPATH]
+    return env
 
 
 # ----------------------------------------------------------------------------------------------- zygote
@@ -198,10 +289,15 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     if request["new_session"]:
         os.setsid()
     os.chdir(request["cwd"])
+    zygote_path = os.environ.get(PYTHONPATH)
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = ["-m", *request["argv"]]
     sys.path[0] = os.getcwd()  # what `python -m` puts first
+    if os.environ.get(PYTHONPATH) != zygote_path:  # folders that only add modules (zygote_key), where
+        base = _path_entries(zygote_path, os.getcwd())  # a fresh interpreter puts them: right after the first
+        sys.path[1:1] = [p for p in _path_entries(os.environ.get(PYTHONPATH), os.getcwd())
+                         if p not in base and p != sys.path[0]]
 
 
 def _zygote_main() -> None:
@@ -255,9 +351,10 @@ class _Pool:
         self.seen: dict[tuple[tuple[str, str], ...], int] = {}
         self.turn = 0
         self.workdir = Path(tempfile.mkdtemp(prefix="memfit-forkserver-"))
-        self.default_key = import_time_env(dict(os.environ))
+        self.default_key = import_time_env(zygote_env(dict(os.environ), os.getcwd()))
 
-    def zygote_for(self, env: dict[str, str]) -> _Zygote | None:
+    def zygote_for(self, env: dict[str, str], cwd: str) -> _Zygote | None:
+        env = zygote_env(env, cwd)
         key = import_time_env(env)
         with self.lock:
             self.seen[key] = self.seen.get(key, 0) + 1
@@ -309,7 +406,8 @@ class ForkServerPopen(_ORIGINAL_POPEN):  # type: ignore[misc, valid-type]
                        restore_signals, gid, gids, uid, umask, start_new_session, *rest):
         zygote = None
         if _routable(args, executable, shell, preexec_fn, pass_fds, (gid, gids, uid, umask, *rest)):
-            zygote = _pool.zygote_for(dict(os.environ if env is None else env))  # type: ignore[union-attr]
+            zygote = _pool.zygote_for(dict(os.environ if env is None else env),  # type: ignore[union-attr]
+                                      os.fspath(cwd) if cwd is not None else os.getcwd())
         if zygote is None:
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
