@@ -1,5 +1,5 @@
 """Encoding on several devices: our BiEncoder's worker processes and threads vs sentence-transformers'
-multi-process pool (the reference to beat, issue 14 part 4), and vs one device (the scaling).
+multi-process pool (the reference to beat), and vs one device (the scaling).
 
 Same weights (all-MiniLM-L6-v2, packaged offline), same texts (LoCoMo turns in the stored-episode format,
 drawn with replacement up to --texts), normalised, on the same devices. Every arm's workers are started

@@ -1,4 +1,4 @@
-"""Online latency of the live memory (issue 22): LoCoMo replayed turn by turn, through the Python API
+"""Online latency of the live memory: LoCoMo replayed turn by turn, through the Python API
 (memfit_gpu.Memory) and through HTTP (a real `memfit serve` subprocess on 127.0.0.1), per live method.
 
 Replay. Every turn of each selected LoCoMo conversation (one user per conversation) is added on its own,
@@ -37,7 +37,7 @@ Config: configs/demo.yaml (packaged all-MiniLM-L6-v2, SmolLM2-135M-Instruct) wit
 and live.consolidate=manual (MemFit's summaries and LightMem's notes are off the query path; building
 them with SmolLM2 on two cores would take minutes and run beside the timed calls, so none is built and
 the memories hold only turns). lightmem_slm runs only when --methods names it (its query path calls the
-SLM). Targets (issue 22, on the 2-core CPU, one conversation) are checked on the Python API path of
+SLM). Targets (on the 2-core CPU, one conversation) are checked on the Python API path of
 every method of ours and printed as booleans with their thresholds; HTTP figures are printed beside them.
 A peer system (mem0, from its own package) runs only when --methods names it: its every add makes its LLM
 calls (mem0's extraction, SmolLM2 here: seconds per turn), so a few --turns suffice; it is held to no

@@ -1,4 +1,4 @@
-"""Many users in one live memory (issue 22's server case): what a write to one user costs the next search
+"""Many users in one live memory (the server case): what a write to one user costs the next search
 of another, against the same search with nothing written in between, measured in the same run.
 
 Setup. LoCoMo's conversations become users of one `memfit_gpu.Memory` (configs/demo.yaml: the packaged

@@ -16,7 +16,7 @@ the segment, never building the padded block.
 Routing: the kernel holds K_PAD = max(16, next power of two >= k) keys and ranks a [K_PAD, K_PAD]
 matrix per block, so its cost grows with K_PAD squared: K_PAD >= 128 spills registers, and compiling
 it ahead of time for sm_90a with Triton 3.6 took 8.2 s at K_PAD 128, 28.5 s at 256 and 6 min 53 s at
-512 (issue 19). The read path asks for retrieve.scan_top_k (60 by default: K_PAD 64). So
+512. The read path asks for retrieve.scan_top_k (60 by default: K_PAD 64). So
 `segment_topk_triton` runs the kernel for k <= TRITON_MAX_K (64) and the torch reference, on the same
 device and with the same bits, above it; `segment_topk_kernel` is the kernel at any k, which only the
 GPU check's optional last stage (`kernels_wide`) calls with k > 64.

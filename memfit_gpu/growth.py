@@ -1,4 +1,4 @@
-"""Growth analysis (issue 24; the LightMem-SLM paper's Table 5, "stability under MTM growth"):
+"""Growth analysis (the LightMem-SLM paper's Table 5, "stability under MTM growth"):
 `memfit run ... eval.growth_points=[100,1000,5000,10000]`.
 
 The same trajectory is scored cumulatively at several memory sizes, from one write of the whole

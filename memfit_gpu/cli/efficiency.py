@@ -1,4 +1,4 @@
-"""`memfit efficiency`: the efficiency table of finished runs, any method (issue 15)."""
+"""`memfit efficiency`: the efficiency table of finished runs, any method."""
 
 from __future__ import annotations
 

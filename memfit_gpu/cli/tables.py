@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Table 11: MemGallery runs, first = reference of the judge differences (text-only)")
     p.add_argument("--longmemeval", nargs="+", metavar="RUN", help="Table 2: LongMemEval runs")
     p.add_argument("--efficiency", nargs="+", metavar="RUN",
-                   help="Figure 3 / Tables 13-14 and the efficiency table by method (issue 15): any runs, any method")
+                   help="Figure 3 / Tables 13-14 and the efficiency table by method: any runs, any method")
     p.add_argument("--variant", default=None, help="F1/BLEU-1 variant (paper | locomo | memgallery); "
                                                    "default: the runs' eval.table_metric")
     p.add_argument("--permutations", type=int, default=10_000, help="sign flips per paired test")
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--price-model", default="gpt-4.1-mini", help="hosted model whose list price costs the tokens")
     p.add_argument("--prices", default=None, help="price table (default configs/prices.yaml)")
-    # issue 24: the LightMem-SLM paper's tables (memfit_gpu/evaluate/lightmem_tables.py)
+    # the LightMem-SLM paper's tables (memfit_gpu/evaluate/lightmem_tables.py)
     p.add_argument("--lightmem", nargs="+", metavar="RUN",
                    help="the LightMem-SLM paper's Tables 2, 3, 5, 6, 7, 8 and 10 from these runs or sweeps, rows by "
                         "point label (memfit_gpu/evaluate/lightmem_tables.py)")

@@ -8,6 +8,6 @@ stats.py    seeded percentile bootstrap (mean, mean of category means); paired s
 judge.py    judge reply parsers (paper CORRECT/WRONG, MemGallery graded, LongMemEval yes/no)
 compare.py  paired comparison of two runs' predictions.jsonl (`memfit compare`: memfit_gpu/cli/compare.py);
             compare_seeds: two systems over repeated seeds (`memfit compare --seeds`)
-text_metrics.py  ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT similarity (eval.text_metrics, issue 24)
-lightmem_tables.py  the LightMem-SLM paper's tables (`memfit tables --lightmem`, issue 24)
+text_metrics.py  ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT similarity (eval.text_metrics)
+lightmem_tables.py  the LightMem-SLM paper's tables (`memfit tables --lightmem`)
 """

@@ -1,5 +1,4 @@
-"""The efficiency table of finished runs, any method (`memfit efficiency RUN_DIR...`, memfit_gpu/cli/efficiency.py;
-issue 15).
+"""The efficiency table of finished runs, any method (`memfit efficiency RUN_DIR...`, memfit_gpu/cli/efficiency.py).
 
 One row per run directory, from what the run wrote:
 - method and reader: config.yaml (`method` absent = memfit, a run from before methods existed);

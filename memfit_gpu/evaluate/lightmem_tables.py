@@ -1,5 +1,5 @@
-"""The LightMem-SLM paper's tables (../shared/papers/lightmem-slm-paper.txt) from finished runs and sweeps
-(issue 24): `memfit tables --lightmem DIR ... --out tables` (or experiments/paper_tables.py, the same program;
+"""The LightMem-SLM paper's tables (../shared/papers/lightmem-slm-paper.txt) from finished runs and sweeps:
+`memfit tables --lightmem DIR ... --out tables` (or experiments/paper_tables.py, the same program;
 its options are memfit_gpu/cli/tables.py's).
 
 Every DIR is a run directory or a sweep (`memfit sweep --out`, e.g. configs/sweeps/lightmem_locomo_*.yaml),

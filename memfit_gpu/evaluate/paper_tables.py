@@ -645,7 +645,7 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
 
 def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
                        prices_path: str | Path | None = None) -> Table:
-    """Issue 15: the efficiency table of every method (MemFit and the baselines), one row per run: LLM calls and
+    """The efficiency table of every method (MemFit and the baselines), one row per run: LLM calls and
     tokens at write time and at read time, build time, per-question latency, cost (evaluate.efficiency)."""
     price = _price(price_model, prices_path)
     table = Table("efficiency_methods", "Efficiency by method: write / read LLM calls, tokens, time and cost", [

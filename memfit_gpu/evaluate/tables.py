@@ -145,7 +145,7 @@ def summarize(
 
 
 def _add_text_blocks(metrics: dict[str, Any], rows: Sequence[Mapping[str, Any]], categories: Sequence[str]) -> None:
-    """Issue 24: the mean of each text metric (predictions' `text_scores`: ROUGE-L, ROUGE-2, METEOR, SBERT) as
+    """The mean of each text metric (predictions' `text_scores`: ROUGE-L, ROUGE-2, METEOR, SBERT) as
     `text` in every category block, overall and average (by the same averaging rule), when every row has it."""
     common: set[str] | None = None
     for row in rows:
@@ -292,7 +292,7 @@ TEXT_LABELS = {"rouge_l": "ROUGE-L", "rouge_2": "ROUGE-2", "meteor": "METEOR", "
 
 
 def _text_table(metrics: Mapping[str, Any]) -> list[str]:
-    """Issue 24: the text metrics (x100) per category, Average and Overall, when the run scored them."""
+    """The text metrics (x100) per category, Average and Overall, when the run scored them."""
     names = metrics.get("text_metric_names") or []
     if not names:
         return []

@@ -1,4 +1,4 @@
-"""Text-similarity scores of an answer (issue 24, the LightMem-SLM paper's Table 3): ROUGE-L, ROUGE-2,
+"""Text-similarity scores of an answer (the LightMem-SLM paper's Table 3): ROUGE-L, ROUGE-2,
 METEOR and SBERT similarity, each in [0, 1], from well-kept libraries.
 
 - ``rouge_l`` / ``rouge_2``: Google's `rouge-score` (`RougeScorer(["rougeL", "rouge2"], use_stemmer=True)`),

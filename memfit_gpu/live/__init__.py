@@ -1,4 +1,4 @@
-"""The live memory (issue 22): `memfit_gpu.Memory`, an agent's memory written turn by turn (memory.py).
+"""The live memory: `memfit_gpu.Memory`, an agent's memory written turn by turn (memory.py).
 The server over it is memfit_gpu/serve/ (`memfit serve`)."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ memories, which a method with a persistent store adds to what it holds (the regi
 a method may time a part of its write as a stage of its own with `run.stage(name)` (MemFit's
 "summaries"), which is then not counted in "build" (StageClock).
 
-Live (issue 22): a method whose registry entry says `live` is also a `LiveMethod`, which memfit_gpu.Memory
+Live: a method whose registry entry says `live` is also a `LiveMethod`, which memfit_gpu.Memory
 drives while turns arrive: the Memory owns one EpisodeStore (the turns, verbatim, whatever the method) and
 hands it to `attach`; after each write batch (turns added or deleted) it calls `changed` with the memories
 touched, so the method brings what it derives from the turns up to date; `read` then answers any batch
@@ -124,7 +124,7 @@ class Hit:
     """One ranked item a live search returns: a turn (kind episode), or what a method made from turns (a
     MemFit summary, a naive_rag chunk, a LightMem note or graph node), with the turns behind it."""
 
-    kind: str  # episode | summary | chunk | mtm | ltm
+    kind: str  # episode | summary | chunk | mtm | ltm | memory (a peer system's own, e.g. mem0's)
     text: str  # the turn's own words (episode), else the item's text
     score: float  # the method's final score (rank order)
     turn_ids: list[str]  # the turn itself, or the turns the item was made from

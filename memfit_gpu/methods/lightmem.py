@@ -56,7 +56,7 @@ Where the paper is silent, this implementation chooses (and the defaults are in 
   starts (all of them in one pass, so every rerun computes the same vectors), into FAISS DenseIndexes
   partitioned by user like the store's.
 
-Issue 24: `lightmem.ltm_updates=false` writes no LTM at all (the paper's "no update" variant);
+`lightmem.ltm_updates=false` writes no LTM at all (the paper's "no update" variant);
 `lightmem.noise.*` injects errors at three points (SLM-1's HQs after routing, SLM-3's notes before they are
 logged, the searchable MTM at read time), made as methods/lightmem_noise.py says, each one hook here;
 `read_at` reads the memory as it stood after some turns of each user (MemoryView over UserMemory.prefix),
@@ -448,7 +448,7 @@ class LightMem:
         for job in jobs:
             prompt = job.pop("prompt")
             records.append({**job, "text": "" if prompt is None else next(texts).text.strip()})
-        # issue 24: SLM-3 write noise over the batch's written notes (0: none; a window with no turn left has none)
+        # SLM-3 write noise over the batch's written notes (0: none; a window with no turn left has none)
         written = [i for i, r in enumerate(records) if r["text"]]
         noisy = [records[i] for i in written]
         noise_notes(noisy, cfg.lightmem.noise.write, cfg.lightmem.noise.seed, "write")
@@ -469,7 +469,7 @@ class LightMem:
 
     def _ltm_jobs(self, cfg: MemFitConfig, users: list[str]) -> tuple[list[tuple[str, int, list[int]]], list[Request]]:
         assert self.memlog is not None
-        if not cfg.lightmem.ltm_updates:  # the paper's "no update" variant (issue 24): LTM stays empty
+        if not cfg.lightmem.ltm_updates:  # the paper's "no update" variant: LTM stays empty
             return [], []
         every = cfg.lightmem.consolidate_every
         template = _prompt(cfg, "consolidate.txt")
@@ -507,7 +507,7 @@ class LightMem:
         if self.store is not None:
             self.store.close()
 
-    # ------------------------------------------------------------------------------ live (issue 22)
+    # ------------------------------------------------------------------------------ live
     def attach(self, run: MethodRun, store: EpisodeStore) -> None:
         if run.out is None:
             raise ValueError("method=lightmem_slm keeps its notes in the memory's folder: it needs one")

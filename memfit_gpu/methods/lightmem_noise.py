@@ -1,4 +1,4 @@
-"""Error injection for LightMem-SLM (issue 24; the paper's Table 6 "error injection under a fixed top-K
+"""Error injection for LightMem-SLM (the paper's Table 6 "error injection under a fixed top-K
 budget" and Table 7's "MTM noise saturation"), switched by `lightmem.noise.*` (all 0 by default).
 
 How noise is made (the paper gives the rates, not the recipe; these are this implementation's choices):

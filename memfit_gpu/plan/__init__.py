@@ -1,5 +1,5 @@
 """The device plan (a package: sizes, node, workload, model_size, build, render): where each part of a run lives and how much host and GPU memory it takes, decided
-from the configuration and a node description before anything loads (issue 14, part 2).
+from the configuration and a node description before anything loads.
 
     node = describe_node()                                   # this machine: visible GPUs, their memory, host RAM
     node = described_node(gpus=4, gpu_mem_gib=96, host_mem_gib=512)
