@@ -1,8 +1,7 @@
 """BEAM through memfit's commands, on the real conversation 1 of the 128K split (188 messages, 20 questions):
 `memfit retrieve` (hit@k and pack hit for every question with evidence) and the live Memory (the same ranking
-as the offline read) on the whole conversation; on its first batch (60 messages, the same 20 questions) each
-reader-free method's retrieval; on that batch's first 11 turns (24 messages, the same 20 questions) every
-other method's live memory, every method through `memfit run`, a judged run of the embedded default
+as the offline read) on the whole conversation; on its first batch's first 11 turns (24 of its 60 messages,
+the same 20 questions) each reader-free method's retrieval, every other method's live memory, every method through `memfit run`, a judged run of the embedded default
 (configs/demo_beam.yaml: SmolLM2-135M as reader and judge) killed and resumed, and `memfit judge-audit` on it;
 and a run refused in one line when BEAM's prompt files are missing.
 
@@ -47,19 +46,8 @@ def conversation(shared_data: Path) -> Path:
     return shared_data / "beam" / "100K" / "1"
 
 
-@pytest.fixture(scope="module")
-def first_batch(tmp_path_factory: pytest.TempPathFactory, conversation: Path) -> Path:
-    """Conversation 1 cut to its first batch (60 of its 188 messages, all 20 questions): the runs below check
-    the machinery, and each of them encodes every message it stores (BEAM's are ~2,700 characters each)."""
-    root = tmp_path_factory.mktemp("first_batch") / "1"
-    shutil.copytree(conversation, root)
-    batches = json.loads((conversation / "chat.json").read_text())
-    (root / "chat.json").write_text(json.dumps(batches[:1]))
-    return root
-
-
-# The runs and live memories below check machinery that holds for any number of messages (files, calls,
-# resumption, the echo prompt, truncation, ranked hits): they read the first batch's first 11 turns (24 of
+# The retrievals, runs and live memories below check machinery that holds for any number of messages (files,
+# calls, scored questions, resumption, the echo prompt, truncation, ranked hits): they read the first batch's first 11 turns (24 of
 # its 60 messages, the 11th user message of 40 words or more among them), and so encode 24 messages, not 60.
 FIRST_TURNS = 11
 
@@ -130,21 +118,26 @@ def test_retrieve_reports_hits_for_every_question_with_evidence(retrieved: Path)
 
 
 @pytest.mark.parametrize("method", ["plain", "naive_rag", "full_context"])
-def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, first_batch: Path, method: str) -> None:
+def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, first_turns: Path, method: str) -> None:
     out = tmp_path / method
-    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(first_batch), "--out",
+    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(first_turns), "--out",
                   str(out), "rerank.backend=none", f"method={method}", "full_context.context_tokens=4096",
-                  data=first_batch, cache=tmp_path / "cache")
+                  data=first_turns, cache=tmp_path / "cache")
     assert done.returncode == 0, done.stderr[-3000:]
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     named = diagnostics["method"]["name"] if isinstance(diagnostics["method"], dict) else diagnostics["method"]
-    assert (named, diagnostics["questions"]) == (method, 13)  # the first batch holds evidence of 13 questions
+    # scored: the questions with evidence among the cut's messages (the first batch's 60 hold that of 13)
+    memory = load_benchmark("beam", first_turns).memories[0]
+    held = {t.turn_id for t in memory.turns()}
+    with_evidence = sum(1 for q in memory.questions if held & set(q.evidence))
+    assert 0 < with_evidence < 18 and (named, diagnostics["questions"]) == (method, with_evidence)
+    assert diagnostics["questions_total"] == 20
     rows = read_jsonl(out / "packs.jsonl")
     assert len(rows) == 20
     if method == "full_context":  # the history cut to its newest messages (4,096 tokens at 4 characters a token)
         truncation = rows[0]["method_notes"]["truncation"]
-        assert truncation["turns"] == 60 and truncation["turns_dropped"] > 0
-        assert truncation["turns_kept"] + truncation["turns_dropped"] == 60
+        assert truncation["turns"] == messages(first_turns) == 24 and truncation["turns_dropped"] > 0
+        assert truncation["turns_kept"] + truncation["turns_dropped"] == 24
 
 
 def test_the_live_memory_reads_beam_as_the_offline_run_does(tmp_path: Path, conversation: Path,
