@@ -1,8 +1,9 @@
 """BEAM through memfit's commands, on the real conversation 1 of the 128K split (188 messages, 20 questions):
 `memfit retrieve` (hit@k and pack hit for every question with evidence) and the live Memory (the same ranking
 as the offline read) on the whole conversation; on its first batch's first 11 turns (24 of its 60 messages,
-the same 20 questions) each reader-free method's retrieval, every other method's live memory, every method through `memfit run`, a judged run of the embedded default
-(configs/demo_beam.yaml: SmolLM2-135M as reader and judge) killed and resumed, and `memfit judge-audit` on it;
+the same 20 questions) each reader-free method's retrieval, every other method's live memory, every method
+through `memfit run`, a judged run of the embedded default (configs/demo_beam.yaml: SmolLM2-135M as reader
+and judge) killed and resumed, and `memfit judge-audit` on it;
 and a run refused in one line when BEAM's prompt files are missing.
 
 BEAM's src/prompts.py and compute_metrics.py are not in ../shared (`memfit data fetch beam` brings them): the
@@ -47,8 +48,9 @@ def conversation(shared_data: Path) -> Path:
 
 
 # The retrievals, runs and live memories below check machinery that holds for any number of messages (files,
-# calls, scored questions, resumption, the echo prompt, truncation, ranked hits): they read the first batch's first 11 turns (24 of
-# its 60 messages, the 11th user message of 40 words or more among them), and so encode 24 messages, not 60.
+# calls, scored questions, resumption, the echo prompt, truncation, ranked hits): they read the first batch's
+# first 11 turns (24 of its 60 messages, the 11th user message of 40 words or more among them), and so encode
+# 24 messages, not 60.
 FIRST_TURNS = 11
 
 
