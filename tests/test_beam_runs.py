@@ -1,8 +1,9 @@
 """BEAM through memfit's commands, on the real conversation 1 of the 128K split (188 messages, 20 questions):
 `memfit retrieve` (hit@k and pack hit for every question with evidence) and the live Memory (the same ranking
-as the offline read) on the whole conversation; on its first batch (60 messages, the same 20 questions) each
-reader-free method's retrieval, every method through `memfit run`, a judged run of the embedded default
-(configs/demo_beam.yaml: SmolLM2-135M as reader and judge) killed and resumed, and `memfit judge-audit` on it;
+as the offline read) on the whole conversation; on its first batch's first 11 turns (24 of its 60 messages,
+the same 20 questions) each reader-free method's retrieval, every other method's live memory, every method
+through `memfit run`, a judged run of the embedded default (configs/demo_beam.yaml: SmolLM2-135M as reader
+and judge) killed and resumed, and `memfit judge-audit` on it;
 and a run refused in one line when BEAM's prompt files are missing.
 
 BEAM's src/prompts.py and compute_metrics.py are not in ../shared (`memfit data fetch beam` brings them): the
@@ -46,25 +47,36 @@ def conversation(shared_data: Path) -> Path:
     return shared_data / "beam" / "100K" / "1"
 
 
+# The retrievals, runs and live memories below check machinery that holds for any number of messages (files,
+# calls, scored questions, resumption, the echo prompt, truncation, ranked hits): they read the first batch's
+# first 11 turns (24 of its 60 messages, the 11th user message of 40 words or more among them), and so encode
+# 24 messages, not 60.
+FIRST_TURNS = 11
+
+
 @pytest.fixture(scope="module")
-def first_batch(tmp_path_factory: pytest.TempPathFactory, conversation: Path) -> Path:
-    """Conversation 1 cut to its first batch (60 of its 188 messages, all 20 questions): the runs below check
-    the machinery, and each of them encodes every message it stores (BEAM's are ~2,700 characters each)."""
-    root = tmp_path_factory.mktemp("first_batch") / "1"
+def first_turns(tmp_path_factory: pytest.TempPathFactory, conversation: Path) -> Path:
+    """Conversation 1 cut to the first FIRST_TURNS turns of its first batch (24 messages, all 20 questions)."""
+    root = tmp_path_factory.mktemp("first_turns") / "1"
     shutil.copytree(conversation, root)
-    batches = json.loads((conversation / "chat.json").read_text())
-    (root / "chat.json").write_text(json.dumps(batches[:1]))
+    batch = json.loads((conversation / "chat.json").read_text())[0]
+    (root / "chat.json").write_text(json.dumps([{**batch, "turns": batch["turns"][:FIRST_TURNS]}]))
     return root
 
 
 @pytest.fixture(scope="module")
-def beam_data(tmp_path_factory: pytest.TempPathFactory, first_batch: Path) -> Path:
-    """A data folder with conversation 1's first batch as beam/100K/1 and the stand-in prompt files as
-    beam/src/."""
+def beam_data(tmp_path_factory: pytest.TempPathFactory, first_turns: Path) -> Path:
+    """A data folder with conversation 1's first turns (first_turns) as beam/100K/1 and the stand-in prompt
+    files as beam/src/."""
     root = tmp_path_factory.mktemp("beam_data")
-    shutil.copytree(first_batch, root / "beam" / "100K" / "1")
+    shutil.copytree(first_turns, root / "beam" / "100K" / "1")
     write_beam_prompts(root / "beam")
     return root
+
+
+def messages(data: Path) -> int:
+    """How many messages a conversation folder holds (its turn ids are 0, 1, ...)."""
+    return sum(len(m) for batch in json.loads((data / "chat.json").read_text()) for m in batch["turns"])
 
 
 def memfit(*args: str, data: Path, cache: Path, timeout: int = 1800, **env: str) -> subprocess.CompletedProcess[str]:
@@ -108,21 +120,26 @@ def test_retrieve_reports_hits_for_every_question_with_evidence(retrieved: Path)
 
 
 @pytest.mark.parametrize("method", ["plain", "naive_rag", "full_context"])
-def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, first_batch: Path, method: str) -> None:
+def test_the_reader_free_methods_retrieve_on_beam(tmp_path: Path, first_turns: Path, method: str) -> None:
     out = tmp_path / method
-    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(first_batch), "--out",
+    done = memfit("retrieve", "--config", str(PAPER), "--benchmark", "beam", "--data", str(first_turns), "--out",
                   str(out), "rerank.backend=none", f"method={method}", "full_context.context_tokens=4096",
-                  data=first_batch, cache=tmp_path / "cache")
+                  data=first_turns, cache=tmp_path / "cache")
     assert done.returncode == 0, done.stderr[-3000:]
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     named = diagnostics["method"]["name"] if isinstance(diagnostics["method"], dict) else diagnostics["method"]
-    assert (named, diagnostics["questions"]) == (method, 13)  # the first batch holds evidence of 13 questions
+    # scored: the questions with evidence among the cut's messages (the first batch's 60 hold that of 13)
+    memory = load_benchmark("beam", first_turns).memories[0]
+    held = {t.turn_id for t in memory.turns()}
+    with_evidence = sum(1 for q in memory.questions if held & set(q.evidence))
+    assert 0 < with_evidence < 18 and (named, diagnostics["questions"]) == (method, with_evidence)
+    assert diagnostics["questions_total"] == 20
     rows = read_jsonl(out / "packs.jsonl")
     assert len(rows) == 20
     if method == "full_context":  # the history cut to its newest messages (4,096 tokens at 4 characters a token)
         truncation = rows[0]["method_notes"]["truncation"]
-        assert truncation["turns"] == 60 and truncation["turns_dropped"] > 0
-        assert truncation["turns_kept"] + truncation["turns_dropped"] == 60
+        assert truncation["turns"] == messages(first_turns) == 24 and truncation["turns_dropped"] > 0
+        assert truncation["turns_kept"] + truncation["turns_dropped"] == 24
 
 
 def test_the_live_memory_reads_beam_as_the_offline_run_does(tmp_path: Path, conversation: Path,
@@ -143,13 +160,15 @@ def test_the_live_memory_reads_beam_as_the_offline_run_does(tmp_path: Path, conv
 
 
 @pytest.mark.parametrize("method", ["plain", "naive_rag", "lightmem_slm"])
-def test_every_other_live_method_holds_and_searches_beam(tmp_path: Path, first_batch: Path, method: str) -> None:
-    """The other methods with a live write path (full_context has none) take the first batch's messages as an
+def test_every_other_live_method_holds_and_searches_beam(tmp_path: Path, first_turns: Path, method: str) -> None:
+    """The other methods with a live write path (full_context has none) take the first turns' messages as an
     agent adds them and answer a search with ranked hits over them. plain and naive_rag find a user message
     by its own words (twenty from its middle rank it first); LightMem-SLM reads through its reader's
     rewrite and its consolidated notes (none here: the echo reader, consolidation manual), so it gives its
     short-term turns, the newest."""
-    memory = load_benchmark("beam", first_batch).memories[0]
+    memory = load_benchmark("beam", first_turns).memories[0]
+    n = messages(first_turns)
+    assert n == 24 and len(list(memory.turns())) == n
     overrides = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "summary.enabled=false"]
     user_turns = [t for t in memory.turns() if t.speaker == "user" and len(t.text.split()) >= 40]
     wanted = {t.turn_id: " ".join(t.text.split()[10:30]) for t in (user_turns[1], user_turns[5], user_turns[10])}
@@ -157,13 +176,13 @@ def test_every_other_live_method_holds_and_searches_beam(tmp_path: Path, first_b
         for session in memory.sessions:
             live.add("1", [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
                             "session_id": session.session_id, "date_text": t.date_text} for t in session.turns])
-        assert [t["turn_id"] for t in live.turns("1")] == [str(i) for i in range(60)]
+        assert [t["turn_id"] for t in live.turns("1")] == [str(i) for i in range(n)]
         hits = live.search("1", list(wanted.values()), k=5)
     for (turn_id, query), found in zip(wanted.items(), hits, strict=True):
         assert 0 < len(found) <= 5 and [h.score for h in found] == sorted((h.score for h in found), reverse=True)
-        assert all(int(t) < 60 for h in found for t in h.turn_ids)
+        assert all(int(t) < n for h in found for t in h.turn_ids)
         if method == "lightmem_slm":
-            assert [h.turn_ids for h in found] == [[str(i)] for i in range(60 - len(found), 60)]
+            assert [h.turn_ids for h in found] == [[str(i)] for i in range(n - len(found), n)]
         else:
             assert turn_id in found[0].turn_ids, (method, query, [(h.kind, h.turn_ids) for h in found])
 
@@ -183,7 +202,8 @@ def test_every_method_runs_on_beam(tmp_path: Path, beam_data: Path, method: str)
     assert prompt == "CONTEXT:"  # the echo of BEAM's answer prompt (the stand-in's first line): protocol beam
     if method == "full_context":  # the whole history does not fit reader.max_prompt_chars: oldest messages dropped
         truncation = rows[0]["method_notes"]["truncation"]
-        assert truncation["turns"] == 60 and truncation["turns_dropped"] > 0
+        assert truncation["turns"] == messages(beam_data / "beam" / "100K" / "1") == 24
+        assert truncation["turns_dropped"] > 0
 
 
 def test_judged_demo_run_resumes_after_a_kill_and_writes_the_ability_table(tmp_path: Path, beam_data: Path) -> None:

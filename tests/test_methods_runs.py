@@ -65,8 +65,17 @@ def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> su
                           capture_output=True, text=True, timeout=timeout)
 
 
+# What the tests here check (files, calls per role, caching, packs, truncation) does not depend on how long
+# SmolLM2's texts are or how many summaries MemFit writes: the runs generate less than the demo (its 6
+# summaries of 96 tokens, answers of 32, LightMem's 48-64-token notes), and the full context is bounded at
+# 1,024 tokens (the demo's 2,048 halved; still well short of the 58 turns), which halves its prompts.
+CUT = ["summary.max_summaries=2", "summary.max_new_tokens=24", "reader.max_new_tokens=8",
+       "full_context.context_tokens=1024", "lightmem.mtm_max_new_tokens=16", "lightmem.consolidate_max_new_tokens=16",
+       "lightmem.rewrite_max_new_tokens=16", "lightmem.rerank_max_new_tokens=8"]
+
+
 def overrides(method: str, data: Path) -> list[str]:
-    return [f"method={method}", f"data.limit_questions={len(QUESTIONS)}", f"data.path={data}"]
+    return [f"method={method}", f"data.limit_questions={len(QUESTIONS)}", f"data.path={data}", *CUT]
 
 
 def demo_run(out: Path, method: str, shared_data: Path, data: Path, *extra: str,
@@ -170,7 +179,7 @@ def test_rerun_makes_no_new_call(runs: dict[str, Path], method: str, tmp_path: P
 def test_plain_packs_are_memfit_with_the_ablation_overrides(runs: dict[str, Path], conv26_s1_3: Path):
     """method=plain == MemFit's path with configs/ablations/plain_retrieval.yaml's overrides."""
     ablation = yaml.safe_load((REPO / "configs" / "ablations" / "plain_retrieval.yaml").read_text())
-    overrides = [f"data.limit_questions={len(QUESTIONS)}", f"data.path={conv26_s1_3}", "index.device=cpu",
+    overrides = [f"data.limit_questions={len(QUESTIONS)}", f"data.path={conv26_s1_3}", "index.device=cpu", *CUT,
                  *(f"{section}.{key}={value}" for section, keys in ablation.items() if section != "defaults"
                    for key, value in keys.items() if not isinstance(value, dict)),
                  *(f"retrieve.prf.{key}={value}" for key, value in ablation["retrieve"]["prf"].items())]
@@ -212,7 +221,7 @@ def check_oldest_dropped(pack: dict, cfg, count, room: int, table: TurnTable, tu
 
 @pytest.mark.slow
 def test_full_context_run_records_its_truncation(runs: dict[str, Path], conv26_s1_3: Path):
-    """The demo bounds the prompt by full_context.context_tokens (CPU-sized), counted by the reader."""
+    """The run bounds the prompt by full_context.context_tokens (CPU-sized: CUT's), counted by the reader."""
     cfg = load_config(DEMO, overrides("full_context", conv26_s1_3))
     reader = make_reader(cfg.reader, None, progress=False)
     _, count = reader.prompt_token_limit()  # type: ignore[misc]
@@ -221,9 +230,9 @@ def test_full_context_run_records_its_truncation(runs: dict[str, Path], conv26_s
     packs = {r["question_id"]: r for r in read_jsonl(runs["full_context"] / "packs.jsonl")}
     for prediction in read_jsonl(runs["full_context"] / "predictions.jsonl"):
         pack = packs[prediction["question_id"]]
-        truncation = check_oldest_dropped(pack, cfg, count, 2048 - 32, table, 58, "D3:23")
+        truncation = check_oldest_dropped(pack, cfg, count, 1024 - 8, table, 58, "D3:23")  # CUT's bound and answer
         assert prediction["method_notes"] == pack["method_notes"]
-        assert truncation["bound"] == "full_context.context_tokens of 2,048 tokens less reader.max_new_tokens=32"
+        assert truncation["bound"] == "full_context.context_tokens of 1,024 tokens less reader.max_new_tokens=8"
         assert "prompt_chars_cut" not in prediction and "truncated_tokens" not in prediction["reader_notes"]
 
 
@@ -306,7 +315,7 @@ def test_memfit_retrieve_runs_llm_free_methods_and_refuses_lightmem(runs: dict[s
         "memfit retrieve: error: method=lightmem_slm retrieves with LLM calls (small language models): use "
         "`memfit run`, which makes and accounts for them")
     proc = memfit("retrieve", "--config", str(DEMO), "--benchmark", "locomo", "--data", str(conv26_s1_3), "--out",
-                  str(tmp_path / "rag"), "--limit-questions", str(len(QUESTIONS)), "method=naive_rag", shared_data=shared_data,
+                  str(tmp_path / "rag"), "--limit-questions", str(len(QUESTIONS)), "method=naive_rag", *CUT, shared_data=shared_data,
                   timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     mine = {r["question_id"]: r for r in read_jsonl(tmp_path / "rag" / "packs.jsonl")}

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu import provenance
 from memfit_gpu.cli import main
@@ -202,8 +203,12 @@ def test_answers_come_from_the_cache_when_predictions_are_lost(smoke_run: Path, 
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_lost_or_duplicated_predictions(tmp_path: Path, shared_data: Path):
+    # conv-26 cut to its first three sessions (58 real turns) with its first six questions: a kill and a resume
+    # do not depend on the store's size, and the store is built from 58 turns instead of 419
+    data = write_small_locomo(shared_data, tmp_path, questions=6)
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
+    cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet",
+           f"data.path={data}"]
     preds = out / "predictions.jsonl"
     # SIGKILLed exactly after the first flush (3 of 6 answers on disk; memfit_gpu.faults), not by timing.
     proc = subprocess.run(cmd, env={**_env(shared_data), "MEMFIT_FAULT": "predictions:1"}, capture_output=True,
@@ -373,7 +378,11 @@ def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Pa
     """eval.judge.enabled: one judge call per non-empty answer (role judge in the ledger), verdicts in
     predictions.jsonl and metrics.json. SmolLM2 cannot follow the judge format: an unreadable reply is WRONG."""
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
-    cfg = load_config(SMOKE, ["data.limit_questions=2", "eval.judge.enabled=true", "eval.judge.max_new_tokens=24"])
+    # conv-26's first three sessions (58 real turns) with its first two questions: the verdicts, the ledger and
+    # the audit do not depend on the store's size
+    data = write_small_locomo(shared_data, tmp_path, questions=2)
+    cfg = load_config(SMOKE, ["data.limit_questions=2", "eval.judge.enabled=true", "eval.judge.max_new_tokens=24",
+                              f"data.path={data}"])
     out = tmp_path / "judged"
     metrics = run(cfg, out, progress=False)
     rows = read_jsonl(out / "predictions.jsonl")
