@@ -15,11 +15,11 @@ memory; embeddings are phase embed, not LLM calls) per 1,000 turns, build second
 summaries) per turn, read-time tokens per answered question (phase read: the answer call and any read-time
 calls), F1 (metrics.json), and for mem0 its own per-call timings (one `add` of a batch, one question's
 searches). Then each method's ratio to MemFit's figure, measured in the same run: write calls, write tokens
-and build seconds per turn (how many times fewer / faster MemFit is). Insertion and search latency of the
-live API: MemFit's are measured in the same run over the same turns (`memfit_gpu.Memory`, one turn per add,
-one question per search, as bench_online.py's API path); mem0 has no live path yet, so its insertion is its
-own `add` timing (a call of `--mem0-batch-size` messages) and the JSON gives per turn the seconds of mem0's
-adds (each turn goes to every speaker's memory) over MemFit's one-turn add P50.
+and build seconds per turn (how many times fewer / faster MemFit is). Insertion and search latency: every
+method with a live path (memfit, plain, naive_rag, lightmem_slm, mem0) is replayed again over the same turns
+as a live memory (`memfit_gpu.Memory`, one turn per add, one question per search, as bench_online.py's API
+path; mem0's live add feeds each turn to every speaker's memory, an LLM call each), and `live_ratio_to_memfit`
+gives each one's insertion and search P50/P95 over MemFit's (`--no-live` skips this part).
 
     PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --turns 8 --questions 3     # ~15 min on 2 cores
     PYTHONPATH=. .venv/bin/python experiments/bench_peers.py --methods memfit,mem0 --turns 4
@@ -52,6 +52,7 @@ from memfit_gpu.evaluate.paper_tables import load_run  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
 from memfit_gpu.methods.packs import read_diagnostics  # noqa: E402
 from memfit_gpu.methods.peers.mem0 import percentiles  # noqa: E402
+from memfit_gpu.methods.registry import method_entry  # noqa: E402
 from memfit_gpu.readers.ledger import Ledger  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,10 +121,12 @@ def figures(method: str, out: Path, turns: int, wall_s: float) -> dict[str, Any]
     return figures
 
 
-def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str, Any]:
-    """MemFit as a live memory (memfit_gpu.Memory, the API path of bench_online.py) over the same turns: each
-    turn added alone (one durable write, its encoding and indexing), then each question searched alone
-    (top 10), timed; the first search is a warm-up, untimed (every read cache is built once)."""
+def live_latency(method: str, data: Path, config: Path, work: Path, threads: int,
+                 overrides: list[str]) -> dict[str, Any]:
+    """A method as a live memory (memfit_gpu.Memory, the API path of bench_online.py) over the same turns: each
+    turn added alone (MemFit: one durable write, its encoding and indexing; mem0: its `add` per speaker, each an
+    LLM call), then each question searched alone (top 10), timed; one untimed warm-up search first (every
+    read cache is built once; the search of a method that reads with the reader loads it)."""
     torch.set_num_threads(threads)
     bench = load_benchmark("jsonl", data)
     conversation = bench.memories[0]
@@ -131,7 +134,7 @@ def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str,
                 "session_id": s.session_id, "date_text": t.date_text} for s in conversation.sessions for t in s.turns]
     questions = [q.question for q in conversation.questions]
     adds, searches = [], []
-    with Memory.open(work, str(config), method="memfit") as memory:
+    with Memory.open(work, str(config), method=method, overrides=["live.consolidate=manual", *overrides]) as memory:
         for record in records:
             started = time.perf_counter()
             memory.add(conversation.memory_id, [record])
@@ -142,6 +145,24 @@ def live_memfit(data: Path, config: Path, work: Path, threads: int) -> dict[str,
             memory.search(conversation.memory_id, [question], k=10)
             searches.append(time.perf_counter() - started)
     return {"add_s_per_turn": percentiles(adds), "search_s": percentiles(searches)}
+
+
+def live_ratios(live: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each live method's insertion (per turn) and search P50/P95 over MemFit's, in the same run."""
+    base = live.get("memfit")
+    if base is None:
+        return {}
+    out = {}
+    for method, figures in live.items():
+        if method == "memfit":
+            continue
+        row: dict[str, float | None] = {}
+        for kind, name in (("add_s_per_turn", "insert"), ("search_s", "search")):
+            for p in ("p50", "p95"):
+                theirs, ours = figures[kind][p], base[kind][p]
+                row[f"{name}_{p}_x"] = round(theirs / ours, 1) if theirs and ours else None
+        out[method] = row
+    return out
 
 
 def ratios(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -173,6 +194,8 @@ def main() -> None:
                         help="messages per mem0 add (default: %(default)s, mem0's LoCoMo evaluation)")
     parser.add_argument("--config", type=Path, default=CONFIG, help="the runs' config (default: configs/demo.yaml)")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run (default: %(default)s)")
+    parser.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time every live method's insertion and search through memfit_gpu.Memory (default: on)")
     parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: a temporary one)")
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -186,19 +209,18 @@ def main() -> None:
         wall = run_method(method, data, out, args.config, extra, args.threads)
         rows[method] = figures(method, out, turns, wall)
         print(json.dumps(rows[method]), file=sys.stderr, flush=True)
-    live = live_memfit(data, args.config, root / "memfit-live", args.threads) if "memfit" in methods else None
-    insertion = None
-    if live is not None and "mem0" in rows:
-        # per turn: mem0 adds each turn to every speaker's memory, in calls of --mem0-batch-size messages
-        mem0_add = rows["mem0"]["mem0_add_s"]
-        mem0_per_turn = (mem0_add["p50"] * mem0_add["n"] / turns) if mem0_add["n"] else None
-        insertion = {"mem0_add_s_per_turn_from_p50": mem0_per_turn, "memfit_add_s_per_turn_p50": live["add_s_per_turn"]["p50"],
-                     "ratio": None if not mem0_per_turn else round(mem0_per_turn / live["add_s_per_turn"]["p50"], 1)}
+    live = {}
+    for method in methods:
+        if args.live and method_entry(method).live:
+            extra = [f"mem0.batch_size={args.mem0_batch_size}"] if method == "mem0" else []
+            live[method] = live_latency(method, data, args.config, root / f"{method}-live", args.threads, extra)
+            rows[method]["live"] = live[method]
+            print(json.dumps({"method": method, "live": live[method]}), file=sys.stderr, flush=True)
     print(json.dumps({"cpu": describe()["cpu"]["model"], "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                       "data": {"file": data.name, "turns": turns, "questions": questions},
                       "config": str(args.config), "threads": args.threads, "runs": str(root),
-                      "rows": list(rows.values()), "ratio_to_memfit": ratios(rows), "memfit_live": live,
-                      "insertion_mem0_over_memfit": insertion}))
+                      "rows": list(rows.values()), "ratio_to_memfit": ratios(rows),
+                      "live_ratio_to_memfit": live_ratios(live)}))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     "memfit_gpu/report/plots.py": {"matplotlib"},
     "memfit_gpu/evaluate/metrics.py": {"nltk"},  # the Porter stemmer: nltk takes seconds to import
     "memfit_gpu/evaluate/text_metrics.py": {"nltk", "rouge_score"},  # eval.text_metrics only; rouge_score imports nltk
-    "memfit_gpu/models.py": {"huggingface_hub", "torch", "transformers"},  # preflight imports models.py
+    # preflight imports models.py; gguf (transformers' own GGUF reader) only while converting a packaged GGUF
+    "memfit_gpu/models.py": {"gguf", "huggingface_hub", "torch", "transformers"},
     # BEAM's hub layout alone reads parquet; pyarrow.parquet takes ~0.16 s, which every command that loads the
     # benchmark registry would pay
     "memfit_gpu/data/beam.py": {"pyarrow"},

@@ -335,3 +335,11 @@ def test_a_live_mem0_is_fed_as_turns_come_forgets_deleted_turns_and_erases_a_use
         assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
     finally:
         memory.close()
+
+
+def test_bench_peers_puts_every_live_method_over_memfit_in_the_same_run() -> None:
+    live = {"memfit": {"add_s_per_turn": {"n": 8, "p50": 0.02, "p95": 0.05}, "search_s": {"n": 2, "p50": 0.03, "p95": 0.04}},
+            "mem0": {"add_s_per_turn": {"n": 8, "p50": 24.0, "p95": 40.0}, "search_s": {"n": 2, "p50": 0.12, "p95": None}}}
+    assert bench_peers.live_ratios(live) == {"mem0": {"insert_p50_x": 1200.0, "insert_p95_x": 800.0,
+                                                      "search_p50_x": 4.0, "search_p95_x": None}}
+    assert bench_peers.live_ratios({"mem0": live["mem0"]}) == {}  # no MemFit in the run: no ratio
