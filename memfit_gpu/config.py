@@ -246,7 +246,7 @@ class EvalConfig:
     growth_points: list[int] = field(default_factory=list)
     # Pack depths k (increasing) at which, after the run, every question is answered again on the top k of the
     # same ranking (one answer call per question per depth, role depth_answer; the paper's Table 10 from one
-    # retrieval, memfit_gpu/depths.py); [] = the run's pack.k only
+    # retrieval, memfit_gpu/run/depths.py); [] = the run's pack.k only
     pack_cutoffs: list[int] = field(default_factory=list)
     beam: BeamEvalConfig = field(default_factory=BeamEvalConfig)  # BEAM's rubric and event-ordering scoring
 

@@ -64,11 +64,11 @@ PRELOAD = (
     "nltk.stem",  # every scored run's Porter stemmer (evaluate/metrics.py); nltk brings scipy.stats: seconds
     "transformers", "transformers.models.llama.modeling_llama", "transformers.models.bert.modeling_bert",
     "transformers.generation.utils",
-    "memfit_gpu.cli", "memfit_gpu.pipeline", "memfit_gpu.readers.transformers", "memfit_gpu.readers.openai",
+    "memfit_gpu.cli", "memfit_gpu.run.pipeline", "memfit_gpu.readers.transformers", "memfit_gpu.readers.openai",
     "memfit_gpu.index.encoders", "memfit_gpu.index.dense", "memfit_gpu.index.bm25", "memfit_gpu.retrieve.batched",
     "memfit_gpu.evaluate.paper_tables", "memfit_gpu.evaluate.compare", "memfit_gpu.sweep.driver",
-    "memfit_gpu.sweep.local", "memfit_gpu.sweep.slurm", "memfit_gpu.profile", "memfit_gpu.plan",
-    "memfit_gpu.preflight", "memfit_gpu.methods.registry", "memfit_gpu.store.episodes",
+    "memfit_gpu.sweep.local", "memfit_gpu.sweep.slurm", "memfit_gpu.run.profile", "memfit_gpu.plan",
+    "memfit_gpu.run.preflight", "memfit_gpu.methods.registry", "memfit_gpu.store.episodes",
 )
 # Environment variables that a library may read when it is imported: a zygote only serves requests with
 # its own values of these.

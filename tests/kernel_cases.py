@@ -345,7 +345,7 @@ def case_cli() -> dict:
 
 def case_profile() -> dict:
     """The profiler's scaling sweep takes the Triton path when asked, and records which path ran."""
-    from memfit_gpu.profile import scaling_sweep
+    from memfit_gpu.run.profile import scaling_sweep
 
     got = {}
     for kernels in ("torch", "triton"):

@@ -38,10 +38,10 @@ LAZY_THIRD_PARTY: dict[str, set[str]] = {
     "memfit_gpu/readers/vllm_worker.py": {"vllm"},  # [gpu] / [cpu-vllm]
     "memfit_gpu/sweep/slurm.py": {"submitit"},  # [slurm]
     "memfit_gpu/sweep/watch.py": {"submitit"},  # [slurm]
-    "memfit_gpu/tracking.py": {"wandb"},  # [track]
+    "memfit_gpu/run/tracking.py": {"wandb"},  # [track]
     "memfit_gpu/methods/peers/mem0.py": {"mem0"},  # [peers]; it reads its telemetry switch when first imported
     "memfit_gpu/kernels/_launch.py": {"triton"},  # [dev]; the kernels fall back to torch without it
-    "memfit_gpu/profile.py": {
+    "memfit_gpu/run/profile.py": {
         "pynvml",  # nvidia-ml-py, [gpu]: GPU sampling is reported as unavailable without it
         "matplotlib",  # the plot only; selects the Agg backend first, which must not happen at import
     },

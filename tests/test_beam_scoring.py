@@ -28,7 +28,6 @@ from memfit_gpu.evaluate.beam import (
     render_table,
     summary,
 )
-from memfit_gpu.preflight import check_beam_prompts
 from memfit_gpu.readers.prompts import (
     BeamPrompts,
     PromptError,
@@ -37,6 +36,7 @@ from memfit_gpu.readers.prompts import (
     resolve_protocol,
 )
 from memfit_gpu.readers.types import Request, Response
+from memfit_gpu.run.preflight import check_beam_prompts
 from memfit_gpu.sweep.aggregate import aggregate, to_markdown
 from memfit_gpu.sweep.spec import load_sweep
 

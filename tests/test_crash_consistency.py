@@ -38,10 +38,10 @@ from small_data import write_small_locomo  # tests/small_data.py (tests/ is on s
 
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
-from memfit_gpu.pipeline import run_lock
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.reader import load_ledger
 from memfit_gpu.readers.types import Response
+from memfit_gpu.run.pipeline import run_lock
 from memfit_gpu.store.log import RecordLog
 
 REPO = Path(__file__).resolve().parents[1]

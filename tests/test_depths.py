@@ -1,4 +1,4 @@
-"""eval.pack_cutoffs (memfit_gpu/depths.py): the run's ranking packed and answered at several pack depths.
+"""eval.pack_cutoffs (memfit_gpu/run/depths.py): the run's ranking packed and answered at several pack depths.
 
 The packs at depth k equal those of a read at pack.k=k (in process, with summaries in the ranking); a run at
 pack.k=5 with eval.pack_cutoffs=[5,10] answers at k=10 what a run at pack.k=10 answers, with the same cache
@@ -20,13 +20,13 @@ from small_data import write_small_locomo
 
 from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.data import load_benchmark, select_from_config
-from memfit_gpu.depths import ROLE, check_depths
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.packs import questions_of
 from memfit_gpu.methods.plain import Plain
 from memfit_gpu.readers.types import Response
+from memfit_gpu.run.depths import ROLE, check_depths
 
 
 def test_pack_cutoffs_are_increasing_depths_of_a_ranking_method() -> None:

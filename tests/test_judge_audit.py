@@ -26,9 +26,9 @@ from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.files import append_jsonl
-from memfit_gpu.inputs import data_record
-from memfit_gpu.judge_audit import PROBES, WRONG, AuditError, audit, negate, perturb, probes_for
 from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.run.inputs import data_record
+from memfit_gpu.run.judge_audit import PROBES, WRONG, AuditError, audit, negate, perturb, probes_for
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -22,10 +22,10 @@ from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.compare import compare_seeds, format_seed_comparison
 from memfit_gpu.evaluate.stats import bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import render_markdown, summarize
-from memfit_gpu.growth import check_growth, due_questions, growth_turns
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.lightmem import HQ, LightMem, UserMemory
 from memfit_gpu.methods.lightmem_noise import Item, chosen, noise_hqs, noise_notes, read_noise, replacements
+from memfit_gpu.run.growth import check_growth, due_questions, growth_turns
 from memfit_gpu.sweep.aggregate import aggregate_by, by_to_markdown
 from memfit_gpu.sweep.spec import load_sweep, override_arg
 

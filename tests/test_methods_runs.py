@@ -39,12 +39,12 @@ from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.packs import questions_of
-from memfit_gpu.pipeline import run
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_answer_messages
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import ROLE_PHASES
 from memfit_gpu.retrieve.pack import excerpt_tail
+from memfit_gpu.run.pipeline import run
 from memfit_gpu.store import RecordLog
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_jsonl
-from memfit_gpu.pipeline import RunError, run, run_lock
+from memfit_gpu.run.pipeline import RunError, run, run_lock
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -354,7 +354,7 @@ def test_profile_reports_every_stage_and_the_scaling_curve(smoke_run: Path, tmp_
     """memfit profile over a finished run (its clocks) plus a small real scaling sweep; PNG is a real image."""
     import shutil
 
-    from memfit_gpu.profile import RETRIEVAL_STAGES, profile
+    from memfit_gpu.run.profile import RETRIEVAL_STAGES, profile
 
     shutil.copytree(smoke_run, tmp_path / "prof" / "run")
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))

@@ -12,7 +12,7 @@ import pytest
 
 from memfit_gpu.config import load_config
 from memfit_gpu.devices import first_device
-from memfit_gpu.profile import GpuSampler, memfit_gpu_memory, scaling_sweep, visible_gpus
+from memfit_gpu.run.profile import GpuSampler, memfit_gpu_memory, scaling_sweep, visible_gpus
 
 
 class FakeNvmlError(Exception):

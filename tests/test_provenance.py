@@ -21,7 +21,7 @@ from memfit_gpu import digests, provenance
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.data.stats import quirk_counts, quirk_kind
-from memfit_gpu.inputs import collect, model_uses
+from memfit_gpu.run.inputs import collect, model_uses
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -220,7 +220,7 @@ def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minil
     """index.dtype / rerank.dtype as devices.resolve_dtype resolves them on index.device: "auto" is float32 on a
     CPU with AMX (simulated) and without; an explicit bf16 is named; a record written before the field existed
     counts as float32."""
-    from memfit_gpu.inputs import model_record
+    from memfit_gpu.run.inputs import model_record
 
     cfg = load_config(SMOKE, ["index.device=cpu", "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
     for amx, want in ((True, "float32"), (False, "float32")):

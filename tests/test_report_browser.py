@@ -29,7 +29,7 @@ from memfit_gpu.evaluate.compare import compare_runs
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.report import question_records, question_table, read_run
 from memfit_gpu.report.build import TABLE_COLUMNS
-from memfit_gpu.tracking import RUN_ID_FILE
+from memfit_gpu.run.tracking import RUN_ID_FILE
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from memfit_gpu.config import SegmentConfig, SummaryConfig
-from memfit_gpu.segment import segment_batch, segment_reference, summary_segments, window_size
+from memfit_gpu.store.segment import segment_batch, segment_reference, summary_segments, window_size
 
 
 def _three_topics(rng: np.random.Generator, sizes=(12, 12, 12), dim=32, noise=0.05) -> np.ndarray:

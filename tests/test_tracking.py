@@ -16,7 +16,7 @@ from wandb_offline import read_offline_run  # tests/wandb_offline.py (tests/ is 
 
 from memfit_gpu.config import load_config
 from memfit_gpu.mappings import flatten
-from memfit_gpu.tracking import RUN_ID_FILE, Tracker, WandbTracker, run_id_for, summary_values
+from memfit_gpu.run.tracking import RUN_ID_FILE, Tracker, WandbTracker, run_id_for, summary_values
 
 ROWS = [
     {"question_id": "conv-26:q0", "memory_id": "conv-26", "category": "2", "evaluated": True,
@@ -95,7 +95,7 @@ def test_enabled_without_wandb_warns_and_does_nothing(tmp_path: Path, monkeypatc
                                                       caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # provokes ImportError on `import wandb`
     cfg = load_config(None, ["tracking.wandb.enabled=true"])
-    with caplog.at_level(logging.WARNING, logger="memfit_gpu.tracking"):
+    with caplog.at_level(logging.WARNING, logger="memfit_gpu.run.tracking"):
         tracker = Tracker.start(cfg, tmp_path / "run")
     assert type(tracker) is Tracker
     assert "wandb is not installed" in caplog.text

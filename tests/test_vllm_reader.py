@@ -18,11 +18,11 @@ import pytest
 
 from memfit_gpu.config import ReaderConfig, load_config
 from memfit_gpu.devices import visible_gpu_ids
-from memfit_gpu.pipeline import run
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.registry import engine_groups as gpu_groups
 from memfit_gpu.readers.types import Request
 from memfit_gpu.readers.vllm import split_even
+from memfit_gpu.run.pipeline import run
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -1,5 +1,5 @@
 """Reads back what an offline W&B run recorded (`WANDB_MODE=offline`), without a server: the tests'
-way to check what memfit_gpu.tracking logged. W&B's own readers need its service process; this one
+way to check what memfit_gpu.run.tracking logged. W&B's own readers need its service process; this one
 decodes the `run-<id>.wandb` transaction log directly with W&B's protobuf classes.
 """
 

@@ -1,4 +1,4 @@
-"""`memfit judge-audit RUN_DIR`: how far a finished run's judge can be trusted (memfit_gpu/judge_audit.py)."""
+"""`memfit judge-audit RUN_DIR`: how far a finished run's judge can be trusted (memfit_gpu/run/judge_audit.py)."""
 
 from __future__ import annotations
 
@@ -39,15 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from memfit_gpu.judge_audit import AuditError
     from memfit_gpu.provenance import ProvenanceError
     from memfit_gpu.readers.prompts import PromptError
+    from memfit_gpu.run.judge_audit import AuditError
 
     return (AuditError, ProvenanceError, PromptError)
 
 
 def run(args: argparse.Namespace) -> int:
-    from memfit_gpu.judge_audit import audit, render_markdown
+    from memfit_gpu.run.judge_audit import audit, render_markdown
 
     report = audit(args.run_dir, args.overrides, seed=args.seed, progress=not args.quiet)
     sys.stdout.write(render_markdown(report))

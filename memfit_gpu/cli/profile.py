@@ -32,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
-    from memfit_gpu.profile import DEFAULT_SIZES, profile
     from memfit_gpu.render import console_table
+    from memfit_gpu.run.profile import DEFAULT_SIZES, profile
 
     cfg = load_config(args.config, args.overrides)
     sizes = DEFAULT_SIZES if args.sizes is None else tuple(int(s) for s in args.sizes.split(",") if s.strip())

@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
-    from memfit_gpu.methods.offline import retrieve_with_method
-    from memfit_gpu.preflight import check_can_start
+    from memfit_gpu.run.offline import retrieve_with_method
+    from memfit_gpu.run.preflight import check_can_start
 
     overrides = [f"data.benchmark={args.benchmark}"] + list(args.overrides)
     if args.data:

@@ -35,22 +35,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from memfit_gpu.pipeline import RunError  # a directory that cannot be resumed as asked
+    from memfit_gpu.run.pipeline import RunError  # a directory that cannot be resumed as asked
 
     return (RunError,)
 
 
 def unfinished() -> tuple[type[Exception], ...]:
     """Exit code 1, one line: questions a server did not answer, a reader that failed; the rest is saved."""
-    from memfit_gpu.pipeline import UnansweredError
     from memfit_gpu.readers.types import ReaderError
+    from memfit_gpu.run.pipeline import UnansweredError
 
     return (UnansweredError, ReaderError)
 
 
 def command(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
-    from memfit_gpu.pipeline import run
+    from memfit_gpu.run.pipeline import run
 
     cfg = load_config(args.config, args.overrides)
     run(cfg, args.out, progress=not args.quiet, allow_provenance_change=args.allow_provenance_change)

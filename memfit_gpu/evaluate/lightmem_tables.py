@@ -156,7 +156,7 @@ def table5(runs: Sequence[Run], system: str = FULL, vector: str = VECTOR) -> Tab
         table.rows.append([p, entry.get("questions"), f1(vector, p), f1(system, p), _diff(f1(system, p), f1(vector, p)),
                            held.get("mtm_entries"), held.get("ltm_nodes")])
     table.notes = [
-        "One write of the whole trajectory, read as it stood at each point (memfit_gpu/growth.py): MTM size = "
+        "One write of the whole trajectory, read as it stood at each point (memfit_gpu/run/growth.py): MTM size = "
         "LightMem's MTM entries per memory (its windows; both methods cut each dialogue at the same turn); the "
         "questions whose evidence lies before the point are scored, cumulatively. F1 x100, metric variant of the "
         "runs; MTM entries / LTM nodes: what LightMem held over all memories at the point.",

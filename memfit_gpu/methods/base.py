@@ -167,13 +167,13 @@ def query(memory_id: str, question: str, question_id: str | None = None, questio
 
 class GrowthMethod(Method, Protocol):
     """A method that also reads its memory as it stood after each memory's first `turns[memory id]` turns,
-    from its one write of the whole trajectory (the growth analysis, memfit_gpu/growth.py)."""
+    from its one write of the whole trajectory (the growth analysis, memfit_gpu/run/growth.py)."""
 
     def read_at(self, run: MethodRun, turns: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
 
 
 class DepthMethod(Method, Protocol):
     """A method whose pack is the top k of a ranking that k does not change (its registry entry's `depths`): it
-    also packs its rows' ranking at another depth, without retrieving again (eval.pack_cutoffs, memfit_gpu/depths.py)."""
+    also packs its rows' ranking at another depth, without retrieving again (eval.pack_cutoffs, memfit_gpu/run/depths.py)."""
 
     def read_depth(self, run: MethodRun, rows: list[dict[str, Any]], k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...

@@ -60,7 +60,7 @@ Where the paper is silent, this implementation chooses (and the defaults are in 
 `lightmem.noise.*` injects errors at three points (SLM-1's HQs after routing, SLM-3's notes before they are
 logged, the searchable MTM at read time), made as methods/lightmem_noise.py says, each one hook here;
 `read_at` reads the memory as it stood after some turns of each user (MemoryView over UserMemory.prefix),
-for the growth analysis (memfit_gpu/growth.py), from the one write of the whole trajectory.
+for the growth analysis (memfit_gpu/run/growth.py), from the one write of the whole trajectory.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ class MethodEntry:
     # by turn (attach, changed, hits, consolidate, compact)
     live: bool = False
     # a GrowthMethod (methods/base.py) with `read_at`: it reads its memory as it stood at a point of the
-    # trajectory, from its one write of the whole of it (eval.growth_points, memfit_gpu/growth.py)
+    # trajectory, from its one write of the whole of it (eval.growth_points, memfit_gpu/run/growth.py)
     growth: bool = False
     # a DepthMethod (methods/base.py) with `read_depth`: its pack is the top pack.k of a ranking pack.k does not
-    # change, so the same ranking is packed at other depths (eval.pack_cutoffs, memfit_gpu/depths.py)
+    # change, so the same ranking is packed at other depths (eval.pack_cutoffs, memfit_gpu/run/depths.py)
     depths: bool = False
     # another memory system run from its own package (methods/peers/): measured beside MemFit with the same
     # reader and encoder, never held to MemFit's own targets (experiments/bench_online.py, bench_peers.py)

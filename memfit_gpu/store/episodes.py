@@ -55,10 +55,10 @@ from memfit_gpu.index.factory import dense_gpu_id, dense_index, lexical_index
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS
-from memfit_gpu.segment import segment_batch, summary_segments
 from memfit_gpu.store import compaction
 from memfit_gpu.store.log import RecordLog
 from memfit_gpu.store.replay import LogReplay, RecordRefused
+from memfit_gpu.store.segment import segment_batch, summary_segments
 from memfit_gpu.store.snapshot import write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable

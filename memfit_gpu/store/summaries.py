@@ -28,7 +28,7 @@ import numpy as np
 from memfit_gpu.config import SegmentConfig, SummaryConfig
 from memfit_gpu.readers.prompts import PromptError, load_prompt
 from memfit_gpu.readers.types import OwnedText
-from memfit_gpu.segment import segment_batch, summary_segments
+from memfit_gpu.store.segment import segment_batch, summary_segments
 
 log = logging.getLogger(__name__)
 

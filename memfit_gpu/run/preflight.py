@@ -30,12 +30,12 @@ from memfit_gpu.data.fetch import files_for
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.digests import file_sha256
 from memfit_gpu.evaluate.judge import reader_config_for_judge
-from memfit_gpu.inputs import model_uses
 from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import BEAM_FILES, BeamPrompts, judge_kind, load_prompt, resolve_protocol
 from memfit_gpu.readers.registry import backend_entry
+from memfit_gpu.run.inputs import model_uses
 
 log = logging.getLogger(__name__)
 

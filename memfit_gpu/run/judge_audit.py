@@ -54,16 +54,16 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import paper_tokens, score
 from memfit_gpu.evaluate.tables import category_name, category_order
 from memfit_gpu.files import atomic_write_text, read_jsonl, write_json_atomic
-from memfit_gpu.inputs import data_record, judge_record, model_record, model_uses
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.months import MONTH_NAMES
-from memfit_gpu.preflight import check_judge_can_start
 from memfit_gpu.readers.clean import reply_text
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import BeamPrompts, build_judge_messages, judge_kind
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.render import markdown_table
+from memfit_gpu.run.inputs import data_record, judge_record, model_record, model_uses
+from memfit_gpu.run.preflight import check_judge_can_start
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfit_gpu import pipeline
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.devices import first_device, gpu_count
 from memfit_gpu.index.factory import dense_index, lexical_index
@@ -41,7 +40,8 @@ from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
 from memfit_gpu.retrieve.hybrid import fuse
 from memfit_gpu.retrieve.stages import StageKey
-from memfit_gpu.tracking import Tracker
+from memfit_gpu.run import pipeline
+from memfit_gpu.run.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,6 @@ from tqdm.auto import tqdm
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
-from memfit_gpu.depths import check_depths, render_depths, run_depths
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
@@ -50,16 +49,13 @@ from memfit_gpu.evaluate.judge import (
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
-from memfit_gpu.growth import check_growth, run_growth
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
-from memfit_gpu.inputs import collect
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.answers import answer_requests, beam_prompts_of, memgallery_dir_of
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import DIAGNOSTICS, questions_of, saved_packs, write_packs
 from memfit_gpu.methods.registry import make_method
-from memfit_gpu.preflight import check_can_start
 from memfit_gpu.readers.clean import clean_answer, reply_text
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.prompts import (
@@ -70,7 +66,11 @@ from memfit_gpu.readers.prompts import (
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.readers.types import Request
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
-from memfit_gpu.tracking import Tracker
+from memfit_gpu.run.depths import check_depths, render_depths, run_depths
+from memfit_gpu.run.growth import check_growth, run_growth
+from memfit_gpu.run.inputs import collect
+from memfit_gpu.run.preflight import check_can_start
+from memfit_gpu.run.tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any
 from memfit_gpu import provenance
 from memfit_gpu.config import ConfigError, MemFitConfig, to_dict
 from memfit_gpu.data import load_benchmark, select_from_config
-from memfit_gpu.inputs import collect
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import questions_of, write_packs
 from memfit_gpu.methods.registry import method_entry
+from memfit_gpu.run.inputs import collect
 
 
 def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
