@@ -129,6 +129,9 @@ class RetrieveConfig:
     prf: PRFConfig = field(default_factory=PRFConfig)
     question_batch_size: int = 4096  # questions per batched pass; bounds peak memory
     kernels: str = "auto"  # torch | triton | auto (= Triton on CUDA, torch elsewhere): fused BM25 / hybrid kernels, same results
+    # Added read-path stages (retrieve/registry.py), run in this order after the rerank (SPEC read path 7) and
+    # before the pack; [] = SPEC's read path exactly. Each name is a registered stage (register_stage).
+    stages: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -238,11 +241,11 @@ class EvalConfig:
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
     seed: int = 0
-    # issue 24: ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
+    # ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
     # embeddings) per question and category (evaluate/text_metrics.py); [] = F1/BLEU-1 only, as the paper
     text_metrics: list[str] = field(default_factory=list)
-    # issue 24: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
-    # whose evidence lies before that point, with the memory as it stood then (methods/growth.py); [] = none
+    # MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
+    # whose evidence lies before that point, with the memory as it stood then (run/growth.py); [] = none
     growth_points: list[int] = field(default_factory=list)
     # Pack depths k (increasing) at which, after the run, every question is answered again on the top k of the
     # same ranking (one answer call per question per depth, role depth_answer; the paper's Table 10 from one
@@ -265,7 +268,7 @@ class TrackingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-# ---- issue 15: the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
+# ---- the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
 # memfit: the paper's system; plain: the same store and hybrid + rerank with every MemFit addition off
 # (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
 # full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
@@ -336,7 +339,7 @@ class LightMemConfig:
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
     # false = no offline consolidation at all: LTM stays empty (the paper's Table 10 "no update" variant)
     ltm_updates: bool = True
-    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # issue 24: stress tests
+    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # stress tests
 
 
 @dataclass
@@ -353,7 +356,7 @@ class Mem0Config:
     temperature: float = 0.0
 
 
-# ---- issue 22: the live memory (memfit_gpu.Memory) and its server (memfit serve)
+# ---- the live memory (memfit_gpu.Memory) and its server (memfit serve)
 @dataclass
 class LiveConfig:
     # Off the query path, as the paper builds its summaries: "background" runs consolidate() on a worker
@@ -405,14 +408,17 @@ class MemFitConfig:
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    # issue 15: settings of the other memory systems (memfit_gpu/methods); each method reads only its own
+    # settings of the other memory systems (memfit_gpu/methods); each method reads only its own
     naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     lightmem: LightMemConfig = field(default_factory=LightMemConfig)
     mem0: Mem0Config = field(default_factory=Mem0Config)
-    # issue 22: memfit_gpu.Memory and memfit serve
+    # memfit_gpu.Memory and memfit serve
     live: LiveConfig = field(default_factory=LiveConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    # The settings of extensions registered outside this file (a plugin method's or read-path stage's own
+    # dataclass, register_section): `plugins.<name>.<field>=value`; after loading, one instance per section.
+    plugins: dict[str, Any] = field(default_factory=dict)
 
 
 class ConfigError(ValueError):
@@ -421,7 +427,9 @@ class ConfigError(ValueError):
 
 # Names a registry adds to at run time (register_choice); the judge takes any reader backend.
 _REGISTERED: dict[str, list[str]] = {"method": list(METHODS), "data.benchmark": list(BENCHMARKS),
-                                     "reader.backend": list(READER_BACKENDS)}
+                                     "reader.backend": list(READER_BACKENDS), "retrieve.stages": []}
+# Sections of `plugins` (register_section): name -> the dataclass whose defaults and types its keys take.
+_SECTIONS: dict[str, type] = {}
 _CHOICES: dict[str, Sequence[str | None]] = {
     "data.benchmark": _REGISTERED["data.benchmark"],
     "data.split": (None, "s", "m", "oracle", "100K", "500K", "1M", "10M"),  # each benchmark's spec.splits
@@ -462,12 +470,55 @@ def choices(key: str) -> tuple[str, ...]:
 
 
 def register_choice(key: str, name: str) -> None:
-    """Let `key` (method, data.benchmark, reader.backend) take `name`: what a registry's register call does
-    after adding its entry, so that a new method, benchmark or backend is one module and one call."""
+    """Let `key` (method, data.benchmark, reader.backend, retrieve.stages) take `name`: what a registry's
+    register call does after adding its entry, so that a new method, benchmark, backend or read-path stage is
+    one module and one call."""
     if key not in _REGISTERED:
         raise KeyError(f"{key} is not a registry-backed key ({', '.join(_REGISTERED)})")
     if name not in _REGISTERED[key]:
         _REGISTERED[key].append(name)
+
+
+def register_section(name: str, settings: type) -> None:
+    """Give an extension its own settings without editing this file: `plugins.<name>.*` takes the fields of
+    the dataclass `settings` (their defaults, types and checks in its __post_init__), and a loaded config's
+    `plugins[name]` is an instance of it (section(cfg, name)). A registry's register call makes it, from the
+    entry's `settings`."""
+    if not hasattr(settings, "__dataclass_fields__"):
+        raise TypeError(f"register_section({name!r}): {settings!r} is not a dataclass")
+    if _SECTIONS.get(name, settings) is not settings:
+        raise ValueError(f"register_section({name!r}): already registered with {_SECTIONS[name].__name__}")
+    _SECTIONS[name] = settings
+
+
+def section(cfg: MemFitConfig, name: str) -> Any:
+    """The settings of the registered section `name`: the loaded config's, or its defaults when `cfg` was
+    made in code (MemFitConfig()) rather than by load_config."""
+    if name not in _SECTIONS:
+        raise KeyError(f"no config section {name!r} is registered ({', '.join(_SECTIONS) or 'none'})")
+    found = cfg.plugins.get(name)
+    return found if isinstance(found, _SECTIONS[name]) else _SECTIONS[name]()
+
+
+def _load_sections(cfg: MemFitConfig, source: str) -> None:
+    """Each `plugins.<name>` as an instance of its registered dataclass (defaults for the ones not given)."""
+    unknown = sorted(set(cfg.plugins) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"{source}: plugins.{unknown[0]} is not a registered section (registered: "
+                          f"{', '.join(_SECTIONS) or 'none'}; an extension registers its settings, e.g. "
+                          "MethodEntry(settings=...), and is loaded through MEMFIT_PLUGINS)")
+    loaded: dict[str, Any] = {}
+    for name, settings in _SECTIONS.items():
+        given = cfg.plugins.get(name) or {}
+        try:
+            loaded[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(settings), given))
+        except OmegaConfBaseException as exc:
+            key = getattr(exc, "full_key", None)
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"{source}: plugins.{name}{'.' + str(key) if key else ''}: {reason}") from None
+        except (TypeError, ValueError) as exc:  # the section's own checks (its __post_init__)
+            raise ConfigError(f"{source}: plugins.{name}: {exc}") from None
+    cfg.plugins = loaded
 
 
 @dataclass(frozen=True)
@@ -621,6 +672,11 @@ def _check_choices(cfg: MemFitConfig, source: str) -> None:
         if value not in allowed:
             names = ", ".join("null" if a is None else a for a in allowed)
             raise ConfigError(f"{source}: {dotted}={value!r} is not one of {names}")
+    for position, stage in enumerate(cfg.retrieve.stages):
+        if stage not in _REGISTERED["retrieve.stages"]:
+            known = ", ".join(_REGISTERED["retrieve.stages"]) or "none registered"
+            raise ConfigError(f"{source}: retrieve.stages[{position}]={stage!r} is not a registered read-path stage "
+                              f"({known}; a stage is registered by its module, loaded through MEMFIT_PLUGINS)")
     for position, metric in enumerate(cfg.eval.metrics):
         if metric not in _METRICS:
             raise ConfigError(f"{source}: eval.metrics[{position}]={metric!r} is not one of {', '.join(_METRICS)}")
@@ -745,6 +801,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         hint = _did_you_mean(overrides)
         raise ConfigError(f"{source}: {'key ' + repr(key) + ': ' if key else ''}{reason}{hint}") from None
     assert isinstance(cfg, MemFitConfig)
+    _load_sections(cfg, source)
     _check_choices(cfg, source)
     _check_ranges(cfg, source)
     _check_together(cfg, source)

@@ -10,6 +10,7 @@ code ran, what was written, what the ledger holds), never a score.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,11 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
 
 from memfit_gpu import config
 from memfit_gpu.cli import main
-from memfit_gpu.config import load_config
+from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.data.jsonl import read, to_jsonl
 from memfit_gpu.data.registry import REGISTRY as BENCHMARKS
@@ -33,9 +35,15 @@ from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.packs import questions_of
 from memfit_gpu.methods.registry import REGISTRY as METHODS
+from memfit_gpu.methods.registry import method_settings
 from memfit_gpu.plugins import PLUGINS_ENV
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.registry import REGISTRY as BACKENDS
+from memfit_gpu.readers.types import ROLE_PHASES, register_role
+from memfit_gpu.retrieve.batched import retrieve_batch
+from memfit_gpu.retrieve.reference import retrieve_one
+from memfit_gpu.retrieve.view import ReadView
+from memfit_gpu.store import EpisodeStore
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -62,6 +70,22 @@ def test_registry_keys_are_the_configs_choices() -> None:
     assert config._CHOICES["eval.table_metric"] == config._METRICS == VARIANTS
     with pytest.raises(config.ConfigError, match=r"data.benchmark='tiny' is not one of locomo, longmemeval"):
         load_config(None, ["data.benchmark=tiny"])  # registered only where its module is loaded
+
+
+def test_a_method_entry_carries_its_roles_settings_and_prompt_folder() -> None:
+    """What a method needs besides its code is its entry's: the built-in entries' roles are the ledger's
+    built-in roles, their settings are MemFitConfig's sections, LightMem's prompt folder holds its prompts."""
+    cfg = load_config(None, ["lightmem.prompt_dir=lightmem"])
+    for name, entry in METHODS.items():
+        assert all(ROLE_PHASES[role] == phase for role, phase in entry.roles.items()), name
+    assert {role for entry in METHODS.values() for role in entry.roles} == set(ROLE_PHASES) - {
+        "summary", "answer", "judge", "growth_answer", "depth_answer"}
+    assert method_settings(cfg, "naive_rag") is cfg.naive_rag and method_settings(cfg, "lightmem_slm") is cfg.lightmem
+    assert method_settings(cfg, "memfit") is None
+    assert sorted(p.name for p in METHODS["lightmem_slm"].prompts(cfg).glob("*.txt")) == [
+        "consolidate.txt", "mtm_summary.txt", "rerank.txt", "rewrite.txt"]
+    with pytest.raises(ValueError, match="already registered in phase 'write'"):
+        register_role("summary", "read")
 
 
 def test_what_asks_a_backend_entry() -> None:
@@ -155,6 +179,95 @@ def test_a_method_added_from_tests_runs_memfit_end_to_end(tmp_path: Path, shared
                    shared_data=shared_data, plugins=plugins)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_jsonl(retrieved / "packs.jsonl") == packs
+
+
+@pytest.mark.slow
+def test_a_method_with_its_own_settings_role_and_prompts_runs_end_to_end(tmp_path: Path, shared_data: Path) -> None:
+    """The test-only `session_notes` method (tests/seam_session_notes_method.py): its settings are
+    plugins.session_notes.*, its write calls take its own role `session_note` (phase write), its prompt
+    folder is in provenance.json; nothing of it is in memfit_gpu."""
+    out = tmp_path / "run"
+    plugins = "seam_echo_backend,seam_session_notes_method"
+    args = ("run", "--config", str(SMOKE), "--out", str(out), "--quiet", "data.benchmark=jsonl", f"data.path={EXAMPLE}",
+            "data.limit_memories=null", "method=session_notes", "reader.backend=echo")
+    refused = _memfit(*args, "plugins.session_notes.turns=0", shared_data=shared_data, plugins=plugins)
+    assert refused.returncode == 2 and "plugins.session_notes: turns=0 must be at least 1" in refused.stderr
+    assert not out.exists()  # refused before anything was written
+    unknown = _memfit(*args, "plugins.nothing.x=1", shared_data=shared_data, plugins=plugins)
+    assert unknown.returncode == 2 and "plugins.nothing is not a registered section" in unknown.stderr
+    proc = _memfit(*args, "plugins.session_notes.turns=1", shared_data=shared_data, plugins=plugins)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sessions = [(m.memory_id, s.session_id) for m in load_benchmark("jsonl", EXAMPLE).memories for s in m.sessions]
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert ledger["roles"]["session_note"]["calls"] == len(sessions) == 5
+    assert ledger["role_phases"]["session_note"] == "write"
+    assert ledger["phases"]["write"]["calls"] == len(sessions) and ledger["phases"]["read"]["calls"] == 8
+    # a process without the plugin still totals the role in its phase (ledger.json records it)
+    assert Ledger.load(out / "ledger.json").phases()["write"].calls == len(sessions)
+    packs = {p["question_id"]: p for p in read_jsonl(out / "packs.jsonl")}
+    alice = packs["alice:q0"]
+    # the echo reader's reply is the note prompt's first line: the method's own prompt reached the reader
+    notes = [line for line in alice["excerpts"].splitlines() if line.startswith("NOTE ")]
+    assert notes[0] == "NOTE 1 NOTE s1 of alice: Guess what, I adopted a dog yesterday! His name is Rex."
+    assert len(notes) == sum(1 for user, _ in sessions if user == "alice")
+    assert [e["turn_id"] for e in alice["pack"]["episodes"]] == ["s3:3"]  # plugins.session_notes.turns=1
+    config_yaml = (out / "config.yaml").read_text()
+    assert "session_notes:" in config_yaml and "turns: 1" in config_yaml
+    prompts = json.loads((out / "provenance.json").read_text())["prompts"]["session_notes"]
+    assert set(prompts) == {"session_note.txt"}
+    assert prompts["session_note.txt"] == hashlib.sha256((TESTS / "seam_prompts" / "session_note.txt").read_bytes()).hexdigest()
+
+
+def _example_store(bi_encoder):  # the example own-data file's memories, with extractive summaries
+    from conftest import lead_summaries  # tests/conftest.py (tests/ is on sys.path)
+
+    store = EpisodeStore(None, MemFitConfig(), bi_encoder)
+    store.add_memories(load_benchmark("jsonl", EXAMPLE).memories, progress=False)
+    store.build_summaries(lead_summaries, progress=False)
+    return store
+
+
+def test_a_read_path_stage_added_from_tests_runs_in_both_read_paths(bi_encoder) -> None:
+    """The test-only `newest_first` stage (tests/seam_newest_first_stage.py), one module and one registry
+    call: `retrieve.stages=[newest_first]` runs it after the rerank in the batched path and the reference,
+    which stay identical, and its weight (plugins.newest_first.weight) reorders the candidates."""
+    import seam_newest_first_stage  # noqa: F401  (registers the stage, as MEMFIT_PLUGINS would)
+
+    store = _example_store(bi_encoder)
+    bench = load_benchmark("jsonl", EXAMPLE)
+    questions = [(q.question, q.memory_id) for m in bench.memories for q in m.questions]
+    texts, mems = [q for q, _ in questions], [m for _, m in questions]
+
+    cache: dict[str, torch.Tensor] = {}
+
+    def embed(batch: list[str]) -> torch.Tensor:  # one vector per text, whatever batch it came in
+        todo = [text for text in dict.fromkeys(batch) if text not in cache]
+        if todo:
+            cache.update(zip(todo, bi_encoder.encode(todo), strict=True))
+        return torch.stack([cache[text] for text in batch])
+
+    results = {}
+    for weight in (None, "0.0", "100.0"):
+        overrides = ["rerank.backend=none", *([] if weight is None else
+                                              ["retrieve.stages=[newest_first]", f"plugins.newest_first.weight={weight}"])]
+        cfg = load_config(REPO / "configs" / "memfit.yaml", overrides)
+        batched = retrieve_batch(ReadView.from_store(store), cfg, texts, mems, embed=embed)
+        view = ReadView.from_store(store)
+        reference = [retrieve_one(view, cfg, t, m, embed) for t, m in questions]
+        for a, b in zip(batched, reference, strict=True):
+            assert a.pack_key() == b.pack_key(), a.question
+            assert [(c["kind"], c["row"], c["final"]) for c in a.ranked] == [(c["kind"], c["row"], c["final"]) for c in b.ranked]
+        results[weight] = (batched, view)
+    plain, _ = results[None]
+    zero, _ = results["0.0"]
+    assert [r.ranked for r in zero] == [r.ranked for r in plain]  # weight 0 changes nothing
+    heavy, view = results["100.0"]
+    assert [r.ranked for r in heavy] != [r.ranked for r in plain]
+    for result in heavy:  # the episodes now stand newest first
+        times = [view.ep_time[c["row"]] for c in result.ranked if c["kind"] == "episode"]
+        assert times == sorted(times, reverse=True), result.question
+    with pytest.raises(config.ConfigError, match=r"retrieve.stages\[0\]='oldest_first' is not a registered"):
+        load_config(None, ["retrieve.stages=[oldest_first]"])
 
 
 def test_an_unknown_plugin_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -7,7 +7,7 @@ A method's `write` stores what `run.memories` hold (its store, its indexes, LLM-
 The caller owns everything around them: `memfit run` (pipeline.py) writes packs.jsonl once and a rerun
 that finds it complete calls neither; `memfit retrieve` (methods/offline.py) writes the same rows without
 a reader. The answer call, the ledger check and scoring are shared. A method's LLM calls go through
-`MethodRun.reader()` (the run's reader: response cache, ledger) with its own roles (readers.ROLES), and
+`MethodRun.reader()` (the run's reader: response cache, ledger) with its own roles (its registry entry's), and
 after each batch of calls it calls `MethodRun.account(point)` before it stores what the calls produced, as
 MemFit's summaries do. `close` releases what the method holds open (its store); the caller calls it
 whatever happened.
@@ -43,6 +43,7 @@ from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Benchmark, Memory, Question
 from memfit_gpu.readers.prompts import BeamPrompts
+from memfit_gpu.readers.reader import Reader
 from memfit_gpu.store.episodes import EpisodeStore
 
 
@@ -88,7 +89,7 @@ class MethodRun:
     bench: Benchmark
     memories: list[Memory]  # the selected memories
     questions: list[Question]  # the questions to make packs for, in order
-    reader: Callable[[], Any] | None = None  # the run's cached, accounted reader; None: no LLM here
+    reader: Callable[[], Reader] | None = None  # the run's cached, accounted reader (on first call); None: no LLM here
     # Save the ledger, then pass the named fault point: called after each batch of LLM calls, before
     # what they produced is stored, so a kill in between costs cache hits, never unaccounted calls.
     account: Callable[[str], None] = _no_ledger

@@ -328,9 +328,14 @@ class LightMemLog:
         self.log.close()
 
 
-def _prompt(cfg: MemFitConfig, name: str) -> str:
+def prompt_folder(cfg: MemFitConfig) -> Path:
+    """The folder of LightMem's four SLM prompts (lightmem.prompt_dir: under memfit_gpu/prompts/, or a path)."""
     folder = Path(cfg.lightmem.prompt_dir)
-    return load_prompt(name, str(folder if folder.is_absolute() else PROMPT_DIR / folder))
+    return folder if folder.is_absolute() else Path(str(PROMPT_DIR)) / folder
+
+
+def _prompt(cfg: MemFitConfig, name: str) -> str:
+    return load_prompt(name, str(prompt_folder(cfg)))
 
 
 def _speakers(names: Sequence[str]) -> str:

@@ -1,27 +1,41 @@
-"""Method name -> implementation and capabilities (the `method` key).
+"""Method name -> implementation, capabilities, settings, LLM roles and prompts (the `method` key).
 
 Every method, MemFit included, is a `Method` (methods/base.py) with a write and a read step; `memfit run`
-(pipeline.py) and `memfit retrieve` (methods/offline.py) both build it from here. A new method is one
-module and one call:
+(run/pipeline.py) and `memfit retrieve` (run/offline.py) both build it from here. A new method is one
+module and one call, its settings and LLM roles included:
 
-    register_method("my_method", MethodEntry(MyMethod, reader_free=True))
+    register_method("my_method", MethodEntry(MyMethod, reader_free=False, settings=MySettings,
+                                             roles={"my_note": "write"}, prompts=lambda cfg: MY_PROMPTS))
 
-(config.register_choice lets `method=my_method` load; config.METHODS lists the built-in names.)
+(`method=my_method` then loads, `plugins.my_method.*` sets MySettings' fields, requests may take role
+my_note, and provenance.json hashes the prompt folder's files; config.METHODS lists the built-in names.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
-from memfit_gpu.config import ConfigError
+from memfit_gpu.config import (
+    ConfigError,
+    FullContextConfig,
+    LightMemConfig,
+    Mem0Config,
+    MemFitConfig,
+    NaiveRAGConfig,
+    register_section,
+    section,
+)
 from memfit_gpu.methods.base import Method
 from memfit_gpu.methods.full_context import FullContext
-from memfit_gpu.methods.lightmem import LightMem
+from memfit_gpu.methods.lightmem import LightMem, prompt_folder
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.naive_rag import NaiveRAG
 from memfit_gpu.methods.peers.mem0 import Mem0Method
 from memfit_gpu.methods.plain import Plain
+from memfit_gpu.readers.types import register_role
 from memfit_gpu.registries import Registry
 
 
@@ -46,17 +60,38 @@ class MethodEntry:
     # another memory system run from its own package (methods/peers/): measured beside MemFit with the same
     # reader and encoder, never held to MemFit's own targets (experiments/bench_online.py, bench_peers.py)
     peer: bool = False
+    # its own settings: a dataclass. A built-in section of MemFitConfig (naive_rag, lightmem, ...) is found by
+    # its type; any other is registered as `plugins.<method name>` (config.register_section). None: it reads
+    # only the shared stages' settings (index, retrieve, pack, reader)
+    settings: type | None = None
+    # the LLM roles its own calls take beyond answer (and summary), each with its ledger phase (write, read,
+    # eval, embed): registered when the entry is (readers.types.register_role)
+    roles: Mapping[str, str] = field(default_factory=dict)
+    # the folder of the prompt files its own calls are made from, for the run's configuration: provenance.json
+    # records the sha256 of each *.txt in it under the method's name; None: it has no prompt files of its own
+    prompts: Callable[[MemFitConfig], Path] | None = None
 
+
+# The methods' own roles, as the ledger has always accounted them (readers/types.py ROLE_PHASES lists the
+# built-in ones so that a ledger.json is read the same with or without this registry loaded)
+_LIGHTMEM_ROLES = {"mtm_summary": "write", "consolidate": "write", "rewrite": "read", "rerank_slm": "read"}
+_MEM0_ROLES = {"mem0_write": "write", "mem0_read": "read", "mem0_embed_write": "embed", "mem0_embed_read": "embed"}
 
 REGISTRY: dict[str, MethodEntry] = {
     "memfit": MethodEntry(MemFit, incremental=True, live=True, depths=True),
     "plain": MethodEntry(Plain, incremental=True, live=True, depths=True),
-    "naive_rag": MethodEntry(NaiveRAG, live=True, growth=True),
-    "full_context": MethodEntry(FullContext),
-    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True),
+    "naive_rag": MethodEntry(NaiveRAG, live=True, growth=True, settings=NaiveRAGConfig),
+    "full_context": MethodEntry(FullContext, settings=FullContextConfig),
+    "lightmem_slm": MethodEntry(LightMem, reader_free=False, incremental=True, live=True, growth=True,
+                                settings=LightMemConfig, roles=_LIGHTMEM_ROLES, prompts=prompt_folder),
     # the peer systems, from their own packages (methods/peers/): the `peers` extra
-    "mem0": MethodEntry(Mem0Method, reader_free=False, incremental=True, live=True, peer=True),
+    "mem0": MethodEntry(Mem0Method, reader_free=False, incremental=True, live=True, peer=True,
+                        settings=Mem0Config, roles=_MEM0_ROLES),
 }
+
+# MemFitConfig's own method sections, by their dataclass: the settings a built-in entry names
+_BUILT_IN_SECTIONS = {f.type: f.name for f in fields(MemFitConfig)
+                      if f.name in ("naive_rag", "full_context", "lightmem", "mem0")}
 
 
 METHODS: Registry[MethodEntry] = Registry(
@@ -64,8 +99,23 @@ METHODS: Registry[MethodEntry] = Registry(
 
 
 def register_method(name: str, entry: MethodEntry) -> None:
-    """Add a method: `method=name` then runs it in `memfit run` (and `memfit retrieve` when reader_free)."""
+    """Add a method: `method=name` then runs it in `memfit run` (and `memfit retrieve` when reader_free); its
+    settings become `plugins.<name>.*` and its roles are taken by requests."""
+    for role, phase in entry.roles.items():
+        register_role(role, phase)
+    if entry.settings is not None and entry.settings.__name__ not in _BUILT_IN_SECTIONS:
+        register_section(name, entry.settings)
     METHODS.register(name, entry)
+
+
+def method_settings(cfg: MemFitConfig, name: str) -> Any:
+    """The settings of method `name` in `cfg` (its entry's `settings`: MemFitConfig's own section, or
+    plugins.<name>); None when the method has none."""
+    entry = method_entry(name)
+    if entry.settings is None:
+        return None
+    built_in = _BUILT_IN_SECTIONS.get(entry.settings.__name__)
+    return getattr(cfg, built_in) if built_in else section(cfg, name)
 
 
 def method_entry(name: str) -> MethodEntry:

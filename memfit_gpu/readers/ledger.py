@@ -34,12 +34,10 @@ import yaml
 
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.readers.registry import is_local
-from memfit_gpu.readers.types import ROLE_PHASES, ROLES, Response
+from memfit_gpu.readers.types import PHASES, ROLE_PHASES, ROLES, Response
 
 # Package data, so an installed (non-editable) memfit finds it too; configs/prices.yaml links to it.
 DEFAULT_PRICES = resources.files(__package__).joinpath("prices.yaml")
-# ROLE_PHASES' values: ledger.json totals its roles per phase (embed: a peer system's embedding requests)
-PHASES = ("write", "read", "eval", "embed")
 
 
 class LedgerCheckError(AssertionError):
@@ -90,6 +88,9 @@ class Ledger:
     # A run keeps every answer's key (its one-answer-per-question check); a live memory counts calls only:
     # its answers are no benchmark's questions, and a key per answer would grow without end (and name users)
     per_question: bool = field(default=True, compare=False)
+    # The phase of each role as the process that wrote ledger.json knew it (a plugin method's own roles are
+    # registered only where its module is loaded): a later reader totals the phases without that module.
+    role_phases: dict[str, str] = field(default_factory=dict, compare=False)
 
     def entry(self, role: str, key: str, response: Response, backend: str, gpu_seconds: float = 0.0,
               owner: str | None = None) -> dict[str, Any]:
@@ -213,13 +214,17 @@ class Ledger:
         return {"usd": total, "by_model": by_model, "unpriced_models": sorted(set(unpriced)),
                 "gpu_seconds": gpu_seconds}
 
+    def phase_of(self, role: str) -> str:
+        """The role's phase: registered in this process, else as ledger.json recorded it, else the role's name."""
+        return ROLE_PHASES.get(role) or self.role_phases.get(role) or role
+
     def phases(self) -> dict[str, RoleStats]:
         """The roles' stats summed per phase (ROLE_PHASES: write, read, eval); a role no phase names (from
         a ledger another version wrote) is summed under its own name."""
         out = {phase: RoleStats() for phase in PHASES}
         with self._lock:
             for role, stats in self.roles.items():
-                total = out.setdefault(ROLE_PHASES.get(role, role), RoleStats())
+                total = out.setdefault(self.phase_of(role), RoleStats())
                 for name, value in asdict(stats).items():
                     setattr(total, name, getattr(total, name) + value)
         return out
@@ -229,6 +234,7 @@ class Ledger:
             return {
                 "roles": {r: asdict(s) for r, s in self.roles.items()},
                 "phases": {p: asdict(s) for p, s in self.phases().items()},  # derived from roles; never read back
+                "role_phases": {r: self.phase_of(r) for r in self.roles if self.phase_of(r) in PHASES},
                 "models": {k: asdict(m) for k, m in self.models.items()},
                 "answer_calls": len(self.answer_keys) if self.per_question else
                 self.roles["answer"].calls + self.roles["answer"].cached,
@@ -249,6 +255,7 @@ class Ledger:
             ledger.roles[role] = RoleStats(**stats)
         for key, m in data.get("models", {}).items():
             ledger.models[key] = ModelStats(**m)
+        ledger.role_phases = dict(data.get("role_phases", {}))
         ledger.answer_keys = list(data.get("answer_keys", [])) if per_question else []
         ledger.accounted_keys = set(ledger.answer_keys)
         return ledger

@@ -33,7 +33,18 @@ ROLE_PHASES: dict[str, str] = {"summary": "write", "answer": "read", "judge": "e
                                "growth_answer": "eval", "depth_answer": "eval",
                                "mem0_write": "write", "mem0_read": "read",
                                "mem0_embed_write": "embed", "mem0_embed_read": "embed"}
-ROLES: tuple[str, ...] = tuple(ROLE_PHASES)
+ROLES: tuple[str, ...] = tuple(ROLE_PHASES)  # the built-in roles; ledger.json lists each, used or not
+PHASES: tuple[str, ...] = ("write", "read", "eval", "embed")  # ROLE_PHASES' values
+
+
+def register_role(role: str, phase: str) -> None:
+    """Let requests take `role`, accounted in `phase`: what a method's registry entry does for the roles it
+    declares (MethodEntry.roles), so a method of your own has LLM roles without editing this file."""
+    if phase not in PHASES:
+        raise ValueError(f"role {role!r}: phase {phase!r} is not one of {', '.join(PHASES)}")
+    if ROLE_PHASES.get(role, phase) != phase:
+        raise ValueError(f"role {role!r} is already registered in phase {ROLE_PHASES[role]!r}, not {phase!r}")
+    ROLE_PHASES[role] = phase
 RESPONSE_FORMATS: tuple[str | None, ...] = (None, "json_object")
 
 
@@ -58,7 +69,7 @@ def owner_of(text: str) -> str | None:
 @dataclass
 class Request:
     messages: list[dict[str, Any]]  # OpenAI-style chat messages; content is a string
-    role: str = "answer"  # one of ROLES: the ledger accounts per role (and per phase, ROLE_PHASES)
+    role: str = "answer"  # a key of ROLE_PHASES: the ledger accounts per role (and per phase)
     images: list[str] = field(default_factory=list)  # local paths or URLs, in the order the prompt names them
     max_new_tokens: int | None = None  # None = the reader's configured default (reader.max_new_tokens)
     temperature: float | None = None  # None = the reader's configured default (0 = greedy)
@@ -74,8 +85,9 @@ class Request:
         if self.response_format not in RESPONSE_FORMATS:
             raise ValueError(f"Request(key={self.key!r}): response_format {self.response_format!r} is not one of "
                              f"{RESPONSE_FORMATS}")
-        if self.role not in ROLES:
-            raise ValueError(f"Request(key={self.key!r}): role {self.role!r} is not one of {ROLES}")
+        if self.role not in ROLE_PHASES:
+            raise ValueError(f"Request(key={self.key!r}): role {self.role!r} is not one of {tuple(ROLE_PHASES)} "
+                             "(a method declares its own roles in its registry entry)")
         if not isinstance(self.messages, list) or not self.messages:
             raise ValueError(f"Request(key={self.key!r}): messages must be a non-empty list of chat messages")
         for i, message in enumerate(self.messages):

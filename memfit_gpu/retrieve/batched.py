@@ -39,6 +39,7 @@ from memfit_gpu.retrieve.pool import (
     summary_expansion,
 )
 from memfit_gpu.retrieve.prf import feedback_terms_batch
+from memfit_gpu.retrieve.registry import run_stages
 from memfit_gpu.retrieve.rerank import cross_encoder_scores, final_order, reranker_info, zscore
 from memfit_gpu.retrieve.stages import StageKey, tick
 from memfit_gpu.retrieve.view import ReadView
@@ -341,6 +342,10 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         final = zscore(rerank_scores, cands.kind, cfg.rerank.zscore_min)
     else:
         final = cands.score
+    if rcfg.stages:  # the added stages (retrieve/registry.py), after SPEC's rerank
+        clock = tick(timings, StageKey.RERANK, clock, device)
+        final = run_stages(view, cfg, questions, mems, cands.kind, cands.row, cands.valid, final)
+        clock = tick(timings, StageKey.ADDED, clock, device)
     # pads (anywhere when not compacted) sort last; equal scores keep candidate order
     order = final_order(final, cands.valid)[:, : int(cands.valid.sum(1).max()) if n_q else 0]
     ranked = cands.take(order)

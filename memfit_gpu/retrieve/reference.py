@@ -1,8 +1,8 @@
 """The reference read path: the same retrieval, one question at a time, in plain readable Python.
 
 It shares only the pure rule helpers with the batched path (dates: constraint parsing and
-relative dates; pack.format_excerpts: text layout) and calls the indexes' searches with a batch of
-one. Every score is formed with the same float64 operations in the same order, so both paths must
+relative dates; pack.format_excerpts: text layout; the added stages of retrieve.stages, which it runs
+on a batch of one) and calls the indexes' searches with a batch of one. Every score is formed with the same float64 operations in the same order, so both paths must
 produce identical packs; tests/test_retrieve_reference.py and experiments/bench_retrieval.py check it.
 """
 
@@ -22,7 +22,9 @@ from memfit_gpu.names import normalise
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
 from memfit_gpu.retrieve.pack import Pack, format_excerpts
+from memfit_gpu.retrieve.pool import EPISODE, SUMMARY
 from memfit_gpu.retrieve.prf import choose_terms
+from memfit_gpu.retrieve.registry import run_stages
 from memfit_gpu.retrieve.rerank import reranker_info
 from memfit_gpu.retrieve.view import ReadView
 
@@ -198,6 +200,14 @@ def retrieve_one(view: ReadView, cfg: MemFitConfig, question: str, memory_id: st
         for c in candidates_list:
             c["rerank"] = None
             c["final"] = c["score"]
+    if cfg.retrieve.stages and candidates_list:  # the added stages, on a batch of one (retrieve/registry.py)
+        kinds = torch.tensor([[EPISODE if c["kind"] == "episode" else SUMMARY for c in candidates_list]])
+        rows = torch.tensor([[c["row"] for c in candidates_list]])
+        scores = torch.tensor([[c["final"] for c in candidates_list]], dtype=torch.float64)
+        rescored = run_stages(view, cfg, [question], [memory], kinds, rows, torch.ones_like(rows, dtype=torch.bool),
+                              scores)
+        for c, value in zip(candidates_list, rescored[0].tolist(), strict=True):
+            c["final"] = value
     ranked = sorted(candidates_list, key=lambda c: -c["final"])  # stable: ties keep candidate order
     for c in ranked:
         c["turn_id"] = view.ep_turn_id[c["row"]] if c["kind"] == "episode" else None

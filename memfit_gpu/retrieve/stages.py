@@ -30,6 +30,7 @@ class StageKey:
     PRF_EMBED = "prf_embed"
     PRF_EXPANSION = "prf_expansion"
     RERANK = "stage_7_rerank"
+    ADDED = "stage_7_added"  # the stages of retrieve.stages (retrieve/registry.py), when there are any
     PACK = "stage_8_9_pack"
 
 

@@ -25,12 +25,12 @@ from memfit_gpu.data.stats import quirk_counts
 from memfit_gpu.devices import resolve_dtype, visible_devices
 from memfit_gpu.digests import file_sha256, text_sha256
 from memfit_gpu.evaluate.judge import reader_config_for_judge
+from memfit_gpu.methods.registry import method_entry
 from memfit_gpu.models import origin, resolve
 from memfit_gpu.readers.prompts import (
     BEAM_FILES,
     LONGMEMEVAL_JUDGE_FILES,
     MEMGALLERY_FILES,
-    PROMPT_DIR,
     BeamPrompts,
     judge_kind,
     load_prompt,
@@ -153,10 +153,16 @@ def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None =
             "prompts": prompts}
 
 
+# provenance.json's key for a method's own prompts: its name, except lightmem_slm's (recorded as "lightmem"
+# since before the registry held prompt folders; run directories compare it on resume)
+_PROMPT_RECORD_NAMES = {"lightmem_slm": "lightmem"}
+
+
 def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str, str]]:
     """The sha256 of each prompt file the reader's calls are made from: the answer prompt (MemGallery's
     official files under its protocol; the multimodal variant when images are sent), the summary prompt
-    when summaries are on, LightMem's four prompts for method=lightmem_slm."""
+    when summaries are on, and the files of the method's own prompt folder (its registry entry's `prompts`:
+    LightMem's four for method=lightmem_slm)."""
     out: dict[str, dict[str, str]] = {}
     protocol = resolve_protocol(cfg.reader.protocol, benchmark.name)
     if protocol == "beam":
@@ -169,10 +175,11 @@ def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str
         out["answer"] = _prompt_hashes([cfg.reader.prompt, *(["answer_multimodal.txt"] if multimodal else [])])
     if cfg.summary.enabled:
         out["summary"] = _prompt_hashes([cfg.summary.prompt])
-    if cfg.method == "lightmem_slm":
-        folder = Path(cfg.lightmem.prompt_dir)
-        folder = folder if folder.is_absolute() else Path(str(PROMPT_DIR)) / folder
-        out["lightmem"] = _prompt_hashes(sorted(p.name for p in folder.glob("*.txt")), str(folder))
+    entry = method_entry(cfg.method)
+    if entry.prompts is not None:  # the method's own prompt folder (its registry entry)
+        folder = entry.prompts(cfg)
+        out[_PROMPT_RECORD_NAMES.get(cfg.method, cfg.method)] = _prompt_hashes(
+            sorted(p.name for p in folder.glob("*.txt")), str(folder))
     return out
 
 
