@@ -31,7 +31,7 @@ from memfit_gpu.data.schema import DataError  # noqa: E402
 from memfit_gpu.faults import TRACE_ENV  # noqa: E402
 from memfit_gpu.live import Memory, TurnConflictError, UnknownUserError, live_methods  # noqa: E402
 from memfit_gpu.locks import DirectoryBusyError  # noqa: E402
-from memfit_gpu.methods.lightmem import mtm_windows  # noqa: E402
+from memfit_gpu.methods.common import mtm_windows  # noqa: E402
 from memfit_gpu.methods.naive_rag import chunk_history  # noqa: E402
 from memfit_gpu.readers.ledger import Ledger  # noqa: E402
 from memfit_gpu.retrieve.view import ReadView  # noqa: E402

@@ -34,9 +34,9 @@ from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.common import TurnTable
+from memfit_gpu.methods.common import TurnTable, mtm_windows
 from memfit_gpu.methods.full_context import FullContext
-from memfit_gpu.methods.lightmem import due_consolidations, mtm_windows
+from memfit_gpu.methods.lightmem import due_consolidations
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.packs import questions_of
 from memfit_gpu.readers.ledger import Ledger

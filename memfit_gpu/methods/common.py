@@ -95,3 +95,21 @@ def diagnostics_for(table: Any, questions: Sequence[Question], ranked: Sequence[
     diagnostics, records = compute_diagnostics(results, questions, table, reranker={"backend": "none"})
     diagnostics["method"] = method
     return diagnostics, records
+
+
+# LightMem's MTM windows: the unit its write path batches turns in and the growth analysis counts points in
+# (run/growth.py), so that every growth method cuts a user's history at the same turn.
+def mtm_windows(sessions: Sequence[int], window: int, final: bool) -> list[list[int]]:
+    """Positions (0..n-1) of each MTM window over a user's turns, given each turn's session: runs of
+    `window` turns within a session. The last window of the last session is open (not returned) while it
+    is short and the history may still grow (`final` False)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for position, session in enumerate(sessions):
+        if current and (session != sessions[current[0]] or len(current) == window):
+            out.append(current)
+            current = []
+        current.append(position)
+    if current and (final or len(current) == window):
+        out.append(current)
+    return out

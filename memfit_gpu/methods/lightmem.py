@@ -83,7 +83,7 @@ from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.factory import dense_index
 from memfit_gpu.methods.base import Hit, MethodRun, episode_hit
-from memfit_gpu.methods.common import diagnostics_for, pack_json
+from memfit_gpu.methods.common import diagnostics_for, mtm_windows, pack_json
 from memfit_gpu.methods.lightmem_noise import noise_hqs, noise_notes, noisy_entries, read_noise
 from memfit_gpu.methods.packs import pack_row
 from memfit_gpu.names import mentioned, normalise
@@ -113,22 +113,6 @@ Scored = tuple[Item, float]  # an item and its cosine to an HQ
 
 
 # ---------------------------------------------------------------------------------------------- write side
-def mtm_windows(sessions: Sequence[int], window: int, final: bool) -> list[list[int]]:
-    """Positions (0..n-1) of each MTM window over a user's turns, given each turn's session: runs of
-    `window` turns within a session. The last window of the last session is open (not returned) while it
-    is short and the history may still grow (`final` False)."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    for position, session in enumerate(sessions):
-        if current and (session != sessions[current[0]] or len(current) == window):
-            out.append(current)
-            current = []
-        current.append(position)
-    if current and (final or len(current) == window):
-        out.append(current)
-    return out
-
-
 def due_consolidations(entries: int, every: int, done: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """Consolidation batches due when a user has `entries` MTM entries: batch b covers entries
     [b * every, (b + 1) * every) and is due once all of them exist, unless done."""

@@ -3,7 +3,7 @@
 
 The same trajectory is scored cumulatively at several memory sizes, from one write of the whole
 trajectory. A growth point p is an MTM size as LightMem counts it: the end of a memory's p-th MTM window
-(`methods.lightmem.mtm_windows`: lightmem.mtm_window_turns turns of one session each), so every method is
+(`methods.common.mtm_windows`: lightmem.mtm_window_turns turns of one session each), so every method is
 scored at the same points of each memory's dialogue (a memory with fewer windows is whole at p). At point p:
 
 - the questions scored are those whose evidence turns all lie within the memory's first turns up to that
@@ -38,7 +38,7 @@ from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.methods.base import MethodRun
-from memfit_gpu.methods.lightmem import mtm_windows
+from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
 from memfit_gpu.readers.clean import clean_answer
 
