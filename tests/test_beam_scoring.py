@@ -36,7 +36,7 @@ from memfit_gpu.readers.prompts import (
     resolve_protocol,
 )
 from memfit_gpu.readers.types import Request, Response
-from memfit_gpu.run.preflight import check_beam_prompts
+from memfit_gpu.run.inputs import resolve_inputs
 from memfit_gpu.sweep.aggregate import aggregate, to_markdown
 from memfit_gpu.sweep.spec import load_sweep
 
@@ -268,7 +268,7 @@ def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, mo
     # BEAM's judge on a benchmark without rubrics is refused before a run starts
     with pytest.raises(ConfigError, match="eval.judge.prompt=beam scores BEAM's rubric items, which "
                                           "data.benchmark=locomo does not have"):
-        check_beam_prompts(load_config(None, ["eval.judge.enabled=true", "eval.judge.prompt=beam"]), source, judge=True)
+        resolve_inputs(load_config(None, ["eval.judge.enabled=true", "eval.judge.prompt=beam"]))
 
 
 # ------------------------------------------------------------------------------------------------ configs

@@ -27,7 +27,7 @@ from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.files import append_jsonl
 from memfit_gpu.readers.ledger import Ledger
-from memfit_gpu.run.inputs import data_record
+from memfit_gpu.run.inputs import data_record, resolve_inputs
 from memfit_gpu.run.judge_audit import PROBES, WRONG, AuditError, audit, negate, perturb, probes_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_an_audit_with_other_data_than_the_run_is_refused(small_locomo: Path, tm
     run_dir = make_run(tmp_path / "run", data)
     cfg = load_config(run_dir / "config.yaml")
     selected = select_from_config(load_benchmark("locomo", data), cfg.data)
-    provenance.write(run_dir, {"schema": provenance.SCHEMA, "data": data_record(cfg, selected)})
+    provenance.write(run_dir, {"schema": provenance.SCHEMA, "data": data_record(resolve_inputs(cfg), selected)})
     with open(data, "a") as handle:
         handle.write("\n")  # the same questions, another file
     with pytest.raises(AuditError, match=rf"differ from the run's: data.files.locomo.json.bytes was (\d+), now \d+ \({data}\)"):

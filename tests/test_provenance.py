@@ -21,7 +21,7 @@ from memfit_gpu import digests, provenance
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.data.stats import quirk_counts, quirk_kind
-from memfit_gpu.run.inputs import collect, model_uses
+from memfit_gpu.run.inputs import collect, model_uses, resolve_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
@@ -32,7 +32,7 @@ def record(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict:
     data = write_small_locomo(shared_data, tmp_path_factory.mktemp("data"), questions=4)
     cfg = load_config(SMOKE, [f"data.path={data}"])
     selected = select_from_config(load_benchmark("locomo", data), cfg.data)
-    return collect(cfg, selected, readers=False, command="test")
+    return collect(resolve_inputs(cfg, readers=False), selected, command="test")
 
 
 def test_a_resume_under_the_same_provenance_keeps_the_first_record(record: dict, tmp_path: Path):

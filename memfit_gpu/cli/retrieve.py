@@ -53,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
+    from memfit_gpu.run.inputs import resolve_inputs
     from memfit_gpu.run.offline import retrieve_with_method
     from memfit_gpu.run.preflight import check_can_start
 
@@ -64,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
     if args.limit_questions is not None:
         overrides.append(f"data.limit_questions={args.limit_questions}")
     cfg = load_config(args.config, overrides)
-    check_can_start(cfg, readers=False)
+    inputs = resolve_inputs(cfg, readers=False)  # retrieval alone: no reader, judge or prompts
+    check_can_start(inputs)
     out = Path(args.out)
-    diagnostics = retrieve_with_method(cfg, out, args.store)
+    diagnostics = retrieve_with_method(inputs, out, args.store)
     overall = diagnostics["overall"]
     print(json.dumps({"questions": overall["questions"], "method": cfg.method,
                       **{k: overall[k] for k in SUMMARY_KEYS if k in overall},

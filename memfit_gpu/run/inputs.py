@@ -1,23 +1,26 @@
 """A run's inputs: the benchmark files, the models its configuration loads, its prompt files and its judge.
 
-    model_uses(cfg)                     every model a configuration loads (preflight checks each is here)
-    collect(cfg, benchmark)             the run's provenance record (provenance.py: what each field means)
-    judge_record(cfg, benchmark)        the judge part of it (also what `memfit judge-audit` records)
+    inputs = resolve_inputs(cfg)        what a run of cfg reads, resolved once (RunInputs)
+    check_can_start(inputs)             preflight.py: each of them is here and usable
+    collect(inputs, benchmark)          the run's provenance record (provenance.py: what each field means)
+    judge_record(inputs, benchmark)     the judge part of it (also what `memfit judge-audit` records)
 
-`memfit run` writes the record before its first answer and compares it on every resume (pipeline.py);
-`memfit retrieve` writes it beside its packs (methods/offline.py).
+The facts a run derives from its configuration (its data files, its models, the judge's reader settings, the
+answer protocol and the judge's kind) are derived here once; preflight, provenance and the stages read the
+record instead of deriving them again. `memfit run` writes the provenance record before its first answer and
+compares it on every resume (run/pipeline.py); `memfit retrieve` writes it beside its packs (run/offline.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu import provenance
-from memfit_gpu.config import MemFitConfig
+from memfit_gpu.config import ConfigError, MemFitConfig, ReaderConfig
 from memfit_gpu.data import Benchmark, resolve_data_path
 from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.data.registry import benchmark_spec
@@ -77,6 +80,44 @@ def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = Tru
     return uses
 
 
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run of `cfg` reads, resolved once from its configuration (resolve_inputs)."""
+
+    cfg: MemFitConfig
+    files: tuple[Path, ...]  # the benchmark's files (data.benchmark, data.path, data.split)
+    models: tuple[ModelUse, ...]  # every model it loads (model_uses)
+    readers: bool  # a reader answers (memfit run); False: retrieval alone (memfit retrieve), no prompts
+    protocol: str | None  # the answer protocol (reader.protocol resolved for the benchmark); None without readers
+    judge: ReaderConfig | None  # the judge's reader settings (eval.judge over reader); None: no judge
+    judge_kind: str | None  # its prompt kind (eval.judge.prompt resolved for the benchmark)
+
+    def placed(self, cfg: MemFitConfig) -> RunInputs:
+        """The same inputs with `cfg` as the device plan placed it (index.device: where the encoders run)."""
+        return replace(self, cfg=cfg, models=tuple(model_uses(cfg, readers=self.readers,
+                                                              judge=self.judge is not None)))
+
+
+def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge: bool | None = None) -> RunInputs:
+    """The record of what a run of `cfg` reads; `judge` overrides eval.judge.enabled (the judge audit runs
+    the judge whatever the run did).
+
+    Raises:
+        ConfigError: BEAM's judge for another benchmark (it scores BEAM's rubric items).
+        DataNotFoundError: the benchmark's files are not found.
+    """
+    judged = readers and (cfg.eval.judge.enabled if judge is None else judge)
+    kind = judge_kind(cfg.data.benchmark, cfg.eval.judge.prompt) if judged else None
+    if kind == "beam" and cfg.data.benchmark != "beam":
+        raise ConfigError(f"eval.judge.prompt=beam scores BEAM's rubric items, which data.benchmark="
+                          f"{cfg.data.benchmark} does not have: use data.benchmark=beam or another judge")
+    return RunInputs(
+        cfg=cfg, files=tuple(resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)),
+        models=tuple(model_uses(cfg, readers=readers, judge=judged)), readers=readers,
+        protocol=resolve_protocol(cfg.reader.protocol, cfg.data.benchmark) if readers else None,
+        judge=reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None, judge_kind=kind)
+
+
 def model_record(use: ModelUse) -> dict[str, Any]:
     """What the record says of one model: its id, where its weights came from and their sha256, and an
     encoder's compute dtype (devices.resolve_dtype on index.device, as the encoder resolves it when it loads)."""
@@ -96,10 +137,10 @@ def model_record(use: ModelUse) -> dict[str, Any]:
     return record
 
 
-def data_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, Any]:
+def data_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, Any]:
     """The benchmark's files as read (bytes, sha256; named relative to their folder) and the quirks its
     loader handled, by kind."""
-    files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
+    cfg, files = inputs.cfg, inputs.files
     root = files[0].parent if len(files) == 1 else Path(os.path.commonpath([f.parent for f in files]))
     return {"benchmark": benchmark_spec(cfg.data.benchmark).name, "split": cfg.data.split, "root": str(root.resolve()),
             "files": {str(f.relative_to(root)): provenance.file_entry(f) for f in files},
@@ -131,14 +172,12 @@ def _beam_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str]:
     return {name: file_sha256(folder / name) for name in names}
 
 
-def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None = None) -> dict[str, Any]:
-    """The judge (eval.judge, through evaluate/judge.py's reader config): backend, model, kind and the
-    sha256 of each prompt file its kind reads; {"enabled": false} when the run has no judge (`enabled`
-    overrides eval.judge.enabled: the judge audit records the judge it runs)."""
-    if not (cfg.eval.judge.enabled if enabled is None else enabled):
+def judge_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, Any]:
+    """The judge (its reader settings, resolve_inputs): backend, model, kind and the sha256 of each prompt
+    file its kind reads; {"enabled": false} when the run has no judge."""
+    reader, kind = inputs.judge, inputs.judge_kind
+    if reader is None or kind is None:
         return {"enabled": False}
-    reader = reader_config_for_judge(cfg.eval.judge, cfg.reader)
-    kind = judge_kind(benchmark.name, cfg.eval.judge.prompt)
     if kind == "paper":
         prompts = _prompt_hashes(["judge.txt"])
     elif kind == "longmemeval":
@@ -158,13 +197,13 @@ def judge_record(cfg: MemFitConfig, benchmark: Benchmark, enabled: bool | None =
 _PROMPT_RECORD_NAMES = {"lightmem_slm": "lightmem"}
 
 
-def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str, str]]:
+def prompt_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, dict[str, str]]:
     """The sha256 of each prompt file the reader's calls are made from: the answer prompt (MemGallery's
     official files under its protocol; the multimodal variant when images are sent), the summary prompt
     when summaries are on, and the files of the method's own prompt folder (its registry entry's `prompts`:
     LightMem's four for method=lightmem_slm)."""
+    cfg, protocol = inputs.cfg, inputs.protocol
     out: dict[str, dict[str, str]] = {}
-    protocol = resolve_protocol(cfg.reader.protocol, benchmark.name)
     if protocol == "beam":
         out["answer"] = _beam_prompts(benchmark, [BEAM_FILES["prompts"]])
     elif protocol == "memgallery":
@@ -183,16 +222,16 @@ def prompt_record(cfg: MemFitConfig, benchmark: Benchmark) -> dict[str, dict[str
     return out
 
 
-def collect(cfg: MemFitConfig, benchmark: Benchmark, *, readers: bool = True, command: str = "memfit run") -> dict[str, Any]:
-    """The provenance record of a run of `cfg` over `benchmark` (the questions data.* selected; the
-    selection keeps the loader's quirks): readers=False for retrieval alone (`memfit retrieve`: no reader,
-    judge or prompts). Hashes what it records (each file once per process: digests.py)."""
+def collect(inputs: RunInputs, benchmark: Benchmark, *, command: str = "memfit run") -> dict[str, Any]:
+    """The provenance record of a run over `benchmark` (the questions data.* selected; the selection keeps the
+    loader's quirks); inputs resolved with readers=False (retrieval alone, `memfit retrieve`) record no
+    reader, judge or prompts. Hashes what it records (each file once per process: digests.py)."""
     return {
         "schema": provenance.SCHEMA, "written": provenance.now(), "command": command, "argv": list(sys.argv),
         **provenance.environment(),
-        "data": data_record(cfg, benchmark),
-        "categories": category_record(cfg, benchmark),
-        "models": {use.role: model_record(use) for use in model_uses(cfg, readers=readers)},
-        "judge": judge_record(cfg, benchmark) if readers else {"enabled": False},
-        "prompts": prompt_record(cfg, benchmark) if readers else {},
+        "data": data_record(inputs, benchmark),
+        "categories": category_record(inputs.cfg, benchmark),
+        "models": {use.role: model_record(use) for use in inputs.models},
+        "judge": judge_record(inputs, benchmark),
+        "prompts": prompt_record(inputs, benchmark) if inputs.readers else {},
     }

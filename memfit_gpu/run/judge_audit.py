@@ -49,7 +49,6 @@ from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     is_empty_prediction,
     parse_judge_reply,
-    reader_config_for_judge,
 )
 from memfit_gpu.evaluate.metrics import paper_tokens, score
 from memfit_gpu.evaluate.tables import category_name, category_order
@@ -58,11 +57,11 @@ from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait
 from memfit_gpu.months import MONTH_NAMES
 from memfit_gpu.readers.clean import reply_text
 from memfit_gpu.readers.ledger import Ledger
-from memfit_gpu.readers.prompts import BeamPrompts, build_judge_messages, judge_kind
+from memfit_gpu.readers.prompts import BeamPrompts, build_judge_messages
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.render import markdown_table
-from memfit_gpu.run.inputs import data_record, judge_record, model_record, model_uses
+from memfit_gpu.run.inputs import RunInputs, data_record, judge_record, model_record, resolve_inputs
 from memfit_gpu.run.preflight import check_judge_can_start
 
 log = logging.getLogger(__name__)
@@ -224,7 +223,7 @@ def _block(items: Sequence[Mapping[str, Any]], questions: int) -> dict[str, Any]
     return block
 
 
-def _check_data(run_dir: Path, cfg: MemFitConfig, selected: Any) -> None:
+def _check_data(run_dir: Path, inputs: RunInputs, selected: Any) -> None:
     """The benchmark files must be the ones the run read (its provenance.json), else the questions and
     golds the audit asks about are not the run's."""
     record = provenance.read(run_dir)
@@ -232,7 +231,7 @@ def _check_data(run_dir: Path, cfg: MemFitConfig, selected: Any) -> None:
         log.warning("%s has no %s (a run made before memfit recorded provenance): the benchmark files are not "
                     "checked against the run's", run_dir, provenance.FILE)
         return
-    now = {"data": data_record(cfg, selected)}
+    now = {"data": data_record(inputs, selected)}
     changed = [d for d in provenance.differences({"data": record.get("data")}, now, ("data",))
                if not d.field.startswith("data.quirks")]
     if changed:
@@ -273,7 +272,8 @@ def audit(run_dir: str | Path, overrides: Sequence[str] = (), seed: int | None =
 def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, progress: bool) -> dict[str, Any]:
     bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
     selected = select_from_config(bench, cfg.data)
-    _check_data(run_dir, cfg, selected)
+    inputs = resolve_inputs(cfg, judge=True)  # the judge the audit runs, whether the run had one or not
+    _check_data(run_dir, inputs, selected)
     by_id = {q.question_id: q for q in selected.questions()}
     rows = [r for r in read_jsonl(run_dir / "predictions.jsonl", repair=False) if r.get("evaluated", True)]
     unknown = [r["question_id"] for r in rows if r["question_id"] not in by_id]
@@ -284,7 +284,7 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         raise AuditError(f"{run_dir / 'predictions.jsonl'}: no scored question to audit")
     questions = [by_id[r["question_id"]] for r in rows]
     variant = cfg.eval.table_metric
-    kind = judge_kind(bench.name, cfg.eval.judge.prompt)
+    kind = inputs.judge_kind
     probes = probes_for(questions, seed)
     for row, q in zip(rows, questions, strict=True):
         stored = (row.get("scores") or {}).get(variant) or {}
@@ -293,10 +293,10 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         judged = reply_text(row.get("raw_output")) if kind == "beam" else str(row.get("prediction") or "")
         probes.append(Probe(q.question_id, q.category, "prediction", judged, None, f1))
 
-    check_judge_can_start(cfg)
+    check_judge_can_start(inputs)
     if kind == "beam":
-        return _report(run_dir, cfg, seed, runs_own, bench, selected, questions, probes,
-                       *_beam_outcomes(run_dir, cfg, bench, by_id, probes, progress))
+        return _report(run_dir, inputs, seed, runs_own, bench, selected, questions, probes,
+                       *_beam_outcomes(run_dir, inputs, bench, by_id, probes, progress))
     memgallery_dir = benchmark_folder(bench.source) if kind == "memgallery" else None
     outcomes: list[str | None] = [None] * len(probes)
     requests, where = [], []
@@ -314,7 +314,7 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
 
     ledger_path = run_dir / "ledger.json"
     ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
-    reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), run_dir, ledger=ledger,
+    reader = make_reader(inputs.judge, run_dir, ledger=ledger,
                          progress=progress)
     made = 0
     try:
@@ -328,13 +328,14 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
         reader.close()
     log.info("judge audit: %d judge requests, %d made now, %d from the cache (ledger.json: role judge)",
              len(requests), made, len(requests) - made)
-    return _report(run_dir, cfg, seed, runs_own, bench, selected, questions, probes, outcomes, len(requests))
+    return _report(run_dir, inputs, seed, runs_own, bench, selected, questions, probes, outcomes, len(requests))
 
 
-def _beam_outcomes(run_dir: Path, cfg: MemFitConfig, bench: Any, by_id: Mapping[str, Question],
+def _beam_outcomes(run_dir: Path, inputs: RunInputs, bench: Any, by_id: Mapping[str, Question],
                    probes: Sequence[Probe], progress: bool) -> tuple[list[str | None], int]:
     """Every probe scored by BEAM's judge (all probes' calls in one batch per alignment step), its outcome,
     and how many judge requests that took."""
+    cfg = inputs.cfg
     judge = BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam)
     items = []
     for probe in probes:
@@ -343,7 +344,7 @@ def _beam_outcomes(run_dir: Path, cfg: MemFitConfig, bench: Any, by_id: Mapping[
         items.append(BeamItem(key, q.question, q.category, list(q.extra.get("rubric") or []), probe.candidate))
     ledger_path = run_dir / "ledger.json"
     ledger = Ledger.load(ledger_path) if ledger_path.exists() else Ledger()
-    reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), run_dir, ledger=ledger,
+    reader = make_reader(inputs.judge, run_dir, ledger=ledger,
                          progress=progress)
     asked = 0
 
@@ -371,10 +372,11 @@ def _beam_outcomes(run_dir: Path, cfg: MemFitConfig, bench: Any, by_id: Mapping[
     return outcomes, asked
 
 
-def _report(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, bench: Any, selected: Any,
+def _report(run_dir: Path, inputs: RunInputs, seed: int, runs_own: bool, bench: Any, selected: Any,
             questions: Sequence[Question], probes: Sequence[Probe], outcomes: Sequence[str | None],
             judge_requests: int) -> dict[str, Any]:
     """judge_audit.json and judge_audit.md from every probe's outcome."""
+    cfg = inputs.cfg
     variant = cfg.eval.table_metric
     items = [{"question_id": p.question_id, "category": p.category, "kind": p.kind, "candidate": p.candidate,
               "expected": p.expected, **({"f1": p.f1} if p.f1 is not None else {}), "outcome": outcomes[i]}
@@ -382,9 +384,9 @@ def _report(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, bench: 
     order = category_order([q.category for q in questions])
     report = {
         "run_dir": str(run_dir), "benchmark": bench.name, "seed": seed,
-        "judge": judge_record(cfg, selected, enabled=True), "judge_of_the_run": runs_own,
+        "judge": judge_record(inputs, selected), "judge_of_the_run": runs_own,
         # the judge's model as provenance.json records a model (its weights' sha256 when they load here)
-        "judge_model": next(model_record(u) for u in model_uses(cfg, retrieval=False, judge=True) if u.role == "judge"),
+        "judge_model": next(model_record(u) for u in inputs.models if u.role == "judge"),
         "agreement_metric": f"{variant} F1 >= {AGREEMENT_F1}",
         "questions": len(questions), "judge_requests": judge_requests, "probes": PROBES,
         "overall": _block(items, len(questions)),

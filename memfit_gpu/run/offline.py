@@ -1,6 +1,6 @@
 """`memfit retrieve` for any method whose read path calls no LLM: packs.jsonl and diagnostics.json.
 
-The same seam as `memfit run` (pipeline.py): the method from the registry, `write` then `read` over the
+The same seam as `memfit run` (run/pipeline.py): the method from the registry, `write` then `read` over the
 questions of `packs.questions_of`, rows written by `packs.write_packs`; so for one configuration both
 commands give the same rows. No reader is loaded: MemFit retrieves without summaries unless `store_path`
 names a store that holds them; full_context bounds the history by reader.max_prompt_chars and
@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu import provenance
-from memfit_gpu.config import ConfigError, MemFitConfig, to_dict
+from memfit_gpu.config import ConfigError, to_dict
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import questions_of, write_packs
 from memfit_gpu.methods.registry import method_entry
-from memfit_gpu.run.inputs import collect
+from memfit_gpu.run.inputs import RunInputs, collect
 
 
-def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
-    """Write OUT/provenance.json, OUT/packs.jsonl and OUT/diagnostics.json for cfg.method; returns
-    diagnostics.json's content.
+def retrieve_with_method(inputs: RunInputs, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
+    """Write OUT/provenance.json, OUT/packs.jsonl and OUT/diagnostics.json for the method of `inputs.cfg`
+    (inputs resolved with readers=False, checked by preflight); returns diagnostics.json's content.
 
     Args:
         store_path: an existing EpisodeStore directory to read (keeps its summaries; never written); None
@@ -32,6 +32,7 @@ def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | 
         ConfigError: cfg.method needs a reader to retrieve (lightmem_slm).
         FileNotFoundError: the store at `store_path` lacks memories of the benchmark.
     """
+    cfg = inputs.cfg
     entry = method_entry(cfg.method)
     if not entry.reader_free:
         raise ConfigError(f"method={cfg.method} retrieves with LLM calls (small language models): "
@@ -42,7 +43,7 @@ def retrieve_with_method(cfg: MemFitConfig, out: Path, store_path: str | Path | 
                                        cfg.data)
         out.mkdir(parents=True, exist_ok=True)
         # what made these packs (no reader, judge or prompts: retrieval alone), before the packs themselves
-        provenance.write(out, collect(cfg, benchmark, readers=False, command="memfit retrieve"))
+        provenance.write(out, collect(inputs, benchmark, command="memfit retrieve"))
     method = entry.make()
     run = MethodRun(cfg, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
                     stage=clock.stage, store_path=None if store_path is None else Path(store_path))

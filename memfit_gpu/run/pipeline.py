@@ -44,7 +44,6 @@ from memfit_gpu.evaluate.judge import (
     empty_verdict,
     is_empty_prediction,
     parse_judge_reply,
-    reader_config_for_judge,
 )
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import render_markdown, summarize
@@ -61,14 +60,13 @@ from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.prompts import (
     BeamPrompts,
     build_judge_messages,
-    judge_kind,
 )
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.readers.types import Request
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
 from memfit_gpu.run.depths import check_depths, render_depths, run_depths
 from memfit_gpu.run.growth import check_growth, run_growth
-from memfit_gpu.run.inputs import collect
+from memfit_gpu.run.inputs import RunInputs, collect, resolve_inputs
 from memfit_gpu.run.preflight import check_can_start
 from memfit_gpu.run.tracking import Tracker
 
@@ -164,20 +162,22 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
         # before config.yaml: a run refused here leaves the directory free for the corrected one
         check_growth(cfg)
         check_depths(cfg)
-        plan = check_can_start(cfg)
+        inputs = resolve_inputs(cfg)  # what the run reads, resolved once: preflight and the stages read it
+        plan = check_can_start(inputs)
         _check_config(cfg, out)
         # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
         # keeps the configuration as given, so a resume on another node plans again
-        return _run_locked(cfg, out, progress, plan.placed(cfg), allow_provenance_change)
+        return _run_locked(inputs, out, progress, plan.placed(cfg), allow_provenance_change)
 
 
-def _run_locked(cfg: MemFitConfig, out: Path, progress: bool, placed: MemFitConfig,
+def _run_locked(inputs: RunInputs, out: Path, progress: bool, placed: MemFitConfig,
                 allow_provenance_change: bool) -> dict[str, Any]:
+    cfg = inputs.cfg
     timer = StageTimer.load(out / "timings.json")
 
     tracker = Tracker.start(cfg, out)
     try:
-        metrics = _run_stages(cfg, out, timer, progress, placed, tracker, allow_provenance_change)
+        metrics = _run_stages(inputs, out, timer, progress, placed, tracker, allow_provenance_change)
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
@@ -203,9 +203,10 @@ def _log_report(tracker: Tracker, out: Path) -> None:
     tracker.log_files("report", [report.path])
 
 
-def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
+def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
                 tracker: Tracker, allow_provenance_change: bool) -> dict[str, Any]:
-    """The stages; `placed` is `cfg` with index.device as the device plan placed retrieval (encoders, BM25)."""
+    """The stages; `placed` is the config with index.device as the device plan placed retrieval (encoders, BM25)."""
+    cfg = inputs.cfg
     with timer.stage("load"):
         bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
         selected = select_from_config(bench, cfg.data)
@@ -214,7 +215,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
         # before any LLM call: what makes this run's numbers, compared on every resume
-        record = collect(placed, selected)  # placed: the encoders' dtype is resolved where they run
+        record = collect(inputs.placed(placed), selected)  # placed: the encoders' dtype is resolved where they run
         if not (out / provenance.FILE).exists() and (out / "predictions.jsonl").exists():
             log.warning("%s: a directory started by a memfit that recorded no provenance: recorded now, after its "
                         "first answers (recorded_late)", out)
@@ -262,16 +263,16 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
         packs = _method_packs(out, timer, method_run)
 
         with timer.stage("answer"):
-            _answer(cfg, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress, text_encode)
+            _answer(inputs, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress, text_encode)
 
-        if cfg.eval.growth_points:  # issue 24: the same trajectory scored at several memory sizes
+        if cfg.eval.growth_points:  # the same trajectory scored at several memory sizes
             with timer.stage("growth"):
                 run_growth(cfg, out, method_run, answer_requests(cfg, bench, get_reader()), ledger_saved,
                            text_encode if "sbert" in cfg.eval.text_metrics else None)
 
         if cfg.eval.pack_cutoffs:  # the paper's Table 10: the same ranking answered at each pack depth
             with timer.stage("depths"):
-                judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
+                judge = _Judge(inputs, out, ledger, progress, bench) if inputs.judge is not None else None
                 try:
                     run_depths(cfg, out, method_run, packs, answer_requests(cfg, bench, get_reader()), ledger_saved,
                                text_encode if "sbert" in cfg.eval.text_metrics else None, judge, bench.name)
@@ -283,7 +284,7 @@ def _run_stages(cfg: MemFitConfig, out: Path, timer: StageTimer, progress: bool,
             # the weights that embedded (loaded here when a resumed run had answered everything before)
             text_settings = text_metrics.settings(
                 cfg.eval.text_metrics, sbert_encoder().info() if "sbert" in cfg.eval.text_metrics else None)
-            metrics = _score(cfg, out, bench, questions, ledger, timer, record, text_settings)
+            metrics = _score(inputs, out, bench, questions, ledger, timer, record, text_settings)
     finally:
         if reader is not None:
             reader.close()
@@ -313,7 +314,7 @@ def _method_packs(out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dic
 
 
 
-def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question],
+def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Question],
             packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool,
             text_encode: Callable[[list[str]], Any] | None = None) -> None:
     """One answer call per question, appended to predictions.jsonl a batch at a time.
@@ -326,6 +327,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
     the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
     count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
     after its retries) gets no row; once the others are written, UnansweredError counts them."""
+    cfg = inputs.cfg
     make_request = answer_requests(cfg, bench, reader)
 
     def request_for(q: Question) -> tuple[Request, dict[str, int]]:
@@ -338,7 +340,7 @@ def _answer(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Ques
         log.info("answer: %d questions already answered, %d to go", len(answered), len(todo))
     _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
                       ledger, ledger_path)
-    judge = _Judge(cfg, out, ledger, progress, bench) if cfg.eval.judge.enabled else None
+    judge = _Judge(inputs, out, ledger, progress, bench) if inputs.judge is not None else None
     judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
     waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any] | None]] | None]] = deque()
     bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
@@ -437,14 +439,14 @@ class _Judge:
     yes/no prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
     the reply as the reader wrote it), the paper's CORRECT/WRONG judge otherwise."""
 
-    def __init__(self, cfg: MemFitConfig, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
-        self.cfg = cfg
-        self.kind = judge_kind(bench.name, cfg.eval.judge.prompt)
+    def __init__(self, inputs: RunInputs, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
+        assert inputs.judge is not None and inputs.judge_kind is not None, "a judge for a run without one"
+        self.cfg = cfg = inputs.cfg
+        self.kind = inputs.judge_kind
         self.memgallery_dir = memgallery_dir_of(bench) if self.kind == "memgallery" else None
         self.beam = (beam_scoring.BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam) if self.kind == "beam"
                      else None)
-        self.reader = make_reader(reader_config_for_judge(cfg.eval.judge, cfg.reader), out, ledger=ledger,
-                                  progress=progress)
+        self.reader = make_reader(inputs.judge, out, ledger=ledger, progress=progress)
 
     def __call__(self, questions: list[Question], predictions: list[str],
                  raw_outputs: list[str] | None = None) -> list[dict[str, Any] | None]:
@@ -483,8 +485,9 @@ def _beam_references(questions: list[Question]) -> dict[str, bool]:
     return references
 
 
-def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
+def _score(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
            timer: StageTimer, record: dict[str, Any], text_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = inputs.cfg
     rows = read_jsonl(out / "predictions.jsonl")
     by_id: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -499,7 +502,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
     except LedgerCheckError as exc:
         raise RunError(f"{out / 'ledger.json'}: {exc}") from None
     ordered = [by_id[q.question_id] for q in questions]
-    metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=cfg.eval.judge.enabled, benchmark=bench.name,
+    metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=inputs.judge is not None, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics["name"] = cfg.name
     metrics["benchmark"] = bench.name
@@ -517,7 +520,7 @@ def _score(cfg: MemFitConfig, out: Path, bench: Benchmark, questions: list[Quest
         metrics["growth"] = json.loads((out / "growth.json").read_text())
     if cfg.eval.pack_cutoffs:
         metrics["depths"] = json.loads((out / "depths.json").read_text())
-    if cfg.eval.judge.enabled and judge_kind(bench.name, cfg.eval.judge.prompt) == "beam":
+    if inputs.judge_kind == "beam":
         # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
         metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))
         metrics["beam"]["scoring"] = to_dict(cfg)["eval"]["beam"]

@@ -4,7 +4,7 @@ A refusal here is one line (exit code 2 from the CLI) naming the setting to chan
 directory as it was, so the corrected command works in the same --out directory. Checked, cheapest first:
 - the benchmark's files exist (data.benchmark, data.path, data.split);
 - index.device names devices this machine has;
-- weights are on disk for every model the configuration loads (inputs.model_uses: the encoder, the
+- weights are on disk for every model the configuration loads (RunInputs.models: the encoder, the
   cross-encoder with rerank.backend=cross-encoder, every reader whose backend loads weights: reader.model;
   eval.judge.model when the judge is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
@@ -16,7 +16,8 @@ directory as it was, so the corrected command works in the same --out directory.
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).
 
-The plan it returns says where the run puts retrieval (`Plan.placed`).
+It reads what inputs.resolve_inputs resolved (the files, the models, the protocol, the judge): resolving the
+benchmark's files is the first check. The plan it returns says where the run puts retrieval (`Plan.placed`).
 """
 
 from __future__ import annotations
@@ -25,58 +26,54 @@ import logging
 from pathlib import Path
 
 from memfit_gpu.config import ConfigError, MemFitConfig
-from memfit_gpu.data import resolve_data_path
 from memfit_gpu.data.fetch import files_for
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.digests import file_sha256
-from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
-from memfit_gpu.readers.prompts import BEAM_FILES, BeamPrompts, judge_kind, load_prompt, resolve_protocol
+from memfit_gpu.readers.prompts import BEAM_FILES, BeamPrompts, load_prompt
 from memfit_gpu.readers.registry import backend_entry
-from memfit_gpu.run.inputs import model_uses
+from memfit_gpu.run.inputs import RunInputs
 
 log = logging.getLogger(__name__)
 
 
-def check_can_start(cfg: MemFitConfig, *, readers: bool = True) -> Plan:
-    """Raise (ConfigError, DataNotFoundError, MissingWeightsError, PromptError) when `cfg` cannot run here;
-    else return its device plan. readers=False skips the reader and judge checks (retrieval alone)."""
-    files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
+def check_can_start(inputs: RunInputs) -> Plan:
+    """Raise (ConfigError, DataNotFoundError, MissingWeightsError, PromptError) when the run cannot start
+    here; else return its device plan. Inputs resolved with readers=False (retrieval alone) skip the reader
+    and judge checks."""
+    cfg = inputs.cfg
     try:
         visible_devices(cfg.index.device)
     except RuntimeError as exc:
         raise ConfigError(f"index.device={cfg.index.device!r} cannot be used here: {exc} "
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
-    for use in model_uses(cfg, readers=False):
-        resolve(use.kind, use.name)
-    if not readers:
+    for use in inputs.models:
+        if use.role in ("encoder", "cross_encoder"):
+            resolve(use.kind, use.name)
+    if not inputs.readers:
         return _fitting_plan(cfg, readers=False)
     template = load_prompt(cfg.reader.prompt)
     if len(template) >= cfg.reader.max_prompt_chars:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
                           f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
-    check_beam_prompts(cfg, files[0], judge=cfg.eval.judge.enabled)
+    check_beam_prompts(inputs)
     plan = _fitting_plan(cfg, readers=True)
-    _check_readers(cfg, judge=cfg.eval.judge.enabled)
+    _check_readers(inputs)
     return plan
 
 
-def check_beam_prompts(cfg: MemFitConfig, data_file: Path, judge: bool, answers: bool = True) -> BeamPrompts | None:
-    """BEAM's prompts when the answer protocol (`answers`: they are made) or the judge (`judge`: it runs) reads
-    them (PromptError, one line
-    naming where they were looked for and `memfit data fetch beam`, when they are not there); None otherwise.
-    Files that differ from the pinned commit's are used, with a warning: the run's numbers are then not made
-    with BEAM's own prompts (provenance.json records their sha256 either way)."""
-    answers = answers and resolve_protocol(cfg.reader.protocol, cfg.data.benchmark) == "beam"
-    judged = judge and judge_kind(cfg.data.benchmark, cfg.eval.judge.prompt) == "beam"
+def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> BeamPrompts | None:
+    """BEAM's prompts when the answer protocol (`answers`: they are made) or the judge reads them (PromptError,
+    one line naming where they were looked for and `memfit data fetch beam`, when they are not there); None
+    otherwise. Files that differ from the pinned commit's are used, with a warning: the run's numbers are
+    then not made with BEAM's own prompts (provenance.json records their sha256 either way)."""
+    answers = answers and inputs.protocol == "beam"
+    judged = inputs.judge_kind == "beam"
     if not (answers or judged):
         return None
-    if judged and cfg.data.benchmark != "beam":
-        raise ConfigError(f"eval.judge.prompt=beam scores BEAM's rubric items, which data.benchmark="
-                          f"{cfg.data.benchmark} does not have: use data.benchmark=beam or another judge")
-    prompts = BeamPrompts.find(data_file)
+    prompts = BeamPrompts.find(inputs.files[0])
     pinned = {e["path"]: e.get("sha256") for e in files_for("beam")}
     for name in BEAM_FILES.values():
         path = Path(prompts.folder) / name
@@ -87,19 +84,19 @@ def check_beam_prompts(cfg: MemFitConfig, data_file: Path, judge: bool, answers:
     return prompts
 
 
-def check_judge_can_start(cfg: MemFitConfig) -> None:
-    """The checks of check_can_start for eval.judge alone, on or off (`memfit judge-audit` runs it): its
-    servers answer, its weights are on disk, BEAM's prompt files are there when it is BEAM's judge."""
-    if judge_kind(cfg.data.benchmark, cfg.eval.judge.prompt) == "beam":
-        files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
-        check_beam_prompts(cfg, files[0], judge=True, answers=False)
-    _check_readers(cfg, judge=True, reader=False)
+def check_judge_can_start(inputs: RunInputs) -> None:
+    """The checks of check_can_start for the judge alone (`memfit judge-audit` runs it, with inputs resolved
+    with judge=True): its servers answer, its weights are on disk, BEAM's prompt files are there when it is
+    BEAM's judge."""
+    check_beam_prompts(inputs, answers=False)
+    _check_readers(inputs, reader=False)
 
 
-def _check_readers(cfg: MemFitConfig, judge: bool, reader: bool = True) -> None:
+def _check_readers(inputs: RunInputs, reader: bool = True) -> None:
+    cfg = inputs.cfg
     roles = [("reader", cfg.reader)] if reader else []
-    if judge:
-        roles.append(("eval.judge", reader_config_for_judge(cfg.eval.judge, cfg.reader)))
+    if inputs.judge is not None:
+        roles.append(("eval.judge", inputs.judge))
     for key, settings in roles:
         urls = backend_entry(settings.backend).urls(settings)  # the backend's registry entry says what it calls
         if urls:
@@ -107,8 +104,8 @@ def _check_readers(cfg: MemFitConfig, judge: bool, reader: bool = True) -> None:
             own = key == "reader" or bool(cfg.eval.judge.base_urls)
             probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", urls, settings.api_key_env,
                             timeout_s=min(settings.timeout_s, PROBE_TIMEOUT_S))
-    for use in model_uses(cfg, retrieval=False, judge=judge):  # the readers whose backend loads weights here
-        if use.weights and (reader or use.role == "judge"):
+    for use in inputs.models:  # the readers whose backend loads weights here
+        if use.weights and (use.role == "judge" or (reader and use.role == "reader")):
             resolve(use.kind, use.name)
 
 
