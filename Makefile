@@ -43,7 +43,7 @@ test: $(STAMP)
 	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf VLLM_CACHE_ROOT=$$cache/vllm OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 	  --no-loadscope-reorder --durations=40 $(TESTS); rc=$$?; rm -rf "$$cache"; exit $$rc
 
-# The GPU check (experiments/gpu_check.py, docs/benchmarks.md "GPU check"): assets prepared once into
+# The GPU check (experiments/gpu_check.py, docs/benchmarks/history.md "GPU check"): assets prepared once into
 # gpu_assets/ (ignored), then every stage on the GPU within GPU_CHECK_BUDGET seconds, ended by its watchdog
 # GPU_CHECK_MARGIN seconds later; gpu_check.json in GPU_CHECK_OUT. Exit 0 only on the verdict "pass". On a
 # bare GPU machine (no venv, no network) run the script with python3 instead: its docstring has the steps.
