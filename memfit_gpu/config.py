@@ -60,7 +60,7 @@ class IndexConfig:
     encode_batch_tokens: int = 0  # padded tokens (rows x width) per forward; 0 = auto: 2,048 on a CPU (cache-sized), 65,536 on a GPU (fills it)
     encoder_workers: str = "auto"  # replicas on several devices: threads (one process) | processes (one per device) | auto (processes for 2+ GPUs)
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
-    dtype: str = "auto"  # auto = float32 everywhere: the paper's fp32 packs (bf16: several times the rate on an AMX CPU, hit rates held, top-10 order not: docs/benchmarks.md) | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto = float32 everywhere: the paper's fp32 packs (bf16: several times the rate on an AMX CPU, hit rates held, top-10 order not: docs/benchmarks/history.md) | float32 | bf16 | fp16
     encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
@@ -107,8 +107,8 @@ class PRFConfig:
 @dataclass
 class BoostConfig:
     speaker: float = 0.10  # SPEC read path 2
-    month: float = 0.08
-    year: float = 0.05
+    month: float = 0.08  # SPEC read path 2: added when the question names the turn's month
+    year: float = 0.05  # SPEC read path 2: added when the question names the turn's year
     min_speaker_chars: int = 3  # names longer than 2 characters, whole word
     speaker_match: str = "speaker"  # speaker = the speaker's own turns (paper, released code) | mention = any turn naming them
 
@@ -203,10 +203,10 @@ class ReaderConfig:
 @dataclass
 class JudgeConfig:
     enabled: bool = False  # an LLM judge costs calls; off unless asked
-    backend: str = "transformers"
-    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    base_urls: list[str] = field(default_factory=list)
-    max_new_tokens: int = 128
+    backend: str = "transformers"  # as reader.backend: transformers | vllm | openai (the paper's judge is a server)
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the packaged reader, so a judged demo runs offline
+    base_urls: list[str] = field(default_factory=list)  # openai: the judge's servers (the paper configs: 127.0.0.1:8200)
+    max_new_tokens: int = 128  # room for a verdict and its short reason
     prompt: str = "auto"  # auto = paper judge (LoCoMo), graded (MemGallery), per-type (LongMemEval), rubric (BEAM)
 
 
@@ -237,12 +237,12 @@ class EvalConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
-    seed: int = 0
-    # issue 24: ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
+    seed: int = 0  # the bootstrap, the permutation test and judge-audit's probes: the same numbers on a rerun
+    # the LightMem-SLM paper's metrics: ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
     # embeddings) per question and category (evaluate/text_metrics.py); [] = F1/BLEU-1 only, as the paper
     text_metrics: list[str] = field(default_factory=list)
-    # issue 24: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
-    # whose evidence lies before that point, with the memory as it stood then (methods/growth.py); [] = none
+    # the LightMem-SLM paper's growth analysis: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
+    # whose evidence lies before that point, with the memory as it stood then (memfit_gpu/run/growth.py); [] = none
     growth_points: list[int] = field(default_factory=list)
     # Pack depths k (increasing) at which, after the run, every question is answered again on the top k of the
     # same ranking (one answer call per question per depth, role depth_answer; the paper's Table 10 from one
@@ -253,9 +253,9 @@ class EvalConfig:
 
 @dataclass
 class WandbConfig:
-    enabled: bool = False
-    project: str = "memfit"
-    entity: Optional[str] = None
+    enabled: bool = False  # W&B is opt-in: a run logs nothing outside its directory unless asked
+    project: str = "memfit"  # the W&B project runs are logged to
+    entity: Optional[str] = None  # the W&B team or user; None = the account's default
     group: Optional[str] = None  # a sweep sets this to its name
     mode: str = "offline"  # online | offline | disabled
 
@@ -265,7 +265,7 @@ class TrackingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
-# ---- issue 15: the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
+# ---- the memory systems other than MemFit (memfit_gpu/methods), each reads only its section
 # memfit: the paper's system; plain: the same store and hybrid + rerank with every MemFit addition off
 # (configs/ablations/plain_retrieval.yaml as a method); naive_rag: fixed-size chunks, dense top-k;
 # full_context: the whole history in the prompt; lightmem_slm: LightMem driven by small models.
@@ -329,14 +329,14 @@ class LightMemConfig:
     rerank: bool = True  # SLM-2 re-ranking; false = coarse order (the paper's "w/o SLM-2 reranking")
     turn_chars: int = 300  # each turn shown to SLM-3 is cut to this many characters
     temperature: float = 0.0  # every SLM call is greedy: resumable, cacheable
-    mtm_max_new_tokens: int = 80
-    consolidate_max_new_tokens: int = 128
-    rewrite_max_new_tokens: int = 64
-    rerank_max_new_tokens: int = 32
+    mtm_max_new_tokens: int = 80  # SLM-3: one short MTM note per window
+    consolidate_max_new_tokens: int = 128  # LTM consolidation: a few graph updates per call
+    rewrite_max_new_tokens: int = 64  # SLM-1: the query rewrite, its HQs and routing marks
+    rerank_max_new_tokens: int = 32  # SLM-2: a ranked list of item numbers
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
     # false = no offline consolidation at all: LTM stays empty (the paper's Table 10 "no update" variant)
     ltm_updates: bool = True
-    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # issue 24: stress tests
+    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # the LightMem-SLM paper's stress tests
 
 
 @dataclass
@@ -353,21 +353,21 @@ class Mem0Config:
     temperature: float = 0.0
 
 
-# ---- issue 22: the live memory (memfit_gpu.Memory) and its server (memfit serve)
+# ---- the live memory (memfit_gpu.Memory) and its server (memfit serve)
 @dataclass
 class LiveConfig:
     # Off the query path, as the paper builds its summaries: "background" runs consolidate() on a worker
     # thread once a user has consolidate_after_turns new turns (MemFit: segment summaries; lightmem_slm:
     # MTM notes and LTM consolidation); "manual" only when Memory.consolidate() is called.
     consolidate: str = "background"
-    consolidate_after_turns: int = 64
+    consolidate_after_turns: int = 64  # new turns of a user before background consolidation runs
     # Appended turns are logged (fsynced) at once and indexed in memory; the index state is snapshotted
     # after this many turns (and on close), so a restart re-encodes at most this many.
     snapshot_after_turns: int = 1024
     # "on_add": each add encodes and indexes its own turns before it returns, keeping the MiniLM forward off
     # the query path; "deferred": an add returns once its turns are logged (fsynced) and in the metadata,
     # and the next read (search, answer, delete, snapshot, close) encodes every pending turn in one pass
-    # first (no search misses an acknowledged turn, but that search pays the encoding: docs/benchmarks.md).
+    # first (no search misses an acknowledged turn, but that search pays the encoding: docs/benchmarks/history.md).
     indexing: str = "on_add"
 
 
@@ -379,7 +379,7 @@ class ServeConfig:
     # Dynamic batching: concurrent searches (and answers, adds) that arrive within this window of the first,
     # or until max_batch are waiting, are answered by one batched call (max_batch 1 = one at a time).
     batch_window_ms: float = 5.0
-    max_batch: int = 64
+    max_batch: int = 64  # requests per batched call at most: bounds a batch's memory and its latency
     max_body_bytes: int = 1_048_576  # larger request bodies get 413
     max_turns_per_request: int = 1024  # more get 422
     max_queries_per_request: int = 64  # more get 422
@@ -405,12 +405,12 @@ class MemFitConfig:
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    # issue 15: settings of the other memory systems (memfit_gpu/methods); each method reads only its own
+    # settings of the other memory systems (memfit_gpu/methods); each method reads only its own
     naive_rag: NaiveRAGConfig = field(default_factory=NaiveRAGConfig)
     full_context: FullContextConfig = field(default_factory=FullContextConfig)
     lightmem: LightMemConfig = field(default_factory=LightMemConfig)
     mem0: Mem0Config = field(default_factory=Mem0Config)
-    # issue 22: memfit_gpu.Memory and memfit serve
+    # memfit_gpu.Memory and memfit serve
     live: LiveConfig = field(default_factory=LiveConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
 
