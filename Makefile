@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memfit-installed
 
-.PHONY: setup demo test lint bench clean-venv gpu-check
+.PHONY: setup demo test lint bench clean-venv gpu-check docs
 
 setup: $(STAMP)
 
@@ -56,7 +56,12 @@ gpu-check: $(STAMP)
 		--budget-s $(GPU_CHECK_BUDGET) --margin-s $(GPU_CHECK_MARGIN)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests
+	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests docs
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The docs site (mkdocs.yml, docs/): `make docs` builds it into site/ and fails on a broken link, a missing page or
+# an unresolvable API reference; `.venv/bin/mkdocs serve` shows it while you edit.
+docs: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/mkdocs build --strict
