@@ -237,12 +237,13 @@ class EvalConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
-    seed: int = 0  # the bootstrap, the permutation test and judge-audit's probes: the same numbers on a rerun
-    # the LightMem-SLM paper's metrics: ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
+    # the bootstrap, the permutation test and judge-audit's probes: the same numbers on a rerun
+    seed: int = 0
+    # ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
     # embeddings) per question and category (evaluate/text_metrics.py); [] = F1/BLEU-1 only, as the paper
     text_metrics: list[str] = field(default_factory=list)
-    # the LightMem-SLM paper's growth analysis: MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
-    # whose evidence lies before that point, with the memory as it stood then (memfit_gpu/run/growth.py); [] = none
+    # MTM sizes (LightMem entries per memory) at which the growth analysis scores the questions
+    # whose evidence lies before that point, with the memory as it stood then (run/growth.py); [] = none
     growth_points: list[int] = field(default_factory=list)
     # Pack depths k (increasing) at which, after the run, every question is answered again on the top k of the
     # same ranking (one answer call per question per depth, role depth_answer; the paper's Table 10 from one
@@ -336,7 +337,7 @@ class LightMemConfig:
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
     # false = no offline consolidation at all: LTM stays empty (the paper's Table 10 "no update" variant)
     ltm_updates: bool = True
-    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # the LightMem-SLM paper's stress tests
+    noise: LightMemNoiseConfig = field(default_factory=LightMemNoiseConfig)  # stress tests
 
 
 @dataclass
