@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memfit-installed
 
-.PHONY: setup demo test lint bench clean-venv gpu-check
+.PHONY: setup demo test lint bench clean-venv gpu-check docs
 
 setup: $(STAMP)
 
@@ -43,7 +43,7 @@ test: $(STAMP)
 	MEMFIT_CACHE=$$cache HF_HOME=$$cache/hf VLLM_CACHE_ROOT=$$cache/vllm OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
 	  --no-loadscope-reorder --durations=40 $(TESTS); rc=$$?; rm -rf "$$cache"; exit $$rc
 
-# The GPU check (experiments/gpu_check.py, docs/benchmarks.md "GPU check"): assets prepared once into
+# The GPU check (experiments/gpu_check.py, docs/benchmarks/history.md "GPU check"): assets prepared once into
 # gpu_assets/ (ignored), then every stage on the GPU within GPU_CHECK_BUDGET seconds, ended by its watchdog
 # GPU_CHECK_MARGIN seconds later; gpu_check.json in GPU_CHECK_OUT. Exit 0 only on the verdict "pass". On a
 # bare GPU machine (no venv, no network) run the script with python3 instead: its docstring has the steps.
@@ -56,7 +56,12 @@ gpu-check: $(STAMP)
 		--budget-s $(GPU_CHECK_BUDGET) --margin-s $(GPU_CHECK_MARGIN)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests
+	$(VENV)/bin/ruff check memfit_gpu kernels experiments tests docs
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The docs site (mkdocs.yml, docs/): `make docs` builds it into site/ and fails on a broken link, a missing page or
+# an unresolvable API reference; `.venv/bin/mkdocs serve` shows it while you edit.
+docs: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/mkdocs build --strict

@@ -2,7 +2,7 @@
 encoders run) against torch's own `F.linear` (MKL), at MiniLM's layer shapes.
 
 Why it exists: the encoders route their linear layers through oneDNN because on the AMD EPYC host of
-2026-11-29 MKL's fp32 GEMM ran 1.1-1.8x slower (docs/benchmarks.md). On another CPU the gain may be gone,
+2026-11-29 MKL's fp32 GEMM ran 1.1-1.8x slower (docs/benchmarks/history.md). On another CPU the gain may be gone,
 and with it most of bench_encode's and bench_rerank's lead over sentence-transformers: this bench says
 which case a machine is, before anyone hunts for a regression in the encoders.
 

@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="The module docstring (experiments/bench_online.py) has the whole procedure; docs/benchmarks.md "
+        epilog="The module docstring (experiments/bench_online.py) has the whole procedure; docs/benchmarks/history.md "
                "'Online latency' the figures.")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo's locomo10.json (default: %(default)s)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG),

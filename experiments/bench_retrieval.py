@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batched-runs", type=int, default=5, help="batched runs per round")
     # Both paths run in this one process under the same setting; the batched path can use every core
     # (its tensors span all questions), the loop's batches of one barely can. --threads 1 shows the
-    # single-core figure (docs/benchmarks.md records both).
+    # single-core figure (docs/benchmarks/history.md records both).
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads while timing (0 = torch's default: every core)")
     parser.add_argument("overrides", nargs="*", help="config overrides (rerank.backend is forced to none)")

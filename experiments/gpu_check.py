@@ -1,7 +1,7 @@
 """The GPU check: one call on a bare single-GPU machine that says whether memfit_gpu on that GPU gives what
 it gives on the CPU, and how fast and how big it runs there, with a verdict that holds even if it is killed.
 
-The procedure (docs/benchmarks.md "GPU check" has the same, with the figures):
+The procedure (docs/benchmarks/history.md "GPU check" has the same, with the figures):
 
  1. On the CPU machine (a checkout after `make setup`), prepare the assets and make the dry run:
 
@@ -299,7 +299,7 @@ def _previous(path: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="The procedure, step by step, is this script's docstring and "
-                                            "docs/benchmarks.md (GPU check).")
+                                            "docs/benchmarks/history.md (GPU check).")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (a dry run of every code path)")
     parser.add_argument("--assets", default=str(REPO / "gpu_assets"), help="folder from prepare_gpu_check.py")
     parser.add_argument("--out", required=True, help="folder for gpu_check.json")

@@ -60,7 +60,7 @@ class IndexConfig:
     encode_batch_tokens: int = 0  # padded tokens (rows x width) per forward; 0 = auto: 2,048 on a CPU (cache-sized), 65,536 on a GPU (fills it)
     encoder_workers: str = "auto"  # replicas on several devices: threads (one process) | processes (one per device) | auto (processes for 2+ GPUs)
     device: str = "auto"  # auto = every visible GPU, else cpu; or "cpu", "cuda:0", ...
-    dtype: str = "auto"  # auto = float32 everywhere: the paper's fp32 packs (bf16: several times the rate on an AMX CPU, hit rates held, top-10 order not: docs/benchmarks.md) | float32 | bf16 | fp16
+    dtype: str = "auto"  # auto = float32 everywhere: the paper's fp32 packs (bf16: several times the rate on an AMX CPU, hit rates held, top-10 order not: docs/benchmarks/history.md) | float32 | bf16 | fp16
     encoder_backend: str = "packed"  # packed (batched, no work on padding) | sentence-transformers (the reference); both encoders
     bm25_k1: float = 1.5  # SPEC write path 2
     bm25_b: float = 0.75  # SPEC write path 2
@@ -107,8 +107,8 @@ class PRFConfig:
 @dataclass
 class BoostConfig:
     speaker: float = 0.10  # SPEC read path 2
-    month: float = 0.08
-    year: float = 0.05
+    month: float = 0.08  # SPEC read path 2: added when the question names the turn's month
+    year: float = 0.05  # SPEC read path 2: added when the question names the turn's year
     min_speaker_chars: int = 3  # names longer than 2 characters, whole word
     speaker_match: str = "speaker"  # speaker = the speaker's own turns (paper, released code) | mention = any turn naming them
 
@@ -206,10 +206,10 @@ class ReaderConfig:
 @dataclass
 class JudgeConfig:
     enabled: bool = False  # an LLM judge costs calls; off unless asked
-    backend: str = "transformers"
-    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    base_urls: list[str] = field(default_factory=list)
-    max_new_tokens: int = 128
+    backend: str = "transformers"  # as reader.backend: transformers | vllm | openai (the paper's judge is a server)
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the packaged reader, so a judged demo runs offline
+    base_urls: list[str] = field(default_factory=list)  # openai: the judge's servers (the paper configs: 127.0.0.1:8200)
+    max_new_tokens: int = 128  # room for a verdict and its short reason
     prompt: str = "auto"  # auto = paper judge (LoCoMo), graded (MemGallery), per-type (LongMemEval), rubric (BEAM)
 
 
@@ -240,6 +240,7 @@ class EvalConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
+    # the bootstrap, the permutation test and judge-audit's probes: the same numbers on a rerun
     seed: int = 0
     # ROUGE-L, ROUGE-2 (rouge-score), METEOR (nltk), SBERT (cosine of the run's bi-encoder
     # embeddings) per question and category (evaluate/text_metrics.py); [] = F1/BLEU-1 only, as the paper
@@ -256,9 +257,9 @@ class EvalConfig:
 
 @dataclass
 class WandbConfig:
-    enabled: bool = False
-    project: str = "memfit"
-    entity: Optional[str] = None
+    enabled: bool = False  # W&B is opt-in: a run logs nothing outside its directory unless asked
+    project: str = "memfit"  # the W&B project runs are logged to
+    entity: Optional[str] = None  # the W&B team or user; None = the account's default
     group: Optional[str] = None  # a sweep sets this to its name
     mode: str = "offline"  # online | offline | disabled
 
@@ -332,10 +333,10 @@ class LightMemConfig:
     rerank: bool = True  # SLM-2 re-ranking; false = coarse order (the paper's "w/o SLM-2 reranking")
     turn_chars: int = 300  # each turn shown to SLM-3 is cut to this many characters
     temperature: float = 0.0  # every SLM call is greedy: resumable, cacheable
-    mtm_max_new_tokens: int = 80
-    consolidate_max_new_tokens: int = 128
-    rewrite_max_new_tokens: int = 64
-    rerank_max_new_tokens: int = 32
+    mtm_max_new_tokens: int = 80  # SLM-3: one short MTM note per window
+    consolidate_max_new_tokens: int = 128  # LTM consolidation: a few graph updates per call
+    rewrite_max_new_tokens: int = 64  # SLM-1: the query rewrite, its HQs and routing marks
+    rerank_max_new_tokens: int = 32  # SLM-2: a ranked list of item numbers
     prompt_dir: str = "lightmem"  # folder under memfit_gpu/prompts/ (or a path) holding the four SLM prompts
     # false = no offline consolidation at all: LTM stays empty (the paper's Table 10 "no update" variant)
     ltm_updates: bool = True
@@ -363,14 +364,14 @@ class LiveConfig:
     # thread once a user has consolidate_after_turns new turns (MemFit: segment summaries; lightmem_slm:
     # MTM notes and LTM consolidation); "manual" only when Memory.consolidate() is called.
     consolidate: str = "background"
-    consolidate_after_turns: int = 64
+    consolidate_after_turns: int = 64  # new turns of a user before background consolidation runs
     # Appended turns are logged (fsynced) at once and indexed in memory; the index state is snapshotted
     # after this many turns (and on close), so a restart re-encodes at most this many.
     snapshot_after_turns: int = 1024
     # "on_add": each add encodes and indexes its own turns before it returns, keeping the MiniLM forward off
     # the query path; "deferred": an add returns once its turns are logged (fsynced) and in the metadata,
     # and the next read (search, answer, delete, snapshot, close) encodes every pending turn in one pass
-    # first (no search misses an acknowledged turn, but that search pays the encoding: docs/benchmarks.md).
+    # first (no search misses an acknowledged turn, but that search pays the encoding: docs/benchmarks/history.md).
     indexing: str = "on_add"
 
 
@@ -382,7 +383,7 @@ class ServeConfig:
     # Dynamic batching: concurrent searches (and answers, adds) that arrive within this window of the first,
     # or until max_batch are waiting, are answered by one batched call (max_batch 1 = one at a time).
     batch_window_ms: float = 5.0
-    max_batch: int = 64
+    max_batch: int = 64  # requests per batched call at most: bounds a batch's memory and its latency
     max_body_bytes: int = 1_048_576  # larger request bodies get 413
     max_turns_per_request: int = 1024  # more get 422
     max_queries_per_request: int = 64  # more get 422

@@ -17,7 +17,7 @@
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
 fp32 packs, except on a CPU with AMX, where bf16 runs several times faster and the packs stay within the
-measured tolerance (docs/benchmarks.md "Encoders in bf16"); a reader generates text, where bf16's range
+measured tolerance (docs/benchmarks/history.md "Encoders in bf16"); a reader generates text, where bf16's range
 matters more than its last bits.
 """
 
@@ -182,7 +182,7 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
     """The encoders' compute dtype: "auto" = float32 on every device; float32 / bf16 / fp16 when asked.
 
     fp32 keeps packs equal to the CPU/fp32 packs the paper's numbers come from. bf16 was measured over
-    LoCoMo's 1,540 questions (docs/benchmarks.md "Encoders in bf16"): hit@5 / hit@10 / pack hit stay within
+    LoCoMo's 1,540 questions (docs/benchmarks/history.md "Encoders in bf16"): hit@5 / hit@10 / pack hit stay within
     0.1 point of fp32's, but a top-10 list equals fp32's in order on 63 % of the questions (89 % as a set),
     far from the 97 % a default must keep, and a question encoded alone gets the batched pack on 99 % only;
     the noise is the GEMM inputs' rounding to bf16, which an AMX CPU does too. So bf16 is a choice
@@ -216,7 +216,7 @@ def _hint_amx(setting: str) -> None:
         return
     _hinted.add(setting)
     logger.info("%s=auto: float32. This CPU has AMX tiles, where bf16 GEMMs run several times faster: %s=bf16 holds "
-                "LoCoMo's hit rates but not fp32's top-10 order (docs/benchmarks.md \"Encoders in bf16\")", setting, setting)
+                "LoCoMo's hit rates but not fp32's top-10 order (docs/benchmarks/history.md \"Encoders in bf16\")", setting, setting)
 
 
 def cpu_amx() -> bool:

@@ -2,7 +2,7 @@
 imports before it runs.
 
 A method, a reader backend or a benchmark is one module of yours with one registry call at its top level
-(docs/extending.md):
+(docs/how-to/extending.md):
 
     # my_lab/recency.py
     from memfit_gpu.methods.registry import MethodEntry, register_method

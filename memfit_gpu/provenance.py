@@ -52,7 +52,7 @@ PACKAGES: tuple[tuple[str, ...], ...] = (
 )
 # Sections a resumed run must find unchanged, in the order a refusal names them. `devices` is not one of
 # them: a requeued SLURM task may land on another node of its partition, and retrieval ranks alike on
-# every device (docs/design.md "index/"); a resume on other devices is recorded in `resumed_on`.
+# every device (docs/concepts/design.md "index/"); a resume on other devices is recorded in `resumed_on`.
 CHECKED = ("data", "categories", "models", "judge", "prompts", "code", "python", "packages")
 # Leaves that say where something lies on this machine, not what it is: never a difference.
 WHERE = frozenset({"path", "root", "checkout", "gguf", "base_urls"})

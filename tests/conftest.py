@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # MEMFIT_TEST_TIMELINE=FILE: where the suite's time goes. Each worker appends a line per test (worker, start,
 # end, test id) and the controller a line per second with the machine's busy cores (/proc/stat), so idle
-# stretches can be matched with the tests that ran then (docs/benchmarks.md "Test suite").
+# stretches can be matched with the tests that ran then (docs/benchmarks/history.md "Test suite").
 TIMELINE_ENV = "MEMFIT_TEST_TIMELINE"
 _timeline_stop = threading.Event()
 
@@ -74,7 +74,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 # `make test` runs the suite on two pytest-xdist workers (--dist loadfile): each test file runs on one
 # worker, so a module's fixtures (a real run, a server) are set up once. Files are handed out in this
-# order, the longest first, so that the two workers end together (measured: docs/benchmarks.md "Test
+# order, the longest first, so that the two workers end together (measured: docs/benchmarks/history.md "Test
 # suite"); the rest follow in their collection order.
 LONGEST_FIRST = (
     "test_methods_runs.py", "test_crash_consistency.py", "test_vllm_reader.py", "test_lightmem_sweep.py",

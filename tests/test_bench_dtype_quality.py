@@ -1,6 +1,6 @@
 """experiments/bench_dtype_quality.py on a tiny setting (the first sessions of LoCoMo's conv-26, a dozen
 questions, a few rerank pairs, one torch thread): every figure is there, in range, float32's batched =
-one-at-a-time identity holds and bf16's stays within bf16's noise. The figures themselves are docs/benchmarks.md's ("Encoders in bf16")."""
+one-at-a-time identity holds and bf16's stays within bf16's noise. The figures themselves are docs/benchmarks/history.md's ("Encoders in bf16")."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_dtype_quality_benchmark_reports_every_figure(tmp_path: Path, shared
     assert 0 <= bi["equal_top10"] <= bi["equal_top10_set"] <= 1 and 0 < bi["episode_vectors_max_abs_diff"] < 0.05
     # float32: one text at a time gives the batched embeddings (to GEMM blocking's last bits) and the same packs
     assert bi["float32"]["one_at_a_time_max_abs_diff"] < 1e-5 and bi["float32"]["one_at_a_time_equal_packs"] == 1
-    # bf16: the identity is replaced by bf16's noise (docs/benchmarks.md: 1.5e-3 over LoCoMo, 99 % of packs equal)
+    # bf16: the identity is replaced by bf16's noise (docs/benchmarks/history.md: 1.5e-3 over LoCoMo, 99 % of packs equal)
     assert bi["other"]["one_at_a_time_max_abs_diff"] < 5e-3
     assert ce["pairs"] == 24 and ce["questions"] == 2 and ce["dtype"] == "bfloat16" and ce["one_at_a_time_pairs"] == 4
     assert 0 < ce["max_abs_score_diff"] < 1 and 0 <= ce["equal_top10"] <= ce["equal_top10_set"] <= 1

@@ -1,7 +1,7 @@
 """experiments/bench_online.py on a tiny setting: the first turns of LoCoMo's conv-26, memfit and the
 live mem0 (its LLM the echo reader), no reader for answers, 1 and 2 concurrent clients, one torch thread (this suite shares its cores). It checks the JSON has every figure (and the targets as
 booleans with their thresholds), and that the batched and the one-at-a-time server return the same hits
-for the same queries. The figures themselves are docs/benchmarks.md's, not this test's."""
+for the same queries. The figures themselves are docs/benchmarks/history.md's, not this test's."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
         pytest.skip(f"LoCoMo is not at {bench_online.DEFAULT_DATA}")
     out = tmp_path_factory.mktemp("bench") / "online.json"
     # mem0's LLM is the echo reader (tests/seam_echo_backend.py, here and in its server): its extraction replies
-    # in no time, so the replay checks the machinery; the figures of a real reader are docs/benchmarks.md's
+    # in no time, so the replay checks the machinery; the figures of a real reader are docs/benchmarks/history.md's
     import seam_echo_backend  # noqa: F401
 
     plugins = os.environ.get("MEMFIT_PLUGINS"), os.environ.get("PYTHONPATH")

@@ -115,7 +115,7 @@ def dry_run(assets: Path, bare_python: str, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.slow
 def test_cpu_quick_run_passes_and_lists_every_stage_with_its_checks(dry_run, assets):
     """`gpu_check.py --device cpu --quick` passes, every stage listed with its checks (its wall time is
-    reported in docs/benchmarks.md, not asserted: tests assert behaviour)."""
+    reported in docs/benchmarks/history.md, not asserted: tests assert behaviour)."""
     report = dry_run[0]
     assert report["verdict"] == "pass", report["verdict_reason"]
     assert list(report["stages"]) == STAGES

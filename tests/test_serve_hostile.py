@@ -226,7 +226,7 @@ def test_one_users_answers_do_not_stall_another_users_searches(served) -> None:
     generation (4,349 ms against ~20 ms with SmolLM2); now generation runs beside the worker. The slow-echo
     reader takes 8 s for this answer: u2's searches meanwhile come back one after another, the first long
     before the answer does. (How long a search takes beside a real model's generation is measured by
-    experiments/bench_isolation.py: docs/benchmarks.md.)"""
+    experiments/bench_isolation.py: docs/benchmarks/history.md.)"""
     server, keys = served
 
     def search() -> float:

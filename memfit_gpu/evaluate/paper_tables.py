@@ -74,7 +74,7 @@ class TablesError(ValueError):
 
 @dataclass
 class Run:
-    """One finished run directory (docs/design.md "Run directory")."""
+    """One finished run directory (docs/concepts/design.md "Run directory")."""
 
     path: Path
     label: str

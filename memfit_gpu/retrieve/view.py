@@ -99,14 +99,14 @@ class ReadView:
 
     @classmethod
     def from_store(cls, store: EpisodeStore, previous: ReadView | None = None) -> ReadView:
-        """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/design.md).
+        """Columns and indexes of an EpisodeStore (memfit_gpu/store, docs/concepts/design.md).
 
         previous: an earlier view of the same store (a live memory's, before its last writes): the
         speaker masks it computed are carried over for the rows whose memory kept its speakers
         (`_carry_speaker_masks`), so a write to one memory costs the next read the new rows only."""
         def col(name: str) -> Any:
             if not hasattr(store, name):
-                raise AttributeError(f"EpisodeStore has no read-side column {name!r} (docs/design.md store/)")
+                raise AttributeError(f"EpisodeStore has no read-side column {name!r} (docs/concepts/design.md store/)")
             return getattr(store, name)
 
         memory_ids = list(col("memory_ids"))

@@ -2,7 +2,7 @@
 
     memfit run --config configs/memfit.yaml --out runs/x [key=value ...]
 
-A run directory holds everything a run made (docs/design.md "Run directory"). Every stage leaves its
+A run directory holds everything a run made (docs/concepts/design.md "Run directory"). Every stage leaves its
 result on disk before the next starts, and a rerun with the same directory picks up where it stopped:
 the store reopens (no re-encoding), summaries and answers come from the response cache (no repeat LLM
 call), predictions are appended per batch and never duplicated, and `DONE` marks a finished run, which

@@ -7,7 +7,7 @@ Everywhere else (a GPU, another dtype, gradients, a torch build whose private op
 or changed) it is the public `F.linear`, so the encoders never depend on the private ops to work.
 
 Why bother: torch's own fp32 CPU GEMM is MKL's, which runs 1.1-1.8x slower than oneDNN on the AMD EPYC
-CPUs measured here (docs/benchmarks.md); oneDNN is the kernel library torch.compile uses for the same
+CPUs measured here (docs/benchmarks/history.md); oneDNN is the kernel library torch.compile uses for the same
 layers.
 """
 
