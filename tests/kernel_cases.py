@@ -28,7 +28,8 @@ import torch
 
 import memfit_gpu.index.bm25 as bm25_module
 from memfit_gpu.config import BoostConfig, load_config
-from memfit_gpu.index.bm25 import BM25Index, _on_grid
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.bm25_postings import _on_grid
 from memfit_gpu.index.dense import DenseIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton

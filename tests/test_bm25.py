@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memfit_gpu.index.bm25 as bm25_module
+import memfit_gpu.index.bm25_postings as postings_module
 from memfit_gpu.index.bm25 import BM25Index
 from memfit_gpu.index.bm25_reference import ReferenceBM25
 from memfit_gpu.index.protocols import LexicalIndex
@@ -36,7 +37,7 @@ TF_C_DOC1 = 2 / (2 + 1.5 * (0.25 + 0.75 * 3 / 2))  # = 2 / 4.0625
 def scoring_path(request, monkeypatch):
     """BM25Index scores frequent terms as dense rows and the rest through the segmented scatter; tiny
     corpora make every term dense, so these runs force each path in turn."""
-    monkeypatch.setattr(bm25_module, "_DENSE_FACTOR", 10**9 if request.param == "dense-rows" else 0)
+    monkeypatch.setattr(postings_module, "_DENSE_FACTOR", 10**9 if request.param == "dense-rows" else 0)
     return request.param
 
 
@@ -589,7 +590,7 @@ def test_sliced_prepare_gives_the_same_layout(monkeypatch, scoring_path):
     index = build(BM25Index, docs, [rng.randrange(4) for _ in docs])
     index.delete([0, 7, 8, 140])
     whole = {k: v.clone() for k, v in index._prepare().items() if isinstance(v, torch.Tensor)}
-    monkeypatch.setattr(bm25_module, "_PREPARE_SLICE", 7)
+    monkeypatch.setattr(postings_module, "PREPARE_SLICE", 7)
     index._cache = None
     sliced = index._prepare()
     assert all(torch.equal(whole[k], sliced[k]) for k in whole)
@@ -600,7 +601,7 @@ def test_a_layout_brought_up_to_date_equals_one_laid_out_afresh(monkeypatch, sli
     """After adds and deletes in some memories (new memories, new terms, a memory emptied, the widest
     memory changing), _prepare lays out again only the changed memories' blocks and copies the others:
     every tensor of its cache equals a first build's, and so do the searches."""
-    monkeypatch.setattr(bm25_module, "_PREPARE_SLICE", slice_postings)
+    monkeypatch.setattr(postings_module, "PREPARE_SLICE", slice_postings)
     rng = random.Random(21)
     words = [f"w{i}" for i in range(40)]
 

@@ -17,12 +17,14 @@ import pytest
 import torch
 
 import memfit_gpu.index.bm25 as bm25_module
+import memfit_gpu.index.bm25_postings as postings_module
 import memfit_gpu.kernels.hybrid_topk as hybrid_module
 import memfit_gpu.kernels.segment_topk as topk_module
 import memfit_gpu.kernels.segmented_scatter as scatter_module
 from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.devices import device_guard
-from memfit_gpu.index.bm25 import BM25Index, _on_grid
+from memfit_gpu.index.bm25 import BM25Index
+from memfit_gpu.index.bm25_postings import _on_grid
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels._launch import launch_device, recording_launches
 from memfit_gpu.kernels.segment_topk import padded_topk, segment_topk_torch
@@ -109,7 +111,7 @@ def test_bm25_scores_do_not_depend_on_the_order_of_the_sums(monkeypatch):
     assert torch.equal(base, permuted)  # the pairs reach the accumulator in another order
     # the dense-row product and the posting scatter add in different orders: the same bits too
     for factor in (0, 10**9):
-        monkeypatch.setattr(bm25_module, "_DENSE_FACTOR", factor)
+        monkeypatch.setattr(postings_module, "_DENSE_FACTOR", factor)
         index._cache = None
         assert torch.equal(index.scores(queries, [0] * len(queries))[0], base)
     assert int((base > 0).sum()) > 10_000

@@ -20,7 +20,7 @@ as they were (a server's write to one user costs the next read that user's posti
 segmented scatter (query, term) -> postings into a padded [queries, max docs] float64 matrix (a
 Triton kernel on CUDA, see `memfit_gpu.kernels.segmented_scatter`), rounded to float32 once, then one
 `topk`; there is no Python loop over queries or memories in the scoring. The sums are exact, so the
-scores do not depend on the order of the additions (see _GRID_BITS). `search(kernels="triton")`
+scores do not depend on the order of the additions (see bm25_postings._GRID_BITS). `search(kernels="triton")`
 scores each question over its own memory only (ragged, no padded block) and keeps a running top-k
 per question (`memfit_gpu.kernels.segment_topk`): the same bits.
 
@@ -28,9 +28,10 @@ Storage is compact, so that LongMemEval-M (~2.75M rows, ~130M postings, ~11M ter
 memory: one global token table (str -> token id, the only Python strings), terms as int arrays
 (memory, token id) with a sorted int64 key array for lookups, postings as two int32 columns (term, tf)
 in row order with one start offset per row, nothing per posting in Python. `add_texts` tokenises and
-maps a chunk of texts to token ids text by text (no token lists for the whole chunk), and `_prepare`
-builds the CSR layout in bounded slices of postings (a counting sort by slot), so neither the write
-path nor the first search holds a full-size temporary per posting beyond the CSR itself.
+maps a chunk of texts to token ids text by text (no token lists for the whole chunk), and the CSR
+layout is built in bounded slices of postings (a counting sort by slot), so neither the write path nor
+the first search holds a full-size temporary per posting beyond the CSR itself. The layout (its
+building, brought up to date memory by memory, and its readers) is index/bm25_postings.py.
 
 `ReferenceBM25` (index/bm25_reference.py) is the readable oracle; both implement
 `index.protocols.LexicalIndex`.
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,6 +49,16 @@ import torch
 
 from memfit_gpu.buffers import GrowableArray, GrowableTensor
 from memfit_gpu.devices import is_oom
+from memfit_gpu.index.bm25_postings import (
+    Layout,
+    PostingColumns,
+    count_live_df,
+    lay_out,
+    lucene_idf,
+    postings_of,
+    query_memory,
+    rows_at,
+)
 from memfit_gpu.index.protocols import (
     as_int_list,
     check_batch,
@@ -69,52 +80,12 @@ T = TypeVar("T")
 _CHUNK_ELEMENTS = 1 << 24
 # Cap on the ragged float64 scores of one kernel launch (`search(kernels="triton")`), in elements.
 _RAGGED_ELEMENTS = 1 << 25
-# A term whose live df reaches 1/_DENSE_FACTOR of the widest memory is scored as a dense row.
-_DENSE_FACTOR = 8
-# Exact, order-independent sums (why CPU and GPU rank identically, run after run). Every posting
-# weight is a float32 on the grid 2^-_GRID_BITS (`_on_grid`); weights are < 2^5 (idf <= ln(1 + N / 1.5)
-# < 21.1 for N < 2^31 and tf / (tf + norm) <= 1); a query sums at most _MAX_QUERY_PAIRS of them. So
-# every partial sum is a multiple of 2^-32 below 2^(16 + 5) = 2^(53 - 32): exactly representable in
-# float64. Float64 accumulation is then exact in any order (index_add_, sparse.mm, GPU atomics), and
-# the one rounding to float32 at the end gives the same bits everywhere. The grid changes no weight
-# >= 2^-9 (their float32 spacing is already >= 2^-32); smaller ones (terms in nearly every document)
-# move by < 2^-33, far below the float32 rounding of any score they join.
-_GRID_BITS = 32
+# The most (query, term) pairs one query may sum: below it every partial sum is exact in float64, in any
+# order (the grid of the posting weights, bm25_postings._GRID_BITS).
 _MAX_QUERY_PAIRS = 1 << 16
 # State format: 2 = a global token list and int term arrays; 1 (older snapshots) = one token string per term.
 _STATE_VERSION = 2
-# Postings handled per slice by `_prepare` and `load_state_dict` (bounds their temporaries).
-_PREPARE_SLICE = 1 << 22
 _TOKEN_BITS = 32  # a term's lookup key is (memory << _TOKEN_BITS) | token id
-
-
-def _on_grid(weight: torch.Tensor) -> torch.Tensor:
-    """float32 weights rounded (half to even) to multiples of 2^-_GRID_BITS; still float32, exactly:
-    a weight below 2^-9 becomes m x 2^-32 with m < 2^23, and larger ones are unchanged."""
-    scale = float(2**_GRID_BITS)
-    return (weight.double() * scale).round_().div_(scale).float()
-
-
-def _unchanged_runs(changed: torch.Tensor) -> list[tuple[int, int]]:
-    """Maximal runs [a, b) of consecutive memories that did not change (their blocks move as one)."""
-    same = torch.zeros(changed.numel() + 2, dtype=torch.int8)
-    same[1:-1] = (~changed).to(torch.int8).cpu()
-    step = torch.diff(same)
-    return list(zip(torch.nonzero(step == 1).flatten().tolist(), torch.nonzero(step == -1).flatten().tolist(),
-                    strict=True))
-
-
-def _row_slices(rows: torch.Tensor, postings: torch.Tensor) -> list[torch.Tensor]:
-    """`rows` cut into consecutive pieces of at most _PREPARE_SLICE postings each (a row is never split;
-    a row with more postings than that is a piece of its own)."""
-    ends = torch.cumsum(postings, 0).cpu()
-    pieces, start = [], 0
-    while start < rows.numel():
-        base = int(ends[start - 1]) if start else 0
-        stop = max(start + 1, int(torch.searchsorted(ends, base + _PREPARE_SLICE, right=True)))
-        pieces.append(rows[start:stop])
-        start = stop
-    return pieces
 
 
 def _check_query_pairs(pair_query: torch.Tensor, n_queries: int) -> None:
@@ -165,7 +136,7 @@ class BM25Index:
         # term slots (_prepare): a term's place among its memory's terms, and each memory's term count
         self._term_local = GrowableTensor(torch.long, dev)
         self._mem_terms = GrowableTensor(torch.long, dev)
-        self._cache: dict[str, torch.Tensor] | None = None
+        self._cache: Layout | None = None  # the search layout (bm25_postings.lay_out)
         self._dirty: set[int] = set()  # memories changed since the cache was laid out
         # every token's rank in str order and its length (feedback_terms), grown with the token table
         self._token_sorted: list[str] = []
@@ -344,7 +315,7 @@ class BM25Index:
         row_t = row_t[~self._deleted.view[row_t]]
         if row_t.numel() == 0:
             return
-        terms = self._post_term.view[self._postings_of(row_t)[1]].long()
+        terms = self._post_term.view[postings_of(self._row_post_start.view, self._post_term.size, row_t)[1]].long()
         self._df.view.index_add_(0, terms, torch.full_like(terms, -1))
         mem_t = self._row_memory.view[row_t]
         self._mem_docs.view.index_add_(0, mem_t, torch.full_like(mem_t, -1))
@@ -352,31 +323,9 @@ class BM25Index:
         self._deleted.view[row_t] = True
         self._dirty.update(torch.unique(mem_t).tolist())
 
-    def _postings_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(position in `rows`, posting index) of every posting of the given rows, row by row."""
-        dev = self.device
-        starts = self._row_post_start.view[rows]
-        lengths = self._post_end()[rows] - starts
-        total = int(lengths.sum())
-        first = torch.cumsum(lengths, 0) - lengths
-        entry = torch.repeat_interleave(torch.arange(rows.numel(), device=dev), lengths, output_size=total)
-        return entry, starts[entry] + torch.arange(total, device=dev) - first[entry]
-
-    def _post_end(self) -> torch.Tensor:
-        starts = self._row_post_start.view
-        tail = torch.tensor([self._post_term.size], dtype=torch.long, device=starts.device)
-        return torch.cat([starts[1:], tail])
-
-    def _posting_rows(self, lo: int, hi: int) -> torch.Tensor:
-        """The row of each posting lo..hi-1 (a row's postings are contiguous, rows in order)."""
-        at = torch.arange(lo, hi, dtype=torch.long, device=self.device)
-        return torch.searchsorted(self._row_post_start.view, at, right=True) - 1
-
     # ------------------------------------------------------------------ statistics
     def _idf_of_terms(self, df: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
-        n_docs = self._mem_docs.view[mem].double()
-        df = df.double()
-        return torch.log1p((n_docs - df + 0.5) / (df + 0.5))
+        return lucene_idf(df, self._mem_docs.view[mem])
 
     def idf(self, tokens: list[list[str]], memory_idx: Sequence[int] | torch.Tensor) -> list[list[float]]:
         """idf of arbitrary tokens within each list's memory (a token the memory lacks has df = 0)."""
@@ -477,7 +426,7 @@ class BM25Index:
             return empty, empty
         if int(picked.max()) >= self.num_rows:
             raise IndexError(f"BM25 feedback_terms: row {int(picked.max())} does not exist (rows 0..{self.num_rows - 1})")
-        entry, postings = self._postings_of(picked)
+        entry, postings = postings_of(self._row_post_start.view, self._post_term.size, picked)
         # the candidates are few (a question's feedback rows): ordered on the host
         term = self._post_term.view[postings].long().cpu().numpy()
         query = owner[entry].cpu().numpy()
@@ -507,157 +456,23 @@ class BM25Index:
         return [texts[t] for t in self._term_token.view[ids].tolist()]
 
     # ------------------------------------------------------------------ search
-    def _prepare(self) -> dict[str, torch.Tensor]:
-        """Per-posting lucene weights as a CSR matrix over term slots x positions, kept until the next
-        change and then brought up to date for the memories that changed only.
-
-        A term's slot orders terms memory by memory (its memory's first slot + its place among that
-        memory's terms, `_term_local`), so each memory's postings are one block of the CSR. A change to a
-        memory (an add, a delete) changes its N, df and avgdl, hence every weight of its block, and
-        nothing of another memory's block: the blocks of unchanged memories are copied (one slice per
-        run of consecutive unchanged memories) and only the changed memories' postings are weighted and
-        laid out again. A first build is the same code with every memory changed.
-
-        Laying out a block is a counting sort in slices of at most _PREPARE_SLICE postings (whole rows):
-        each live posting goes to its slot's next free place (rows are taken in row order, so a term's
-        postings stay in row order), and its weight is computed element by element exactly as one
-        full-size pass would: the layout and the bits do not depend on how it was reached."""
-        old = self._cache
-        if old is not None and not self._dirty:
-            return old
-        dev = self.device
-        n_mem = self._num_memories
+    def _prepare(self) -> Layout:
+        """The search layout (bm25_postings.lay_out), kept until the next change and then brought up to
+        date for the memories that changed only."""
+        if self._cache is not None and not self._dirty:
+            return self._cache
         for buf in (self._mem_docs, self._mem_tokens, self._mem_terms):
-            buf.ensure(n_mem)
-        n_terms = self.num_terms
-        live = ~self._deleted.view
-        row_memory = self._row_memory.view
-        mem_docs = self._mem_docs.view
-        # the memories to lay out again (all of them on a first build or after a move): the dirty ones and
-        # those the cache has not seen
-        changed = torch.ones(n_mem, dtype=torch.bool, device=dev)
-        if old is not None:
-            changed[:old["mem_docs"].numel()] = False
-            changed[torch.tensor(sorted(self._dirty), dtype=torch.long, device=dev)] = True
-        runs = _unchanged_runs(changed) if old is not None else []
-
-        # rows grouped by memory, row order kept inside each: position = rank among the memory's live rows
-        mem_start = torch.cumsum(mem_docs, 0) - mem_docs
-        rows_by_memory = torch.empty(int(mem_docs.sum()), dtype=torch.long, device=dev)
-        for a, b in runs:
-            at, span = int(old["mem_start"][a]), int(old["mem_start"][b - 1] + old["mem_docs"][b - 1] - old["mem_start"][a])
-            to = int(mem_start[a])
-            rows_by_memory[to:to + span] = old["rows_by_memory"][at:at + span]
-        redo_rows = torch.nonzero(live & changed.index_select(0, row_memory)).flatten()
-        redo_rows = redo_rows[torch.sort(row_memory[redo_rows], stable=True).indices]
-        redo_mem = row_memory[redo_rows]
-        per_memory = torch.bincount(redo_mem, minlength=n_mem)
-        rank = torch.arange(redo_rows.numel(), device=dev) - (torch.cumsum(per_memory, 0) - per_memory)[redo_mem]
-        rows_by_memory[mem_start[redo_mem] + rank] = redo_rows
-        position = torch.full((self.num_rows,), -1, dtype=torch.long, device=dev)
-        position[redo_rows] = rank
-
-        # term slots, memory by memory; the CSR pointers come from the live df alone
-        mem_terms = self._mem_terms.view
-        term_memory = self._term_memory.view
-        mem_first_slot = torch.cumsum(mem_terms, 0) - mem_terms
-        slot_of_term = mem_first_slot.index_select(0, term_memory) + self._term_local.view
-        slot_df = torch.empty(n_terms, dtype=torch.long, device=dev)
-        slot_df[slot_of_term] = self._df.view
-        term_ptr = torch.zeros(n_terms + 1, dtype=torch.long, device=dev)
-        term_ptr[1:] = torch.cumsum(slot_df, 0)
-        block_start = term_ptr.index_select(0, mem_first_slot)
-        total = int(term_ptr[-1])
-        col_dtype = torch.int32 if self.num_rows < 2**31 - 1 else torch.long
-        post_col = torch.empty(total, dtype=col_dtype, device=dev)
-        post_weight = torch.empty(total, dtype=torch.float32, device=dev)
-        for a, b in runs:  # unchanged memories: their blocks as they were
-            at = int(old["block_start"][a])
-            span = int(old["block_end"][b - 1]) - at
-            to = int(block_start[a])
-            post_col[to:to + span] = old["post_col"][at:at + span]
-            post_weight[to:to + span] = old["post_weight"][at:at + span]
-
-        # lucene factors per term (idf) and per row (length norm); avgdl > 0 whenever the memory has a
-        # posting, so the division is safe where it is used
-        term_idf = self._idf_of_terms(self._df.view, term_memory)
-        avgdl = self._mem_tokens.view.double() / mem_docs.clamp(min=1).double()
-        row_norm = self.k1 * (1.0 - self.b + self.b * self._row_len.view.double() / avgdl.index_select(0, row_memory))
-        cursor = term_ptr[:-1].clone()
-        for term, row, tf in self._postings_to_lay_out(redo_rows, changed, live):
-            weight = _on_grid((term_idf.index_select(0, term) * tf / (tf + row_norm.index_select(0, row))).float())
-            col = position.index_select(0, row)
-            slot = slot_of_term.index_select(0, term)
-            # each posting's place: its slot's cursor plus its rank among this slice's postings of the slot
-            sorted_slot, by_slot = torch.sort(slot, stable=True)
-            _, run = torch.unique_consecutive(sorted_slot, return_counts=True)
-            run_start = torch.repeat_interleave(torch.cumsum(run, 0) - run, run)
-            dest = cursor.index_select(0, sorted_slot) + torch.arange(sorted_slot.numel(), device=dev) - run_start
-            post_col[dest] = col.index_select(0, by_slot).to(col_dtype)
-            post_weight[dest] = weight.index_select(0, by_slot)
-            cursor.index_add_(0, slot, torch.ones_like(slot))
-        del cursor, position
-
-        # Frequent terms become dense rows [n_dense, widest memory]: adding one contiguous row beats
-        # gathering and scattering _DENSE_FACTOR postings one by one. Each dense term has
-        # df >= width / _DENSE_FACTOR, so the matrix holds at most _DENSE_FACTOR x the live postings.
-        width = int(mem_docs.max()) if n_mem else 0
-        term_df = self._df.view
-        is_dense = term_df * _DENSE_FACTOR >= max(width, 1)
-        dense_terms = torch.nonzero(is_dense).flatten()
-        dense_slot = torch.full((n_terms,), -1, dtype=torch.long, device=dev)
-        dense_slot[dense_terms] = torch.arange(dense_terms.numel(), device=dev)
-        # float64 (the posting weights, exactly): the product with the query counts is the accumulator's
-        dense_weight = torch.zeros((dense_terms.numel(), width), dtype=torch.float64, device=dev)
-        if dense_terms.numel():
-            counts = term_df.index_select(0, dense_terms)
-            row_of = torch.repeat_interleave(torch.arange(dense_terms.numel(), device=dev), counts)
-            first = term_ptr.index_select(0, slot_of_term.index_select(0, dense_terms))
-            starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts)
-            at = starts + torch.arange(row_of.numel(), device=dev)
-            dense_weight.index_put_((row_of, post_col.index_select(0, at).long()), post_weight.index_select(0, at).double())
-        self._cache = {
-            "term_ptr": term_ptr,  # over slots: a term's postings are term_ptr[slot[t]] .. term_ptr[slot[t] + 1]
-            "slot": slot_of_term,
-            # int32 columns: the scatter's index traffic is the CPU hot spot (doc positions fit easily)
-            "post_col": post_col,
-            "post_weight": post_weight,
-            "dense_slot": dense_slot,
-            "dense_weight": dense_weight,
-            "rows_by_memory": rows_by_memory,
-            "mem_start": mem_start,
-            "mem_docs": mem_docs.clone(),
-            "block_start": block_start,
-            "block_end": torch.cat([block_start[1:], term_ptr[-1:]]) if n_mem else block_start,
-        }
+            buf.ensure(self._num_memories)
+        columns = PostingColumns(
+            post_term=self._post_term.view, post_tf=self._post_tf.view, row_post_start=self._row_post_start.view,
+            row_memory=self._row_memory.view, row_len=self._row_len.view, deleted=self._deleted.view,
+            term_memory=self._term_memory.view, term_local=self._term_local.view, df=self._df.view,
+            mem_docs=self._mem_docs.view, mem_tokens=self._mem_tokens.view, mem_terms=self._mem_terms.view,
+            num_memories=self._num_memories, k1=self.k1, b=self.b,
+        )
+        self._cache = lay_out(self._cache, self._dirty, columns)
         self._dirty.clear()
         return self._cache
-
-    def _postings_to_lay_out(self, rows: torch.Tensor, changed: torch.Tensor,
-                             live: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(term, row, tf as float64) of the postings of `rows` (the live rows of the changed memories),
-        in slices of at most _PREPARE_SLICE postings, each memory's postings in row order.
-
-        When they are most of the postings (a first build) the postings are read in storage order and
-        filtered; otherwise each slice gathers its rows' postings, so an update reads no other memory."""
-        if rows.numel() == 0:
-            return
-        per_row = (self._post_end() - self._row_post_start.view).index_select(0, rows)
-        if 2 * int(per_row.sum()) < self._post_term.size:
-            for chunk in _row_slices(rows, per_row):
-                entry, postings = self._postings_of(chunk)
-                yield self._post_term.view[postings].long(), chunk[entry], self._post_tf.view[postings].double()
-            return
-        every = rows.numel() == self.num_rows
-        for lo in range(0, self._post_term.size, _PREPARE_SLICE):
-            hi = min(lo + _PREPARE_SLICE, self._post_term.size)
-            term = self._post_term.view[lo:hi].long()
-            row = self._posting_rows(lo, hi)
-            tf = self._post_tf.view[lo:hi].double()
-            if not every:
-                keep = live.index_select(0, row) & changed.index_select(0, self._row_memory.view.index_select(0, row))
-                term, row, tf = term[keep], row[keep], tf[keep]
-            yield term, row, tf
 
     def _encode_queries(self, queries: list[list[str]], mems: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(query index, term id) per query token the query's memory knows; repeats kept (each counts)."""
@@ -668,7 +483,7 @@ class BM25Index:
         return pair_query[known].to(self.device), pair_term[known].to(self.device)
 
     def _score_block(
-        self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
+        self, cache: Layout, pair_query: torch.Tensor, pair_term: torch.Tensor, n_queries: int, width: int
     ) -> torch.Tensor:
         """Scores [n_queries, width] float32: exact float64 sums (see _GRID_BITS), rounded once."""
         slot = cache["dense_slot"][pair_term]
@@ -690,28 +505,6 @@ class BM25Index:
                               cache["post_col"], cache["post_weight"])
         return acc.float()
 
-    @staticmethod
-    def _query_memory(cache: dict[str, torch.Tensor], mem_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(live docs, first slot in rows_by_memory) of each query's memory; 0 docs for unseen memories."""
-        n_mem = cache["mem_docs"].numel()
-        seen = mem_t < n_mem
-        safe = torch.where(seen, mem_t, 0)
-        if n_mem == 0:
-            zero = torch.zeros_like(mem_t)
-            return zero, zero
-        return torch.where(seen, cache["mem_docs"][safe], 0), torch.where(seen, cache["mem_start"][safe], 0)
-
-    @staticmethod
-    def _rows_at(
-        cache: dict[str, torch.Tensor], q_docs: torch.Tensor, q_start: torch.Tensor, cols: torch.Tensor
-    ) -> torch.Tensor:
-        """Row id at each (query, column); -1 where the column is past the query's memory's docs."""
-        valid = cols < q_docs[:, None]
-        flat = torch.where(valid, q_start[:, None] + cols, 0)
-        if cache["rows_by_memory"].numel() == 0:
-            return torch.full_like(cols, -1)
-        return torch.where(valid, cache["rows_by_memory"][flat], -1)
-
     def scores(
         self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -726,12 +519,12 @@ class BM25Index:
             return torch.zeros((0, 0), device=self.device), torch.zeros((0, 0), dtype=torch.long, device=self.device)
         # the row layout depends only on the memory: build it once per distinct memory, then copy rows
         memories, which = torch.unique(torch.tensor(mems, dtype=torch.long, device=self.device), return_inverse=True)
-        mem_docs, mem_start = self._query_memory(cache, memories)
+        mem_docs, mem_start = query_memory(cache, memories)
         width = int(mem_docs.max())
         pair_query, pair_term = self._encode_queries(queries, mems)
         out = self._score_block(cache, pair_query, pair_term, len(queries), width)
         cols = torch.arange(width, device=self.device).expand(memories.numel(), width)
-        return out, self._rows_at(cache, mem_docs, mem_start, cols).index_select(0, which)
+        return out, rows_at(cache, mem_docs, mem_start, cols).index_select(0, which)
 
     def search(
         self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor, k: int, kernels: str = "torch"
@@ -806,7 +599,7 @@ class BM25Index:
             return top_scores, top_rows
         _check_query_pairs(pair_query, n_queries)
         cache = self._prepare()
-        q_docs, q_start = self._query_memory(cache, torch.tensor(mems, dtype=torch.long, device=dev))
+        q_docs, q_start = query_memory(cache, torch.tensor(mems, dtype=torch.long, device=dev))
         width = int(q_docs.max())
         if width == 0:
             return top_scores, top_rows
@@ -828,7 +621,7 @@ class BM25Index:
                 log.warning("BM25Index: out of memory on %s scoring %d questions at once: %d at a time now",
                             dev, q1 - q0, chunk)
                 continue
-            rows = self._rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
+            rows = rows_at(cache, q_docs[q0:q1], q_start[q0:q1], cols)
             hit = vals > 0
             top_scores[q0:q1, :kk] = torch.where(hit, vals, 0.0)
             top_rows[q0:q1, :kk] = torch.where(hit, rows, -1)
@@ -836,7 +629,7 @@ class BM25Index:
         return top_scores, top_rows
 
     def _search_ragged(
-        self, cache: dict[str, torch.Tensor], pair_query: torch.Tensor, pair_term: torch.Tensor, q_docs: torch.Tensor,
+        self, cache: Layout, pair_query: torch.Tensor, pair_term: torch.Tensor, q_docs: torch.Tensor,
         q_start: torch.Tensor, k: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The Triton path: each question's scores over its own memory only (no padded block), then a
@@ -925,13 +718,9 @@ class BM25Index:
         fresh._row_post_start.extend(state["row_post_start"].long())
         fresh._deleted.extend(state["deleted"].bool())
         # live statistics are integers, recomputed exactly from the live rows and postings
-        dev = self.device
         live = ~fresh._deleted.view
         fresh._df.ensure(fresh.num_terms)
-        for lo in range(0, fresh._post_term.size, _PREPARE_SLICE):
-            hi = min(lo + _PREPARE_SLICE, fresh._post_term.size)
-            terms_t = fresh._post_term.view[lo:hi].long()[live.index_select(0, fresh._posting_rows(lo, hi))]
-            fresh._df.view.index_add_(0, terms_t, torch.ones_like(terms_t, device=dev))
+        count_live_df(fresh._df.view, fresh._post_term.view, fresh._row_post_start.view, live)
         fresh._mem_docs.ensure(fresh._num_memories)
         fresh._mem_tokens.ensure(fresh._num_memories)
         live_mem = fresh._row_memory.view[live]

@@ -37,7 +37,7 @@ BM25_GROWTH_SLACK = 1.25
 
 # The search cache `_prepare` builds on the first search: post_col int32 + post_weight float32 per posting,
 # term_ptr + slot + dense_slot int64 per term, rows_by_memory int64 per row, and a float64 [dense terms x
-# widest memory] matrix of the terms in at least 1/8 of the widest memory's rows (bm25.py _DENSE_FACTOR).
+# widest memory] matrix of the terms in at least 1/8 of the widest memory's rows (bm25_postings.py _DENSE_FACTOR).
 BM25_CACHE_BYTES_PER_POSTING = 4 + 4
 
 
@@ -56,7 +56,7 @@ BM25_DENSE_FACTOR = 8
 BM25_PREPARE_PEAK_BYTES_PER_POSTING = 60
 
 
-# ... and since state format 2 `_prepare` works in slices of this many postings (bm25.py _PREPARE_SLICE),
+# ... and since state format 2 `_prepare` works in slices of this many postings (bm25_postings.py PREPARE_SLICE),
 # so the transient is bounded by a slice, whatever the index's size.
 BM25_PREPARE_SLICE_POSTINGS = 1 << 22
 

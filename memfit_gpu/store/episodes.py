@@ -1,5 +1,7 @@
-"""EpisodeStore: every memory's episodes (and summaries) in one store, with the indexes it owns (the chunked
-write path is store/write_path.py, opening and log replay store/replay.py; EpisodeStore inherits both).
+"""EpisodeStore: every memory's episodes (and summaries) in one store, with the indexes it owns. Its parts
+are explicit objects and functions, not base classes: the metadata columns and how each log record kind
+applies to them are `StoreColumns` (store/columns.py), a write batch's records and chunks are made from
+those columns by store/write_path.py, and opening checks and replays the log with store/replay.py.
 
 Rows are global sequence numbers in append order across memories (design.md "Identifiers"); a
 deleted row keeps its number. The read path gets numpy columns indexed by row, the memories'
@@ -33,6 +35,7 @@ bytes and offsets), the rest numpy; the record log keeps offsets only and is str
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import time
@@ -45,7 +48,7 @@ import numpy as np
 import torch
 
 from memfit_gpu import faults
-from memfit_gpu.buffers import GrowableArray, TextColumn
+from memfit_gpu.buffers import TextColumn
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Image, Memory, Session, Turn
 from memfit_gpu.index.bm25 import BM25Index
@@ -54,36 +57,28 @@ from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.index.factory import dense_gpu_id, dense_index, lexical_index
 from memfit_gpu.index.protocols import LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
-from memfit_gpu.names import MAX_SPEAKERS
 from memfit_gpu.store import compaction
+from memfit_gpu.store.columns import StoreColumns
 from memfit_gpu.store.log import RecordLog
-from memfit_gpu.store.replay import LogReplay, RecordRefused
+from memfit_gpu.store.replay import open_log, replay_chunks, replay_columns
 from memfit_gpu.store.segment import segment_batch, summary_segments
-from memfit_gpu.store.snapshot import write_snapshot
+from memfit_gpu.store.snapshot import load_newest, write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
-from memfit_gpu.store.text import episode_prefix, split_body
-from memfit_gpu.store.write_path import GENERATIONS, WritePath
+from memfit_gpu.store.text import split_body
+from memfit_gpu.store.write_path import batch_chunks, turn_records
 
 log = logging.getLogger(__name__)
 
+# Each change of a store's content takes the next number as its `generation`: a reader's cached view of
+# the store (a live memory's ReadView) is current while the generation it was built at is.
+GENERATIONS = itertools.count(1)
 
 
-def _timestamp(value: str | None) -> np.datetime64:
-    if not value:
-        return np.datetime64("NaT", "s")
-    try:
-        return np.datetime64(value, "s")
-    except ValueError:
-        return np.datetime64("NaT", "s")
-
-
-_APPLY_ERRORS = (ValueError, KeyError, IndexError, TypeError)
-
-
-class EpisodeStore(WritePath, LogReplay):
+class EpisodeStore:
     """Episodes of many memories, their metadata columns, and the BM25 + dense indexes over them. The
-    chunked write path is store/write_path.py's WritePath, opening and log replay store/replay.py's LogReplay."""
+    columns and their record handlers are `self.columns` (store/columns.py); the write batch's records
+    come from store/write_path.py, opening and log replay from store/replay.py."""
 
     def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None):
         self.cfg = cfg or MemFitConfig()
@@ -95,34 +90,11 @@ class EpisodeStore(WritePath, LogReplay):
         self.path = Path(path) if path is not None else None
         self.last_timings: dict[str, float] = {}
         self.erased: list[str] = []  # after compact(): the memories it removed (nothing was left of them)
-        self.generation = next(GENERATIONS)  # a new number after every write batch (write_path.GENERATIONS)
+        self.generation = next(GENERATIONS)  # a new number after every write batch
 
-        # memories
-        self.memory_ids: list[str] = []
-        self._memory_index: dict[str, int] = {}
-        self.memory_speakers: list[list[str]] = []
-        self._speaker_index: list[dict[str, int]] = []
-        self.session_ids: list[str] = []  # global session index -> the benchmark's session id
-        self.session_memory: list[int] = []  # global session index -> memory_idx
-        self._session_index: list[dict[str, int]] = []
-        self._memory_rows: list[GrowableArray] = []  # per memory: its rows in append order
-        self._turn_index: dict[int, dict[str, list[int]]] = {}  # per memory, built on first use: turn id -> rows
+        self.columns = StoreColumns()  # the metadata of every record applied (store/columns.py)
+        self._object_cache: dict[str, np.ndarray] = {}  # per-row object arrays built from the columns
 
-        # episode columns (row-indexed)
-        self._memory_idx = GrowableArray(np.int32)
-        self._session_idx = GrowableArray(np.int32)
-        self._position = GrowableArray(np.int32)
-        self._speaker_id = GrowableArray(np.int16)
-        self._timestamp = GrowableArray("datetime64[s]", np.datetime64("NaT", "s"))
-        self._deleted = GrowableArray(np.bool_, False)
-        self._prefix_len = GrowableArray(np.int32)
-        self._text = TextColumn()
-        self._turn_id = TextColumn()
-        self._image_ids: dict[int, tuple[str, ...]] = {}  # only rows with images
-        self._object_cache: dict[str, np.ndarray] = {}
-
-        self.summaries = SummaryTable()
-        self.summarised: set[int] = set()  # memories build_summaries has processed (never re-summarised)
         # records logged and applied to the metadata but not indexed yet (append_turns(index=False)): the
         # episode indexes index them, in one encoder pass, before anything reads them (index_pending)
         self._unindexed: list[dict[str, Any]] = []
@@ -198,17 +170,46 @@ class EpisodeStore(WritePath, LogReplay):
     @property
     def size(self) -> int:
         """Episode rows ever stored (deleted rows keep their number)."""
-        return self._memory_idx.size
+        return self.columns.size
+
+    @property
+    def memory_ids(self) -> list[str]:
+        """Memory ids by memory_idx."""
+        return self.columns.memory_ids
+
+    @property
+    def memory_speakers(self) -> list[list[str]]:
+        """Speaker names per memory_idx, in order of first appearance."""
+        return self.columns.memory_speakers
+
+    @property
+    def session_ids(self) -> list[str]:
+        """Global session index -> the benchmark's session id."""
+        return self.columns.session_ids
+
+    @property
+    def session_memory(self) -> list[int]:
+        """Global session index -> memory_idx."""
+        return self.columns.session_memory
+
+    @property
+    def summaries(self) -> SummaryTable:
+        return self.columns.summaries
+
+    @property
+    def summarised(self) -> set[int]:
+        """Memories build_summaries has processed (never re-summarised)."""
+        return self.columns.summarised
 
     @property
     def memory_idx(self) -> np.ndarray:
-        return self._memory_idx.view
+        return self.columns.memory_idx.view
 
     @property
     def session_idx(self) -> np.ndarray:
         """Global session number (unique per memory and session, in order of first appearance);
         `session_ids[i]` is the benchmark's id, `session_memory[i]` its memory."""
-        return self._session_idx.view
+        return self.columns.session_idx.view
 
     @property
     def speakers(self) -> list[list[str]]:
@@ -233,30 +234,30 @@ class EpisodeStore(WritePath, LogReplay):
     @property
     def position(self) -> np.ndarray:
         """Turn order within the memory: 0, 1, 2, ... in append order (deleted turns keep theirs)."""
-        return self._position.view
+        return self.columns.position.view
 
     @property
     def speaker_id(self) -> np.ndarray:
         """Index into `memory_speakers[memory_idx]`."""
-        return self._speaker_id.view
+        return self.columns.speaker_id.view
 
     @property
     def timestamp(self) -> np.ndarray:
-        return self._timestamp.view
+        return self.columns.timestamp.view
 
     @property
     def deleted(self) -> np.ndarray:
-        return self._deleted.view
+        return self.columns.deleted.view
 
     @property
     def text(self) -> TextColumn:
         """Episode texts (what was encoded and BM25-indexed): `text[row]` is a str, `text[rows]` an object
         array (UTF-8 bytes underneath, see buffers.TextColumn)."""
-        return self._text
+        return self.columns.text
 
     @property
     def turn_id(self) -> TextColumn:
-        return self._turn_id
+        return self.columns.turn_id
 
     @property
     def image_ids(self) -> np.ndarray:
@@ -265,45 +266,40 @@ class EpisodeStore(WritePath, LogReplay):
         if cached is None or len(cached) != self.size:
             cached = np.empty(self.size, dtype=object)
             cached[:] = [()] * self.size
-            for row, ids in self._image_ids.items():
+            for row, ids in self.columns.image_ids.items():
                 cached[row] = ids
             self._object_cache["image_ids"] = cached
         return cached
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of the episode columns (texts and turn ids as UTF-8 and offsets, numpy columns)."""
-        columns = (self._memory_idx, self._session_idx, self._position, self._speaker_id, self._timestamp,
-                   self._deleted, self._prefix_len)
-        return {"text": self._text.nbytes, "turn_id": self._turn_id.nbytes,
-                "columns": int(sum(c.view.nbytes for c in columns)),
-                "memory_rows": int(sum(r.view.nbytes for r in self._memory_rows))}
+        c = self.columns
+        columns = (c.memory_idx, c.session_idx, c.position, c.speaker_id, c.timestamp, c.deleted, c.prefix_len)
+        return {"text": c.text.nbytes, "turn_id": c.turn_id.nbytes,
+                "columns": int(sum(column.view.nbytes for column in columns)),
+                "memory_rows": int(sum(r.view.nbytes for r in c.rows_of_memory))}
 
     def body(self, row: int) -> str:
         """The episode text without its `DATE: ... says: ` prefix."""
-        return self._text[row][int(self._prefix_len.view[row]) :]
+        return self.columns.text[row][int(self.columns.prefix_len.view[row]) :]
 
     def speaker_name(self, row: int) -> str:
         return self.memory_speakers[int(self.memory_idx[row])][int(self.speaker_id[row])]
 
     def memory_rows(self, memory_idx: int, live: bool = True) -> np.ndarray:
         """Rows of one memory in conversation order."""
-        rows = self._memory_rows[memory_idx].view.copy()
+        rows = self.columns.rows_of_memory[memory_idx].view.copy()
         return rows[~self.deleted[rows]] if live else rows
 
     def memory_of(self, memory_id: str) -> int:
         try:
-            return self._memory_index[memory_id]
+            return self.columns.memory_index[memory_id]
         except KeyError:
             raise KeyError(f"EpisodeStore: no memory {memory_id!r} (have {len(self.memory_ids)})") from None
 
     def row_of(self, memory_id: str, turn_id: str) -> int:
         """The live row of a turn. Unknown or ambiguous turn ids are errors that name both ids."""
-        memory = self.memory_of(memory_id)
-        index = self._turn_index.get(memory)
-        if index is None:
-            index = self._turn_index[memory] = {}
-            for row in self._memory_rows[memory].view.tolist():
-                index.setdefault(self._turn_id[row], []).append(row)
+        index = self.columns.turn_rows(self.memory_of(memory_id))
         rows = [r for r in index.get(turn_id, []) if not self.deleted[r]]
         if not rows:
             raise KeyError(f"EpisodeStore: memory {memory_id!r} has no live turn {turn_id!r}")
@@ -312,203 +308,9 @@ class EpisodeStore(WritePath, LogReplay):
         return rows[0]
 
     # ------------------------------------------------------------------ record application (metadata)
-    def _apply_memory(self, record: dict[str, Any]) -> None:
-        memory = int(record["memory"])
-        if memory != len(self.memory_ids):
-            raise ValueError(f"{self._where()}: memory record {memory} out of order (expected {len(self.memory_ids)})")
-        self.memory_ids.append(record["id"])
-        self._memory_index[record["id"]] = memory
-        self.memory_speakers.append([])
-        self._speaker_index.append({})
-        self._session_index.append({})
-        self._memory_rows.append(GrowableArray(np.int64))
-        for name in record.get("speakers", []):
-            self._apply_speaker({"memory": memory, "name": name})
-
-    def _apply_speaker(self, record: dict[str, Any]) -> None:
-        memory, name = int(record["memory"]), record["name"]
-        if name in self._speaker_index[memory]:
-            return
-        speaker = len(self.memory_speakers[memory])
-        if speaker >= MAX_SPEAKERS:
-            raise ValueError(f"EpisodeStore: memory {self.memory_ids[memory]!r} has more than {MAX_SPEAKERS} speakers")
-        self.memory_speakers[memory].append(name)
-        self._speaker_index[memory][name] = speaker
-
-    def _apply_episode(self, record: dict[str, Any]) -> None:
-        self._apply_episodes([record])
-
-    def _apply_episodes(self, records: Sequence[dict[str, Any]]) -> None:
-        """Episode records (rows in order) to the columns: checked one by one, appended column by column."""
-        first = self.size
-        memories, sessions_of, positions, speakers, times, texts, prefixes, turns = [], [], [], [], [], [], [], []
-        new_rows: dict[int, list[int]] = {}
-        for offset, record in enumerate(records):
-            try:
-                row, memory = int(record["row"]), int(record["memory"])
-                if row != first + offset:
-                    raise ValueError(f"episode record row {row} out of order (expected {first + offset})")
-                if not 0 <= memory < len(self.memory_ids):
-                    raise ValueError(f"episode row {row} names memory {memory}; the store has {len(self.memory_ids)}")
-                self._apply_speaker({"memory": memory, "name": record["speaker"]})
-            except _APPLY_ERRORS as exc:
-                raise RecordRefused(offset, "episode", f"{self._where()}: {exc}") from None
-            sessions = self._session_index[memory]
-            session = sessions.get(record["session"])
-            if session is None:
-                session = sessions[record["session"]] = len(self.session_ids)
-                self.session_ids.append(record["session"])
-                self.session_memory.append(memory)
-            text = record["text"]
-            prefix = episode_prefix(record["date"], record["speaker"])
-            if not text.startswith(prefix):
-                raise RecordRefused(offset, "episode", f"{self._where()}: episode row {row} text does not start "
-                                                       f"with {prefix!r}")
-            pending = new_rows.setdefault(memory, [])
-            memories.append(memory)
-            sessions_of.append(session)
-            positions.append(self._memory_rows[memory].size + len(pending))
-            speakers.append(self._speaker_index[memory][record["speaker"]])
-            times.append(_timestamp(record.get("ts")))
-            texts.append(text)
-            prefixes.append(len(prefix))
-            turns.append(record["turn"])
-            images = record.get("images")
-            if images:
-                self._image_ids[row] = tuple(images)
-            pending.append(row)
-        self._memory_idx.extend(memories)
-        self._session_idx.extend(sessions_of)
-        self._position.extend(positions)
-        self._speaker_id.extend(speakers)
-        self._timestamp.extend(np.asarray(times, dtype="datetime64[s]"))
-        self._deleted.extend(np.zeros(len(records), dtype=np.bool_))
-        self._prefix_len.extend(prefixes)
-        self._text.extend(texts)
-        self._turn_id.extend(turns)
-        for memory, rows in new_rows.items():
-            self._memory_rows[memory].extend(rows)
-            index = self._turn_index.get(memory)
-            if index is not None:  # kept up to date: rebuilding it is a pass over the memory's rows per add
-                for row in rows:
-                    index.setdefault(self._turn_id[row], []).append(row)
-
-    def _apply_delete(self, record: dict[str, Any]) -> None:
-        self._deleted.view[int(record["row"])] = True
-
-    def _apply_summary(self, record: dict[str, Any]) -> None:
-        table = self.summaries
-        row = int(record["row"])
-        if row != len(table):
-            raise ValueError(f"{self._where()}: summary record row {row} out of order (expected {len(table)})")
-        table.text.append(record["text"])
-        table.memory_idx.extend([int(record["memory"])])
-        table.members.append(np.asarray(record["members"], dtype=np.int64))
-        table.event_time.extend([_timestamp(record.get("event"))])
-        table.recorded_time.extend([_timestamp(record.get("recorded"))])
-        table.deleted.extend([False])
-        replaces = record.get("replaces")
-        table.replaces.extend([-1 if replaces is None else int(replaces)])
-
-    def _apply_summary_delete(self, record: dict[str, Any]) -> None:
-        self.summaries.deleted.view[int(record["row"])] = True
-
-    def _apply_summarised(self, record: dict[str, Any]) -> None:
-        self.summarised.update(int(m) for m in record["memories"])
-
-    _APPLY = {
-        "memory": _apply_memory,
-        "speaker": _apply_speaker,
-        "episode": _apply_episode,
-        "delete": _apply_delete,
-        "summary": _apply_summary,
-        "summary_delete": _apply_summary_delete,
-        "summarised": _apply_summarised,
-    }
-
     def _apply_all(self, records: Iterable[dict[str, Any]]) -> int:
-        """Apply records in order, runs of episode records column by column; returns how many there were.
-        A record that cannot be applied is a RecordRefused naming its position among `records`."""
-        run: list[dict[str, Any]] = []
-        count = 0
-
-        def flush() -> None:
-            try:
-                self._apply_episodes(run)
-            except RecordRefused as exc:
-                raise exc.shifted(count - len(run)) from None
-
-        for record in records:
-            if record.get("t") == "episode":
-                run.append(record)
-                count += 1
-                if len(run) >= 1 << 14:
-                    flush()
-                    run = []
-                continue
-            if run:
-                flush()
-                run = []
-            try:
-                self._apply(record)
-            except RecordRefused as exc:
-                raise exc.shifted(count) from None
-            except _APPLY_ERRORS as exc:
-                raise RecordRefused(count, record.get("t"), f"{self._where()}: {exc}") from None
-            count += 1
-        if run:
-            flush()
-        return count
-
-    def _check_records(self, records: Sequence[dict[str, Any]]) -> None:
-        """Refuse, before anything is logged or applied, a batch that applying would refuse part way
-        (RecordRefused): a memory record out of order, a record naming a memory the store lacks, a memory
-        past MAX_SPEAKERS speakers, an episode or summary row out of order. So the log never holds a
-        record its own replay would refuse."""
-        memories, ids = len(self.memory_ids), {}
-        names: dict[int, set[str]] = {}
-        row, summary_row = self.size, len(self.summaries)
-        for position, record in enumerate(records):
-            kind = record.get("t")
-            if kind == "summary":
-                if int(record["row"]) != summary_row:
-                    raise RecordRefused(position, kind, f"summary row {record['row']} out of order (expected {summary_row})")
-                summary_row += 1
-                continue
-            if kind not in ("memory", "speaker", "episode"):
-                continue
-            memory = int(record["memory"])
-            if kind == "memory":
-                if memory != memories:
-                    raise RecordRefused(position, kind, f"memory record {memory} out of order (expected {memories})")
-                memories += 1
-                ids[memory], names[memory] = record["id"], set()
-                spoken = list(record.get("speakers", []))
-            elif not 0 <= memory < memories:
-                raise RecordRefused(position, kind, f"names memory {memory}; the store has {memories}")
-            else:
-                spoken = [record["name"] if kind == "speaker" else record["speaker"]]
-            known = names.get(memory)
-            if known is None:
-                known = names[memory] = set(self.memory_speakers[memory])
-            known.update(spoken)
-            if len(known) > MAX_SPEAKERS:
-                name = ids.get(memory, self.memory_ids[memory] if memory < len(self.memory_ids) else memory)
-                raise RecordRefused(position, kind, f"memory {name!r} would have {len(known)} speakers; a memory "
-                                                    f"holds at most {MAX_SPEAKERS}")
-            if kind == "episode":
-                if int(record["row"]) != row:
-                    raise RecordRefused(position, kind, f"episode row {record['row']} out of order (expected {row})")
-                row += 1
-
-    def _apply(self, record: dict[str, Any]) -> None:
-        kind = record.get("t")
-        if kind in ("header", "commit"):
-            return
-        handler = self._APPLY.get(kind)
-        if handler is None:
-            raise ValueError(f"{self._where()}: unknown record type {kind!r}")
-        handler(self, record)
+        """Apply records to the columns (StoreColumns.apply_all); returns how many there were."""
+        return self.columns.apply_all(records, self._where())
 
     def _where(self) -> str:
         return str(self._log.path) if self._log is not None else "EpisodeStore"
@@ -587,6 +389,123 @@ class EpisodeStore(WritePath, LogReplay):
         faults.point("store.encode", len(texts))
         return self.encoder.encode(texts, batch_size=self.cfg.index.encode_batch_size, progress=progress)
 
+    # ------------------------------------------------------------------ write batches
+    def _commit(
+        self, records: list[dict[str, Any]], progress: bool = False, snapshot: bool = True,
+        embeddings: torch.Tensor | None = None, index: bool = True,
+    ) -> None:
+        """One write batch in one chunk: encode (unless `embeddings` are given), then log, then apply to the
+        metadata and the indexes, then (persistent stores) snapshot.
+
+        The batch is checked first (`StoreColumns.check`) and encoding comes next: if either fails (a memory
+        past its speakers, out of memory, a bad text) nothing was logged or applied. A failure after the
+        log append (applying or indexing) drops the batch from a persistent store's log and reopens the
+        store, so the log never keeps a batch its store did not take, and row numbers stay unique.
+        index=False (turns only, append_turns): logged and applied to the metadata; encoding and indexing
+        wait for index_pending."""
+        batch_start = len(self._log) if self._log is not None else 0
+        try:
+            if not index:
+                self.columns.check(records)
+                if self._log is not None:
+                    self._log.append([*records, *([{"t": "commit", "records": len(records)}] if self._commits else [])])
+                self._apply_all(records)
+                self._unindexed.extend(records)
+                self.generation = next(GENERATIONS)
+            else:
+                self._write_chunk(records, embeddings, progress, commit=len(records))
+        except BaseException:
+            if self._log is not None and len(self._log) > batch_start:
+                self._undo_batch(batch_start)
+            raise
+        if snapshot:
+            self._end_batch(None, snapshot)
+
+    def _write_chunk(self, records: list[dict[str, Any]], embeddings: torch.Tensor | None, progress: bool,
+                     commit: int | None = None) -> None:
+        """Encode (unless given), log, apply to the metadata, index: one chunk of a batch. commit: the
+        batch's record count when this is its last chunk (its commit record goes in the same write)."""
+        self.index_pending()  # turns logged before this batch are indexed first: index order is log order
+        self.columns.check(records)
+        if embeddings is None:
+            embeddings = self._encode_records(records, progress)
+        else:
+            self.last_timings.setdefault("encode_s", 0.0)
+        started = time.perf_counter()
+        if self._log is not None:
+            closing = [{"t": "commit", "records": commit}] if commit is not None and self._commits else []
+            self._log.append([*records, *closing])
+        logged = time.perf_counter()
+        self._apply_all(records)
+        applied = time.perf_counter()
+        self._index_records(records, embeddings)
+        self.generation = next(GENERATIONS)
+        for key, seconds in (("log_s", logged - started), ("metadata_s", applied - logged)):
+            self.last_timings[key] = self.last_timings.get(key, 0.0) + seconds
+
+    def _end_batch(self, count: int | None, snapshot: bool = True) -> None:
+        """The commit record of a batch of `count` records (format-2 logs; None: written with its last
+        chunk), then the snapshot."""
+        if self._log is not None and self._commits and count is not None:
+            self._log.append([{"t": "commit", "records": count}])
+        if snapshot:
+            t0 = time.perf_counter()
+            self.snapshot()
+            self.last_timings["snapshot_s"] = self.last_timings.get("snapshot_s", 0.0) + time.perf_counter() - t0
+
+    def add_memories(self, memories: Iterable[Memory], progress: bool = True, precomputed: bool = False) -> np.ndarray:
+        """Store whole memories (a benchmark) as one write batch, in chunks of about store.write_budget_mb:
+        one encoder pass per chunk (one in all when everything fits). `memories` may be any iterable (a
+        generator streams LongMemEval-M: only the current chunk's memories are held).
+
+        A memory id already in the store gets the turns appended. precomputed: take each memory's vectors
+        from `memory.extra["embeddings"]` [turns, dim] instead of encoding. Returns the new episode rows.
+
+        A failure while writing a later chunk leaves nothing of the batch: a persistent store drops the
+        batch's records from its log and reopens itself (then raises); an in-memory store keeps the chunks
+        written before the failure (logged at ERROR)."""
+        started = time.perf_counter()
+        self.last_timings = {}
+        first = self.size
+        batch_start = len(self._log) if self._log is not None else 0
+        count = chunks = 0
+        committed = False
+        try:
+            for records, embeddings, last in batch_chunks(self.columns, memories, precomputed, self.dim,
+                                                          self.cfg.store.write_budget_mb):
+                count += len(records)
+                self._write_chunk(records, embeddings, progress, commit=count if last else None)
+                committed = last
+                chunks += 1
+        except BaseException:
+            if chunks:
+                self._undo_batch(batch_start)
+            raise
+        if count:
+            self._end_batch(None if committed else count)
+        self.last_timings["chunks"] = chunks
+        self.last_timings["total_s"] = time.perf_counter() - started
+        log.info(
+            "EpisodeStore: stored %d episodes in %d chunk(s) in %.1f s (%s)",
+            self.size - first, chunks, self.last_timings["total_s"],
+            ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k not in ("total_s", "chunks")),
+        )
+        return np.arange(first, self.size, dtype=np.int64)
+
+    def _undo_batch(self, batch_start: int) -> None:
+        """After a batch failed once part of it was logged: drop its uncommitted records and reload the
+        store from disk."""
+        if self._log is None:
+            log.error("EpisodeStore: a write batch failed after some of its chunks were applied; this in-memory "
+                      "store keeps them (%d episodes in all now)", self.size)
+            return
+        log.error("EpisodeStore: %s: a write batch failed after some of its chunks were logged: dropping them "
+                  "and reopening the store", self.path)
+        self._log.drop_records(batch_start)
+        self._log.close()
+        self._log = None
+        self.__init__(self.path, self.cfg, self.encoder)  # type: ignore[misc]
+
     # ------------------------------------------------------------------ writes
     def append_turn(self, memory_id: str, turn: Turn, session_id: str | None = None, speakers: Sequence[str] = ()) -> int:
         """A live agent's one new turn: logged (fsync with store.fsync) and indexed; returns its row.
@@ -605,24 +524,14 @@ class EpisodeStore(WritePath, LogReplay):
         index=False: logged (fsynced) and applied to the metadata only; the encoder pass and the index adds
         wait for `index_pending`, which every read of the episode indexes runs first (a live memory's
         `live.indexing: deferred`). A kill before then loses nothing: the log replays."""
-        records: list[dict[str, Any]] = []
-        pending: dict[str, int] = {}
-        rows: list[int] = []
-        row = self.size
-        for memory_id, turn, session_id, speakers in turns:
-            memory_idx, created = self._memory_records(memory_id, speakers, pending)
-            records.extend(created)
-            records.append(self._episode_record(row, memory_idx, session_id if session_id is not None else turn.date_text,
-                                                turn))
-            rows.append(row)
-            row += 1
+        records, rows = turn_records(self.columns, turns)
         if records:
             self._commit(records, snapshot=False, index=index)
         return rows
 
     def live_turns(self, memory_id: str) -> list[int]:
         """The live rows of one memory in conversation order ([] for a memory never stored)."""
-        memory = self._memory_index.get(memory_id)
+        memory = self.columns.memory_index.get(memory_id)
         return [] if memory is None else self.memory_rows(memory).tolist()
 
     def conversation(self, memory_id: str) -> Memory:
@@ -630,11 +539,11 @@ class EpisodeStore(WritePath, LogReplay):
         sessions in the order their first turn came, each turn with its id, speaker, own words, timestamp,
         date text and images (caption and id; the store keeps no image paths)."""
         memory = Memory(memory_id, speakers=list(self.memory_speakers[self.memory_of(memory_id)])
-                        if memory_id in self._memory_index else [])
+                        if memory_id in self.columns.memory_index else [])
         sessions: dict[str, Session] = {}
         for row in self.live_turns(memory_id):
             speaker = self.speaker_name(row)
-            text = self._text[row]
+            text = self.text[row]
             date = text[len("DATE: "):len(text) - len(self.body(row)) - len(f" | Speaker {speaker} says: ")]
             stamp = "" if np.isnat(self.timestamp[row]) else str(self.timestamp[row])
             images, said = split_body(self.body(row), self.image_ids[row])
@@ -799,6 +708,50 @@ class EpisodeStore(WritePath, LogReplay):
             event=times[0] if len(times) else unknown, recorded=times[-1] if len(times) else unknown, replaces=replaces,
             memory_id=self.memory_ids[int(memory_idx)],
         )
+
+    # ------------------------------------------------------------------ opening (store/replay.py)
+    def _load_snapshot(self) -> int:
+        """Load the newest snapshot that matches the log and its checksums; returns how many records it covers."""
+        assert self._log is not None
+        loaded = load_newest(self._snapshot_dir(), self._log, self.dim, ("episode_bm25", "summary_bm25"),
+                             ("episode_dense", "summary_dense"), self.cfg.index.dense_device,
+                             self.cfg.index.dense_batched_max_rows, self._dense_gpu_id())
+        if loaded is None:
+            return 0
+        self.episode_bm25.load_state_dict(loaded.bm25["episode_bm25"])
+        self.summary_bm25.load_state_dict(loaded.bm25["summary_bm25"])
+        self.episode_dense, self.summary_dense = loaded.dense["episode_dense"], loaded.dense["summary_dense"]
+        log.info("EpisodeStore: loaded snapshot %s (%d records)", loaded.folder, loaded.records)
+        return loaded.records
+
+    def _open(self) -> None:
+        """Open the store's folder: the log made ready (replay.open_log), the newest good snapshot loaded,
+        every record applied to the columns (cheap, no model), the records after the snapshot replayed
+        into the indexes, and a new snapshot when there were any, so the next open encodes nothing."""
+        assert self.path is not None
+        opened = open_log(self.path, self._snapshot_dir(), self.cfg, self.dim)
+        self._log, self._commits = opened.log, opened.commits
+        if opened.created:
+            return
+        covered = self._load_snapshot()
+        self._snapshot_records = covered
+        # the metadata of every record, streamed; the episodes the snapshot covers are counted on the way
+        expected = replay_columns(self._log, self.columns, covered, self.path)
+        if int(self.episode_bm25.num_rows) != expected or self.episode_dense.size != expected:
+            raise ValueError(f"{self._log.path}: snapshot holds {self.episode_dense.size} dense / "
+                             f"{self.episode_bm25.num_rows} BM25 rows, the log has {expected} episodes before it")
+        tail = len(self._log) - covered
+        texts = sum(1 for r in self._log.iter_records(covered) if r.get("t") in ("episode", "summary"))
+        if texts:
+            log.log(logging.WARNING if covered == 0 else logging.INFO,
+                    "EpisodeStore: %s: replaying %d log records after %s (re-encoding %d texts)", self.path,
+                    tail, f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
+        for chunk in replay_chunks(self._log, covered, self.dim, self.cfg.store.write_budget_mb):
+            self._index_records(chunk)
+        if tail:  # so that the next open loads everything from a snapshot and encodes nothing
+            self.snapshot()
+        log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
+                 self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
 
     # ------------------------------------------------------------------ persistence
     def _snapshot_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """`memfit store repair`: a log whose replay meets a record the store refuses, made openable again.
 
-Since the write path checks every batch before logging it (EpisodeStore._check_records), a log never
+Since the write path checks every batch before logging it (StoreColumns.check), a log never
 holds a record its own replay refuses. A log written by an older memfit_gpu may: a live add whose 64th
 speaker was refused after its batch had been logged stayed in the log, so every later open stopped at it
 (StoreRecordError). Repair replays the log's committed batches, metadata only (nothing is encoded), and
@@ -28,9 +28,10 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.files import atomic_write_text
+from memfit_gpu.store.columns import RecordRefused
 from memfit_gpu.store.episodes import EpisodeStore
 from memfit_gpu.store.log import RecordLog, encode_record
-from memfit_gpu.store.replay import LOG_FORMAT, RecordRefused
+from memfit_gpu.store.replay import LOG_FORMAT
 
 log = logging.getLogger(__name__)
 
