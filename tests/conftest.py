@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import forkserver  # tests/forkserver.py (tests/ is on sys.path)
 import pytest
+from support import forkserver  # tests/support/forkserver.py (tests/ is on sys.path)
 
 # Tests never reach a model hub: packaged weights only, and a clear error otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +48,7 @@ def _sample_busy_cores(path: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # `python -m memfit_gpu.cli` children are forks of a process that imported torch & co. once
-    # (tests/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
+    # (tests/support/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
     if forkserver.enabled():
         forkserver.install()
     timeline = os.environ.get(TIMELINE_ENV)
@@ -77,13 +77,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # order, the longest first, so that the two workers end together (measured: docs/benchmarks.md "Test
 # suite"); the rest follow in their collection order.
 LONGEST_FIRST = (
-    "test_methods_runs.py", "test_crash_consistency.py", "test_vllm_reader.py", "test_lightmem_sweep.py",
-    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_beam_runs.py", "test_peers.py", "test_slurm_scripts.py",
+    "test_methods_runs.py", "test_run_crash_consistency.py", "test_readers_vllm.py", "test_sweep_lightmem.py",
+    "test_experiments_gpu_check.py", "test_sweep_slurm.py", "test_run_pipeline.py", "test_run_beam.py", "test_methods_peers.py", "test_sweep_slurm_scripts.py",
     "test_store_locomo.py",
-    "test_paper_tables.py", "test_depths.py", "test_report_browser.py", "test_report.py", "test_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
+    "test_evaluate_paper_tables.py", "test_run_depths.py", "test_report_browser.py", "test_report.py", "test_index_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
     "test_store_run.py", "test_retrieve_reference.py", "test_readers_cache.py", "test_models.py",
-    "test_retrieve_cli.py", "test_encoders.py", "test_readers_transformers.py", "test_store_cli.py", "test_serve.py",
-    "test_summaries.py", "test_store_scale.py", "test_cli_errors.py",
+    "test_retrieve_cli.py", "test_index_encoders.py", "test_readers_transformers.py", "test_store_cli.py", "test_serve.py",
+    "test_store_summaries.py", "test_store_scale.py", "test_cli_errors.py",
 )
 
 
