@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import forkserver  # tests/support/forkserver.py (tests/ is on sys.path)
+from support.data import LOCOMO, SHARED_DATA
 
 # Tests never reach a model hub: packaged weights only, and a clear error otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -116,9 +117,6 @@ def _fresh_interpreter_when_marked(request: pytest.FixtureRequest):
         yield
 
 
-SHARED_DATA = Path(os.environ.get("MEMFIT_SHARED_DATA", REPO.parent / "shared" / "data"))
-
-
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
@@ -128,7 +126,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def locomo_path(shared_data: Path) -> Path:
-    return shared_data / "locomo" / "locomo10.json"
+    return shared_data / LOCOMO
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +189,8 @@ def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -
     """`memfit run --config configs/smoke.yaml` made ONCE per test session, whichever worker asks first (the
     other waits on a lock): (run directory, the command's stdout). READ-ONLY: a test that reruns, damages
     or resumes it works on a copy (`shutil.copytree`)."""
+    from support.env import memfit_env
+
     shared = session_folder(tmp_path_factory)
     out, stdout = shared / "smoke-run" / "smoke", shared / "smoke-run" / "stdout.txt"
     out.parent.mkdir(exist_ok=True)
@@ -199,7 +199,7 @@ def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -
         if not stdout.exists():  # written last: a run that failed is made again by the next asker
             if out.exists():
                 shutil.rmtree(out)
-            env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+            env = memfit_env(shared_data)
             proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config",
                                    str(REPO / "configs" / "smoke.yaml"), "--out", str(out), "--quiet"], env=env,
                                   capture_output=True, text=True, timeout=1200)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.env import memfit_env
 
 from memfit_gpu.cli import main
 
@@ -43,7 +43,7 @@ def test_stats_longmemeval_subprocess(shared_data: Path) -> None:
     path = shared_data / "longmemeval" / "longmemeval_oracle_sample47.json"
     result = subprocess.run(
         [sys.executable, "-m", "memfit_gpu.cli", "data", "stats", "longmemeval", "--path", str(path), "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=120, env=memfit_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout.strip().splitlines()[-1])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.env import memfit_env
 
 from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_dict, to_yaml
@@ -414,7 +414,7 @@ def smoke_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> P
                           f"fixed: {{data.limit_questions: 3, store.path: {root / 'store'}}}\n"
                           "grid: {pack.k: [5, 10]}\n")
     out = root / "smoke"
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+    env = memfit_env(shared_data)
     proc = subprocess.run(
         [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(sweep_file), "--launcher", "local",
          "--out", str(out)],

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+from support.env import memfit_env
+from support.files import files_holding
 from support.live_server import DEMO, LiveServer
 
 from memfit_gpu.live import Memory
@@ -41,18 +43,6 @@ def turns(user: str) -> list[dict[str, str]]:
         words = "The Glimmerwick harbor lantern glows mauveish"
     return [{"speaker": "Ann" if user == ERASED else "Bob", "text": f"{words} {i}.", "turn_id": f"t{i}",
              "timestamp": f"2024-03-{1 + i // 8:02d}T10:{i % 60:02d}:00"} for i in range(40)]
-
-
-def files_holding(folder: Path, words: list[str]) -> dict[str, list[str]]:
-    """Per file under `folder` (every byte, any file), the words found in it."""
-    found: dict[str, list[str]] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        hits = [w for w in words if w.encode() in data]
-        if hits:
-            found[str(path.relative_to(folder))] = hits
-    return found
-
 
 @pytest.fixture(autouse=True)
 def _echo_quotes_the_first_excerpt(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +93,7 @@ def test_the_store_commands_erase_a_live_users_every_byte_too(tmp_path: Path) ->
         memory.answer(ERASED, ["What is the vault code?"])
     config = tmp_path / "config.yaml"
     config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
-    env = {**os.environ, "MEMFIT_PLUGINS": "seam_echo_backend",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = memfit_env(plugins="seam_echo_backend")
     cli = [sys.executable, "-m", "memfit_gpu.cli", "store"]
     delete = subprocess.run([*cli, "delete", str(folder), "--config", str(config), "--memory", ERASED,
                              "--no-resummarize", *sum((["--turn", f"t{i}"] for i in range(40)), [])],

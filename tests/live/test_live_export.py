@@ -11,7 +11,6 @@ echo backend (tests/seam_echo_backend.py: summaries and notes quote the first ex
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+from support.env import memfit_env
 from support.live_server import DEMO, LiveServer
 
 from memfit_gpu.data import load_benchmark
@@ -90,8 +90,7 @@ def test_the_store_commands_and_the_export_route_write_the_same_line(tmp_path: P
     with Memory.open(tmp_path / "m", config) as memory:
         memory.add("u1", turns)
         memory.consolidate()
-    env = {**os.environ, "MEMFIT_PLUGINS": "seam_echo_backend",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = memfit_env(plugins="seam_echo_backend")
     cli = [sys.executable, "-m", "memfit_gpu.cli", "store"]
     out = tmp_path / "u1.jsonl"
     done = subprocess.run([*cli, "export", str(tmp_path / "m"), "--user", "u1", "--out", str(out), "--summaries",

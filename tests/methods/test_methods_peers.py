@@ -9,7 +9,6 @@ the OpenAI client mem0 itself uses. Each mem0 `add` sends SmolLM2 mem0's ~8,700-
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
@@ -25,10 +24,12 @@ from typing import Any
 import openai
 import pytest
 from support.data import write_tiny_locomo
+from support.env import memfit_env
+from support.files import files_holding
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark
-from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.faults import FAULT_ENV
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
 from memfit_gpu.methods.peers.mem0 import memory_class, memory_config
@@ -171,16 +172,10 @@ def test_mem0_is_registered_as_a_live_reader_method_with_a_persistent_store() ->
     assert (entry.reader_free, entry.incremental, entry.live, entry.peer) == (False, True, True, True)
     assert not any(method_entry(name).peer for name in ("memfit", "plain", "naive_rag", "full_context", "lightmem_slm"))
 
-
-def _env(shared_data: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
-    return {**env, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
-
-
 def _run(out: Path, data: Path, shared_data: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(DEMO), "method=mem0",
                            f"data.path={data}", "mem0.max_tokens=48", "mem0.batch_size=2", "--out", str(out), "--quiet"],
-                          env=_env(shared_data, **env), capture_output=True, text=True, timeout=1800)
+                          env=memfit_env(shared_data, threads=1, **env), capture_output=True, text=True, timeout=1800)
 
 
 def _memories(run_dir: Path) -> dict[str, list[str]]:
@@ -260,17 +255,6 @@ def test_bench_peers_cuts_a_conversation_at_a_turn_and_keeps_the_questions_answe
     assert bench_peers.ratios(rows) == {"mem0": {"write_llm_calls": 25.0, "write_tokens": 405.0, "build_s": 50.0,
                                                  "read_tokens_per_question": 0.6}}
 
-
-def _files_holding(folder: Path, words: list[str]) -> dict[str, list[str]]:
-    """Per file under `folder` (every byte), the words found in it."""
-    found: dict[str, list[str]] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        hits = [w for w in words if w.encode() in path.read_bytes()]
-        if hits:
-            found[str(path.relative_to(folder))] = hits
-    return found
-
-
 def _same_hits(found: list[Any], expected: list[Any]) -> bool:
     """The same memories in the same order from the same turns; scores as Qdrant stores vectors (float32 on
     disk: a reopened store's cosine differs in the 9th digit)."""
@@ -326,11 +310,11 @@ def test_a_live_mem0_is_fed_as_turns_come_forgets_deleted_turns_and_erases_a_use
     try:  # reopened: nothing is fed twice, the same memories are found
         assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
         assert json.loads((folder / "ledger.json").read_text())["roles"]["mem0_write"]["calls"] == 10
-        assert _files_holding(folder, ["Zorblaxian", "quibbleflux", victim])  # before: everywhere
+        assert files_holding(folder, ["Zorblaxian", "quibbleflux", victim])  # before: everywhere
         memory.delete_user(victim)
         memory.compact()
-        assert _files_holding(folder, ["Zorblaxian", "quibbleflux", victim]) == {}
-        kept = _files_holding(folder / "mem0", ["Glimmerwick", "mauveish", keeper])
+        assert files_holding(folder, ["Zorblaxian", "quibbleflux", victim]) == {}
+        kept = files_holding(folder / "mem0", ["Glimmerwick", "mauveish", keeper])
         assert {"history.db", "added.jsonl"} <= set(kept) and any(name.startswith("qdrant/") for name in kept)
         assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
     finally:

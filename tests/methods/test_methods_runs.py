@@ -15,7 +15,6 @@ several times faster than two.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -28,10 +27,11 @@ from pathlib import Path
 import pytest
 import yaml
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
-from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
+from memfit_gpu.faults import TRACE_ENV, parse_trace
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import TurnTable
@@ -54,14 +54,8 @@ QUESTIONS = [f"conv-26:q{i}" for i in range(3)]  # two temporal, one open-domain
 OUTPUTS = ("config.yaml", "predictions.jsonl", "metrics.json", "ledger.json", "results.md", "packs.jsonl",
            "diagnostics.json", "DONE")
 
-
-def _env(shared_data: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
-    return {**env, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
-
-
 def memfit(*args: str, shared_data: Path, timeout: int = 3600, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=_env(shared_data, **env),
+    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=memfit_env(shared_data, threads=1, **env),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -296,7 +290,7 @@ def test_compare_and_efficiency_work_across_methods(runs: dict[str, Path], share
     # the paper's tables: the efficiency table by method lists the five runs with the same write calls
     tables = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out",
                              str(tmp_path / "tables"), "--efficiency", *(f"{m}={runs[m]}" for m in METHODS)],
-                            env=_env(shared_data), capture_output=True, text=True, timeout=300)
+                            env=memfit_env(shared_data, threads=1), capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr[-2000:]
     rows = [line for line in (tmp_path / "tables" / "efficiency_methods.md").read_text().splitlines()
             if line.startswith("|")][2:]  # the table's lines less its header and rule

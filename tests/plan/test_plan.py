@@ -3,7 +3,6 @@ BM25 / vector byte constants calibrated against real structures built from LoCoM
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.env import memfit_env
 
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark
@@ -188,7 +188,7 @@ def test_without_gpus_only_the_host_is_checked(locomo_path: Path):
 
 
 def test_memfit_plan_exits_2_with_the_key(locomo_path: Path, shared_data: Path):
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+    env = memfit_env(shared_data)
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "plan", "--config", str(SMOKE), "--gpus", "1",
                            "--gpu-mem-gib", "8", "--host-mem-gib", "64", "reader.backend=vllm"],
                           env=env, capture_output=True, text=True, timeout=300)

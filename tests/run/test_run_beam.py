@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo in this process, for the live Memory)
 from support.beam_prompts import write_beam_prompts
+from support.env import memfit_env
 
 from memfit_gpu.data import load_benchmark
-from memfit_gpu.faults import FAULT_ENV, TRACE_ENV
+from memfit_gpu.faults import FAULT_ENV
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.live import Memory
 from memfit_gpu.readers.ledger import Ledger
@@ -77,9 +78,7 @@ def messages(data: Path) -> int:
 
 
 def memfit(*args: str, data: Path, cache: Path, timeout: int = 1800, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
-    env = {**base, "MEMFIT_DATA_DIR": str(data), "MEMFIT_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), **env}
+    env = memfit_env(data, threads=1, plugins=env.pop("MEMFIT_PLUGINS", None), MEMFIT_CACHE=str(cache), **env)
     return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -20,7 +20,6 @@ and a question the server did not answer fails alone and is asked again by the r
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
@@ -35,8 +34,9 @@ from typing import Any
 import pytest
 from support.counting_server import MODEL, CountingServer
 from support.data import write_small_locomo
+from support.env import memfit_env
 
-from memfit_gpu.faults import FAULT_ENV, TRACE_ENV, parse_trace
+from memfit_gpu.faults import parse_trace
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.reader import load_ledger
@@ -95,18 +95,11 @@ def small_locomo(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) ->
     """conv-26 cut to its first three sessions (real turns and questions, written once per module)."""
     return write_small_locomo(shared_data, tmp_path_factory.mktemp("data"), questions=6)
 
-
-def _env(shared_data: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, TRACE_ENV)}
-    # One torch thread per run: quick on a shared CI box, and every run computes the same floats.
-    return {**env, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
-
-
 def memfit_run(out: Path, data: Path, shared_data: Path, *extra_args: str,
                **env: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet",
            f"data.path={data}", *OVERRIDES, *extra_args]
-    return subprocess.run(cmd, env=_env(shared_data, **env), capture_output=True, text=True, timeout=900)
+    return subprocess.run(cmd, env=memfit_env(shared_data, threads=1, **env), capture_output=True, text=True, timeout=900)
 
 
 def comparable_metrics(run_dir: Path) -> dict[str, Any]:

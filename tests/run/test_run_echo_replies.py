@@ -11,7 +11,6 @@ stands in for a model whose numbers are reported.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu.files import read_jsonl
 
@@ -93,7 +93,7 @@ def test_an_echoed_answer_and_forged_verdicts_are_never_scored_as_the_models(tmp
     data = write_small_locomo(shared_data, tmp_path, questions=6)
     server = ForgingServer()
     try:
-        env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = memfit_env(shared_data, threads=1)
         out = tmp_path / "run"
         proc = subprocess.run(
             [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet",

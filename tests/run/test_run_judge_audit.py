@@ -8,7 +8,6 @@ predictions are the gold answer, half a wrong one. The audit reads nothing else 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from support import audit_judges  # noqa: F401  (registers the scripted judge backends: tests/ is on sys.path)
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu import provenance
 from memfit_gpu.cli import main
@@ -31,7 +31,6 @@ from memfit_gpu.run.inputs import data_record
 from memfit_gpu.run.judge_audit import PROBES, WRONG, AuditError, audit, negate, perturb, probes_for
 
 REPO = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 QUESTIONS = 16
 
@@ -134,8 +133,7 @@ def test_a_killed_audit_reruns_from_the_cache_to_the_same_report(accept_all_audi
     shutil.copytree(accept_all_audit[0], run_dir)
     for name in ("judge_audit.json", "judge_audit.md", "ledger.json", "cache.sqlite"):
         (run_dir / name).unlink()
-    env = {**os.environ, "MEMFIT_PLUGINS": "support.audit_judges", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = memfit_env(threads=1, plugins="support.audit_judges")
     cmd = [sys.executable, "-m", "memfit_gpu.cli", "judge-audit", str(run_dir), "--quiet"]
     killed = subprocess.run(cmd, env={**env, "MEMFIT_FAULT": "audit.ledger:1"}, capture_output=True, text=True,
                             timeout=300)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu import provenance
 from memfit_gpu.cli import main
@@ -27,11 +28,6 @@ from memfit_gpu.run.pipeline import RunError, run, run_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke.yaml"
-
-
-def _env(shared_data: Path) -> dict[str, str]:
-    return {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
-
 
 def _cache_rows(run_dir: Path) -> int:
     with sqlite3.connect(run_dir / "cache.sqlite") as db:
@@ -177,7 +173,7 @@ def test_rerun_of_a_finished_run_makes_no_call(smoke_run: Path, shared_data: Pat
     shutil.copytree(smoke_run, finished)
     before = (finished / "ledger.json").read_bytes(), _cache_rows(finished)
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out",
-                           str(finished), "--quiet"], env=_env(shared_data), capture_output=True, text=True, timeout=300)
+                           str(finished), "--quiet"], env=memfit_env(shared_data), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (finished / "ledger.json").read_bytes() == before[0] and _cache_rows(finished) == before[1]
 
@@ -211,7 +207,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_predictions(tmp_path: Pat
            f"data.path={data}"]
     preds = out / "predictions.jsonl"
     # SIGKILLed exactly after the first flush (3 of 6 answers on disk; memfit_gpu.faults), not by timing.
-    proc = subprocess.run(cmd, env={**_env(shared_data), "MEMFIT_FAULT": "predictions:1"}, capture_output=True,
+    proc = subprocess.run(cmd, env=memfit_env(shared_data, MEMFIT_FAULT="predictions:1"), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert not (out / "DONE").exists()
@@ -220,7 +216,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_predictions(tmp_path: Pat
     # A torn line, as a kill in the middle of a write leaves it, is dropped on resume.
     with open(preds, "a") as handle:
         handle.write('{"question_id": "conv-26:q')
-    done = subprocess.run(cmd, env=_env(shared_data), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, env=memfit_env(shared_data), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_jsonl(preds)
     ids = [r["question_id"] for r in rows]
@@ -287,7 +283,7 @@ def test_copy_of_a_finished_run_rerun_with_another_alpha_is_refused(smoke_run: P
     shutil.copytree(smoke_run, copy)
     before = (copy / "metrics.json").read_bytes()
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(copy),
-                           "--quiet", "retrieve.alpha=0.1"], env=_env(shared_data), capture_output=True, text=True,
+                           "--quiet", "retrieve.alpha=0.1"], env=memfit_env(shared_data), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (

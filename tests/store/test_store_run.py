@@ -5,7 +5,6 @@ damaged snapshot give exactly the results of the undamaged run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.env import memfit_env
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ AFTER_STORE = ("DONE", "packs.jsonl", "diagnostics.json", "predictions.jsonl", "
 
 
 def _memfit_run(out: Path, shared_data: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+    env = memfit_env(shared_data)
     return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out),
                            "--quiet"], env=env, capture_output=True, text=True, timeout=1200)
 

@@ -10,7 +10,6 @@ of a store that holds the conversation already (no encoding)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,11 +21,10 @@ from typing import Any
 from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import summarize
-from memfit_gpu.plugins import PLUGINS_ENV
 from memfit_gpu.readers.ledger import Ledger
+from support.env import memfit_env
 
 REPO = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
 
 
@@ -94,8 +92,7 @@ def pack_texts(run: Path) -> dict[str, Any]:
 def memfit(args: Sequence[str], shared_data: Path, env: Mapping[str, str] | None = None
            ) -> subprocess.CompletedProcess[str]:
     """`python -m memfit_gpu.cli ARGS` with the echo reader loadable; asserts exit code 0."""
-    full = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", PLUGINS_ENV: "seam_echo_backend",
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **(env or {})}
+    full = memfit_env(shared_data, plugins="seam_echo_backend", **(env or {}))
     proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=full, capture_output=True, text=True,
                           timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

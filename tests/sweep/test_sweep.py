@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from support.env import memfit_env
 
 from memfit_gpu.cli import main as memfit_main
 from memfit_gpu.config import load_config
@@ -459,7 +460,7 @@ command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
     out = tmp_path / "out"
     command = [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher", "local",
                "--out", str(out)]
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data)}
+    env = memfit_env(shared_data)
     driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     child_pid = None
     deadline = time.monotonic() + 120

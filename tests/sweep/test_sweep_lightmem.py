@@ -17,7 +17,6 @@ metrics.json; `memfit aggregate --by seed`; `memfit compare --seeds`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
@@ -62,14 +62,8 @@ POINTS = [  # the LightMem runs (minutes) first, so that the two at a time keep 
     {"name": "naive_rag-seed1", "method": "naive_rag", "eval.growth_points": GROWTH, "reader.seed": 1},
 ]
 
-
-def _env(shared_data: Path) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("MEMFIT_FAULT")},
-            "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-
-
 def memfit(*args: str, shared_data: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=_env(shared_data), cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", *args], env=memfit_env(shared_data, threads=1), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -204,7 +198,7 @@ def test_growth_scores_the_due_questions_and_its_last_point_is_the_run(sweep: Pa
 def test_paper_tables_lightmem_prints_every_table_from_the_runs(sweep: Path, tmp_path: Path, shared_data: Path):
     out = tmp_path / "tables"
     proc = subprocess.run([sys.executable, str(REPO / "experiments" / "paper_tables.py"), "--out", str(out),
-                           "--lightmem", str(sweep), "--permutations", "500"], env=_env(shared_data),
+                           "--lightmem", str(sweep), "--permutations", "500"], env=memfit_env(shared_data, threads=1),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = json.loads(proc.stdout.splitlines()[-1])["tables"]
@@ -286,7 +280,7 @@ def test_growth_killed_at_its_durable_writes_resumes_to_the_same_rows(sweep: Pat
         shutil.copytree(done, out)
         for name in ("growth.jsonl", "growth.json", "metrics.json", "results.md", "DONE"):
             (out / name).unlink()
-        env = {**_env(shared_data), "MEMFIT_FAULT": fault}
+        env = memfit_env(shared_data, threads=1, MEMFIT_FAULT=fault)
         killed = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(config), "--out",
                                  str(out), "--quiet"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         done_after_kill = (out / "DONE").exists()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.data import write_small_locomo
+from support.env import memfit_env
 
 from memfit_gpu.sweep.aggregate import pack_hit_rate
 
@@ -269,7 +270,7 @@ def test_local_launcher_skips_finished_points_stops_on_sigterm_and_resumes(cance
         shutil.copytree(cancelled_sweep["out"] / "points" / point, out / "points" / point)
         finished[point] = {name: (out / "points" / point / name).read_bytes() for name in ("DONE", "predictions.jsonl")}
     command = [*MEMFIT, "sweep", "--config", str(sweep_file), "--launcher", "local", "--out", str(out)]
-    env = {**os.environ, "MEMFIT_DATA_DIR": str(small_data_dir)}
+    env = memfit_env(small_data_dir)
 
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     timings = out / "points" / "k=3" / "timings.json"
