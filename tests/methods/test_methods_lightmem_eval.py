@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_methods import ScriptedSLM, _bench, _two_users  # tests/ is on sys.path
+from test_methods import ScriptedSLM, _bench, _two_users  # pytest puts this folder on sys.path
 
 from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.data import load_benchmark, select_from_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_store import _memories  # the same hand-built memories (tests/ is on sys.path)
+from test_store import _memories  # the same hand-built memories (pytest puts this folder on sys.path)
 
 from memfit_gpu.config import MemFitConfig, SegmentConfig, SummaryConfig
 from memfit_gpu.data.schema import Memory, Session, Turn
