@@ -34,7 +34,7 @@ demo: $(STAMP)
 # fetched, models converted or hub files cached by earlier work (removed afterwards). Two pytest-xdist
 # workers, one test file at a time each, longest first (tests/conftest.py), every process on one torch
 # thread: two cores stay busy without OpenMP threads waiting for each other's core.
-# `make test TESTS=tests/test_store.py TEST_WORKERS=0` runs one file in one process.
+# `make test TESTS=tests/store/test_store.py TEST_WORKERS=0` runs one file in one process.
 TESTS ?= tests
 TEST_WORKERS ?= 2
 test: $(STAMP)

@@ -113,7 +113,7 @@ def results_equal(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
 
 
 def _load_module(path: Path, name: str) -> ModuleType:
-    """A script of the tree (tests/kernel_cases.py, experiments/bench_kernels.py) as a module."""
+    """A script of the tree (tests/support/kernel_cases.py, experiments/bench_kernels.py) as a module."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -369,13 +369,13 @@ def stall_forever() -> None:
 
 # ---------------------------------------------------------------------------------------------- kernels
 def _kernel_cases(ctx: Context, names: Sequence[str], repeats: int) -> None:
-    """tests/kernel_cases.py's cases `names`, each a part: the kernel on the device `repeats` times
+    """tests/support/kernel_cases.py's cases `names`, each a part: the kernel on the device `repeats` times
     against the torch reference on the CPU, every run compared bit for bit."""
     if not triton_available():
         raise Skip("triton is not installed")
     if not ctx.on_gpu and not interpreting():
         raise Skip("CPU run without TRITON_INTERPRET=1: the kernels run on CUDA tensors only")
-    cases = _load_module(REPO / "tests" / "kernel_cases.py", "kernel_cases")
+    cases = _load_module(REPO / "tests" / "support" / "kernel_cases.py", "kernel_cases")
     m = ctx.metrics
     m.update(repeats=repeats, compiled=ctx.on_gpu)
     m.setdefault("cases", {})
@@ -403,10 +403,10 @@ def stage_kernels(ctx: Context) -> None:
     bit for bit over repeated runs, then their speed against the torch path at LoCoMo and S size. Every
     variant compiled is in the stage's `kernel_variants` with the seconds of its first launch."""
     m = ctx.metrics
-    names = _load_module(REPO / "tests" / "kernel_cases.py", "kernel_cases").KERNEL_CASES
+    names = _load_module(REPO / "tests" / "support" / "kernel_cases.py", "kernel_cases").KERNEL_CASES
     if ctx.quick and not ctx.on_gpu:  # the interpreter takes ~75 s for these two; the CI runs them already
         for name in names[2:]:
-            m["skipped"][f"case_{name}"] = "--quick: tests/test_kernels.py runs it under the interpreter"
+            m["skipped"][f"case_{name}"] = "--quick: tests/kernels/test_kernels.py runs it under the interpreter"
         names = names[:2]
     _kernel_cases(ctx, names, 10 if ctx.on_gpu else (1 if ctx.quick else 2))
     m["speed"] = {}
@@ -446,7 +446,7 @@ def stage_kernels_m(ctx: Context) -> None:
 def stage_kernels_wide(ctx: Context) -> None:
     """Optional, last: the segment_topk kernel itself above TRITON_MAX_K (K_PAD 128), which the read path
     never launches (k > 64 takes the torch reference); its compile seconds are in `kernel_variants`."""
-    cases = _load_module(REPO / "tests" / "kernel_cases.py", "kernel_cases")
+    cases = _load_module(REPO / "tests" / "support" / "kernel_cases.py", "kernel_cases")
     _kernel_cases(ctx, cases.WIDE_CASES, 3 if ctx.on_gpu else 1)
 
 

@@ -14,7 +14,7 @@ The dense top lists are seeded random rows of each question's memory with sorted
 dense search is FAISS, not one of these kernels); boosts use random question constraints and the rows'
 real speaker / year / month. `identical` compares every BM25 score bit and row and all six columns of
 the fused candidates. On a CPU only the torch path is timed: the Triton kernels need CUDA (under
-TRITON_INTERPRET=1 they run for correctness only, in tests/test_kernels.py).
+TRITON_INTERPRET=1 they run for correctness only, in tests/kernels/test_kernels.py).
 
     .venv/bin/python experiments/bench_kernels.py [--sizes locomo,s,m] [--device auto] [--repeats 5]
 

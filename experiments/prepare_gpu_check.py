@@ -50,7 +50,7 @@ from memfit_gpu.models import MissingWeightsError, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST_VERSION = 1
-# Distributions the check's imports need beyond the GPU machine's own packages (tests/test_gpu_check.py
+# Distributions the check's imports need beyond the GPU machine's own packages (tests/experiments/test_experiments_gpu_check.py
 # runs the check in an environment without them to prove the list complete). omegaconf 2.4 vendors its
 # antlr4 runtime (licence in its dist-info: licenses/ATTRIBUTION/LICENSE-antlr4).
 SHIPPED_DISTRIBUTIONS = ("omegaconf",)

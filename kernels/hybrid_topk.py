@@ -9,7 +9,7 @@ their -1 pads; one program per question.
 The torch reference, which stays the oracle, is the batched read path's own code:
 `memfit_gpu.retrieve.hybrid.fuse` -> `memfit_gpu.retrieve.boosts.add_boosts` -> `Hits.ranked()` ->
 `Hits.head(k)`. The kernel forms every float64 value with the same operations in the same order
-(no fused multiply-add), so both give the same bits; tests/test_kernels.py checks it on random
+(no fused multiply-add), so both give the same bits; tests/kernels/test_kernels.py checks it on random
 ragged batches under the Triton interpreter.
 """
 

@@ -12,8 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import forkserver  # tests/forkserver.py (tests/ is on sys.path)
 import pytest
+from support import forkserver  # tests/support/forkserver.py (tests/ is on sys.path)
+from support.data import LOCOMO, SHARED_DATA
 
 # Tests never reach a model hub: packaged weights only, and a clear error otherwise.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +49,7 @@ def _sample_busy_cores(path: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # `python -m memfit_gpu.cli` children are forks of a process that imported torch & co. once
-    # (tests/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
+    # (tests/support/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
     if forkserver.enabled():
         forkserver.install()
     timeline = os.environ.get(TIMELINE_ENV)
@@ -77,13 +78,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # order, the longest first, so that the two workers end together (measured: docs/benchmarks/history.md "Test
 # suite"); the rest follow in their collection order.
 LONGEST_FIRST = (
-    "test_methods_runs.py", "test_crash_consistency.py", "test_vllm_reader.py", "test_lightmem_sweep.py",
-    "test_gpu_check.py", "test_sweep_slurm.py", "test_pipeline.py", "test_beam_runs.py", "test_peers.py", "test_slurm_scripts.py",
+    "test_methods_runs.py", "test_run_crash_consistency.py", "test_readers_vllm.py", "test_sweep_lightmem.py",
+    "test_experiments_gpu_check.py", "test_sweep_slurm.py", "test_run_pipeline.py", "test_run_beam.py", "test_methods_peers.py", "test_sweep_slurm_scripts.py",
     "test_store_locomo.py",
-    "test_paper_tables.py", "test_depths.py", "test_report_browser.py", "test_report.py", "test_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
+    "test_evaluate_paper_tables.py", "test_run_depths.py", "test_report_browser.py", "test_report.py", "test_index_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
     "test_store_run.py", "test_retrieve_reference.py", "test_readers_cache.py", "test_models.py",
-    "test_retrieve_cli.py", "test_encoders.py", "test_readers_transformers.py", "test_store_cli.py", "test_serve.py",
-    "test_summaries.py", "test_store_scale.py", "test_cli_errors.py",
+    "test_retrieve_cli.py", "test_index_encoders.py", "test_readers_transformers.py", "test_store_cli.py", "test_serve.py",
+    "test_store_summaries.py", "test_store_scale.py", "test_cli_errors.py",
 )
 
 
@@ -116,9 +117,6 @@ def _fresh_interpreter_when_marked(request: pytest.FixtureRequest):
         yield
 
 
-SHARED_DATA = Path(os.environ.get("MEMFIT_SHARED_DATA", REPO.parent / "shared" / "data"))
-
-
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():
@@ -128,7 +126,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def locomo_path(shared_data: Path) -> Path:
-    return shared_data / "locomo" / "locomo10.json"
+    return shared_data / LOCOMO
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +189,8 @@ def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -
     """`memfit run --config configs/smoke.yaml` made ONCE per test session, whichever worker asks first (the
     other waits on a lock): (run directory, the command's stdout). READ-ONLY: a test that reruns, damages
     or resumes it works on a copy (`shutil.copytree`)."""
+    from support.env import memfit_env
+
     shared = session_folder(tmp_path_factory)
     out, stdout = shared / "smoke-run" / "smoke", shared / "smoke-run" / "stdout.txt"
     out.parent.mkdir(exist_ok=True)
@@ -199,7 +199,7 @@ def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -
         if not stdout.exists():  # written last: a run that failed is made again by the next asker
             if out.exists():
                 shutil.rmtree(out)
-            env = {**os.environ, "MEMFIT_DATA_DIR": str(shared_data), "HF_HUB_OFFLINE": "1"}
+            env = memfit_env(shared_data)
             proc = subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "run", "--config",
                                    str(REPO / "configs" / "smoke.yaml"), "--out", str(out), "--quiet"], env=env,
                                   capture_output=True, text=True, timeout=1200)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from small_data import write_small_locomo  # tests/small_data.py (tests/ is on sys.path)
+from support.data import write_small_locomo
 
 from memfit_gpu import config
 from memfit_gpu.cli import main

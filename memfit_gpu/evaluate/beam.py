@@ -16,7 +16,7 @@ containing "yes", any case) calls the same event or fact replaces the line; then
     in a list (its last occurrence), or len(union) + 1 when the list lacks it
     tau_b = Kendall's tau-b between the two rank vectors; tau_norm = (tau_b + 1) / 2; final_score = tau_norm x F1
 
-(`kendall_tau_b` computes tau-b itself; tests/test_beam_scoring.py holds it to scipy.stats.kendalltau, which
+(`kendall_tau_b` computes tau-b itself; tests/evaluate/test_evaluate_beam.py holds it to scipy.stats.kendalltau, which
 compute_metrics.py calls. Where tau-b is undefined, a constant rank vector, scipy gives NaN and so would the
 released code's mean; here tau_norm is 0 and `tau_undefined` says so.) compute_metrics.py also asks
 `extract_facts` for the reply's facts and discards the result: that call changes no score and is not made.

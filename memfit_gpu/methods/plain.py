@@ -18,7 +18,7 @@ from typing import Any
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.methods.memfit import MemFit
 
-# configs/ablations/plain_retrieval.yaml, key by key (tests/test_methods.py checks that they agree)
+# configs/ablations/plain_retrieval.yaml, key by key (tests/methods/test_methods.py checks that they agree)
 SWITCHES: dict[str, Any] = {
     "retrieve.scan_top_k": 30,
     "retrieve.summaries": False,

@@ -3,7 +3,7 @@ resolution in excerpts (SPEC read path 9).
 
 Shared by the batched path and the reference path; nothing here touches tensors or indexes.
 
-Rules written down (each has a unit test with hand-computed dates in tests/test_dates.py):
+Rules written down (each has a unit test with hand-computed dates in tests/retrieve/test_retrieve_dates.py):
 
 Query constraints, from the lowercased question
 - speaker: a known speaker name longer than 2 characters (BoostConfig.min_speaker_chars) that occurs

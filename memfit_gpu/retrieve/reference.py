@@ -2,8 +2,9 @@
 
 It shares only the pure rule helpers with the batched path (dates: constraint parsing and
 relative dates; pack.format_excerpts: text layout; the added stages of retrieve.stages, which it runs
-on a batch of one) and calls the indexes' searches with a batch of one. Every score is formed with the same float64 operations in the same order, so both paths must
-produce identical packs; tests/test_retrieve_reference.py and experiments/bench_retrieval.py check it.
+on a batch of one) and calls the indexes' searches with a batch of one. Every score is formed with the same
+float64 operations in the same order, so both paths must produce identical packs;
+tests/retrieve/test_retrieve_reference.py and experiments/bench_retrieval.py check it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Write order, so that a kill anywhere leaves a state the rerun completes to the s
 response cache commits each group of calls together with their ledger entries, then `ledger.json`
 reports the ledger, then the predictions are appended; a rerun rebuilds the ledger from the cache's
 entries (`load_ledger`), re-serves a lost prediction from the cache and does not count it again. Every
-durable write is a `faults.point`, where tests kill runs (tests/test_crash_consistency.py).
+durable write is a `faults.point`, where tests kill runs (tests/run/test_run_crash_consistency.py).
 
 A question whose answer (or verdict) a server never gave after its retries gets no row: the run
 answers the others, then stops before scoring (`UnansweredError`, exit code 1), and the same command

@@ -15,7 +15,7 @@ The W&B run id is fixed per run directory (stored in `RUN_DIR/wandb_run_id`, fir
 directory's path), and runs start with `resume="allow"`: a resumed `memfit run` continues the same
 W&B run instead of opening a second one. A sweep passes `tracking.wandb.group=<sweep name>`, so its
 points show up together. W&B's own files go to `$WANDB_DIR` when set, else into the run directory.
-(tests/wandb_offline.py reads back what an offline run recorded, without a server.)
+(tests/support/wandb_offline.py reads back what an offline run recorded, without a server.)
 """
 
 from __future__ import annotations

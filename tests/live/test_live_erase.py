@@ -1,0 +1,141 @@
+"""Erase means gone: after a user is deleted and the memory compacted, no byte of the user's text and not
+its id is in any file under the memory's folder (the store, its snapshots, cache.sqlite with its WAL,
+ledger.json, LightMem's log, temporary files), nor in the server's log at the default level, while the
+other user's turns, summaries, notes and cached answers are all still there.
+
+The reader is the echo backend (tests/seam_echo_backend.py) answering with the first `EXCERPT 1` line of
+its prompt: a summary, a LightMem note or an answer made over a user's turns then quotes them, as a real
+model's do (the probe found a real summary quoting `The Zorblaxian vault code is quibbleflux...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+from support.env import memfit_env
+from support.files import files_holding
+from support.live_server import DEMO, LiveServer
+
+from memfit_gpu.live import Memory
+from memfit_gpu.serve.keys import new_key
+
+REPO = Path(__file__).resolve().parents[2]
+OVERRIDES = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "summary.enabled=true",
+             "summary.min_chars=1"]
+ERASED, KEPT = "victim-7", "keeper-3"
+SECRETS = ["Zorblaxian", "quibbleflux", ERASED]
+KEPT_WORDS = ["mauveish", "Glimmerwick", KEPT]
+
+pytestmark = pytest.mark.slow  # real MiniLM, real store
+
+
+def turns(user: str) -> list[dict[str, str]]:
+    if user == ERASED:
+        words = "The Zorblaxian vault code is quibbleflux"
+    else:
+        words = "The Glimmerwick harbor lantern glows mauveish"
+    return [{"speaker": "Ann" if user == ERASED else "Bob", "text": f"{words} {i}.", "turn_id": f"t{i}",
+             "timestamp": f"2024-03-{1 + i // 8:02d}T10:{i % 60:02d}:00"} for i in range(40)]
+
+@pytest.fixture(autouse=True)
+def _echo_quotes_the_first_excerpt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFIT_TEST_ECHO_PREFIX", "EXCERPT 1")
+
+
+@pytest.mark.parametrize("method", ["memfit", "lightmem_slm"])
+def test_delete_user_then_compact_leaves_no_byte_of_the_user(tmp_path: Path, method: str) -> None:
+    folder = tmp_path / "memory"
+    memory = Memory.open(folder, DEMO, overrides=OVERRIDES, method=method)
+    try:
+        memory.add([ERASED, KEPT], [turns(ERASED), turns(KEPT)])
+        written = memory.consolidate()
+        assert sum(written.values()) > 0, written  # summaries (memfit) / notes (lightmem) over both users
+        assert "quibbleflux" in memory.answer(ERASED, ["What is the vault code?"])[0].raw_output
+        kept_answer = memory.answer(KEPT, ["What glows?"])[0]
+        assert "mauveish" in kept_answer.raw_output
+        kept_hits = memory.search(KEPT, ["harbor lantern"], k=5)[0]
+        before = files_holding(folder, SECRETS)
+        assert any(f.startswith("cache.sqlite") for f in before) and "store/log.jsonl" in before, before
+        counts = memory.delete_user(ERASED)
+        assert counts["episodes"] == 40
+        compacted = memory.compact()
+        assert compacted["users_erased"] == 1 and compacted["cache_responses_dropped"] > 0, compacted
+        assert files_holding(folder, SECRETS) == {}  # while it is open (the WAL emptied too)
+        # the other user: every turn, its hits, its cached answer (served again, not asked again)
+        assert [t["text"] for t in memory.turns(KEPT)] == [t["text"] for t in turns(KEPT)]
+        again = memory.search(KEPT, ["harbor lantern"], k=5)[0]
+        assert [(h.text, h.turn_ids) for h in again] == [(h.text, h.turn_ids) for h in kept_hits]
+        calls = memory.ledger.roles["answer"].calls
+        assert memory.answer(KEPT, ["What glows?"])[0].raw_output == kept_answer.raw_output
+        assert memory.ledger.roles["answer"].calls == calls  # a cache hit
+        assert memory.users() == [KEPT]
+    finally:
+        memory.close()
+    assert files_holding(folder, SECRETS) == {}
+    assert set(files_holding(folder, KEPT_WORDS)) >= {"cache.sqlite", "store/log.jsonl"}
+    ledger = json.loads((folder / "ledger.json").read_text())
+    assert "answer_keys" not in ledger and ledger["answer_calls"] == 3
+
+
+def test_the_store_commands_erase_a_live_users_every_byte_too(tmp_path: Path) -> None:
+    """`memfit store delete` of every turn, then `memfit store compact`, on a live memory's folder."""
+    folder = tmp_path / "memory"
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        memory.add([ERASED, KEPT], [turns(ERASED), turns(KEPT)])
+        memory.consolidate()
+        memory.answer(ERASED, ["What is the vault code?"])
+    config = tmp_path / "config.yaml"
+    config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
+    env = memfit_env(plugins="seam_echo_backend")
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store"]
+    delete = subprocess.run([*cli, "delete", str(folder), "--config", str(config), "--memory", ERASED,
+                             "--no-resummarize", *sum((["--turn", f"t{i}"] for i in range(40)), [])],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert delete.returncode == 0, delete.stderr
+    compact = subprocess.run([*cli, "compact", str(folder), "--config", str(config)], capture_output=True, text=True,
+                             cwd=REPO, env=env, timeout=300)
+    assert compact.returncode == 0, compact.stderr
+    assert "1 memory(ies) with nothing left are gone" in compact.stdout, compact.stdout
+    assert files_holding(folder, SECRETS) == {}
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        assert memory.users() == [KEPT] and len(memory.turns(KEPT)) == 40
+
+
+def test_a_served_memory_erases_a_user_and_its_log_names_nothing_of_it(tmp_path: Path) -> None:
+    """Through a real `memfit serve`: the user's turns, an answer over them, DELETE, then an admin's
+    compact; then every file under the folder and the server's log hold nothing of the user."""
+    keys_file = tmp_path / "keys.jsonl"
+    key = new_key(keys_file, [ERASED, KEPT])
+    admin = new_key(keys_file, ["admin-1"], admin=True)
+    server = LiveServer(tmp_path / "memory", keys_file, ["rerank.backend=none", "reader.backend=echo",
+                                                          "live.consolidate=manual", "summary.enabled=false"])
+    os.environ["MEMFIT_TEST_ECHO_PREFIX"] = "EXCERPT 1"
+    try:
+        server.start()
+    finally:
+        del os.environ["MEMFIT_TEST_ECHO_PREFIX"]
+    try:
+        with httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
+            for user in (ERASED, KEPT):
+                assert client.post(f"/v1/users/{user}/turns", json={"turns": turns(user)}).status_code == 200
+            reply = client.post(f"/v1/users/{ERASED}/answer", json={"questions": ["What is the vault code?"]}).json()
+            assert "quibbleflux" in reply["answers"][0]["raw_output"]
+            assert client.delete(f"/v1/users/{ERASED}").status_code == 200
+            compacted = client.post("/v1/compact", headers={"Authorization": f"Bearer {admin}"})
+            assert compacted.status_code == 200 and compacted.json()["compacted"]["users_erased"] == 1
+            assert files_holding(tmp_path / "memory", SECRETS) == {}
+            assert client.get(f"/v1/users/{ERASED}/turns").status_code == 404
+            assert len(client.get(f"/v1/users/{KEPT}/turns").json()["turns"]) == 40
+        assert server.stop() == 0
+    finally:
+        server.kill()
+    assert files_holding(tmp_path / "memory", SECRETS) == {}
+    log = server.log.read_bytes()
+    assert not [w for w in SECRETS if w.encode() in log]

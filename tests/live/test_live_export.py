@@ -1,0 +1,120 @@
+"""A live memory's users taken out and in: `Memory.export` / `memfit store export` write a user as one line
+of the own-data jsonl format (turns, sessions, timestamps, images, and its summaries with the turn ids
+they cover), `import_memories` / `memfit store import` add it back, and a round trip into an empty memory
+gives the same search results, for memfit (summaries restored from the file) and lightmem_slm (notes
+made again by the reader). GET /v1/users/{u}/export returns the same line as the command.
+
+Real parts: LoCoMo conv-26's first four sessions, the packaged MiniLM, the real store; the reader is the
+echo backend (tests/seam_echo_backend.py: summaries and notes quote the first excerpt of their prompt).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+from support.env import memfit_env
+from support.live_server import DEMO, LiveServer
+
+from memfit_gpu.data import load_benchmark
+from memfit_gpu.data.jsonl import read
+from memfit_gpu.live import Memory
+from memfit_gpu.serve.keys import new_key
+
+REPO = Path(__file__).resolve().parents[2]
+OVERRIDES = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "summary.min_chars=1"]
+
+pytestmark = pytest.mark.slow  # real MiniLM, real store
+
+
+@pytest.fixture(scope="module")
+def conversation(locomo_path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    memory = load_benchmark("locomo", locomo_path).memories[0]
+    turns = [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
+              "session_id": s.session_id, "date_text": t.date_text} for s in memory.sessions[:4] for t in s.turns]
+    turns[3] = {**turns[3], "images": [{"caption": "a photo of a sunset", "image_id": "img-7"}]}
+    questions = [q.question for q in memory.questions[:30]]
+    return turns, questions
+
+
+def hits_of(memory: Memory, questions: list[str]) -> list[list[tuple[str, list[str]]]]:
+    return [[(h.text, h.turn_ids) for h in hits] for hits in memory.search("u1", questions, k=10)]
+
+
+@pytest.mark.parametrize("method", ["memfit", "lightmem_slm"])
+def test_export_then_import_into_an_empty_memory_searches_the_same(tmp_path: Path, conversation, method: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFIT_TEST_ECHO_PREFIX", "EXCERPT 1")
+    turns, questions = conversation
+    with Memory.open(tmp_path / "a", DEMO, overrides=OVERRIDES, method=method) as source:
+        for start in range(0, len(turns), 17):  # added as an agent would, batch by batch
+            source.add("u1", turns[start:start + 17])
+        source.add("u2", [{"speaker": "Bob", "text": "another user's words", "turn_id": "b1"}])
+        written = source.consolidate()
+        assert sum(written.values()) > 0, written
+        line = source.export("u1", summaries=True)
+        expected = hits_of(source, questions)
+        summaries = source.store.summaries.live_rows(source.store.memory_of("u1")).size
+    assert sum(len(s["turns"]) for s in line["sessions"]) == len(turns)
+    assert [s["session_id"] for s in line["sessions"]] == ["session_1", "session_2", "session_3", "session_4"]
+    assert line["sessions"][0]["turns"][3]["images"] == [{"caption": "a photo of a sunset", "image_id": "img-7"}]
+    assert len(line.get("summaries", [])) == summaries  # memfit: its summaries; lightmem: none (notes are its own)
+    file = tmp_path / "u1.jsonl"
+    file.write_text(json.dumps(line) + "\n")
+    bench, report = read(file)
+    assert report.errors == [] and [m.memory_id for m in bench.memories] == ["u1"]
+    with Memory.open(tmp_path / "b", DEMO, overrides=OVERRIDES, method=method) as target:
+        counts = target.import_memories(bench.memories)
+        assert counts == {"users": 1, "turns": len(turns), "duplicates": 0, "summaries": summaries}
+        if method == "lightmem_slm":
+            assert target.consolidate() == written
+        assert hits_of(target, questions) == expected
+        assert target.export("u1", summaries=True) == line
+        again = target.import_memories(bench.memories)
+        assert again == {"users": 1, "turns": 0, "duplicates": len(turns), "summaries": 0}
+
+
+def test_the_store_commands_and_the_export_route_write_the_same_line(tmp_path: Path, conversation,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMFIT_TEST_ECHO_PREFIX", "EXCERPT 1")
+    turns, _ = conversation
+    config = tmp_path / "config.yaml"
+    config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\nlive:\n"
+                      "  consolidate: manual\nsummary:\n  min_chars: 1\n")
+    with Memory.open(tmp_path / "m", config) as memory:
+        memory.add("u1", turns)
+        memory.consolidate()
+    env = memfit_env(plugins="seam_echo_backend")
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store"]
+    out = tmp_path / "u1.jsonl"
+    done = subprocess.run([*cli, "export", str(tmp_path / "m"), "--user", "u1", "--out", str(out), "--summaries",
+                           "--config", str(config)], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"memfit store export: u1: {len(turns)} turn(s) in 4 session(s)" in done.stdout
+    imported = subprocess.run([*cli, "import", str(tmp_path / "copy"), str(out), "--config", str(config)],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert imported.returncode == 0, imported.stderr
+    assert f"1 user(s), {len(turns)} turn(s) stored, 0 already there" in imported.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"user_id": "u9", "sessions": [{"turns": [{"speaker": "A"}]}]}\n')
+    refused = subprocess.run([*cli, "import", str(tmp_path / "copy"), str(bad), "--config", str(config)],
+                             capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert refused.returncode == 2 and "field 'sessions[0].turns[0].text'" in refused.stderr, refused.stderr
+    keys_file = tmp_path / "keys.jsonl"
+    key = new_key(keys_file, ["u1"])
+    server = LiveServer(tmp_path / "copy", keys_file, ["rerank.backend=none", "reader.backend=echo",
+                                                        "live.consolidate=manual"]).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
+            served = client.get("/v1/users/u1/export", params={"summaries": "true"})
+            assert served.status_code == 200 and served.json() == json.loads(out.read_text())
+            assert client.get("/v1/users/u2/export").status_code == 403
+        assert server.stop() == 0
+    finally:
+        server.kill()

@@ -1,0 +1,193 @@
+"""`memfit report` on hand-made run directories (tests/support/report_runs.py): how a pack's excerpts are split and marked
+for every method's row shape, MemGallery's image ids, a LongMemEval-S-sized report kept to its size limit with
+every trimmed excerpt noted, the refusals. tests/report/test_report_browser.py opens a report of real runs in Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.report_runs import REPO, FakeQuestion, write_run  # tests/ is on sys.path
+
+from memfit_gpu.cli import main
+from memfit_gpu.evaluate.tables import category_name
+from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
+from memfit_gpu.report.build import TABLE_COLUMNS, _segments, excerpt_blocks
+
+TURN = "Speaker Ann says: " + "we talked about the garden and the long summer evenings by the lake " * 14  # ~1000 chars
+
+
+def test_excerpt_blocks_follow_each_methods_row() -> None:
+    # memfit: the facts block, then one excerpt per pack episode; a turn's later lines are indented (quote_lines)
+    memfit = {"excerpts": "REMEMBERED FACTS:\n- Ann keeps bees (as of 8 May 2023)\n\nEXCERPT 1 (recorded 8 May 2023): "
+                          "Speaker Ann says: line one\n    line two\n\n    after a blank line\nEXCERPT 2 (recorded 9 May "
+                          "2023): Speaker Bo says: hi",
+              "pack": {"episodes": [{"turn_id": "D1:1"}, {"turn_id": "D1:2"}]}}
+    blocks = excerpt_blocks(memfit)
+    assert [(b["kind"], b["number"], b["turn_ids"]) for b in blocks] == [
+        ("text", None, []), ("excerpt", 1, ["D1:1"]), ("excerpt", 2, ["D1:2"])]
+    assert blocks[0]["text"] == "REMEMBERED FACTS:\n- Ann keeps bees (as of 8 May 2023)"
+    assert blocks[1]["text"].endswith("line two\n\n    after a blank line")
+    # naive_rag: an excerpt per chunk, with the chunk's turns
+    naive = {"excerpts": "EXCERPT 1 (recorded 8 May 2023): a b c\nEXCERPT 2 (recorded 8 May 2023): c d",
+             "chunks": [{"turn_ids": ["S1:1", "S1:2"]}, {"turn_ids": ["S1:2", "S1:3"]}],
+             "pack": {"episodes": [{"turn_id": t} for t in ("S1:1", "S1:2", "S1:3")]}}
+    assert [b["turn_ids"] for b in excerpt_blocks(naive)] == [["S1:1", "S1:2"], ["S1:2", "S1:3"]]
+    # lightmem_slm: recent turns and notes that are not one turn each in pack order: shown, not marked
+    lightmem = {"excerpts": "RECENT TURNS:\nEXCERPT 1 (recorded 8 May 2023): x\n\nMEMORY NOTES:\n- (recorded 8 May "
+                            "2023) y", "pack": {"episodes": [{"turn_id": "a"}, {"turn_id": "b"}]}}
+    blocks = excerpt_blocks(lightmem)
+    assert [(b["kind"], b["turn_ids"]) for b in blocks] == [("text", []), ("excerpt", []), ("text", [])]
+    assert blocks[2]["text"] == "MEMORY NOTES:\n- (recorded 8 May 2023) y"
+
+
+def test_image_ids_are_marked() -> None:
+    text = "Speaker A says: [Image img_12: a red kite] [Image: a boat] look at these"
+    assert _segments(text) == [("text", "Speaker A says: "), ("image", "[Image img_12: a red kite]"), ("text", " "),
+                               ("image", "[Image: a boat]"), ("text", " look at these")]
+
+
+def _questions(n: int, excerpts: int, text: str = TURN) -> list[FakeQuestion]:
+    """n questions of 5 categories; question i's evidence is turn t{i % excerpts} (every 7th has none)."""
+    out = []
+    for i in range(n):
+        turns = [(f"t{j}", f"{text} ({i}, {j})") for j in range(excerpts)]
+        evidence = [] if i % 7 == 0 else [f"t{i % excerpts}"]
+        out.append(FakeQuestion(f"q{i}", str(1 + i % 5), "the lake", "the lake" if i % 3 == 0 else "no idea", evidence,
+                                turns, selected=excerpts // 2))
+    return out
+
+
+def test_a_memgallery_run_shows_its_image_ids_and_category_names(tmp_path: Path) -> None:
+    q = FakeQuestion("s1:q0", "VS", "red", "red", ["D1:1"],
+                     [("D1:1", "Speaker A says: [Image img_12: a red kite] look"), ("D1:2", "Speaker B says: nice")])
+    run = write_run(tmp_path / "mg", [q], benchmark="memgallery")
+    report = build_report([run], tmp_path / "r.html")
+    page = report.path.read_text()
+    assert '<span class="image">[Image img_12: a red kite]</span>' in page
+    assert "visual-centric search (VS)" in page  # the benchmark's category names
+    (record,) = question_records(read_run(run, "mg"))
+    assert (record["outcome"], record["ranks"], record["pack_hit"]) == ("correct", {"D1:1": 1}, True)
+
+
+@pytest.mark.parametrize("benchmark, categories", [
+    ("locomo", ["1", "2", "3", "4"]), ("longmemeval", ["temporal-reasoning", "knowledge-update"]),
+    ("memgallery", ["TTL", "VS"]), ("jsonl", ["my label", "another"]), ("beam", ["abstention", "event_ordering"])])
+def test_every_benchmark_gets_its_category_names(tmp_path: Path, benchmark: str, categories: list[str]) -> None:
+    questions = [FakeQuestion(f"q{i}", c, "x", "x" if i % 2 else "y", ["t0"], [("t0", "a turn"), ("t1", "b")],
+                              judge=bool(i % 2)) for i, c in enumerate(categories * 2)]
+    run = write_run(tmp_path / benchmark, questions, benchmark=benchmark, overrides=["eval.judge.enabled=true"])
+    page = build_report([run], tmp_path / "r.html").path.read_text()
+    for c in categories:
+        name = category_name(c, benchmark)
+        assert f'<option value="{c}">{name}{"" if name == c else f" ({c})"}</option>' in page
+    # judged: correct is the verdict (the odd questions), the others' evidence was packed
+    outcomes = re.findall(r'<section class="answer" data-run="0" data-outcome="(\w+)"', page)
+    assert outcomes == ["reader_missed", "correct"] * len(categories)
+
+
+def test_every_methods_rows_in_one_report(tmp_path: Path) -> None:
+    """memfit, naive_rag (chunks), full_context (no ranking, a truncation) and lightmem_slm (no turn ranking) side by
+    side: each gets its ranks, its notes and its outcome; the first is the others' baseline."""
+    turns = [("D1:1", "Speaker A says: one"), ("D1:2", "Speaker B says: two")]
+    base = dict(category="1", gold="two", prediction="no", evidence=["D1:2"], excerpts=turns)
+    runs = [
+        write_run(tmp_path / "memfit", [FakeQuestion("q0", **base, selected=1)]),
+        write_run(tmp_path / "naive_rag", [FakeQuestion("q0", **base, fields={
+            "ranked": None, "method": "naive_rag",
+            "chunks": [{"chunk": 0, "turn_ids": ["D1:1"]}, {"chunk": 1, "turn_ids": ["D1:2"]}]})],
+            overrides=["method=naive_rag"]),
+        write_run(tmp_path / "full_context", [FakeQuestion("q0", **{**base, "excerpts": turns[:1]}, fields={
+            "ranked": None, "method": "full_context",
+            "method_notes": {"truncation": {"turns": 2, "turns_kept": 1, "turns_dropped": 1, "first_kept_turn": "D1:1",
+                                            "bound": "reader.max_prompt_chars=10"}}})], overrides=["method=full_context"]),
+        write_run(tmp_path / "lightmem", [FakeQuestion("q0", **{**base, "excerpts": turns[:1]}, fields={
+            "ranked": None, "method": "lightmem_slm", "lightmem": {"hqs": [], "items": []}})],
+            overrides=["method=lightmem_slm"]),
+    ]
+    page = build_report(runs, tmp_path / "r.html").path.read_text()
+    answers = re.findall(r'<section class="answer" data-run="(\d)" data-outcome="(\w+)"', page)
+    assert answers == [("0", "cut_from_pack"), ("1", "reader_missed"), ("2", "cut_from_pack"), ("3", "not_retrieved")]
+    assert "<td>turn rank 2</td>" in page and "<td>chunk rank 2</td>" in page and page.count("<td>no ranking</td>") == 2
+    assert "1 of 2 turns dropped to fit the reader (first kept: D1:1; bound reader.max_prompt_chars=10)" in page
+    assert page.count('<table class="comparison"') == 3
+
+
+@pytest.mark.slow
+def test_a_longmemeval_s_sized_report_keeps_to_its_size_limit(tmp_path: Path) -> None:
+    """500 questions x 50 excerpts of ~1,000 characters (25 MB of pack text, LongMemEval-S's shape): the page stays
+    under the 20 MB default, the excerpts that are not evidence are trimmed to one length, each with its note, the
+    evidence excerpts stay whole, and the page says so; under a limit nothing can meet it says why."""
+    run = write_run(tmp_path / "lme", _questions(500, 50), benchmark="longmemeval")
+    out = tmp_path / "report.html"
+    report = build_report([run], out)
+    size = out.stat().st_size
+    assert size == report.bytes <= report.max_bytes == 20 * 1024 * 1024
+    assert report.excerpts == 500 * 50 and report.cap is not None and 200 <= report.cap < len(TURN)
+    page = out.read_text()
+    notes = re.findall(r"\[\.\.\. ([\d,]+) more characters trimmed to keep this report under 20 MB", page)
+    assert len(notes) == report.trimmed
+    evidence_blocks = sum(1 for i in range(500) if i % 7)  # one evidence excerpt per question that has evidence
+    assert report.trimmed == 500 * 50 - evidence_blocks
+    assert f"{report.trimmed} of {report.excerpts} excerpts are trimmed to {report.cap} characters" in page
+    # an evidence excerpt is whole: question 1's evidence is turn t1
+    assert f"{TURN} (1, 1)" in page
+    assert page.count("<article class=\"question\"") == 500
+    with pytest.raises(ReportError, match=r"does not fit in 2 MB even with every excerpt trimmed to 200 characters"):
+        build_report([run], tmp_path / "small.html", max_bytes=2 * 1024 * 1024)
+
+
+def test_the_wandb_table_is_the_viewers_records(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a", _questions(4, 3, "short turn"))
+    records = question_records(read_run(run, "a"))
+    columns, rows = question_table(records)
+    assert columns == list(TABLE_COLUMNS)
+    assert [row[columns.index("outcome")] for row in rows] == [r["outcome"] for r in records]
+    assert rows[1][columns.index("evidence_ranks")] == "t1 turn rank 2"
+    assert rows[0][columns.index("evidence")] == "" and rows[0][columns.index("pack_hit")] is None
+
+
+def test_the_latency_percentiles_of_a_bench_online_json(tmp_path: Path) -> None:
+    """experiments/bench_online.py's own table (method_table over its replays) and concurrency levels, as its JSON
+    holds them: a table and a figure of P50 / P95 / P99 per kind of call, and the concurrent P95."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    import bench_online  # the script's own shapes: what its JSON holds
+
+    def timed(ms: list[float]) -> dict[str, Any]:
+        return bench_online.percentiles([m / 1000 for m in ms])
+
+    replays = {"memfit": {"api": {"insert": timed([4, 5, 6]), "search": timed([10, 12, 30]), "e2e": timed([900, 1000])},
+                          "http": {"insert": timed([6, 7, 8]), "search": timed([14, 15, 40]), "e2e": None}}}
+    levels = [{"clients": n, "batched": {"p95_ms": 20.0 * n}, "unbatched": {"p95_ms": 30.0 * n}} for n in (1, 4, 16)]
+    online = tmp_path / "online.json"
+    online.write_text("progress\n" + json.dumps({"conversations": 1, "turns": 419, "questions": 152, "cpus": 2,
+                                                 "replay": replays, "table": bench_online.method_table(replays),
+                                                 "concurrency": {"levels": levels}}) + "\n")
+    run = write_run(tmp_path / "a", _questions(3, 2, "t"))
+    page = build_report([run], tmp_path / "r.html", online=online).path.read_text()
+    rows = re.findall(r"<tr><td>memfit</td><td>(api|http)</td>(.*?)</tr>", page)
+    cells = {path: re.findall(r'<td class="num">([^<]*)</td>', rest) for path, rest in rows}
+    assert cells["api"][:3] == [str(p) for p in (timed([4, 5, 6])[k] for k in ("p50_ms", "p95_ms", "p99_ms"))]
+    assert cells["http"][-3:] == ["-", "-", "-"]  # no answers through HTTP
+    figure = re.search(r'<figure id="figure-latency">(.*?)</figure>', page, re.S).group(1)
+    assert "search P95 ms" in figure and "end to end (answer)" in figure and "concurrent clients" in figure
+
+
+def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "config.yaml is missing or not a mapping" in capsys.readouterr().err
+    run = write_run(tmp_path / "a", _questions(3, 2, "t"))
+    (run / "metrics.json").unlink()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    assert f"{run / 'metrics.json'} does not exist" in capsys.readouterr().err
+    good = write_run(tmp_path / "b", _questions(3, 2, "t"))
+    assert main(["report", str(good), "--out", str(tmp_path / "r.html"), "--online", str(tmp_path / "none.json")]) == 2
+    assert "--online" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({"replay": {}}))
+    assert main(["report", str(good), "--out", str(tmp_path / "r.html"), "--online", str(tmp_path / "bad.json")]) == 2
+    assert "no `table` of latency percentiles" in capsys.readouterr().err

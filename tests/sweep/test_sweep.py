@@ -1,0 +1,494 @@
+"""Sweep files, point ids and overrides, the aggregate table: no processes (see test_sweep_slurm.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+from support.env import memfit_env
+
+from memfit_gpu.cli import main as memfit_main
+from memfit_gpu.config import load_config
+from memfit_gpu.sweep import slurm, watch
+from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
+from memfit_gpu.sweep.spec import (
+    SweepError,
+    find_point,
+    load_sweep,
+    override_arg,
+    pin_data_location,
+    point_command,
+    point_ids,
+)
+from memfit_gpu.sweep.state import JobRecord, PointState, SweepState, read_sweep_record, state_after_stop
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "configs" / "memfit.yaml"
+
+
+def write_sweep(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "sweeps" / "s.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body.replace("BASE", str(BASE)))
+    return path
+
+
+def test_override_arg_reads_back_as_the_same_value() -> None:
+    args = [
+        override_arg("reader.base_urls", ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]),
+        override_arg("retrieve.alpha", 0.5),
+        override_arg("retrieve.prf.enabled", False),
+        override_arg("data.limit_questions", None),
+        override_arg("reader.model", "Qwen/Qwen2.5-7B-Instruct"),
+    ]
+    assert args[0] == 'reader.base_urls=["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]'
+    cfg = load_config(BASE, args)
+    assert cfg.reader.base_urls == ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]
+    assert (cfg.retrieve.alpha, cfg.retrieve.prf.enabled) == (0.5, False)
+    assert cfg.data.limit_questions is None and cfg.reader.model == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_point_ids_are_readable_unique_and_use_full_keys_only_on_clashes() -> None:
+    assert point_ids([{"pack.k": 5, "retrieve.alpha": 0.5}, {"pack.k": 10, "retrieve.alpha": 0.5}], [None, None]) == [
+        "k=5,alpha=0.5", "k=10,alpha=0.5"]
+    # two keys end in `model`: both are spelled out
+    assert point_ids([{"reader.model": "org/m-1", "eval.judge.model": "j"}], [None]) == [
+        "reader.model=org-m-1,eval.judge.model=j"]
+    assert point_ids([{}, {"pack.k": 3}], ["paper", None]) == ["paper", "k=3"]
+    assert point_ids([{}], [None]) == ["base"]
+    # lists join with +
+    assert point_ids([{"reader.base_urls": ["a", "b"]}], [None]) == ["base_urls=a+b"]
+    with pytest.raises(SweepError, match="same overrides"):
+        point_ids([{"pack.k": 3}, {"pack.k": 3}], [None, None])
+
+
+def test_load_sweep_grid_then_points_fixed_and_group(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, """
+name: grid-test
+config: BASE
+fixed: {data.limit_memories: 1}
+grid:
+  pack.k: [5, 10]
+  retrieve.alpha: [0.5, 0.7]
+points:
+  - {name: no-prf, retrieve.prf.enabled: false}
+slurm: {partition: debug, gpus_per_task: 0, cpus_per_task: 1, mem_gb: 2, timeout_min: 5, array_parallelism: 2, max_requeue: 1}
+""")
+    spec = load_sweep(path)
+    assert spec.name == "grid-test" and spec.config == BASE
+    assert [p.point_id for p in spec.points] == [
+        "k=5,alpha=0.5", "k=5,alpha=0.7", "k=10,alpha=0.5", "k=10,alpha=0.7", "no-prf"]
+    assert spec.sweep_keys == ["pack.k", "retrieve.alpha", "retrieve.prf.enabled"]
+    assert (spec.slurm.partition, spec.slurm.gpus_per_task, spec.slurm.max_requeue) == ("debug", 0, 1)
+    out = tmp_path / "out" / "points" / "k=10,alpha=0.7"
+    argv = point_command(spec, spec.points[3], out)
+    assert argv[1:] == ["-m", "memfit_gpu.cli", "run", "--config", str(BASE), "--out", str(out),
+                        "data.limit_memories=1", "pack.k=10", "retrieve.alpha=0.7", "tracking.wandb.group=grid-test"]
+    assert find_point(spec, "4").point_id == "no-prf" and find_point(spec, "k=5,alpha=0.7") is spec.points[1]
+    with pytest.raises(SweepError, match="out of range"):
+        find_point(spec, "5")
+    # command-line overrides join `fixed`
+    spec2 = load_sweep(path, ["reader.backend=openai", 'reader.base_urls=["http://h:1/v1"]'])
+    assert point_command(spec2, spec2.points[4], out)[-4:] == [
+        "reader.backend=openai", 'reader.base_urls=["http://h:1/v1"]', "retrieve.prf.enabled=false",
+        "tracking.wandb.group=grid-test"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("config: BASE\ngird: {pack.k: [1]}\n", "unknown key\\(s\\) \\['gird'\\]"),
+        ("grid: {pack.k: [1]}\n", "missing `config:`"),
+        ("config: nope.yaml\n", "config nope.yaml does not exist"),
+        ("config: BASE\ngrid: {pack.k: 5}\n", "grid.pack.k must be a non-empty list"),
+        ("config: BASE\ngrid: {pack.kk: [5]}\n", "point kk=5: .*pack.kk"),
+        ("config: BASE\ngrid: {pack.k: [five]}\n", "point k=five: .*pack.k"),
+        ("config: BASE\nslurm: {gpus: 1}\n", "unknown slurm key\\(s\\) \\['gpus'\\]"),
+        ("config: BASE\ncommand: [memfit, run]\n", "command must contain \\{config\\}"),
+    ],
+)
+def test_bad_sweep_files_name_the_file_and_the_field(tmp_path: Path, body: str, message: str) -> None:
+    path = write_sweep(tmp_path, body)
+    with pytest.raises(SweepError, match=message) as info:
+        load_sweep(path)
+    assert str(path) in str(info.value)
+
+
+def _point(sweep_dir: Path, point_id: str, metrics: dict | None, predictions: list[dict] | None, done: bool) -> None:
+    point_dir = sweep_dir / "points" / point_id
+    point_dir.mkdir(parents=True)
+    if metrics is not None:
+        (point_dir / "metrics.json").write_text(json.dumps(metrics))
+    if predictions is not None:
+        (point_dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in predictions))
+    if done:
+        (point_dir / "DONE").write_text("")
+
+
+def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": "k=5", "overrides": {"pack.k": 5}, "dir": str(sweep_dir / "points" / "k=5"), "state": "done"},
+              {"id": "k=10", "overrides": {"pack.k": 10}, "dir": str(sweep_dir / "points" / "k=10"), "state": "done"},
+              {"id": "k=20", "overrides": {"pack.k": 20}, "dir": str(sweep_dir / "points" / "k=20"),
+               "state": "failed"}]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
+    # k=5: judge and pack_hit in metrics.json; k=10: no judge, pack_hit from predictions (2 of 3 evaluated hit)
+    _point(sweep_dir, "k=5", {"questions": 4, "metric_variant": "paper",
+                              "average": {"paper": {"f1": 0.25, "bleu1": 0.125}, "judge": 0.5},
+                              "retrieval": {"overall": {"pack_hit": 0.75, "mrr": 0.5}}}, None, True)
+    _point(sweep_dir, "k=10", {"questions": 3, "metric_variant": "locomo",
+                               "average": {"paper": {"f1": 0.9, "bleu1": 0.9}, "locomo": {"f1": 0.5, "bleu1": 0.375},
+                                           "judge": None},
+                               "overall": {"judge": None}},
+           [{"question_id": "a", "evaluated": True, "retrieval": {"pack_hit": True}},
+            {"question_id": "b", "evaluated": True, "retrieval": {"pack_hit": False}},
+            {"question_id": "c", "evaluated": False, "retrieval": {"pack_hit": False}},
+            {"question_id": "d", "evaluated": True, "retrieval": {"pack_hit": True}}], True)
+    _point(sweep_dir, "k=20", None, None, False)
+
+    columns, rows = aggregate(sweep_dir)
+    assert columns == ["point", "pack.k", "status", "metric", "f1", "bleu1", "judge", "pack_hit", "questions"]
+    assert rows[1]["pack_hit"] == pytest.approx(2 / 3)
+    expected_md = (
+        "| point   | pack.k   | status   | metric   |   f1 % |   bleu1 % |   judge % |   pack_hit % |   questions |\n"
+        "|:--------|:---------|:---------|:---------|-------:|----------:|----------:|-------------:|------------:|\n"
+        "| k=5     | 5        | done     | paper    |  25.00 |     12.50 |     50.00 |        75.00 |           4 |\n"
+        "| k=10    | 10       | done     | locomo   |  50.00 |     37.50 |           |        66.67 |           3 |\n"
+        "| k=20    | 20       | failed   |          |        |           |           |              |             |\n"
+    )
+    assert to_markdown(columns, rows) == expected_md
+    assert to_csv(columns, rows).splitlines()[1] == "k=5,5,done,paper,0.25,0.125,0.5,0.75,4"
+
+    # the CLI prints the same table and writes both files; below it, what it could not compare (issue 20)
+    assert memfit_main(["aggregate", str(sweep_dir)]) == 0
+    note = ("\nnote: no provenance.json in k=5, k=10 (made before memfit recorded provenance): provenance not "
+            "compared\n")
+    assert capsys.readouterr().out == expected_md + note
+    assert (sweep_dir / "aggregate.md").read_text() == expected_md + note
+    assert (sweep_dir / "aggregate.csv").read_text() == to_csv(columns, rows)
+
+
+def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
+    """`datasets` earns its place: a sweep's predictions as one Arrow table (point and sweep keys as columns,
+    nested fields flattened, a mixed-type gold column as text), written to Parquet and read back; a
+    point's torn last line (it is still appending) is skipped and left on disk for its writer."""
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": f"k={k}", "overrides": {"pack.k": k}, "dir": str(sweep_dir / "points" / f"k={k}"),
+               "state": "done"} for k in (5, 10, 20)]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
+    _point(sweep_dir, "k=5", None, [
+        {"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.5}}, "judge": None},
+        {"question_id": "b", "gold": 2022, "scores": {"paper": {"f1": 1.0}}, "judge": {"verdict": True}}], False)
+    _point(sweep_dir, "k=10", None, [{"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.0}},
+                                      "judge": None}], False)
+    torn = sweep_dir / "points" / "k=10" / "predictions.jsonl"
+    with torn.open("a") as handle:
+        handle.write('{"question_id": "b", "go')
+    size = torn.stat().st_size
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "sweep.json").write_text(json.dumps({"name": "e", "sweep_keys": [], "points": []}))
+    with pytest.raises(SweepError, match="no point has a predictions.jsonl yet"):
+        predictions_dataset(empty)
+    table = predictions_dataset(sweep_dir)
+    assert table.num_rows == 3 and torn.stat().st_size == size
+    assert table["point"] == ["k=5", "k=5", "k=10"] and table["sweep.pack.k"] == [5, 5, 10]
+    assert table["gold"] == ["7 May 2023", "2022", "7 May 2023"]
+    assert table["scores.paper.f1"] == [0.5, 1.0, 0.0] and table["judge.verdict"] == [None, True, None]
+    table.to_parquet(tmp_path / "p.parquet")
+    back = datasets.load_dataset("parquet", data_files=str(tmp_path / "p.parquet"), split="train",
+                                 cache_dir=str(tmp_path / "hf"))
+    assert back.to_list() == table.to_list()
+    assert memfit_main(["aggregate", str(sweep_dir), "--parquet", str(tmp_path / "cli.parquet")]) == 0
+    assert datasets.Dataset.from_parquet(str(tmp_path / "cli.parquet"),
+                                         cache_dir=str(tmp_path / "hf")).to_list() == table.to_list()
+
+
+def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> None:
+    with pytest.raises(SweepError, match="no sweep.json"):
+        aggregate(tmp_path)
+    assert memfit_main(["aggregate", str(tmp_path)]) == 2
+
+
+class FrozenClock:
+    """A monotonic clock that moves only when the test says so (the watcher's settle time)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _running_state(tmp_path: Path) -> tuple[SweepState, object]:
+    spec = load_sweep(write_sweep(tmp_path, "name: settle\nconfig: BASE\npoints:\n  - {pack.k: 5}\n"))
+    (tmp_path / "out").mkdir()
+    state = SweepState(spec, tmp_path / "out", "slurm")
+    point = spec.points[0]
+    record = state.points[point.point_id]
+    record.state, record.attempts = PointState.RUNNING, 1
+    record.jobs = [JobRecord("7_0", "RUNNING", 1, "log", None)]
+    return state, point
+
+
+def _write_result(state: SweepState, task_id: str, outcome: tuple[str, str]) -> None:
+    """The result file submitit's task runner leaves when the submitted function returned or raised."""
+    import pickle
+
+    import submitit
+
+    path = submitit.SlurmJob(folder=slurm.submitit_folder(state), job_id=task_id).paths.result_pickle
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(outcome))
+
+
+def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM shows a task requeued on its preemption signal as FAILED for a moment: the sweep waits for
+    the state to settle instead of starting the point a second time beside the requeued task."""
+    state, point = _running_state(tmp_path)
+    record = state.points[point.point_id]
+    script = iter(["FAILED", "REQUEUED", "PENDING", "RUNNING", "COMPLETED"])
+
+    def squeue(task_ids: list[str]) -> dict[str, str]:
+        now = next(script)  # StopIteration here: the sweep kept polling a task that had ended
+        if now == "COMPLETED":
+            state.point_dir(point).mkdir(parents=True, exist_ok=True)
+            (state.point_dir(point) / "DONE").write_text("")
+        return {"7_0": now}
+
+    def resubmit(*args: object) -> None:
+        raise AssertionError("the point was submitted a second time")
+
+    monkeypatch.setattr(watch, "squeue_states", squeue)
+    monkeypatch.setattr(slurm, "submit_slurm", resubmit)
+    watcher = watch.TaskWatcher(slurm.submitit_folder(state), clock=FrozenClock())
+    slurm.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1}, watcher=watcher)
+    assert record.state is PointState.DONE and [j.job_id for j in record.jobs] == ["7_0"]
+    assert record.jobs[0].state == "COMPLETED"
+
+
+def test_a_task_whose_function_ended_is_resubmitted_without_waiting_to_settle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """submitit's result file says the task's function returned or raised, so no requeue follows: the
+    first poll that shows the task ended resubmits the point (the clock never moves here), and the log
+    names what the task raised."""
+    state, point = _running_state(tmp_path)
+    record = state.points[point.point_id]
+    _write_result(state, "7_0", ("error", "Traceback (most recent call last):\n  ...\n"
+                                          "RuntimeError: point k=5: `memfit run` exited with code -15\n"))
+    polls: list[list[str]] = []
+
+    def squeue(task_ids: list[str]) -> dict[str, str]:
+        polls.append(list(task_ids))
+        assert len(polls) <= 3, f"the ended task was not resubmitted: polls {polls}"
+        if task_ids == ["8_0"]:  # the resubmitted task finishes the point
+            state.point_dir(point).mkdir(parents=True, exist_ok=True)
+            (state.point_dir(point) / "DONE").write_text("")
+            return {"8_0": "COMPLETED"}
+        return {"7_0": "CANCELLED"}
+
+    def resubmit(sweep_state: SweepState, todo: list, retries: int) -> list[str]:
+        assert [p.point_id for p in todo] == ["k=5"] and retries == 2
+        again = sweep_state.points["k=5"]
+        again.attempts += 1
+        again.state = PointState.RUNNING
+        again.jobs.append(JobRecord("8_0", "PENDING", again.attempts, "log2", None))
+        return ["8_0"]
+
+    monkeypatch.setattr(watch, "squeue_states", squeue)
+    monkeypatch.setattr(slurm, "submit_slurm", resubmit)
+    watcher = watch.TaskWatcher(slurm.submitit_folder(state), clock=FrozenClock())
+    with caplog.at_level("WARNING", logger="memfit_gpu.sweep.state"):
+        slurm.wait_slurm(state, poll_s=0.0, retries=2, starts={point.point_id: 1}, watcher=watcher)
+    assert polls == [["7_0"], ["8_0"]]
+    assert [(j.job_id, j.state) for j in record.jobs] == [("7_0", "CANCELLED"), ("8_0", "COMPLETED")]
+    assert record.state is PointState.DONE and record.attempts == 2
+    assert "task 7_0 CANCELLED: RuntimeError: point k=5: `memfit run` exited with code -15" in caplog.text
+
+
+def test_watcher_settles_an_end_without_a_result_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FrozenClock()
+    listing = {"3_0": "FAILED", "3_1": "RUNNING", "3_2": "COMPLETED"}
+    monkeypatch.setattr(watch, "squeue_states", lambda ids: {i: listing[i] for i in ids if i in listing})
+    folder = tmp_path / "slurm" / "%j"
+    watcher = watch.TaskWatcher(folder, settle_s=10.0, clock=clock)
+    last = {"3_0": "RUNNING", "3_1": "PENDING", "3_2": "RUNNING", "3_3": "RUNNING", "3_4": "FAILED"}
+    views = watcher.poll(last)
+    assert views["3_1"] == watch.TaskView("RUNNING", active=True, ended=False)
+    assert views["3_0"] == watch.TaskView("FAILED", active=False, ended=False)  # may be on its way back
+    assert views["3_3"] == watch.TaskView(watch.FORGOTTEN, active=False, ended=False)  # purged by squeue
+    assert views["3_4"] == watch.TaskView("FAILED", active=False, ended=False)  # ended before: kept state
+    clock.now += 9.5
+    assert not watcher.poll(last)["3_0"].ended
+    clock.now += 0.5
+    assert watcher.poll(last)["3_0"].ended
+    # a live state in between starts the settle time again
+    listing["3_0"] = "PENDING"
+    assert watcher.poll(last)["3_0"].active
+    listing["3_0"] = "FAILED"
+    assert not watcher.poll(last)["3_0"].ended
+
+
+def test_squeue_states_prefer_a_live_record_of_a_task_listed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    listing = "5_0 PENDING\n5_1 FAILED\n5_1 PENDING\n5_2 RUNNING\n5_2 FAILED\n"
+    monkeypatch.setattr(watch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
+    assert watch.squeue_states(["5_0", "5_1", "5_2", "5_3"]) == {"5_0": "PENDING", "5_1": "PENDING",
+                                                                 "5_2": "RUNNING"}
+
+
+def test_sweep_json_round_trips_typed_records(tmp_path: Path) -> None:
+    """sweep.json keeps its layout (a local start has no status file, a SLURM one does); a later command
+    reads back attempts, jobs and states, and a state outside PointState is an error naming the point."""
+    state, point = _running_state(tmp_path)
+    record = state.points[point.point_id]
+    record.jobs.append(JobRecord("local:41", "FAILED(rc=1)", 2, "log2"))
+    record.state = PointState.FAILED
+    state.save()
+    saved = json.loads(state.path.read_text())
+    assert list(saved["points"][0]) == ["id", "overrides", "dir", "args", "attempts", "jobs", "state"]
+    assert saved["points"][0]["jobs"] == [
+        {"job_id": "7_0", "state": "RUNNING", "attempt": 1, "log": "log", "status": None},
+        {"job_id": "local:41", "state": "FAILED(rc=1)", "attempt": 2, "log": "log2"}]
+    assert (saved["points"][0]["state"], saved["state"]) == ("failed", "incomplete")
+    again = SweepState(state.spec, state.out_dir, "local").points["k=5"]
+    assert again == record
+    saved["points"][0]["state"] = "finished"
+    state.path.write_text(json.dumps(saved))
+    with pytest.raises(SweepError, match=r"sweep.json: points\[0\] \(point k=5\): state 'finished' is not one of"):
+        read_sweep_record(state.path)
+    del saved["points"][0]["jobs"][1]["job_id"]
+    saved["points"][0]["state"] = "failed"
+    state.path.write_text(json.dumps(saved))
+    with pytest.raises(SweepError, match=r"points\[0\] \(point k=5\) jobs\[1\]: field 'job_id' missing"):
+        SweepState(state.spec, state.out_dir, "local")
+
+
+def test_each_subcommand_module_registers_only_its_own_parser() -> None:
+    """`memfit sweep` and `memfit aggregate` each have one module that adds exactly that subcommand."""
+    import argparse
+    import importlib
+
+    from memfit_gpu.cli import SUBCOMMANDS
+
+    for name in ("sweep", "aggregate"):
+        subparsers = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(SUBCOMMANDS[name]).register(subparsers)
+        assert list(subparsers.choices) == [name]
+
+
+def test_points_get_the_data_location_explicitly(tmp_path: Path, shared_data: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config that leaves data.path to the environment gets the location found by the sweep itself
+    pinned into every point: tasks on other nodes or with another environment read the same files."""
+    path = write_sweep(tmp_path, "name: pin\nconfig: BASE\ngrid: {pack.k: [5, 10]}\n")
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    pinned = pin_data_location(load_sweep(path))
+    want = f"data.path={(shared_data / 'locomo' / 'locomo10.json').resolve()}"
+    for point in pinned.points:
+        assert want in point_command(pinned, point, tmp_path / point.point_id)
+    # a config that names its data keeps it
+    explicit = load_sweep(path, [f"data.path={shared_data / 'locomo'}"])
+    assert pin_data_location(explicit).fixed == explicit.fixed
+    # no data anywhere: the sweep stops before anything is submitted, saying where it looked
+    monkeypatch.delenv("MEMFIT_DATA_DIR")
+    with pytest.raises(SweepError, match=r"point k=5: no locomo data found \(looked in cache .*empty-cache"):
+        pin_data_location(load_sweep(path))
+
+
+def test_a_start_refused_because_another_process_runs_the_point_is_busy_not_an_error(tmp_path: Path) -> None:
+    """`memfit run` exits 2 when the point's directory is locked by a run still going (e.g. a duplicate
+    SLURM task): that is not the point's configuration error, and it must not be marked as one."""
+    from memfit_gpu.locks import exclusive, lock_path
+
+    point_dir = tmp_path / "points" / "k=5"
+    point_dir.mkdir(parents=True)
+    with exclusive(lock_path(point_dir), "test"):
+        assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.BUSY
+    # once nobody holds it, exit code 2 is the point's own error again
+    assert state_after_stop("k=5", "exit code 2", 2, 1, 0, "log", point_dir) is PointState.ERROR
+    assert state_after_stop("k=5", "exit code 1", 1, 1, 1, "log", point_dir) is PointState.RETRY
+    assert state_after_stop("k=5", "exit code 1", 1, 2, 1, "log", point_dir) is PointState.FAILED
+
+
+def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The point's command gets MEMFIT_LOCK_WAIT_S (a requeued task may start before its predecessor is
+    dead); a value the user set is kept; the exit code goes to the status file."""
+    point_dir, status = tmp_path / "p", tmp_path / "status.json"
+    point_dir.mkdir()
+    argv = [sys.executable, "-c", "import os, pathlib, sys; "
+            f"pathlib.Path({str(point_dir / 'DONE')!r}).write_text(os.environ['MEMFIT_LOCK_WAIT_S'])"]
+    monkeypatch.delenv("MEMFIT_LOCK_WAIT_S", raising=False)
+    assert slurm.PointTask()(argv, str(point_dir), str(status)) == str(point_dir)
+    assert (point_dir / "DONE").read_text() == str(slurm.TASK_LOCK_WAIT_S) == "300"
+    assert json.loads(status.read_text())["rc"] == 0
+    monkeypatch.setenv("MEMFIT_LOCK_WAIT_S", "12")
+    slurm.PointTask()(argv, str(point_dir), str(status))
+    assert (point_dir / "DONE").read_text() == "12"
+
+
+@pytest.mark.slow
+def test_a_killed_local_sweep_takes_its_points_with_it_and_the_next_start_corrects_the_record(
+        tmp_path: Path, shared_data: Path) -> None:
+    """Issue 23.7: a SIGKILLed local sweep left its point's `memfit run` running unsupervised (ppid 1) and
+    sweep.json saying RUNNING. The child dies with the driver; the next start records it as stopped.
+    (The points' command stands in for `memfit run`: it sleeps on its first start, finishes on the next.)"""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = ("import pathlib, sys, time; out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True); "
+              "started = out / 'started'\n"
+              "if started.exists(): (out / 'DONE').write_text('done')\n"
+              "else: started.write_text('1'); time.sleep(120)")
+    path = write_sweep(tmp_path, f"""
+name: orphans
+config: BASE
+grid: {{pack.k: [5]}}
+command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
+""")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher", "local",
+               "--out", str(out)]
+    env = memfit_env(shared_data)
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child_pid = None
+    deadline = time.monotonic() + 120
+    while child_pid is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if (out / "points" / "k=5" / "started").exists():
+            record = json.loads((out / "sweep.json").read_text())["points"][0]
+            child_pid = int(record["jobs"][0]["job_id"].removeprefix("local:"))
+    assert child_pid is not None, driver.stderr.read().decode() if driver.poll() is not None else "no start"
+    driver.kill()
+    driver.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state not in ("Z", "X")  # a zombie nobody reaps is dead all the same
+
+    deadline = time.monotonic() + 10
+    while alive(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(child_pid):
+        os.kill(child_pid, signal.SIGKILL)
+        pytest.fail("the point's process outlived its SIGKILLed sweep")
+    assert json.loads((out / "sweep.json").read_text())["points"][0]["state"] == "running"  # as the driver left it
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    record = json.loads((out / "sweep.json").read_text())["points"][0]
+    assert record["state"] == "done"
+    assert [job["state"] for job in record["jobs"]] == ["CANCELLED", "COMPLETED"]
