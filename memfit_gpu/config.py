@@ -418,7 +418,8 @@ class MemFitConfig:
     live: LiveConfig = field(default_factory=LiveConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     # The settings of extensions registered outside this file (a plugin method's or read-path stage's own
-    # dataclass, register_section): `plugins.<name>.<field>=value`; after loading, one instance per section.
+    # dataclass, register_section): `plugins.<name>.<field>=value`; after loading, an instance of its dataclass per section given
+    # (config.section gives a section's defaults where the config sets none of it).
     plugins: dict[str, Any] = field(default_factory=dict)
 
 
@@ -502,17 +503,19 @@ def section(cfg: MemFitConfig, name: str) -> Any:
 
 
 def _load_sections(cfg: MemFitConfig, source: str) -> None:
-    """Each `plugins.<name>` as an instance of its registered dataclass (defaults for the ones not given)."""
+    """Each `plugins.<name>` the config gives, as an instance of its registered dataclass. A section it does not
+    give stays out (section() returns its defaults): a config saved by a process that loaded a plugin then
+    loads where the plugin is not, unless it sets the plugin's settings."""
     unknown = sorted(set(cfg.plugins) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"{source}: plugins.{unknown[0]} is not a registered section (registered: "
                           f"{', '.join(_SECTIONS) or 'none'}; an extension registers its settings, e.g. "
                           "MethodEntry(settings=...), and is loaded through MEMFIT_PLUGINS)")
     loaded: dict[str, Any] = {}
-    for name, settings in _SECTIONS.items():
-        given = cfg.plugins.get(name) or {}
+    for name, given in cfg.plugins.items():
+        settings = _SECTIONS[name]
         try:
-            loaded[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(settings), given))
+            loaded[name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(settings), given or {}))
         except OmegaConfBaseException as exc:
             key = getattr(exc, "full_key", None)
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -566,7 +569,7 @@ _RANGES: dict[str, _Range] = {
     "index.bm25_k1": _AT_LEAST_0,
     "index.bm25_b": _FRACTION,
     "index.dense_nprobe": _AT_LEAST_1,
-    "index.dense_batched_max_rows": _AT_LEAST_0,  # 0 = every memory keeps a FAISS index (the pre-#14 path)
+    "index.dense_batched_max_rows": _AT_LEAST_0,  # 0 = every memory keeps a FAISS index (the path before dense batching)
     "store.write_budget_mb": _Range(1),  # a chunk needs room for at least one turn's text and vector
     "segment.min_window": _AT_LEAST_1,
     "segment.window_scale": _AT_LEAST_0,

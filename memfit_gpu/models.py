@@ -288,7 +288,7 @@ def _convert_gguf_to(name: str, gguf: Path, origin: str, target: Path) -> Resolv
 
 def _how_to_get(kind: str, name: str) -> str:
     lines = [
-        f"  - on a machine with network: `huggingface-cli download {name}` (fills the Hugging Face cache; "
+        f"  - on a machine with network: `hf download {name}` (fills the Hugging Face cache; "
         "copy ~/.cache/huggingface here or point HF_HOME at it)",
         "  - or pass a local folder holding config.json and the weights as the model name",
     ]

@@ -1,4 +1,4 @@
-"""The one shape of memfit's three registries (methods, reader backends, benchmarks): entries by name
+"""The one shape of memfit's registries (methods, read-path stages, reader backends, benchmarks): entries by name
 for a registry-backed config key, where registering a name also lets the key take it (config.register_choice).
 
     METHODS = Registry("method", {"memfit": MethodEntry(MemFit), ...}, unknown=lambda name, known: ...)

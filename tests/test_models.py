@@ -45,7 +45,7 @@ def test_packaged_minilm_found_offline(empty_hf_cache: Path, caplog: pytest.LogC
 
 
 def test_hub_cache_preferred_over_package(empty_hf_cache: Path, minilm_path: Path) -> None:
-    """A snapshot in the Hugging Face cache (the layout `huggingface-cli download` leaves) wins."""
+    """A snapshot in the Hugging Face cache (the layout `hf download` leaves) wins."""
     repo = empty_hf_cache / "models--sentence-transformers--all-MiniLM-L6-v2"
     revision = "0123456789abcdef0123456789abcdef01234567"
     (repo / "refs").mkdir(parents=True)
@@ -75,7 +75,7 @@ def test_missing_cross_encoder_says_where_and_how(empty_hf_cache: Path) -> None:
     assert str(empty_hf_cache) in message  # where it looked
     assert "HF_HUB_OFFLINE" in message
     assert "no Python package ships" in message
-    assert f"huggingface-cli download {name}" in message
+    assert f"hf download {name}" in message
     assert "HF_HOME" in message and "local folder" in message
     assert "rerank.backend=none" in message
 

@@ -11,7 +11,7 @@ DESCRIPTION = """\
 Benchmark data: LoCoMo (10 conversations), LongMemEval (S, M and oracle files; each question is its
 own memory), MemGallery (20 multimodal scenarios), BEAM (splits 100K, 500K, 1M, 10M: the repository's
 conversation folders or the hub's parquet) and your own data (jsonl: one memory per line, the
-schema in README.md "Your own data"), all read into one schema (Benchmark -> Memory -> Session -> Turn,
+schema in docs/how-to/own-data.md), all read into one schema (Benchmark -> Memory -> Session -> Turn,
 plus Questions). NAME is a registered benchmark (memfit_gpu/data/registry.py); a misspelt one is refused
 with the list.
 
@@ -37,7 +37,7 @@ and text, optional images, questions with answer, category, optional evidence tu
 date) and print every problem, one per line, naming the file, the line (and user) and the field: errors
 (a missing or mistyped field, an unknown key, a repeated id, a date that is not ISO 8601) and warnings
 (evidence naming no turn, an image file that is not there, an empty turn). Exit code 0 when the file
-loads (warnings alone), 2 when it has errors. The schema: README.md "Your own data"."""
+loads (warnings alone), 2 when it has errors. The schema: docs/how-to/own-data.md."""
 
 FETCH_HELP = """\
 Download the official files (LoCoMo from snap-research/LoCoMo on GitHub; LongMemEval from the
@@ -121,13 +121,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "validate", help="check an own-data jsonl file: every problem with its line and field",
         description=VALIDATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    validate.add_argument("file", help="the jsonl file (README.md \"Your own data\")")
+    validate.add_argument("file", help="the jsonl file (docs/how-to/own-data.md)")
     validate.set_defaults(func=_validate)
 
     convert = actions.add_parser(
         "convert", help="write a benchmark in the own-data jsonl format",
         description="Load a benchmark (as `memfit run` would: --path, $MEMFIT_DATA_DIR, the cache) and write every "
-        "memory, turn and question in the jsonl format of `data.benchmark=jsonl` (README.md \"Your own data\"): a "
+        "memory, turn and question in the jsonl format of `data.benchmark=jsonl` (docs/how-to/own-data.md): a "
         "starting point for your own data, and the same packs as the original.",
     )  # fmt: skip
     _benchmark_to_read(convert)

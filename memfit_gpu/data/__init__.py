@@ -139,7 +139,7 @@ def select_questions(
     for memory in benchmark.memories:
         if limit_memories is not None and len(memories) >= limit_memories:
             break
-        # a question a category list selects is scored (issue 24: exclude_categories=[] scores LoCoMo's
+        # a question a category list selects is scored (exclude_categories=[] scores LoCoMo's
         # category 5 against its adversarial answer); no list at all keeps the benchmark's evaluated set
         kept = [
             q if q.evaluated else dataclasses.replace(q, evaluated=True)

@@ -4,7 +4,7 @@
     memfit run --config configs/memfit.yaml --out runs/mine data.benchmark=jsonl data.path=my_data.jsonl
     memfit data convert locomo --out locomo.jsonl                         # any loaded benchmark, this format
 
-A line (the schema; README.md "Your own data"; configs/data/example.jsonl is a complete small file):
+A line (the schema; docs/how-to/own-data.md; configs/data/example.jsonl is a complete small file):
 
     {"user_id": "alice",                                   # required, unique: the memory's id
      "speakers": ["Alice", "Bot"],                          # optional: the speakers, in this order

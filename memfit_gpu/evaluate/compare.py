@@ -235,7 +235,7 @@ def format_comparison(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ------------------------------------------------------------------------------ issue 24: over seeds
+# ------------------------------------------------------------------------------ over seeds
 def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], list[str], dict[str, str], np.ndarray]:
     """(files, shared question ids, {id: category}, values [runs, questions]) of one side's seed runs."""
     files, tables = [], []

@@ -1,4 +1,4 @@
-"""Per-category tables: metrics.json (docs/concepts/design.md), the paper's Markdown table, and CSV.
+"""Per-category tables: metrics.json (docs/how-to/benchmark-run.md), the paper's Markdown table, and CSV.
 
 Scores are kept as fractions in [0, 1] in metrics.json and printed x100 in tables, as the paper
 prints them. "Average" follows an explicit rule recorded in metrics.json["averaging"]:

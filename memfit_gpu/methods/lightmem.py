@@ -621,7 +621,7 @@ class LightMem:
         run.account("lightmem.rewrite.ledger")
         plans = [route(parse_hqs(r.text, q.question, lm.max_hqs), lm.routing, tiers.has(q.memory_id), lm.top_k)
                  for q, r in zip(questions, replies, strict=True)]
-        plans = noise_hqs(plans, questions, lm.noise.hq, lm.noise.seed)  # issue 24: SLM-1 noise (0: none)
+        plans = noise_hqs(plans, questions, lm.noise.hq, lm.noise.seed)  # SLM-1 noise (0: none)
 
         # coarse vector retrieval with metadata constraints, every HQ in one encoder pass
         candidates = tiers.search(plans, questions, speakers, cfg)
@@ -726,7 +726,7 @@ class HQ:
     text: str
     tier: str  # mtm | ltm
     budget: int = 0
-    noise_from: str | None = None  # issue 24: the question whose HQ text replaced this one (noise.hq)
+    noise_from: str | None = None  # the question whose HQ text replaced this one (noise.hq)
 
 
 def parse_hqs(reply: str, question: str, max_hqs: int) -> list[HQ]:

@@ -168,7 +168,7 @@ class MemFit:
             self._view_generation = self.store.generation
         return self._view
 
-    # ------------------------------------------------------------------------------ live (issue 22)
+    # ------------------------------------------------------------------------------ live
     def attach(self, run: MethodRun, store: EpisodeStore) -> None:
         self.cfg = self.path_config(run.cfg)
         self.reranker = load_reranker(self.cfg.rerank, self.cfg.index)

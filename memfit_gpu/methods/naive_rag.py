@@ -116,7 +116,7 @@ class NaiveRAG:
     def close(self) -> None:
         pass
 
-    # ------------------------------------------------------------------------------ live (issue 22)
+    # ------------------------------------------------------------------------------ live
     def attach(self, run: MethodRun, store: EpisodeStore) -> None:
         self.store, self.encoder = store, store.encoder
         self.index = dense_index(run.cfg.index, int(self.encoder.dim))

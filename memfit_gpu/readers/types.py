@@ -21,9 +21,9 @@ Role = Literal["summary", "answer", "judge", "mtm_summary", "consolidate", "rewr
 PromptTokenLimit = tuple[int, Callable[[list[dict[str, Any]]], int]]
 # Called with each group of (position, response) before it is yielded (the caching reader commits it).
 Received = Callable[[list[tuple[int, "Response"]]], None]
-# Each role's phase, which the ledger totals (issue 15): write = building memory (MemFit's summaries,
+# Each role's phase, which the ledger totals: write = building memory (MemFit's summaries,
 # LightMem's MTM notes and LTM consolidation), read = answering a question (the answer call, LightMem's
-# query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers, issue 24; the answers at
+# query rewrite and re-rank), eval = scoring (the judge; the growth analysis's answers; the answers at
 # the other pack depths of eval.pack_cutoffs, which the run's own read phase and its efficiency row leave out).
 # A peer system run from its own package (methods/peers/) has a role per phase for its chat calls, and roles
 # for the embeddings the run's encoder serves it (methods/peers/endpoint.py) in phase embed: they are no LLM

@@ -371,7 +371,7 @@ def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Ques
             cleaned = [clean_answer(r.text) for r in responses]
             scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
                                cfg.eval.metrics)
-            # issue 24: ROUGE-L / ROUGE-2 / METEOR / SBERT when eval.text_metrics asks (one encoder pass a batch)
+            # ROUGE-L / ROUGE-2 / METEOR / SBERT when eval.text_metrics asks (one encoder pass a batch)
             texts = (text_metrics.text_scores([c.text for c in cleaned], [q.answer for q in chunk],
                                               cfg.eval.text_metrics, text_encode)
                      if cfg.eval.text_metrics else [None] * len(chunk))

@@ -167,7 +167,7 @@ def to_csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
                                for c in columns] for row in rows])
 
 
-# ------------------------------------------------------------------------------ issue 24: --by seed
+# ------------------------------------------------------------------------------ --by seed
 def _by_key(keys: Sequence[str], by: str, where: Path) -> str:
     """The sweep key `by` names: itself, or the one key whose last dotted part it is (`seed` -> reader.seed)."""
     if by in keys:

@@ -107,7 +107,7 @@ def test_the_source_hash_covers_the_code_a_run_executes_and_nothing_else(tmp_pat
 
     clean = code()
     assert clean["checkout"] == str(checkout) and clean["dirty"] is False and clean["source_sha256"]
-    (checkout / "docs" / "design.md").write_text("edited\n")
+    (checkout / "docs" / "concepts" / "design.md").write_text("edited\n")
     docs = code()
     assert docs["dirty"] is True and docs["diff_sha256"] and docs["source_sha256"] == clean["source_sha256"]
     subprocess.run([*git, "commit", "-q", "-am", "docs"], check=True, capture_output=True)
