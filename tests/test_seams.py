@@ -218,6 +218,34 @@ def test_a_method_with_its_own_settings_role_and_prompts_runs_end_to_end(tmp_pat
     assert prompts["session_note.txt"] == hashlib.sha256((TESTS / "seam_prompts" / "session_note.txt").read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
+def test_a_read_path_stage_added_from_tests_runs_memfit_end_to_end(tmp_path: Path, shared_data: Path) -> None:
+    """`memfit run` with the test-only `newest_first` stage loaded through MEMFIT_PLUGINS: its setting
+    reaches the read path (the packed episodes stand newest first), config.yaml keeps both, and the same
+    command without the plugin is refused before anything is written."""
+    out = tmp_path / "run"
+    args = ("run", "--config", str(SMOKE), "--out", str(out), "--quiet", "data.benchmark=jsonl", f"data.path={EXAMPLE}",
+            "data.limit_memories=null", "reader.backend=echo", "retrieve.stages=[newest_first]",
+            "plugins.newest_first.weight=100.0")
+    refused = _memfit(*args, shared_data=shared_data, plugins="seam_echo_backend")
+    assert refused.returncode == 2 and "plugins.newest_first is not a registered section" in refused.stderr
+    bare = _memfit(*args[:-1], shared_data=shared_data, plugins="seam_echo_backend")  # without its settings
+    assert bare.returncode == 2 and "retrieve.stages[0]='newest_first' is not a registered" in bare.stderr
+    assert not out.exists()
+    proc = _memfit(*args, shared_data=shared_data, plugins="seam_echo_backend,seam_newest_first_stage")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    when = {(m.memory_id, t.turn_id): t.timestamp for m in load_benchmark("jsonl", EXAMPLE).memories for t in m.turns()}
+    packs = read_jsonl(out / "packs.jsonl")
+    assert [p["question_id"] for p in packs] == EXAMPLE_QUESTIONS
+    for pack in packs:
+        times = [when[(pack["memory_id"], c["turn_id"])] for c in pack["ranked"] if c["kind"] == "episode"]
+        assert len(times) > 1 and times == sorted(times, reverse=True), pack["question_id"]
+    config_yaml = (out / "config.yaml").read_text()
+    assert "- newest_first" in config_yaml and "weight: 100.0" in config_yaml
+    stage_seconds = json.loads((out / "diagnostics.json").read_text())["retrieve_stage_seconds"]
+    assert stage_seconds["stage_7_added"] >= 0
+
+
 def _example_store(bi_encoder):  # the example own-data file's memories, with extractive summaries
     from conftest import lead_summaries  # tests/conftest.py (tests/ is on sys.path)
 
