@@ -14,7 +14,7 @@ my_note, and provenance.json hashes the prompt folder's files; config.METHODS li
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.naive_rag import NaiveRAG
 from memfit_gpu.methods.peers.mem0 import Mem0Method
 from memfit_gpu.methods.plain import Plain
-from memfit_gpu.readers.types import register_role
+from memfit_gpu.readers.types import ROLE_PHASES, register_role
 from memfit_gpu.registries import Registry
 
 
@@ -72,10 +72,14 @@ class MethodEntry:
     prompts: Callable[[MemFitConfig], Path] | None = None
 
 
-# The methods' own roles, as the ledger has always accounted them (readers/types.py ROLE_PHASES lists the
-# built-in ones so that a ledger.json is read the same with or without this registry loaded)
-_LIGHTMEM_ROLES = {"mtm_summary": "write", "consolidate": "write", "rewrite": "read", "rerank_slm": "read"}
-_MEM0_ROLES = {"mem0_write": "write", "mem0_read": "read", "mem0_embed_write": "embed", "mem0_embed_read": "embed"}
+def _built_in_roles(*roles: str) -> dict[str, str]:
+    """A built-in method's roles with the phase readers/types.py ROLE_PHASES gives each: that table decides
+    the built-in roles' phases, so a ledger.json is totalled the same with or without this registry loaded."""
+    return {role: ROLE_PHASES[role] for role in roles}
+
+
+_LIGHTMEM_ROLES = _built_in_roles("mtm_summary", "consolidate", "rewrite", "rerank_slm")
+_MEM0_ROLES = _built_in_roles("mem0_write", "mem0_read", "mem0_embed_write", "mem0_embed_read")
 
 REGISTRY: dict[str, MethodEntry] = {
     "memfit": MethodEntry(MemFit, incremental=True, live=True, depths=True),
@@ -89,9 +93,9 @@ REGISTRY: dict[str, MethodEntry] = {
                         settings=Mem0Config, roles=_MEM0_ROLES),
 }
 
-# MemFitConfig's own method sections, by their dataclass: the settings a built-in entry names
-_BUILT_IN_SECTIONS = {f.type: f.name for f in fields(MemFitConfig)
-                      if f.name in ("naive_rag", "full_context", "lightmem", "mem0")}
+# MemFitConfig's own sections, by their dataclass: a built-in entry's settings is one of them
+_BUILT_IN_SECTIONS: dict[type, str] = {type(value): f.name for f in fields(MemFitConfig)
+                                       if is_dataclass(value := getattr(MemFitConfig(), f.name))}
 
 
 METHODS: Registry[MethodEntry] = Registry(
@@ -103,7 +107,7 @@ def register_method(name: str, entry: MethodEntry) -> None:
     settings become `plugins.<name>.*` and its roles are taken by requests."""
     for role, phase in entry.roles.items():
         register_role(role, phase)
-    if entry.settings is not None and entry.settings.__name__ not in _BUILT_IN_SECTIONS:
+    if entry.settings is not None and entry.settings not in _BUILT_IN_SECTIONS:
         register_section(name, entry.settings)
     METHODS.register(name, entry)
 
@@ -114,7 +118,7 @@ def method_settings(cfg: MemFitConfig, name: str) -> Any:
     entry = method_entry(name)
     if entry.settings is None:
         return None
-    built_in = _BUILT_IN_SECTIONS.get(entry.settings.__name__)
+    built_in = _BUILT_IN_SECTIONS.get(entry.settings)
     return getattr(cfg, built_in) if built_in else section(cfg, name)
 
 
