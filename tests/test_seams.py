@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from support.data import write_small_locomo
+from support.encoding import cached_embed
 
 from memfit_gpu import config
 from memfit_gpu.cli import main
@@ -266,13 +266,7 @@ def test_a_read_path_stage_added_from_tests_runs_in_both_read_paths(bi_encoder) 
     questions = [(q.question, q.memory_id) for m in bench.memories for q in m.questions]
     texts, mems = [q for q, _ in questions], [m for _, m in questions]
 
-    cache: dict[str, torch.Tensor] = {}
-
-    def embed(batch: list[str]) -> torch.Tensor:  # one vector per text, whatever batch it came in
-        todo = [text for text in dict.fromkeys(batch) if text not in cache]
-        if todo:
-            cache.update(zip(todo, bi_encoder.encode(todo), strict=True))
-        return torch.stack([cache[text] for text in batch])
+    embed = cached_embed(bi_encoder)
 
     results = {}
     for weight in (None, "0.0", "100.0"):

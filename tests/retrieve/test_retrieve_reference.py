@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from support.encoding import cached_embed
 
 from memfit_gpu.config import load_config
 from memfit_gpu.retrieve import stages
@@ -28,15 +29,7 @@ PER_MEMORY = 25  # questions per conversation: 50 in all keeps each config's ref
 def setup(locomo2_summary_store, bi_encoder):
     benchmark, store = locomo2_summary_store
     questions = [q for m in benchmark.memories for q in [q for q in m.questions if q.evaluated][:PER_MEMORY]]
-    cache: dict[str, torch.Tensor] = {}
-
-    def embed(texts: list[str]) -> torch.Tensor:
-        todo = [t for t in dict.fromkeys(texts) if t not in cache]
-        if todo:
-            cache.update(zip(todo, bi_encoder.encode(todo), strict=True))
-        return torch.stack([cache[t] for t in texts])
-
-    return store, questions, embed
+    return store, questions, cached_embed(bi_encoder)
 
 
 def _both(setup, overrides: list[str], reference: bool = True):
