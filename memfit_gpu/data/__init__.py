@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from memfit_gpu.config import DataConfig
@@ -38,6 +38,7 @@ __all__ = [
     "cache_dir",
     "data_location",
     "load_benchmark",
+    "read_benchmark",
     "resolve_data_path",
     "select_from_config",
     "select_questions",
@@ -97,14 +98,18 @@ def load_benchmark(name: str, path: str | Path | None = None, split: str | None 
     only (s | m | oracle) when a folder holds several official files. Quirks are handled and listed in
     Benchmark.problems; a broken file raises DataError naming the file, the item and the field.
     """
+    return read_benchmark(name, resolve_data_path(name, path, split))
+
+
+def read_benchmark(name: str, files: Sequence[Path]) -> Benchmark:
+    """load_benchmark on files already found (resolve_data_path: a run's RunInputs.files)."""
     spec = benchmark_spec(name)
-    files = resolve_data_path(spec.name, path, split)
     log.info(
         "loading %s from %s",
         spec.name,
         files[0] if len(files) == 1 else f"{len(files)} files in {files[0].parent}",
     )
-    benchmark = spec.load(files)
+    benchmark = spec.load(list(files))
     if benchmark.problems:
         log.info("%s: %d data quirks handled (Benchmark.problems)", spec.name, len(benchmark.problems))
     return benchmark

@@ -51,6 +51,7 @@ from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.prompts import BenchmarkPrompts
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.store.episodes import EpisodeStore
@@ -720,7 +721,9 @@ class Memory:
         out = list(prepared.results)
         if not prepared.calls:
             return out
-        make = answer_requests(self.cfg, self.run.bench, self.reader())
+        bench = self.run.bench
+        make = answer_requests(self.cfg, bench, self.reader(),
+                               BenchmarkPrompts.find(self.cfg.reader.protocol, bench.name, bench.source))
         requests = [make(question, row, key="live:answer")[0] for _, question, _, row in prepared.calls]
         responses = self.reader().generate(requests)
         with self.holding():

@@ -2,7 +2,7 @@
 live memory, so every path bounds its prompt the same way (the reader's context less the tokens the answer
 may take) and speaks the benchmark's protocol (reader.protocol).
 
-`answer_requests(cfg, bench, reader)` returns `make(question, pack row, role, key) -> (Request, cut)`: the
+`answer_requests(cfg, bench, reader, prompts)` returns `make(question, pack row, role, key) -> (Request, cut)`: the
 request (the same bytes on every resume: its cache key) with its owner (the question's memory), and what
 the prompt bound cut from it ({"prompt_chars_cut": n} or {}).
 """
@@ -15,9 +15,8 @@ from typing import Any
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import Benchmark, Question
-from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.readers.prompts import BeamPrompts, bounded_answer_messages, resolve_protocol
+from memfit_gpu.readers.prompts import BenchmarkPrompts, bounded_answer_messages
 from memfit_gpu.readers.reader import Reader
 from memfit_gpu.readers.types import PromptTokenLimit, Request
 
@@ -61,26 +60,13 @@ def answer_token_limit(reader: Reader, cfg: MemFitConfig) -> PromptTokenLimit | 
     return None if context is None else (context[0] - cfg.reader.max_new_tokens, context[1])
 
 
-def memgallery_dir_of(bench: Benchmark) -> Path:
-    """The MemGallery folder that holds prompt/ (the loader's source is its dialog/ folder or a file in it)."""
-    return benchmark_folder(bench.source)
-
-
 AnswerRequest = Callable[..., tuple[Request, dict[str, int]]]
 
 
-def beam_prompts_of(bench: Benchmark, protocol: str) -> BeamPrompts | None:
-    """BEAM's prompts (its src/ files beside the data, in $MEMFIT_DATA_DIR or the fetch cache) when the answer
-    protocol is beam; None otherwise."""
-    return BeamPrompts.find(bench.source) if resolve_protocol(protocol, bench.name) == "beam" else None
-
-
-def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader) -> AnswerRequest:
+def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader, prompts: BenchmarkPrompts) -> AnswerRequest:
     """`make(question, pack row, role="answer", key=question id)`: the answer request (the same bytes on every
-    resume: its cache key) and what the prompt bound cut from it ({"prompt_chars_cut": n} or {})."""
-    protocol = resolve_protocol(cfg.reader.protocol, bench.name)
-    memgallery_dir = memgallery_dir_of(bench) if protocol == "memgallery" else None
-    beam_prompts = beam_prompts_of(bench, cfg.reader.protocol)
+    resume: its cache key) and what the prompt bound cut from it ({"prompt_chars_cut": n} or {}); `prompts`:
+    the protocol and prompt files as the run resolved them (RunInputs.prompts)."""
     turn_images = {(m.memory_id, t.turn_id): [i.path for i in t.images if i.path]
                    for m in bench.memories for t in m.turns() if t.images}
     token_limit = answer_token_limit(reader, cfg)
@@ -89,9 +75,9 @@ def answer_requests(cfg: MemFitConfig, bench: Benchmark, reader: Reader) -> Answ
              ) -> tuple[Request, dict[str, int]]:
         images, question_image = images_for(cfg, bench, q, pack, turn_images)
         messages, prompt_cut = bounded_answer_messages(
-            q.question, pack["excerpts"], q.question_date, q.category, protocol, images,
-            question_image=question_image, memgallery_dir=memgallery_dir, prompt=cfg.reader.prompt,
-            beam_prompts=beam_prompts, max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
+            q.question, pack["excerpts"], q.question_date, q.category, prompts.protocol, images,
+            question_image=question_image, memgallery_dir=prompts.memgallery_dir, prompt=cfg.reader.prompt,
+            beam_prompts=prompts.beam, max_prompt_chars=cfg.reader.max_prompt_chars, token_limit=token_limit,
         )
         return (Request(messages, role=role, images=images, key=key or q.question_id, owner=q.memory_id),
                 {"prompt_chars_cut": prompt_cut} if prompt_cut else {})

@@ -42,7 +42,7 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Benchmark, Memory, Question
-from memfit_gpu.readers.prompts import BeamPrompts
+from memfit_gpu.readers.prompts import BenchmarkPrompts
 from memfit_gpu.readers.reader import Reader
 from memfit_gpu.store.episodes import EpisodeStore
 
@@ -93,12 +93,13 @@ class MethodRun:
     # Save the ledger, then pass the named fault point: called after each batch of LLM calls, before
     # what they produced is stored, so a kill in between costs cache hits, never unaccounted calls.
     account: Callable[[str], None] = _no_ledger
-    memgallery_dir: Path | None = None  # the MemGallery prompt folder when the answer protocol is memgallery
     progress: bool = False
     stage: Callable[[str], contextlib.AbstractContextManager[None]] = _untimed  # the caller's stage clock (timings.json)
     # an existing store to read, never written (`memfit retrieve --store`): its memories must be there
     store_path: Path | None = None
-    beam_prompts: BeamPrompts | None = None  # BEAM's prompts when the answer protocol is beam
+    # the answer protocol and the benchmark's prompt files (MemGallery's, BEAM's) as the run resolved them
+    # (RunInputs.prompts); None: none were resolved (`memfit retrieve`: no answers, sizes as protocol paper)
+    prompts: BenchmarkPrompts | None = None
 
     def store_location(self) -> Path | None:
         """Where a method keeps its store: `store_path` when given, else store.path, else DIR/store in a run

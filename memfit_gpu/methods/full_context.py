@@ -35,7 +35,7 @@ from memfit_gpu.data.schema import Question
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import TurnTable, diagnostics_for, pack_json
 from memfit_gpu.methods.packs import pack_row
-from memfit_gpu.readers.prompts import build_answer_messages, prompt_chars, resolve_protocol
+from memfit_gpu.readers.prompts import BenchmarkPrompts, build_answer_messages, prompt_chars
 from memfit_gpu.readers.registry import backend_entry
 from memfit_gpu.retrieve.pack import excerpt_tail
 
@@ -104,9 +104,8 @@ class FullContext:
         cfg, table = run.cfg, self.table
         reader = run.reader() if run.reader is not None else None
         budget = token_budget(run, reader)
-        protocol = resolve_protocol(cfg.reader.protocol, run.bench.name)
-        if (protocol == "memgallery" and run.memgallery_dir is None) or (protocol == "beam" and run.beam_prompts is None):
-            protocol = "paper"  # `memfit retrieve` sizes the history without MemGallery's or BEAM's prompt files
+        # `memfit retrieve` resolves no prompt files: it sizes the history as protocol paper
+        prompts = run.prompts if run.prompts is not None else BenchmarkPrompts("paper")
         lines_of: dict[int, list[str]] = {}
         cuts_of: dict[int, list[int]] = {}
         for m_idx in range(len(table.memory_ids)):
@@ -125,8 +124,8 @@ class FullContext:
 
             def messages(dropped: int, q: Question = q, tails: list[str] = tails) -> list[dict[str, Any]]:
                 return build_answer_messages(q.question, excerpts(tails[dropped:]), q.question_date, q.category,
-                                             protocol, memgallery_dir=run.memgallery_dir, prompt=cfg.reader.prompt,
-                                             beam_prompts=run.beam_prompts)
+                                             prompts.protocol, memgallery_dir=prompts.memgallery_dir,
+                                             prompt=cfg.reader.prompt, beam_prompts=prompts.beam)
 
             def fits(dropped: int) -> bool:
                 built = messages(dropped)

@@ -29,6 +29,7 @@ from memfit_gpu.config import ConfigError
 from memfit_gpu.data import cache_dir
 from memfit_gpu.data.beam import NAME as BEAM
 from memfit_gpu.data.beam import prompt_roots
+from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.data.registry import find_spec
 from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
 from memfit_gpu.quoting import quote_lines
@@ -284,6 +285,38 @@ def judge_kind(benchmark: str, prompt: str = "auto") -> str:
     if prompt not in JUDGE_KINDS:
         raise ConfigError(f"eval.judge.prompt={prompt!r} is not one of auto, {', '.join(JUDGE_KINDS)}")
     return prompt
+
+
+@dataclass(frozen=True)
+class BenchmarkPrompts:
+    """What the answers and the judge speak, and the benchmark's own prompt files they read, found once
+    (`find`): a run resolves them into RunInputs.prompts, which its answers, judge, preflight and provenance
+    read; a method gets them as MethodRun.prompts, the live memory's answers as Memory's own."""
+
+    protocol: str  # paper | memgallery | beam: reader.protocol resolved for the benchmark (resolve_protocol)
+    judge_kind: str | None = None  # eval.judge.prompt resolved for the benchmark (judge_kind); None: no judge
+    memgallery_dir: Path | None = None  # MemGallery's folder holding prompt/, when the answers or the judge read it
+    beam: BeamPrompts | None = None  # BEAM's src/ prompts, when the answers or the judge read them
+
+    @classmethod
+    def find(cls, protocol: str, benchmark: str, source: str | Path,
+             judge_prompt: str | None = None) -> BenchmarkPrompts:
+        """`protocol` (reader.protocol) and `judge_prompt` (eval.judge.prompt; None: no judge) resolved for
+        `benchmark`, and the prompt files they read, found from the benchmark's `source` (a loaded benchmark's
+        source or its first file).
+
+        Raises:
+            ConfigError: a setting that names no protocol or judge, or BEAM's judge for another benchmark.
+            PromptError: BEAM's prompt files are needed and not there (it says where it looked).
+        """
+        resolved = resolve_protocol(protocol, benchmark)
+        kind = judge_kind(benchmark, judge_prompt) if judge_prompt is not None else None
+        if kind == "beam" and benchmark != BEAM:
+            raise ConfigError(f"eval.judge.prompt=beam scores BEAM's rubric items, which data.benchmark="
+                              f"{benchmark} does not have: use data.benchmark=beam or another judge")
+        read = {resolved, kind}
+        return cls(resolved, kind, benchmark_folder(source) if "memgallery" in read else None,
+                   BeamPrompts.find(source) if "beam" in read else None)
 
 
 def image_note(n_images: int, question_image: bool) -> str:

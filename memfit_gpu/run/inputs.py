@@ -3,10 +3,10 @@
     inputs = resolve_inputs(cfg)        what a run of cfg reads, resolved once (RunInputs)
     check_can_start(inputs)             preflight.py: each of them is here and usable
     collect(inputs, benchmark)          the run's provenance record (provenance.py: what each field means)
-    judge_record(inputs, benchmark)     the judge part of it (also what `memfit judge-audit` records)
+    judge_record(inputs)                the judge part of it (also what `memfit judge-audit` records)
 
 The facts a run derives from its configuration (its data files, its models, the judge's reader settings, the
-answer protocol and the judge's kind) are derived here once; preflight, provenance and the stages read the
+answer protocol, the benchmark's prompt files and the judge's kind) are derived here once; preflight, provenance and the stages read the
 record instead of deriving them again. `memfit run` writes the provenance record before its first answer and
 compares it on every resume (run/pipeline.py); `memfit retrieve` writes it beside its packs (run/offline.py).
 """
@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu import provenance
-from memfit_gpu.config import ConfigError, MemFitConfig, ReaderConfig
+from memfit_gpu.config import MemFitConfig, ReaderConfig
 from memfit_gpu.data import Benchmark, resolve_data_path
-from memfit_gpu.data.memgallery import benchmark_folder
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.stats import quirk_counts
 from memfit_gpu.devices import resolve_dtype, visible_devices
@@ -34,10 +33,8 @@ from memfit_gpu.readers.prompts import (
     BEAM_FILES,
     LONGMEMEVAL_JUDGE_FILES,
     MEMGALLERY_FILES,
-    BeamPrompts,
-    judge_kind,
+    BenchmarkPrompts,
     load_prompt,
-    resolve_protocol,
 )
 from memfit_gpu.readers.registry import backend_entry
 
@@ -62,6 +59,11 @@ def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = Tru
     readers, the reader and the judge (eval.judge.enabled, or `judge`); a reader whose backend loads no
     weights (its registry entry: a server) is listed with weights=False. The encoders carry the dtype they
     compute in on index.device (`cfg` placed by the device plan: where they run)."""
+    judged = readers and (cfg.eval.judge.enabled if judge is None else judge)
+    return _model_uses(cfg, retrieval, readers, reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None)
+
+
+def _model_uses(cfg: MemFitConfig, retrieval: bool, readers: bool, judge: ReaderConfig | None) -> list[ModelUse]:
     uses = []
     if retrieval:
         uses.append(ModelUse("encoder", "encoder", cfg.index.encoder, "index.encoder",
@@ -71,8 +73,8 @@ def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = Tru
                                  dtype=("rerank.dtype", cfg.rerank.dtype), device=cfg.index.device))
     if readers:
         roles = [("reader", cfg.reader, "reader.model")]
-        if cfg.eval.judge.enabled if judge is None else judge:
-            roles.append(("judge", reader_config_for_judge(cfg.eval.judge, cfg.reader), "eval.judge.model"))
+        if judge is not None:
+            roles.append(("judge", judge, "eval.judge.model"))
         for role, reader, key in roles:
             weights = backend_entry(reader.backend).weights
             uses.append(ModelUse(role, "reader", reader.model, key, reader.backend, weights,
@@ -88,14 +90,24 @@ class RunInputs:
     files: tuple[Path, ...]  # the benchmark's files (data.benchmark, data.path, data.split)
     models: tuple[ModelUse, ...]  # every model it loads (model_uses)
     readers: bool  # a reader answers (memfit run); False: retrieval alone (memfit retrieve), no prompts
-    protocol: str | None  # the answer protocol (reader.protocol resolved for the benchmark); None without readers
+    # what the answers and the judge speak (reader.protocol and eval.judge.prompt resolved for the benchmark) and
+    # the benchmark's prompt files they read (MemGallery's prompt/, BEAM's src/); None without readers
+    prompts: BenchmarkPrompts | None
     judge: ReaderConfig | None  # the judge's reader settings (eval.judge over reader); None: no judge
-    judge_kind: str | None  # its prompt kind (eval.judge.prompt resolved for the benchmark)
+
+    @property
+    def protocol(self) -> str | None:
+        """The answer protocol: paper | memgallery | beam; None without readers."""
+        return self.prompts.protocol if self.prompts is not None else None
+
+    @property
+    def judge_kind(self) -> str | None:
+        """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
+        return self.prompts.judge_kind if self.prompts is not None else None
 
     def placed(self, cfg: MemFitConfig) -> RunInputs:
         """The same inputs with `cfg` as the device plan placed it (index.device: where the encoders run)."""
-        return replace(self, cfg=cfg, models=tuple(model_uses(cfg, readers=self.readers,
-                                                              judge=self.judge is not None)))
+        return replace(self, cfg=cfg, models=tuple(_model_uses(cfg, True, self.readers, self.judge)))
 
 
 def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge: bool | None = None) -> RunInputs:
@@ -103,19 +115,17 @@ def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge: bool | Non
     the judge whatever the run did).
 
     Raises:
-        ConfigError: BEAM's judge for another benchmark (it scores BEAM's rubric items).
         DataNotFoundError: the benchmark's files are not found.
+        ConfigError, PromptError: the prompts cannot be found (BenchmarkPrompts.find), e.g. BEAM's judge for
+            another benchmark.
     """
     judged = readers and (cfg.eval.judge.enabled if judge is None else judge)
-    kind = judge_kind(cfg.data.benchmark, cfg.eval.judge.prompt) if judged else None
-    if kind == "beam" and cfg.data.benchmark != "beam":
-        raise ConfigError(f"eval.judge.prompt=beam scores BEAM's rubric items, which data.benchmark="
-                          f"{cfg.data.benchmark} does not have: use data.benchmark=beam or another judge")
-    return RunInputs(
-        cfg=cfg, files=tuple(resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)),
-        models=tuple(model_uses(cfg, readers=readers, judge=judged)), readers=readers,
-        protocol=resolve_protocol(cfg.reader.protocol, cfg.data.benchmark) if readers else None,
-        judge=reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None, judge_kind=kind)
+    files = tuple(resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split))
+    prompts = (BenchmarkPrompts.find(cfg.reader.protocol, cfg.data.benchmark, files[0],
+                                     cfg.eval.judge.prompt if judged else None) if readers else None)
+    judge_reader = reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None
+    return RunInputs(cfg=cfg, files=files, models=tuple(_model_uses(cfg, True, readers, judge_reader)),
+                     readers=readers, prompts=prompts, judge=judge_reader)
 
 
 def model_record(use: ModelUse) -> dict[str, Any]:
@@ -161,31 +171,32 @@ def _prompt_hashes(names: list[str], prompt_dir: str | None = None) -> dict[str,
     return {name: text_sha256(load_prompt(name, prompt_dir)) for name in dict.fromkeys(names)}
 
 
-def _memgallery_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str]:
-    folder = benchmark_folder(benchmark.source) / "prompt"
+def _memgallery_prompts(prompts: BenchmarkPrompts, names: list[str]) -> dict[str, str]:
+    assert prompts.memgallery_dir is not None, "MemGallery's prompts for a run that does not read them"
+    folder = prompts.memgallery_dir / "prompt"
     return {f"prompt/{name}": file_sha256(folder / name) for name in names if (folder / name).is_file()}
 
 
-def _beam_prompts(benchmark: Benchmark, names: list[str]) -> dict[str, str]:
-    """The sha256 of BEAM's prompt files the run reads (its src/ files, found as the run finds them)."""
-    folder = Path(BeamPrompts.find(benchmark.source).folder)
-    return {name: file_sha256(folder / name) for name in names}
+def _beam_prompts(prompts: BenchmarkPrompts, names: list[str]) -> dict[str, str]:
+    """The sha256 of BEAM's prompt files the run reads (its src/ files, as resolve_inputs found them)."""
+    assert prompts.beam is not None, "BEAM's prompts for a run that does not read them"
+    return {name: file_sha256(Path(prompts.beam.folder) / name) for name in names}
 
 
-def judge_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, Any]:
+def judge_record(inputs: RunInputs) -> dict[str, Any]:
     """The judge (its reader settings, resolve_inputs): backend, model, kind and the sha256 of each prompt
     file its kind reads; {"enabled": false} when the run has no judge."""
-    reader, kind = inputs.judge, inputs.judge_kind
-    if reader is None or kind is None:
+    reader, kind, found = inputs.judge, inputs.judge_kind, inputs.prompts
+    if reader is None or kind is None or found is None:
         return {"enabled": False}
     if kind == "paper":
         prompts = _prompt_hashes(["judge.txt"])
     elif kind == "longmemeval":
         prompts = _prompt_hashes(sorted(set(LONGMEMEVAL_JUDGE_FILES.values())))
     elif kind == "beam":  # the rubric judge (src/prompts.py), event ordering's matcher (compute_metrics.py)
-        prompts = _beam_prompts(benchmark, list(BEAM_FILES.values()))
+        prompts = _beam_prompts(found, list(BEAM_FILES.values()))
     else:
-        prompts = _memgallery_prompts(benchmark, [MEMGALLERY_FILES["judge"]])
+        prompts = _memgallery_prompts(found, [MEMGALLERY_FILES["judge"]])
     local = backend_entry(reader.backend).weights
     return {"enabled": True, "backend": reader.backend, "model": reader.model, "kind": kind,
             "max_new_tokens": reader.max_new_tokens, "base_urls": [] if local else list(reader.base_urls),
@@ -197,18 +208,19 @@ def judge_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, Any]:
 _PROMPT_RECORD_NAMES = {"lightmem_slm": "lightmem"}
 
 
-def prompt_record(inputs: RunInputs, benchmark: Benchmark) -> dict[str, dict[str, str]]:
+def prompt_record(inputs: RunInputs) -> dict[str, dict[str, str]]:
     """The sha256 of each prompt file the reader's calls are made from: the answer prompt (MemGallery's
     official files under its protocol; the multimodal variant when images are sent), the summary prompt
     when summaries are on, and the files of the method's own prompt folder (its registry entry's `prompts`:
     LightMem's four for method=lightmem_slm)."""
-    cfg, protocol = inputs.cfg, inputs.protocol
+    cfg, found = inputs.cfg, inputs.prompts
+    assert found is not None, "a prompt record for inputs resolved without readers"
     out: dict[str, dict[str, str]] = {}
-    if protocol == "beam":
-        out["answer"] = _beam_prompts(benchmark, [BEAM_FILES["prompts"]])
-    elif protocol == "memgallery":
+    if found.protocol == "beam":
+        out["answer"] = _beam_prompts(found, [BEAM_FILES["prompts"]])
+    elif found.protocol == "memgallery":
         official = [MEMGALLERY_FILES[k] for k in ("system", "AR", "CD", "VS")]
-        out["answer"] = {**_prompt_hashes(["answer_memgallery.txt"]), **_memgallery_prompts(benchmark, official)}
+        out["answer"] = {**_prompt_hashes(["answer_memgallery.txt"]), **_memgallery_prompts(found, official)}
     else:
         multimodal = cfg.reader.images != "none" and cfg.reader.prompt == "answer.txt"
         out["answer"] = _prompt_hashes([cfg.reader.prompt, *(["answer_multimodal.txt"] if multimodal else [])])
@@ -232,6 +244,6 @@ def collect(inputs: RunInputs, benchmark: Benchmark, *, command: str = "memfit r
         "data": data_record(inputs, benchmark),
         "categories": category_record(inputs.cfg, benchmark),
         "models": {use.role: model_record(use) for use in inputs.models},
-        "judge": judge_record(inputs, benchmark),
-        "prompts": prompt_record(inputs, benchmark) if inputs.readers else {},
+        "judge": judge_record(inputs),
+        "prompts": prompt_record(inputs) if inputs.readers else {},
     }

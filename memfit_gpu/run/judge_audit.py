@@ -42,8 +42,7 @@ from typing import Any
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config
-from memfit_gpu.data import Question, load_benchmark, select_from_config
-from memfit_gpu.data.memgallery import benchmark_folder
+from memfit_gpu.data import Question, read_benchmark, select_from_config
 from memfit_gpu.evaluate.beam import BeamItem, BeamJudge
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
@@ -57,7 +56,7 @@ from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait
 from memfit_gpu.months import MONTH_NAMES
 from memfit_gpu.readers.clean import reply_text
 from memfit_gpu.readers.ledger import Ledger
-from memfit_gpu.readers.prompts import BeamPrompts, build_judge_messages
+from memfit_gpu.readers.prompts import build_judge_messages
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.render import markdown_table
@@ -270,9 +269,9 @@ def audit(run_dir: str | Path, overrides: Sequence[str] = (), seed: int | None =
 
 
 def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, progress: bool) -> dict[str, Any]:
-    bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
-    selected = select_from_config(bench, cfg.data)
     inputs = resolve_inputs(cfg, judge=True)  # the judge the audit runs, whether the run had one or not
+    bench = read_benchmark(cfg.data.benchmark, inputs.files)
+    selected = select_from_config(bench, cfg.data)
     _check_data(run_dir, inputs, selected)
     by_id = {q.question_id: q for q in selected.questions()}
     rows = [r for r in read_jsonl(run_dir / "predictions.jsonl", repair=False) if r.get("evaluated", True)]
@@ -297,7 +296,8 @@ def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, p
     if kind == "beam":
         return _report(run_dir, inputs, seed, runs_own, bench, selected, questions, probes,
                        *_beam_outcomes(run_dir, inputs, bench, by_id, probes, progress))
-    memgallery_dir = benchmark_folder(bench.source) if kind == "memgallery" else None
+    assert inputs.prompts is not None, "inputs resolved without readers"
+    memgallery_dir = inputs.prompts.memgallery_dir
     outcomes: list[str | None] = [None] * len(probes)
     requests, where = [], []
     for i, probe in enumerate(probes):
@@ -336,7 +336,8 @@ def _beam_outcomes(run_dir: Path, inputs: RunInputs, bench: Any, by_id: Mapping[
     """Every probe scored by BEAM's judge (all probes' calls in one batch per alignment step), its outcome,
     and how many judge requests that took."""
     cfg = inputs.cfg
-    judge = BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam)
+    assert inputs.prompts is not None and inputs.prompts.beam is not None, "BEAM's judge without its prompts"
+    judge = BeamJudge(inputs.prompts.beam, cfg.eval.beam)
     items = []
     for probe in probes:
         q = by_id[probe.question_id]
@@ -384,7 +385,7 @@ def _report(run_dir: Path, inputs: RunInputs, seed: int, runs_own: bool, bench: 
     order = category_order([q.category for q in questions])
     report = {
         "run_dir": str(run_dir), "benchmark": bench.name, "seed": seed,
-        "judge": judge_record(inputs, selected), "judge_of_the_run": runs_own,
+        "judge": judge_record(inputs), "judge_of_the_run": runs_own,
         # the judge's model as provenance.json records a model (its weights' sha256 when they load here)
         "judge_model": next(model_record(u) for u in inputs.models if u.role == "judge"),
         "agreement_metric": f"{variant} F1 >= {AGREEMENT_F1}",

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
-from memfit_gpu.data import Benchmark, Question, load_benchmark, select_from_config
+from memfit_gpu.data import Benchmark, Question, read_benchmark, select_from_config
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.evaluate.judge import (
@@ -51,16 +51,13 @@ from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
-from memfit_gpu.methods.answers import answer_requests, beam_prompts_of, memgallery_dir_of
+from memfit_gpu.methods.answers import AnswerRequest, answer_requests
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import DIAGNOSTICS, questions_of, saved_packs, write_packs
 from memfit_gpu.methods.registry import make_method
 from memfit_gpu.readers.clean import clean_answer, reply_text
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
-from memfit_gpu.readers.prompts import (
-    BeamPrompts,
-    build_judge_messages,
-)
+from memfit_gpu.readers.prompts import build_judge_messages
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.readers.types import Request
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
@@ -206,9 +203,10 @@ def _log_report(tracker: Tracker, out: Path) -> None:
 def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
                 tracker: Tracker, allow_provenance_change: bool) -> dict[str, Any]:
     """The stages; `placed` is the config with index.device as the device plan placed retrieval (encoders, BM25)."""
-    cfg = inputs.cfg
+    cfg, prompts = inputs.cfg, inputs.prompts
+    assert prompts is not None, "a run's inputs resolved without readers"
     with timer.stage("load"):
-        bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
+        bench = read_benchmark(cfg.data.benchmark, inputs.files)
         selected = select_from_config(bench, cfg.data)
         questions = questions_of(selected)
         if not questions:
@@ -255,30 +253,28 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
     def text_encode(texts: list[str]) -> Any:
         return sbert_encoder().encode(texts, batch_size=cfg.index.encode_batch_size)
 
+    judge: _Judge | None = None
     try:
         # the memory system under test (memfit_gpu/methods) makes the packs; answer and score are shared
-        method_run = MethodRun(placed, out, bench, selected.memories, questions, get_reader, ledger_saved,
-                               memgallery_dir_of(bench), progress, timer.stage,
-                               beam_prompts=beam_prompts_of(bench, cfg.reader.protocol))
+        method_run = MethodRun(placed, out, bench, selected.memories, questions, reader=get_reader,
+                               account=ledger_saved, progress=progress, stage=timer.stage, prompts=prompts)
         packs = _method_packs(out, timer, method_run)
 
-        with timer.stage("answer"):
-            _answer(inputs, out, bench, questions, packs, get_reader(), ledger, ledger_path, progress, text_encode)
+        sbert = text_encode if "sbert" in cfg.eval.text_metrics else None
+        with timer.stage("answer"):  # the reader and the judge load here (their time is the answers')
+            # one answer builder and one judge for the answers, the growth points and the depths
+            make_request = answer_requests(cfg, bench, get_reader(), prompts)
+            judge = _Judge(inputs, out, ledger, progress) if inputs.judge is not None else None
+            _answer(inputs, out, questions, packs, make_request, get_reader(), judge, ledger, ledger_path, progress,
+                    text_encode)
 
         if cfg.eval.growth_points:  # the same trajectory scored at several memory sizes
             with timer.stage("growth"):
-                run_growth(cfg, out, method_run, answer_requests(cfg, bench, get_reader()), ledger_saved,
-                           text_encode if "sbert" in cfg.eval.text_metrics else None)
+                run_growth(cfg, out, method_run, make_request, ledger_saved, sbert)
 
         if cfg.eval.pack_cutoffs:  # the paper's Table 10: the same ranking answered at each pack depth
             with timer.stage("depths"):
-                judge = _Judge(inputs, out, ledger, progress, bench) if inputs.judge is not None else None
-                try:
-                    run_depths(cfg, out, method_run, packs, answer_requests(cfg, bench, get_reader()), ledger_saved,
-                               text_encode if "sbert" in cfg.eval.text_metrics else None, judge, bench.name)
-                finally:
-                    if judge is not None:
-                        judge.close()
+                run_depths(cfg, out, method_run, packs, make_request, ledger_saved, sbert, judge, bench.name)
 
         with timer.stage("score"):
             # the weights that embedded (loaded here when a resumed run had answered everything before)
@@ -286,6 +282,8 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
                 cfg.eval.text_metrics, sbert_encoder().info() if "sbert" in cfg.eval.text_metrics else None)
             metrics = _score(inputs, out, bench, questions, ledger, timer, record, text_settings)
     finally:
+        if judge is not None:
+            judge.close()
         if reader is not None:
             reader.close()
         if text_encoder is not None and hasattr(text_encoder, "close"):
@@ -314,9 +312,9 @@ def _method_packs(out: Path, timer: StageTimer, run: MethodRun) -> dict[str, dic
 
 
 
-def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Question],
-            packs: dict[str, dict[str, Any]], reader: Reader, ledger: Ledger, ledger_path: Path, progress: bool,
-            text_encode: Callable[[list[str]], Any] | None = None) -> None:
+def _answer(inputs: RunInputs, out: Path, questions: list[Question], packs: dict[str, dict[str, Any]],
+            make_request: AnswerRequest, reader: Reader, judge: _Judge | None, ledger: Ledger, ledger_path: Path,
+            progress: bool, text_encode: Callable[[list[str]], Any] | None = None) -> None:
     """One answer call per question, appended to predictions.jsonl a batch at a time.
 
     Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
@@ -328,7 +326,6 @@ def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Ques
     count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
     after its retries) gets no row; once the others are written, UnansweredError counts them."""
     cfg = inputs.cfg
-    make_request = answer_requests(cfg, bench, reader)
 
     def request_for(q: Question) -> tuple[Request, dict[str, int]]:
         return make_request(q, packs[q.question_id])
@@ -340,7 +337,6 @@ def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Ques
         log.info("answer: %d questions already answered, %d to go", len(answered), len(todo))
     _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
                       ledger, ledger_path)
-    judge = _Judge(inputs, out, ledger, progress, bench) if inputs.judge is not None else None
     judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
     waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any] | None]] | None]] = deque()
     bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
@@ -403,8 +399,6 @@ def _answer(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Ques
     finally:
         if judging is not None:
             judging.shutdown(wait=True, cancel_futures=True)
-        if judge is not None:
-            judge.close()
 
 
 def _account_answered(out: Path, questions: list[Question], answered: dict[str, dict[str, Any]], reader: Reader,
@@ -439,13 +433,16 @@ class _Judge:
     yes/no prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
     the reply as the reader wrote it), the paper's CORRECT/WRONG judge otherwise."""
 
-    def __init__(self, inputs: RunInputs, out: Path, ledger: Ledger, progress: bool, bench: Benchmark):
-        assert inputs.judge is not None and inputs.judge_kind is not None, "a judge for a run without one"
-        self.cfg = cfg = inputs.cfg
+    def __init__(self, inputs: RunInputs, out: Path, ledger: Ledger, progress: bool):
+        prompts = inputs.prompts
+        assert inputs.judge is not None and inputs.judge_kind is not None and prompts is not None, \
+            "a judge for a run without one"
         self.kind = inputs.judge_kind
-        self.memgallery_dir = memgallery_dir_of(bench) if self.kind == "memgallery" else None
-        self.beam = (beam_scoring.BeamJudge(BeamPrompts.find(bench.source), cfg.eval.beam) if self.kind == "beam"
-                     else None)
+        self.memgallery_dir = prompts.memgallery_dir
+        self.beam = None
+        if self.kind == "beam":
+            assert prompts.beam is not None, "BEAM's judge without BEAM's prompts (resolve_inputs finds them)"
+            self.beam = beam_scoring.BeamJudge(prompts.beam, inputs.cfg.eval.beam)
         self.reader = make_reader(inputs.judge, out, ledger=ledger, progress=progress)
 
     def __call__(self, questions: list[Question], predictions: list[str],

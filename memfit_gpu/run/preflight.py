@@ -1,23 +1,24 @@
 """What a run needs before it starts, checked before its directory records a configuration or any work.
 
 A refusal here is one line (exit code 2 from the CLI) naming the setting to change, and leaves the run
-directory as it was, so the corrected command works in the same --out directory. Checked, cheapest first:
-- the benchmark's files exist (data.benchmark, data.path, data.split);
+directory as it was, so the corrected command works in the same --out directory. Resolving the inputs
+(inputs.resolve_inputs) already found the benchmark's files (data.benchmark, data.path, data.split) and the
+benchmark's prompt files the answers and the judge read (BEAM's src/prompts.py and
+src/evaluation/compute_metrics.py, parsed, when reader.protocol or eval.judge.prompt is beam), or refused.
+Checked here, cheapest first:
 - index.device names devices this machine has;
 - weights are on disk for every model the configuration loads (RunInputs.models: the encoder, the
   cross-encoder with rerank.backend=cross-encoder, every reader whose backend loads weights: reader.model;
   eval.judge.model when the judge is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
-- BEAM's prompt files (its src/prompts.py and src/evaluation/compute_metrics.py) are there and parse, when
-  the answers (reader.protocol beam) or the judge (eval.judge.prompt beam) read them; files other than the
-  pinned commit's (data/checksums.json) are said in a warning;
+- BEAM's prompt files, when read, are the pinned commit's (data/checksums.json); others are said in a warning;
 - the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
   fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).
 
-It reads what inputs.resolve_inputs resolved (the files, the models, the protocol, the judge): resolving the
-benchmark's files is the first check. The plan it returns says where the run puts retrieval (`Plan.placed`).
+It reads what inputs.resolve_inputs resolved (the files, the models, the prompts, the judge). The plan it
+returns says where the run puts retrieval (`Plan.placed`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from memfit_gpu.digests import file_sha256
 from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
-from memfit_gpu.readers.prompts import BEAM_FILES, BeamPrompts, load_prompt
+from memfit_gpu.readers.prompts import BEAM_FILES, load_prompt
 from memfit_gpu.readers.registry import backend_entry
 from memfit_gpu.run.inputs import RunInputs
 
@@ -64,24 +65,23 @@ def check_can_start(inputs: RunInputs) -> Plan:
     return plan
 
 
-def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> BeamPrompts | None:
-    """BEAM's prompts when the answer protocol (`answers`: they are made) or the judge reads them (PromptError,
-    one line naming where they were looked for and `memfit data fetch beam`, when they are not there); None
-    otherwise. Files that differ from the pinned commit's are used, with a warning: the run's numbers are
-    then not made with BEAM's own prompts (provenance.json records their sha256 either way)."""
+def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> None:
+    """Warn when BEAM's prompt files that the answer protocol (`answers`: they are made) or the judge reads
+    (resolve_inputs found them, or said where it looked and `memfit data fetch beam`) differ from the pinned
+    commit's: they are used as they are, and the run's numbers are then not made with BEAM's own prompts
+    (provenance.json records their sha256 either way)."""
     answers = answers and inputs.protocol == "beam"
     judged = inputs.judge_kind == "beam"
     if not (answers or judged):
-        return None
-    prompts = BeamPrompts.find(inputs.files[0])
+        return
+    assert inputs.prompts is not None and inputs.prompts.beam is not None, "BEAM's protocol without its prompts"
     pinned = {e["path"]: e.get("sha256") for e in files_for("beam")}
     for name in BEAM_FILES.values():
-        path = Path(prompts.folder) / name
+        path = Path(inputs.prompts.beam.folder) / name
         if file_sha256(path) != pinned.get(f"beam/{name}"):
             log.warning("%s is not the file of BEAM's pinned commit (memfit_gpu/data/checksums.json): the run's "
                         "%s use it as it is", path, "answers and judge" if answers and judged else
                         "answers" if answers else "judge")
-    return prompts
 
 
 def check_judge_can_start(inputs: RunInputs) -> None:

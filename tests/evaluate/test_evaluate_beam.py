@@ -251,7 +251,7 @@ def test_prompt_files_are_parsed_not_run(tmp_path: Path, prompts: BeamPrompts) -
         BeamPrompts.load(folder)
 
 
-def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, monkeypatch) -> None:
+def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, monkeypatch, locomo_path: Path) -> None:
     monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("MEMFIT_DATA_DIR", raising=False)
     source = tmp_path / "data" / "beam" / "100K" / "1"
@@ -268,7 +268,8 @@ def test_missing_prompt_files_name_the_places_and_the_command(tmp_path: Path, mo
     # BEAM's judge on a benchmark without rubrics is refused before a run starts
     with pytest.raises(ConfigError, match="eval.judge.prompt=beam scores BEAM's rubric items, which "
                                           "data.benchmark=locomo does not have"):
-        resolve_inputs(load_config(None, ["eval.judge.enabled=true", "eval.judge.prompt=beam"]))
+        resolve_inputs(load_config(None, ["eval.judge.enabled=true", "eval.judge.prompt=beam",
+                                          f"data.path={locomo_path}"]))
 
 
 # ------------------------------------------------------------------------------------------------ configs
