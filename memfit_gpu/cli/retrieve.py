@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit_questions is not None:
         overrides.append(f"data.limit_questions={args.limit_questions}")
     cfg = load_config(args.config, overrides)
-    inputs = resolve_inputs(cfg, readers=False)  # retrieval alone: no reader, judge or prompts
-    check_can_start(inputs)
+    # retrieval alone (no reader, judge or prompts), checked and placed by the device plan
+    inputs = check_can_start(resolve_inputs(cfg, readers=False))
     out = Path(args.out)
     diagnostics = retrieve_with_method(inputs, out, args.store)
     overall = diagnostics["overall"]

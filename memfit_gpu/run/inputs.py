@@ -1,14 +1,16 @@
 """A run's inputs: the benchmark files, the models its configuration loads, its prompt files and its judge.
 
     inputs = resolve_inputs(cfg)        what a run of cfg reads, resolved once (RunInputs)
-    check_can_start(inputs)             preflight.py: each of them is here and usable
+    inputs = check_can_start(inputs)    preflight.py: each of them is usable here; the device plan added
     collect(inputs, benchmark)          the run's provenance record (provenance.py: what each field means)
     judge_record(inputs)                the judge part of it (also what `memfit judge-audit` records)
 
-The facts a run derives from its configuration (its data files, its models, the judge's reader settings, the
-answer protocol, the benchmark's prompt files and the judge's kind) are derived here once; preflight, provenance and the stages read the
-record instead of deriving them again. `memfit run` writes the provenance record before its first answer and
-compares it on every resume (run/pipeline.py); `memfit retrieve` writes it beside its packs (run/offline.py).
+The facts a run derives from its configuration are derived here once: its data files, its models and their
+weights, the judge's reader settings, the answer protocol and the judge's kind with the benchmark's prompt
+files they read, and (with_plan) the device plan with the configuration it places. Preflight, provenance and
+the stages read the record instead of deriving them again. `memfit run` writes the provenance record before
+its first answer and compares it on every resume (run/pipeline.py); `memfit retrieve` writes it beside its
+packs (run/offline.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from memfit_gpu.devices import resolve_dtype, visible_devices
 from memfit_gpu.digests import file_sha256, text_sha256
 from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.methods.registry import method_entry
-from memfit_gpu.models import origin, resolve
+from memfit_gpu.models import ResolvedModel, origin, resolve
+from memfit_gpu.plan import Plan
 from memfit_gpu.readers.prompts import (
     BEAM_FILES,
     LONGMEMEVAL_JUDGE_FILES,
@@ -51,6 +54,13 @@ class ModelUse:
     # an encoder's dtype setting (its key, its value) and index.device: model_record resolves what it computes in
     dtype: tuple[str, str] | None = None
     device: str = "auto"
+    resolved: ResolvedModel | None = None  # its weights as models.resolve found them (resolve_inputs); None: not yet
+
+
+def with_weights(use: ModelUse) -> ModelUse:
+    """`use` with its weights found (models.resolve; MissingWeightsError says where it looked); a server's model
+    (weights=False) as it is."""
+    return replace(use, resolved=resolve(use.kind, use.name)) if use.weights else use
 
 
 def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = True,
@@ -84,16 +94,19 @@ def _model_uses(cfg: MemFitConfig, retrieval: bool, readers: bool, judge: Reader
 
 @dataclass(frozen=True)
 class RunInputs:
-    """What a run of `cfg` reads, resolved once from its configuration (resolve_inputs)."""
+    """What a run of `cfg` reads, resolved once from its configuration (resolve_inputs), and where it runs
+    (with_plan: the device plan preflight made)."""
 
-    cfg: MemFitConfig
+    cfg: MemFitConfig  # as given (config.yaml keeps it, so a resume on another node plans again)
     files: tuple[Path, ...]  # the benchmark's files (data.benchmark, data.path, data.split)
-    models: tuple[ModelUse, ...]  # every model it loads (model_uses)
+    models: tuple[ModelUse, ...]  # every model it loads (model_uses), with its weights found (with_weights)
     readers: bool  # a reader answers (memfit run); False: retrieval alone (memfit retrieve), no prompts
     # what the answers and the judge speak (reader.protocol and eval.judge.prompt resolved for the benchmark) and
     # the benchmark's prompt files they read (MemGallery's prompt/, BEAM's src/); None without readers
     prompts: BenchmarkPrompts | None
     judge: ReaderConfig | None  # the judge's reader settings (eval.judge over reader); None: no judge
+    placed: MemFitConfig  # what the stages run: cfg with index.device where the device plan put retrieval
+    plan: Plan | None = None  # the device plan (preflight.check_can_start); None: not planned yet
 
     @property
     def protocol(self) -> str | None:
@@ -105,27 +118,33 @@ class RunInputs:
         """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
         return self.prompts.judge_kind if self.prompts is not None else None
 
-    def placed(self, cfg: MemFitConfig) -> RunInputs:
-        """The same inputs with `cfg` as the device plan placed it (index.device: where the encoders run)."""
-        return replace(self, cfg=cfg, models=tuple(_model_uses(cfg, True, self.readers, self.judge)))
+    def with_plan(self, plan: Plan) -> RunInputs:
+        """The inputs with the device plan: `placed` has index.device where it put retrieval, and the encoders
+        are recorded on that device (where their dtype resolves)."""
+        placed = plan.placed(self.cfg)
+        models = tuple(replace(u, device=placed.index.device) if u.dtype is not None else u for u in self.models)
+        return replace(self, placed=placed, plan=plan, models=models)
 
 
-def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge: bool | None = None) -> RunInputs:
-    """The record of what a run of `cfg` reads; `judge` overrides eval.judge.enabled (the judge audit runs
-    the judge whatever the run did).
+def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool = False) -> RunInputs:
+    """The record of what a run of `cfg` reads. `readers` False: retrieval alone (`memfit retrieve`); `judge_alone`:
+    the judge whatever eval.judge.enabled says, and of the models the judge's alone (`memfit judge-audit`).
 
     Raises:
         DataNotFoundError: the benchmark's files are not found.
+        MissingWeightsError: a model's weights are not found (models.resolve says where it looked).
         ConfigError, PromptError: the prompts cannot be found (BenchmarkPrompts.find), e.g. BEAM's judge for
             another benchmark.
     """
-    judged = readers and (cfg.eval.judge.enabled if judge is None else judge)
+    judged = readers and (cfg.eval.judge.enabled or judge_alone)
     files = tuple(resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split))
     prompts = (BenchmarkPrompts.find(cfg.reader.protocol, cfg.data.benchmark, files[0],
                                      cfg.eval.judge.prompt if judged else None) if readers else None)
     judge_reader = reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None
-    return RunInputs(cfg=cfg, files=files, models=tuple(_model_uses(cfg, True, readers, judge_reader)),
-                     readers=readers, prompts=prompts, judge=judge_reader)
+    uses = _model_uses(cfg, not judge_alone, readers, judge_reader)
+    models = tuple(with_weights(u) for u in uses if not judge_alone or u.role == "judge")
+    return RunInputs(cfg=cfg, files=files, models=models, readers=readers, prompts=prompts, judge=judge_reader,
+                     placed=cfg)
 
 
 def model_record(use: ModelUse) -> dict[str, Any]:
@@ -139,7 +158,8 @@ def model_record(use: ModelUse) -> dict[str, Any]:
         record["dtype"] = str(resolve_dtype(value, visible_devices(use.device), key)).removeprefix("torch.")
     if not use.weights:
         return {**record, "source": "server", "base_urls": list(use.base_urls)}
-    resolved = resolve(use.kind, use.name)
+    resolved = use.resolved
+    assert resolved is not None, f"{use.role}: a model's record before its weights were found (with_weights)"
     came_from = origin(resolved)
     record.update(path=resolved.path, **came_from, weights=provenance.weights_entry(resolved.path))
     if came_from["gguf"] and Path(came_from["gguf"]).is_file():

@@ -23,7 +23,7 @@ from memfit_gpu.run.inputs import RunInputs, collect
 
 def retrieve_with_method(inputs: RunInputs, out: Path, store_path: str | Path | None = None) -> dict[str, Any]:
     """Write OUT/provenance.json, OUT/packs.jsonl and OUT/diagnostics.json for the method of `inputs.cfg`
-    (inputs resolved with readers=False, checked by preflight); returns diagnostics.json's content.
+    (inputs resolved with readers=False, checked and placed by preflight); returns diagnostics.json's content.
 
     Args:
         store_path: an existing EpisodeStore directory to read (keeps its summaries; never written); None
@@ -44,7 +44,7 @@ def retrieve_with_method(inputs: RunInputs, out: Path, store_path: str | Path | 
         # what made these packs (no reader, judge or prompts: retrieval alone), before the packs themselves
         provenance.write(out, collect(inputs, benchmark, command="memfit retrieve"))
     method = entry.make()
-    run = MethodRun(cfg, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
+    run = MethodRun(inputs.placed, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
                     stage=clock.stage, store_path=None if store_path is None else Path(store_path))
     try:
         with clock.stage("build"):

@@ -159,22 +159,19 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
         # before config.yaml: a run refused here leaves the directory free for the corrected one
         check_growth(cfg)
         check_depths(cfg)
-        inputs = resolve_inputs(cfg)  # what the run reads, resolved once: preflight and the stages read it
-        plan = check_can_start(inputs)
+        # what the run reads, resolved once, then checked and planned: retrieval where the device plan put it
+        # (index.device=auto: off the vLLM engines' GPUs); preflight, provenance and the stages read the record
+        inputs = check_can_start(resolve_inputs(cfg))
+        # config.yaml keeps the configuration as given, so a resume on another node plans again
         _check_config(cfg, out)
-        # retrieval where the device plan put it (index.device=auto: off the vLLM engines' GPUs); config.yaml
-        # keeps the configuration as given, so a resume on another node plans again
-        return _run_locked(inputs, out, progress, plan.placed(cfg), allow_provenance_change)
+        return _run_locked(inputs, out, progress, allow_provenance_change)
 
 
-def _run_locked(inputs: RunInputs, out: Path, progress: bool, placed: MemFitConfig,
-                allow_provenance_change: bool) -> dict[str, Any]:
-    cfg = inputs.cfg
+def _run_locked(inputs: RunInputs, out: Path, progress: bool, allow_provenance_change: bool) -> dict[str, Any]:
     timer = StageTimer.load(out / "timings.json")
-
-    tracker = Tracker.start(cfg, out)
+    tracker = Tracker.start(inputs.cfg, out)
     try:
-        metrics = _run_stages(inputs, out, timer, progress, placed, tracker, allow_provenance_change)
+        metrics = _run_stages(inputs, out, timer, progress, tracker, allow_provenance_change)
         tracker.log_timings(timer.seconds)
         tracker.log_metrics({k: v for k, v in metrics.items() if k in ("overall", "average", "retrieval")})
         tracker.log_predictions(read_jsonl(out / "predictions.jsonl"), out / "predictions.jsonl")
@@ -200,10 +197,11 @@ def _log_report(tracker: Tracker, out: Path) -> None:
     tracker.log_files("report", [report.path])
 
 
-def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool, placed: MemFitConfig,
-                tracker: Tracker, allow_provenance_change: bool) -> dict[str, Any]:
-    """The stages; `placed` is the config with index.device as the device plan placed retrieval (encoders, BM25)."""
-    cfg, prompts = inputs.cfg, inputs.prompts
+def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool, tracker: Tracker,
+                allow_provenance_change: bool) -> dict[str, Any]:
+    """The stages, on inputs.placed: the config with index.device where the device plan put retrieval (encoders,
+    BM25)."""
+    cfg, placed, prompts = inputs.cfg, inputs.placed, inputs.prompts
     assert prompts is not None, "a run's inputs resolved without readers"
     with timer.stage("load"):
         bench = read_benchmark(cfg.data.benchmark, inputs.files)
@@ -213,7 +211,7 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
             raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
         # before any LLM call: what makes this run's numbers, compared on every resume
-        record = collect(inputs.placed(placed), selected)  # placed: the encoders' dtype is resolved where they run
+        record = collect(inputs, selected)  # the encoders' dtype as resolved where the plan put them
         if not (out / provenance.FILE).exists() and (out / "predictions.jsonl").exists():
             log.warning("%s: a directory started by a memfit that recorded no provenance: recorded now, after its "
                         "first answers (recorded_late)", out)

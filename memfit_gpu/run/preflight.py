@@ -2,14 +2,15 @@
 
 A refusal here is one line (exit code 2 from the CLI) naming the setting to change, and leaves the run
 directory as it was, so the corrected command works in the same --out directory. Resolving the inputs
-(inputs.resolve_inputs) already found the benchmark's files (data.benchmark, data.path, data.split) and the
-benchmark's prompt files the answers and the judge read (BEAM's src/prompts.py and
-src/evaluation/compute_metrics.py, parsed, when reader.protocol or eval.judge.prompt is beam), or refused.
+(inputs.resolve_inputs) already found, or refused:
+- the benchmark's files (data.benchmark, data.path, data.split);
+- the weights of every model the configuration loads (RunInputs.models: the encoder, the cross-encoder with
+  rerank.backend=cross-encoder, every reader whose backend loads weights: reader.model; eval.judge.model
+  when the judge is on);
+- the benchmark's prompt files the answers and the judge read (BEAM's src/prompts.py and
+  src/evaluation/compute_metrics.py, parsed, when reader.protocol or eval.judge.prompt is beam).
 Checked here, cheapest first:
 - index.device names devices this machine has;
-- weights are on disk for every model the configuration loads (RunInputs.models: the encoder, the
-  cross-encoder with rerank.backend=cross-encoder, every reader whose backend loads weights: reader.model;
-  eval.judge.model when the judge is on);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
 - BEAM's prompt files, when read, are the pinned commit's (data/checksums.json); others are said in a warning;
 - the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
@@ -17,8 +18,8 @@ Checked here, cheapest first:
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).
 
-It reads what inputs.resolve_inputs resolved (the files, the models, the prompts, the judge). The plan it
-returns says where the run puts retrieval (`Plan.placed`).
+It reads what inputs.resolve_inputs resolved and returns the same record with the device plan
+(RunInputs.with_plan: `placed` says where the run puts retrieval).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.data.fetch import files_for
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.digests import file_sha256
-from memfit_gpu.models import resolve
 from memfit_gpu.plan import Plan, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import BEAM_FILES, load_prompt
@@ -40,21 +40,18 @@ from memfit_gpu.run.inputs import RunInputs
 log = logging.getLogger(__name__)
 
 
-def check_can_start(inputs: RunInputs) -> Plan:
-    """Raise (ConfigError, DataNotFoundError, MissingWeightsError, PromptError) when the run cannot start
-    here; else return its device plan. Inputs resolved with readers=False (retrieval alone) skip the reader
-    and judge checks."""
+def check_can_start(inputs: RunInputs) -> RunInputs:
+    """Raise (ConfigError, PromptError, a server's error) when the run cannot start here; else return the
+    inputs with its device plan. Inputs resolved with readers=False (retrieval alone) skip the reader and
+    judge checks."""
     cfg = inputs.cfg
     try:
         visible_devices(cfg.index.device)
     except RuntimeError as exc:
         raise ConfigError(f"index.device={cfg.index.device!r} cannot be used here: {exc} "
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
-    for use in inputs.models:
-        if use.role in ("encoder", "cross_encoder"):
-            resolve(use.kind, use.name)
     if not inputs.readers:
-        return _fitting_plan(cfg, readers=False)
+        return inputs.with_plan(_fitting_plan(cfg, readers=False))
     template = load_prompt(cfg.reader.prompt)
     if len(template) >= cfg.reader.max_prompt_chars:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
@@ -62,7 +59,7 @@ def check_can_start(inputs: RunInputs) -> Plan:
     check_beam_prompts(inputs)
     plan = _fitting_plan(cfg, readers=True)
     _check_readers(inputs)
-    return plan
+    return inputs.with_plan(plan)
 
 
 def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> None:
@@ -86,8 +83,8 @@ def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> None:
 
 def check_judge_can_start(inputs: RunInputs) -> None:
     """The checks of check_can_start for the judge alone (`memfit judge-audit` runs it, with inputs resolved
-    with judge=True): its servers answer, its weights are on disk, BEAM's prompt files are there when it is
-    BEAM's judge."""
+    with judge_alone=True, which found its weights and BEAM's prompt files when it is BEAM's judge): its
+    servers answer, BEAM's prompt files are the pinned commit's."""
     check_beam_prompts(inputs, answers=False)
     _check_readers(inputs, reader=False)
 
@@ -104,9 +101,6 @@ def _check_readers(inputs: RunInputs, reader: bool = True) -> None:
             own = key == "reader" or bool(cfg.eval.judge.base_urls)
             probe_base_urls(f"{key}.base_urls" if own else "reader.base_urls", urls, settings.api_key_env,
                             timeout_s=min(settings.timeout_s, PROBE_TIMEOUT_S))
-    for use in inputs.models:  # the readers whose backend loads weights here
-        if use.weights and (use.role == "judge" or (reader and use.role == "reader")):
-            resolve(use.kind, use.name)
 
 
 def _fitting_plan(cfg: MemFitConfig, readers: bool) -> Plan:
