@@ -14,7 +14,8 @@ before each write).
 
 Points (each right after its write is on disk, unless named otherwise):
 config, timings, build_timings, summaries.ledger, diagnostics, packs, answer.ledger, predictions,
-metrics, score.ledger, results, DONE (pipeline.py); provenance (provenance.py, provenance.json written);
+metrics, score.ledger, results, DONE (run/pipeline.py and the stages it runs: run/directory.py,
+run/answer.py, run/score.py); provenance (provenance.py, provenance.json written);
 audit.ledger, audit.json, audit.md (judge_audit.py); store.log (store/log.py, each append);
 store.snapshot.staged (a snapshot's files written, not yet renamed into place), store.snapshot,
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);

@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from memfit_gpu.run.pipeline import RunError  # a directory that cannot be resumed as asked
+    from memfit_gpu.run.directory import RunError  # a directory that cannot be resumed as asked
 
     return (RunError,)
 
@@ -43,7 +43,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 def unfinished() -> tuple[type[Exception], ...]:
     """Exit code 1, one line: questions a server did not answer, a reader that failed; the rest is saved."""
     from memfit_gpu.readers.types import ReaderError
-    from memfit_gpu.run.pipeline import UnansweredError
+    from memfit_gpu.run.answer import UnansweredError
 
     return (UnansweredError, ReaderError)
 

@@ -58,7 +58,7 @@ def _untimed(name: str) -> contextlib.AbstractContextManager[None]:
 class StageClock:
     """Wall seconds per named stage, summed over the stage's runs. A stage opened inside another counts
     only to the inner one (the outer stage's seconds exclude it), so nested stages never count twice.
-    `ended` is called after every stage with the clock (pipeline.StageTimer saves timings.json there)."""
+    `ended` is called after every stage with the clock (run/directory.py StageTimer saves timings.json there)."""
 
     def __init__(self, seconds: dict[str, float] | None = None,
                  ended: Callable[[StageClock], None] | None = None) -> None:

@@ -41,7 +41,7 @@ from memfit_gpu.files import read_jsonl
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.readers.reader import load_ledger
 from memfit_gpu.readers.types import Response
-from memfit_gpu.run.pipeline import run_lock
+from memfit_gpu.run.directory import run_lock
 from memfit_gpu.store.log import RecordLog
 
 REPO = Path(__file__).resolve().parents[2]

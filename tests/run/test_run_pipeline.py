@@ -24,7 +24,8 @@ from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_jsonl
-from memfit_gpu.run.pipeline import RunError, run, run_lock
+from memfit_gpu.run.directory import RunError, run_lock
+from memfit_gpu.run.pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke.yaml"

@@ -1,0 +1,215 @@
+"""The answer stage of `memfit run`: one answer call per question, judged behind the answers, appended to
+DIR/predictions.jsonl a batch at a time.
+
+    judge = RunJudge(inputs, out, ledger, progress)     the run's judge (eval.judge), on its own cached reader
+    answer_questions(inputs, out, questions, packs, make_request, reader, judge, ledger, ...)
+
+Write order per batch (pipeline.py says why): the reader commits its calls to the response cache, the ledger
+is saved, then the rows with their verdicts are appended. A question that got no answer or no verdict gets no
+row; once the others are written, UnansweredError counts them and the same command asks only those again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from memfit_gpu import faults
+from memfit_gpu.data import Question
+from memfit_gpu.evaluate import beam as beam_scoring
+from memfit_gpu.evaluate import text_metrics
+from memfit_gpu.evaluate.judge import (
+    empty_verdict,
+    is_empty_prediction,
+    parse_judge_reply,
+)
+from memfit_gpu.evaluate.metrics import score_all
+from memfit_gpu.files import append_jsonl, read_jsonl
+from memfit_gpu.methods.answers import AnswerRequest
+from memfit_gpu.readers.clean import clean_answer, reply_text
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.prompts import build_judge_messages
+from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.types import Request
+from memfit_gpu.run.directory import RunError
+from memfit_gpu.run.inputs import RunInputs
+
+log = logging.getLogger(__name__)
+
+
+class UnansweredError(RuntimeError):
+    """Questions the reader (or the judge) got no answer for after its retries: every other question is
+    answered and saved; the same command asks only these again."""
+
+
+def _question_payload(q: Question) -> dict[str, Any]:
+    return {"question_id": q.question_id, "memory_id": q.memory_id, "category": q.category,
+            "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
+
+
+def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], packs: dict[str, dict[str, Any]],
+            make_request: AnswerRequest, reader: Reader, judge: RunJudge | None, ledger: Ledger, ledger_path: Path,
+            progress: bool, text_encode: Callable[[list[str]], Any] | None = None) -> None:
+    """One answer call per question, appended to predictions.jsonl a batch at a time.
+
+    Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
+    keeps as many requests in flight as it allows, and reader.flush_every only sets how many answers
+    are committed together. The judge runs on its own thread behind the answers, a batch at a time, so
+    the reader never waits for it. Per batch: the reader has committed its calls to the response cache,
+    the ledger is saved, then the rows (with their verdicts) are appended, in batch order. A kill before
+    the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
+    count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
+    after its retries) gets no row; once the others are written, UnansweredError counts them."""
+    cfg = inputs.cfg
+
+    def request_for(q: Question) -> tuple[Request, dict[str, int]]:
+        return make_request(q, packs[q.question_id])
+
+    pred_path = out / "predictions.jsonl"
+    answered = {r["question_id"]: r for r in read_jsonl(pred_path)}
+    todo = [q for q in questions if q.question_id not in answered]
+    if answered:
+        log.info("answer: %d questions already answered, %d to go", len(answered), len(todo))
+    _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
+                      ledger, ledger_path)
+    judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
+    waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any] | None]] | None]] = deque()
+    bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
+
+    unanswered: list[tuple[str, str]] = []  # (question id, why): no answer or no verdict came back
+
+    def write(rows: list[dict[str, Any]], verdicts: Future[list[dict[str, Any] | None]] | None) -> None:
+        if verdicts is not None:
+            for row, verdict in zip(rows, verdicts.result(), strict=True):
+                row["judge"] = verdict
+            unanswered.extend((row["question_id"], "the judge gave no verdict") for row in rows if row["judge"] is None)
+            rows = [row for row in rows if row["judge"] is not None]
+        ledger.save(ledger_path)
+        faults.point("answer.ledger")
+        append_jsonl(pred_path, rows)
+        faults.point("predictions")
+        bar.update(len(rows))
+
+    try:
+        requests, prompt_cuts = zip(*[request_for(q) for q in todo], strict=True) if todo else ((), ())
+        for batch in reader.generate_batches(list(requests), max(1, cfg.reader.flush_every)):
+            unanswered.extend((todo[i].question_id, str(r.error)) for i, r in batch if not r.answered)
+            batch = [(i, r) for i, r in batch if r.answered]
+            if not batch:
+                continue
+            chunk = [todo[i] for i, _ in batch]
+            responses = [response for _, response in batch]
+            cleaned = [clean_answer(r.text) for r in responses]
+            scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
+                               cfg.eval.metrics)
+            # ROUGE-L / ROUGE-2 / METEOR / SBERT when eval.text_metrics asks (one encoder pass a batch)
+            texts = (text_metrics.text_scores([c.text for c in cleaned], [q.answer for q in chunk],
+                                              cfg.eval.text_metrics, text_encode)
+                     if cfg.eval.text_metrics else [None] * len(chunk))
+            rows = []
+            for (i, resp), q, clean, score, text in zip(batch, chunk, cleaned, scores, texts, strict=True):
+                rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
+                             "abstained": clean.abstained, "scores": score,
+                             **({"text_scores": text} if text is not None else {}), "judge": None,
+                             "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
+                             # a method's own record of the context it built (full_context: its truncation)
+                             **({"method_notes": packs[q.question_id]["method_notes"]}
+                                if "method_notes" in packs[q.question_id] else {}),
+                             # what the reader had to change (truncated tokens, dropped images) or why
+                             # this answer alone failed (empty prediction, scored as such)
+                             "reader_notes": resp.notes, "reader_error": resp.error})
+            verdicts = (judging.submit(judge, chunk, [c.text for c in cleaned], [r.text for r in responses])
+                        if judging and judge else None)
+            waiting.append((rows, verdicts))
+            while waiting and (waiting[0][1] is None or waiting[0][1].done()):
+                write(*waiting.popleft())
+        while waiting:
+            write(*waiting.popleft())
+        bar.close()
+        if unanswered:
+            raise UnansweredError(
+                f"{len(unanswered)} of {len(questions)} questions got no answer (first: {unanswered[0][0]}: "
+                f"{unanswered[0][1]}); the other answers are in {pred_path}: rerun the same command to ask only these "
+                f"again")
+    finally:
+        if judging is not None:
+            judging.shutdown(wait=True, cancel_futures=True)
+
+
+def _account_answered(out: Path, questions: list[Question], answered: dict[str, dict[str, Any]], reader: Reader,
+                      request_for: Callable[[Question], tuple[Request, dict[str, int]]], ledger: Ledger,
+                      ledger_path: Path) -> None:
+    """Put predictions the ledger does not account for on its books, from the response cache.
+
+    Only a directory an older memfit left (it appended predictions before saving the ledger, and was
+    killed in between) or one whose ledger.json was removed has them. Their rows stay as they are; the
+    re-served cached text must be the row's raw output, else the row did not come from this run."""
+    accounted = set(ledger.answer_keys)
+    missing = [q for q in questions if q.question_id not in accounted]
+    if not missing:
+        return
+    log.warning("%s: %d predictions have no answer call in %s: accounting them from the response cache",
+                out / "predictions.jsonl", len(missing), ledger_path)
+    for q, response in zip(missing, reader.generate([request_for(q)[0] for q in missing]), strict=True):
+        raw_output = answered[q.question_id]["raw_output"]
+        if response.cached and response.text != raw_output:
+            raise RunError(f"{out / 'predictions.jsonl'}: question {q.question_id}: raw_output {raw_output!r} is not "
+                           f"the answer cache.sqlite holds for it ({response.text!r}); the row is not from this run")
+        if not response.cached:
+            log.warning("%s: question %s was not in the response cache: answered again to account for it "
+                        "(the prediction keeps its first answer)", out / "predictions.jsonl", q.question_id)
+    ledger.save(ledger_path)
+
+
+class RunJudge:
+    """LLM judge over a chunk of answers, through its own cached reader (role judge).
+
+    eval.judge.prompt auto = the benchmark's judge: MemGallery's graded prompt, LongMemEval's per-type
+    yes/no prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
+    the reply as the reader wrote it), the paper's CORRECT/WRONG judge otherwise."""
+
+    def __init__(self, inputs: RunInputs, out: Path, ledger: Ledger, progress: bool):
+        prompts = inputs.prompts
+        assert inputs.judge is not None and inputs.judge_kind is not None and prompts is not None, \
+            "a judge for a run without one"
+        self.kind = inputs.judge_kind
+        self.memgallery_dir = prompts.memgallery_dir
+        self.beam = None
+        if self.kind == "beam":
+            assert prompts.beam is not None, "BEAM's judge without BEAM's prompts (resolve_inputs finds them)"
+            self.beam = beam_scoring.BeamJudge(prompts.beam, inputs.cfg.eval.beam)
+        self.reader = make_reader(inputs.judge, out, ledger=ledger, progress=progress)
+
+    def __call__(self, questions: list[Question], predictions: list[str],
+                 raw_outputs: list[str] | None = None) -> list[dict[str, Any] | None]:
+        """One verdict per question; None where the judge got no answer (a rerun asks it again). BEAM's judge
+        reads `raw_outputs` (code fences and lists are what it judges), the others the cleaned predictions."""
+        if self.beam is not None:
+            replies = raw_outputs if raw_outputs is not None else predictions
+            items = [beam_scoring.BeamItem(f"judge:{q.question_id}", q.question, q.category,
+                                           list(q.extra.get("rubric") or []), reply_text(reply))
+                     for q, reply in zip(questions, replies, strict=True)]
+            return self.beam.score(items, lambda requests: self.reader.generate(requests, partial=True))
+        verdicts: list[dict[str, Any] | None] = [None] * len(questions)
+        requests, where = [], []
+        for i, (q, pred) in enumerate(zip(questions, predictions, strict=True)):
+            if is_empty_prediction(pred):
+                verdicts[i] = empty_verdict()
+                continue
+            messages = build_judge_messages(q.question, q.answer, pred, q.category, self.kind,
+                                            memgallery_dir=self.memgallery_dir, abstention=q.abstention)
+            requests.append(Request(messages, role="judge", key=f"judge:{q.question_id}", owner=q.memory_id))
+            where.append(i)
+        for i, resp in zip(where, self.reader.generate(requests, partial=True) if requests else [], strict=True):
+            if resp.answered:
+                verdicts[i] = parse_judge_reply(resp.text, kind=self.kind, strict=False)
+        return verdicts
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,89 @@
+"""A run directory's bookkeeping: one writer at a time, the configuration it started with, the wall time of
+each stage.
+
+    with run_lock(out): ...          one process writes a directory at a time (an exclusive lock on DIR/.lock)
+    record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
+    StageTimer.load(DIR/timings.json)   wall time per stage, accumulated across resumed invocations
+
+What a run directory holds: docs/concepts/design.md "Run directory"; the stages that fill it: pipeline.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from memfit_gpu import faults
+from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.files import atomic_write_text
+from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
+from memfit_gpu.mappings import flatten
+from memfit_gpu.methods.base import StageClock
+
+log = logging.getLogger(__name__)
+
+
+class RunError(RuntimeError):
+    """A run directory that cannot be resumed as asked."""
+
+
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold the run directory's lock (memfit_gpu.locks) for the whole run: two processes writing one
+    directory would duplicate predictions and interleave the store log."""
+    try:
+        wait_s = lock_wait_s()
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    try:
+        with exclusive(lock_path(out), "wait for it to end or use another --out directory", wait_s):
+            yield
+    except DirectoryBusyError as exc:
+        raise RunError(str(exc)) from None
+
+
+class StageTimer(StageClock):
+    """Wall time per stage (methods/base.StageClock: nested stages count once), accumulated across resumed
+    invocations in timings.json, which is saved after every stage."""
+
+    def __init__(self, path: Path, seconds: dict[str, float] | None = None) -> None:
+        super().__init__(seconds, ended=lambda clock: self._save())
+        self.path = path
+
+    @classmethod
+    def load(cls, path: Path) -> StageTimer:
+        seconds = json.loads(path.read_text()) if path.exists() else {}
+        return cls(path, {k: float(v) for k, v in seconds.items()})
+
+    def _save(self) -> None:
+        if sys.exc_info()[0] is not None:
+            # the stage failed: its own failure is what the user must see, not a second one (a full disk) here
+            try:
+                atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
+            except OSError as exc:
+                log.warning("%s not updated: %s", self.path, exc)
+            return
+        atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
+        faults.point("timings")
+
+
+def record_config(cfg: MemFitConfig, out: Path) -> None:
+    """A resumed run must have the configuration it started with: anything else mixes two runs."""
+    resolved = out / "config.yaml"
+    text = to_yaml(cfg)
+    if not resolved.exists():
+        atomic_write_text(resolved, text)
+        faults.point("config")
+        return
+    before = load_config(resolved)
+    if before != cfg:
+        flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
+        diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
+        raise RunError(
+            f"{out} was started with a different configuration ({', '.join(diff[:8])}"
+            f"{' ...' if len(diff) > 8 else ''}); use a new --out directory for a different configuration"
+        )

@@ -1,0 +1,87 @@
+"""The score stage of `memfit run`: DIR/metrics.json and DIR/results.md from the run's predictions.
+
+    score_run(inputs, out, bench, questions, ledger, timings, record, text_settings)
+
+Every question selected must have exactly one prediction and one accounted answer call (the ledger's check);
+the table is evaluate/tables.py's (per category, Average, Overall, the judge's), BEAM's per-ability table
+before it for BEAM's judge, the pack-depth table after it when eval.pack_cutoffs asked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memfit_gpu import faults, provenance
+from memfit_gpu.config import to_dict
+from memfit_gpu.data import Benchmark, Question
+from memfit_gpu.evaluate import beam as beam_scoring
+from memfit_gpu.evaluate.tables import render_markdown, summarize
+from memfit_gpu.files import atomic_write_text, read_jsonl
+from memfit_gpu.methods.packs import DIAGNOSTICS
+from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
+from memfit_gpu.run.depths import render_depths
+from memfit_gpu.run.directory import RunError
+from memfit_gpu.run.inputs import RunInputs
+
+
+def _beam_references(questions: list[Question]) -> dict[str, bool]:
+    """Per ability, whether its gold texts are reference answers (BEAM's loader says per question)."""
+    references: dict[str, bool] = {}
+    for q in questions:
+        references[q.category] = references.get(q.category, True) and bool(q.extra.get("reference_answer", True))
+    return references
+
+
+def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
+           timings: dict[str, float], record: dict[str, Any], text_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = inputs.cfg
+    rows = read_jsonl(out / "predictions.jsonl")
+    by_id: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["question_id"] in by_id:
+            raise RunError(f"{out / 'predictions.jsonl'}: question {row['question_id']} appears twice")
+        by_id[row["question_id"]] = row
+    missing = [q.question_id for q in questions if q.question_id not in by_id]
+    if missing:
+        raise RunError(f"{out / 'predictions.jsonl'}: {len(missing)} questions have no prediction: {missing[:10]}")
+    try:
+        ledger.check_one_answer_per_question([q.question_id for q in questions])
+    except LedgerCheckError as exc:
+        raise RunError(f"{out / 'ledger.json'}: {exc}") from None
+    ordered = [by_id[q.question_id] for q in questions]
+    metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=inputs.judge is not None, benchmark=bench.name,
+                        n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
+    metrics["name"] = cfg.name
+    metrics["benchmark"] = bench.name
+    metrics["method"] = cfg.method
+    metrics["questions"] = len(questions)
+    metrics["metric_variant"] = cfg.eval.table_metric
+    metrics["retrieval"] = json.loads((out / DIAGNOSTICS).read_text())
+    # what ranked the candidates, as the method recorded it (a method without a reranker: backend none)
+    metrics["reranker"] = metrics["retrieval"].get("reranker", {"backend": "none"})
+    metrics["timings"] = dict(timings)
+    metrics["ledger"] = {"answer_calls": ledger.roles["answer"].calls + ledger.roles["answer"].cached}
+    if cfg.eval.text_metrics and text_settings is not None:
+        metrics["text_metrics"] = text_settings
+    if (out / "growth.json").is_file():
+        metrics["growth"] = json.loads((out / "growth.json").read_text())
+    if cfg.eval.pack_cutoffs:
+        metrics["depths"] = json.loads((out / "depths.json").read_text())
+    if inputs.judge_kind == "beam":
+        # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
+        metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))
+        metrics["beam"]["scoring"] = to_dict(cfg)["eval"]["beam"]
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
+    faults.point("metrics")
+    ledger.save(out / "ledger.json")
+    faults.point("score.ledger")
+    table = render_markdown(metrics, benchmark=bench.name) + "\n" + provenance.markdown_block(record)
+    if "beam" in metrics:
+        table = beam_scoring.render_table(metrics["beam"], metrics["beam"]["scoring"]) + "\n" + table
+    if "depths" in metrics:
+        table += "\n" + render_depths(metrics["depths"])
+    atomic_write_text(out / "results.md", table)
+    faults.point("results")
+    return metrics
