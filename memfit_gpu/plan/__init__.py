@@ -42,6 +42,6 @@ from memfit_gpu.plan.model_size import ModelSize, model_size
 from memfit_gpu.plan.node import Gpu, Node, describe_node, described_node
 from memfit_gpu.plan.render import render
 from memfit_gpu.plan.sizes import GIB, bm25_bytes, vector_bytes
-from memfit_gpu.plan.workload import Workload, estimate_workload, workload_of
+from memfit_gpu.plan.workload import Workload, benchmark_workload, estimate_workload, workload_of
 
-__all__ = ['GIB', 'Gpu', 'ModelSize', 'Node', 'Part', 'Plan', 'Problem', 'Workload', 'bm25_bytes', 'describe_node', 'described_node', 'estimate_workload', 'make_plan', 'model_size', 'render', 'vector_bytes', 'workload_of']
+__all__ = ['GIB', 'Gpu', 'ModelSize', 'Node', 'Part', 'Plan', 'Problem', 'Workload', 'benchmark_workload', 'bm25_bytes', 'describe_node', 'described_node', 'estimate_workload', 'make_plan', 'model_size', 'render', 'vector_bytes', 'workload_of']

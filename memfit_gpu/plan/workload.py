@@ -6,13 +6,14 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data import DataNotFoundError, load_benchmark, resolve_data_path, select_from_config
+from memfit_gpu.data import DataNotFoundError, read_benchmark, resolve_data_path, select_from_config
 from memfit_gpu.data.registry import benchmark_spec
-from memfit_gpu.data.schema import Memory
+from memfit_gpu.data.schema import Benchmark, Memory
 from memfit_gpu.data.synth import LIKES, iter_memories
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.plan.sizes import BM25_DENSE_FACTOR, HEAPS_EXPONENT, SAMPLE_EPISODES
@@ -159,7 +160,13 @@ def estimate_workload(cfg: MemFitConfig, sample_episodes: int = SAMPLE_EPISODES,
         files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
     except DataNotFoundError:
         return _workload_from_shape(cfg, "no benchmark file found", seed)
-    bench = load_benchmark(cfg.data.benchmark, cfg.data.path, split=cfg.data.split)
+    return benchmark_workload(cfg, read_benchmark(cfg.data.benchmark, files), files, sample_episodes, seed)
+
+
+def benchmark_workload(cfg: MemFitConfig, bench: Benchmark, files: Sequence[Path],
+                       sample_episodes: int = SAMPLE_EPISODES, seed: int = 0) -> Workload:
+    """The workload counted from `bench`, read from `files` (a run's inputs: read once for the plan and the
+    run); data.* selects the memories and questions as the run will."""
     selected = select_from_config(bench, cfg.data)
     where = str(files[0]) if len(files) == 1 else f"{len(files)} files in {files[0].parent}"
     return workload_of(cfg, selected.memories, sum(len(m.questions) for m in selected.memories),

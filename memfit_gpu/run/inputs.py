@@ -107,6 +107,8 @@ class RunInputs:
     judge: ReaderConfig | None  # the judge's reader settings (eval.judge over reader); None: no judge
     placed: MemFitConfig  # what the stages run: cfg with index.device where the device plan put retrieval
     plan: Plan | None = None  # the device plan (preflight.check_can_start); None: not planned yet
+    # the benchmark as read from `files` (all of it: data.* selects from it), for the plan and then the run
+    benchmark: Benchmark | None = None
 
     @property
     def protocol(self) -> str | None:
@@ -118,12 +120,12 @@ class RunInputs:
         """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
         return self.prompts.judge_kind if self.prompts is not None else None
 
-    def with_plan(self, plan: Plan) -> RunInputs:
-        """The inputs with the device plan: `placed` has index.device where it put retrieval, and the encoders
-        are recorded on that device (where their dtype resolves)."""
+    def with_plan(self, plan: Plan, benchmark: Benchmark) -> RunInputs:
+        """The inputs with the device plan, made for `benchmark` as read from `files`: `placed` has index.device
+        where it put retrieval, and the encoders are recorded on that device (where their dtype resolves)."""
         placed = plan.placed(self.cfg)
         models = tuple(replace(u, device=placed.index.device) if u.dtype is not None else u for u in self.models)
-        return replace(self, placed=placed, plan=plan, models=models)
+        return replace(self, placed=placed, plan=plan, models=models, benchmark=benchmark)
 
 
 def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool = False) -> RunInputs:

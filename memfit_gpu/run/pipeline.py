@@ -3,7 +3,8 @@
     memfit run --config configs/memfit.yaml --out runs/x [key=value ...]
 
 The stages in order, each in its module: the inputs resolved and checked (inputs.py, preflight.py), the run
-directory's lock, config.yaml and timings (directory.py), the benchmark loaded and the provenance recorded,
+directory's lock, config.yaml and timings (directory.py), the questions selected from the benchmark (preflight
+read it for the device plan) and the provenance recorded,
 the method's build and retrieve (packs.jsonl), the answers with the judge behind them (answer.py), the growth
 points and pack depths when asked (growth.py, depths.py), the scores (score.py), W&B (tracking.py), DONE.
 
@@ -35,7 +36,7 @@ from typing import Any
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data import read_benchmark, select_from_config
+from memfit_gpu.data import select_from_config
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.files import atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
@@ -119,7 +120,8 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
     cfg, placed, prompts = inputs.cfg, inputs.placed, inputs.prompts
     assert prompts is not None, "a run's inputs resolved without readers"
     with timer.stage("load"):
-        bench = read_benchmark(cfg.data.benchmark, inputs.files)
+        bench = inputs.benchmark  # read once, for the device plan (preflight)
+        assert bench is not None, "a run's inputs not checked by preflight"
         selected = select_from_config(bench, cfg.data)
         questions = questions_of(selected)
         if not questions:

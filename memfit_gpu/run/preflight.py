@@ -13,7 +13,8 @@ Checked here, cheapest first:
 - index.device names devices this machine has;
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
 - BEAM's prompt files, when read, are the pinned commit's (data/checksums.json); others are said in a warning;
-- the device plan fits (plan/): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
+- the device plan fits (plan/, counted from the benchmark as read, which the record keeps so that the run reads
+  it once): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
   fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).
@@ -27,11 +28,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from memfit_gpu.config import ConfigError, MemFitConfig
+from memfit_gpu.config import ConfigError
+from memfit_gpu.data import read_benchmark
 from memfit_gpu.data.fetch import files_for
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.digests import file_sha256
-from memfit_gpu.plan import Plan, make_plan
+from memfit_gpu.plan import benchmark_workload, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import BEAM_FILES, load_prompt
 from memfit_gpu.readers.registry import backend_entry
@@ -51,15 +53,15 @@ def check_can_start(inputs: RunInputs) -> RunInputs:
         raise ConfigError(f"index.device={cfg.index.device!r} cannot be used here: {exc} "
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
     if not inputs.readers:
-        return inputs.with_plan(_fitting_plan(cfg, readers=False))
+        return _planned(inputs)
     template = load_prompt(cfg.reader.prompt)
     if len(template) >= cfg.reader.max_prompt_chars:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
                           f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
     check_beam_prompts(inputs)
-    plan = _fitting_plan(cfg, readers=True)
+    planned = _planned(inputs)
     _check_readers(inputs)
-    return inputs.with_plan(plan)
+    return planned
 
 
 def check_beam_prompts(inputs: RunInputs, answers: bool = True) -> None:
@@ -103,8 +105,11 @@ def _check_readers(inputs: RunInputs, reader: bool = True) -> None:
                             timeout_s=min(settings.timeout_s, PROBE_TIMEOUT_S))
 
 
-def _fitting_plan(cfg: MemFitConfig, readers: bool) -> Plan:
-    """The run's device plan on this machine; ConfigError naming the key to change when it does not fit."""
-    plan = make_plan(cfg, readers=readers)
+def _planned(inputs: RunInputs) -> RunInputs:
+    """The inputs with the run's device plan on this machine, counted from the benchmark as read (kept in the
+    record: the run reads it once); ConfigError naming the key to change when it does not fit."""
+    cfg = inputs.cfg
+    benchmark = read_benchmark(cfg.data.benchmark, inputs.files)
+    plan = make_plan(cfg, workload=benchmark_workload(cfg, benchmark, inputs.files), readers=inputs.readers)
     plan.check()
-    return plan
+    return inputs.with_plan(plan, benchmark)
