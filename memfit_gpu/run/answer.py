@@ -59,8 +59,9 @@ def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], pa
     """One answer call per question, appended to predictions.jsonl a batch at a time.
 
     Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
-    keeps as many requests in flight as it allows, and reader.flush_every only sets how many answers
-    are committed together. The judge runs on its own thread behind the answers, a batch at a time, so
+    keeps as many requests in flight as it allows, and reader.flush_every sets how many answers are
+    committed together (an in-process backend also generates that many per call, so with a bf16 reader
+    another flush_every can change greedy answers: config.yaml keeps it, and a resume uses it). The judge runs on its own thread behind the answers, a batch at a time, so
     the reader never waits for it. Per batch: the reader has committed its calls to the response cache,
     the ledger is saved, then the rows (with their verdicts) are appended, in batch order. A kill before
     the rows are complete loses only rows the rerun re-serves from the cache, which the ledger does not
