@@ -13,9 +13,9 @@ Checked here, cheapest first:
 - index.device names devices this machine has;
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
 - BEAM's prompt files, when read, are the pinned commit's (data/checksums.json); others are said in a warning;
-- the device plan fits (plan/, counted from the benchmark as read, which the record keeps so that the run reads
-  it once): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims
-  fit its memory, and the host's parts fit its RAM (a machine without GPUs checks the host alone);
+- the device plan fits (plan/, counted from the benchmark as read, which the record keeps so that the run
+  reads it once): on every GPU memfit's parts, a CUDA context and the vLLM engines' claims fit its memory,
+  and the host's parts fit its RAM (a machine without GPUs checks the host alone);
 - every server a reader backend calls answers (its entry's urls: reader.base_urls for openai;
   eval.judge.base_urls when the judge is on).
 
