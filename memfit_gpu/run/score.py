@@ -10,11 +10,11 @@ before it for BEAM's judge, the pack-depth table after it when eval.pack_cutoffs
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu import faults, provenance
-from memfit_gpu.config import to_dict
 from memfit_gpu.data import Benchmark, Question
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate.tables import render_markdown, summarize
@@ -72,7 +72,7 @@ def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Qu
     if inputs.judge_kind == "beam":
         # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
         metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))
-        metrics["beam"]["scoring"] = to_dict(cfg)["eval"]["beam"]
+        metrics["beam"]["scoring"] = asdict(cfg.eval.beam)  # the BEAM scoring switches (config.BeamEvalConfig)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     faults.point("metrics")
     ledger.save(out / "ledger.json")
