@@ -64,16 +64,11 @@ def with_weights(use: ModelUse) -> ModelUse:
 
 
 def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = True,
-               judge: bool | None = None) -> list[ModelUse]:
+               judge: ReaderConfig | None = None) -> list[ModelUse]:
     """The models `cfg` loads: the encoder, the cross-encoder (rerank.backend=cross-encoder) and, with
-    readers, the reader and the judge (eval.judge.enabled, or `judge`); a reader whose backend loads no
-    weights (its registry entry: a server) is listed with weights=False. The encoders carry the dtype they
-    compute in on index.device (`cfg` placed by the device plan: where they run)."""
-    judged = readers and (cfg.eval.judge.enabled if judge is None else judge)
-    return _model_uses(cfg, retrieval, readers, reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None)
-
-
-def _model_uses(cfg: MemFitConfig, retrieval: bool, readers: bool, judge: ReaderConfig | None) -> list[ModelUse]:
+    readers, the reader and the judge (`judge`: its reader settings, evaluate/judge.reader_config_for_judge;
+    None: no judge); a reader whose backend loads no weights (its registry entry: a server) is listed with
+    weights=False. The encoders carry the dtype they compute in on index.device."""
     uses = []
     if retrieval:
         uses.append(ModelUse("encoder", "encoder", cfg.index.encoder, "index.encoder",
@@ -105,7 +100,6 @@ class RunInputs:
     # the benchmark's prompt files they read (MemGallery's prompt/, BEAM's src/); None without readers
     prompts: BenchmarkPrompts | None
     judge: ReaderConfig | None  # the judge's reader settings (eval.judge over reader); None: no judge
-    placed: MemFitConfig  # what the stages run: cfg with index.device where the device plan put retrieval
     plan: Plan | None = None  # the device plan (preflight.check_can_start); None: not planned yet
     # the benchmark as read from `files` (all of it: data.* selects from it), for the plan and then the run
     benchmark: Benchmark | None = None
@@ -116,6 +110,11 @@ class RunInputs:
         return self.prompts.protocol if self.prompts is not None else None
 
     @property
+    def placed(self) -> MemFitConfig:
+        """What the stages run: cfg with index.device where the device plan put retrieval (cfg before a plan)."""
+        return self.plan.placed(self.cfg) if self.plan is not None else self.cfg
+
+    @property
     def judge_kind(self) -> str | None:
         """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
         return self.prompts.judge_kind if self.prompts is not None else None
@@ -123,9 +122,9 @@ class RunInputs:
     def with_plan(self, plan: Plan, benchmark: Benchmark) -> RunInputs:
         """The inputs with the device plan, made for `benchmark` as read from `files`: `placed` has index.device
         where it put retrieval, and the encoders are recorded on that device (where their dtype resolves)."""
-        placed = plan.placed(self.cfg)
-        models = tuple(replace(u, device=placed.index.device) if u.dtype is not None else u for u in self.models)
-        return replace(self, placed=placed, plan=plan, models=models, benchmark=benchmark)
+        device = plan.placed(self.cfg).index.device
+        models = tuple(replace(u, device=device) if u.dtype is not None else u for u in self.models)
+        return replace(self, plan=plan, models=models, benchmark=benchmark)
 
 
 def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool = False) -> RunInputs:
@@ -143,10 +142,9 @@ def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool
     prompts = (BenchmarkPrompts.find(cfg.reader.protocol, cfg.data.benchmark, files[0],
                                      cfg.eval.judge.prompt if judged else None) if readers else None)
     judge_reader = reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None
-    uses = _model_uses(cfg, not judge_alone, readers, judge_reader)
+    uses = model_uses(cfg, retrieval=not judge_alone, readers=readers, judge=judge_reader)
     models = tuple(with_weights(u) for u in uses if not judge_alone or u.role == "judge")
-    return RunInputs(cfg=cfg, files=files, models=models, readers=readers, prompts=prompts, judge=judge_reader,
-                     placed=cfg)
+    return RunInputs(cfg=cfg, files=files, models=models, readers=readers, prompts=prompts, judge=judge_reader)
 
 
 def model_record(use: ModelUse) -> dict[str, Any]:

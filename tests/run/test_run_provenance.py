@@ -21,6 +21,7 @@ from memfit_gpu import digests, provenance
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.data.stats import quirk_counts, quirk_kind
+from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.run.inputs import collect, model_uses, resolve_inputs, with_weights
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,7 +209,8 @@ def test_quirks_are_counted_by_kind():
 def test_the_models_a_configuration_loads():
     cfg = load_config(SMOKE, ["rerank.backend=cross-encoder", "eval.judge.enabled=true", "eval.judge.backend=openai",
                               "eval.judge.base_urls=[http://127.0.0.1:8200/v1]", "eval.judge.model=openai/gpt-oss-20b"])
-    assert [(u.role, u.name, u.weights) for u in model_uses(cfg)] == [
+    judge = reader_config_for_judge(cfg.eval.judge, cfg.reader)
+    assert [(u.role, u.name, u.weights) for u in model_uses(cfg, judge=judge)] == [
         ("encoder", cfg.index.encoder, True), ("cross_encoder", cfg.rerank.model, True),
         ("reader", cfg.reader.model, True), ("judge", "openai/gpt-oss-20b", False)]
     assert [u.role for u in model_uses(cfg, readers=False)] == ["encoder", "cross_encoder"]
