@@ -1,8 +1,10 @@
 """The answer stage of `memfit run`: one answer call per question, judged behind the answers, appended to
-DIR/predictions.jsonl a batch at a time.
+DIR/predictions.jsonl a batch at a time; and `Answering`, which answers and scores as the run does for the
+answers, the growth points and the pack depths alike.
 
     judge = RunJudge(inputs, out, ledger, progress)     the run's judge (eval.judge), on its own cached reader
-    answer_questions(inputs, out, questions, packs, make_request, reader, judge, ledger, ...)
+    answering = Answering(cfg.eval, make_request, reader, account, text_encode, judge)
+    answer_questions(inputs, out, questions, packs, answering, progress)
 
 Write order per batch (pipeline.py says why): the reader commits its calls to the response cache, the ledger
 is saved, then the rows with their verdicts are appended. A question that got no answer or no verdict gets no
@@ -13,14 +15,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from memfit_gpu import faults
+from memfit_gpu.config import EvalConfig
 from memfit_gpu.data import Question
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate import text_metrics
@@ -36,7 +40,7 @@ from memfit_gpu.readers.clean import clean_answer, reply_text
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import build_judge_messages
 from memfit_gpu.readers.reader import Reader, make_reader
-from memfit_gpu.readers.types import Request
+from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.run.directory import RunError
 from memfit_gpu.run.inputs import RunInputs
 
@@ -53,9 +57,66 @@ def _question_payload(q: Question) -> dict[str, Any]:
             "evaluated": q.evaluated, "question": q.question, "gold": q.answer}
 
 
+@dataclass(frozen=True)
+class Answered:
+    """One question's answer as the run scores it: the reader's response, the cleaned prediction and its scores."""
+    response: Response
+    prediction: str  # the reply as cleaned (readers/clean.py): what the metrics and the judge read
+    abstained: bool
+    scores: dict[str, Any]  # per eval.metrics variant: F1 and BLEU-1
+    text_scores: dict[str, float] | None  # eval.text_metrics; None when it asks for none
+    cut: dict[str, int]  # what the prompt bound cut from the request ({} when nothing)
+
+    def text_fields(self) -> dict[str, Any]:
+        """The row's `text_scores`, present only when eval.text_metrics asks for some."""
+        return {"text_scores": self.text_scores} if self.text_scores is not None else {}
+
+
+@dataclass
+class Answering:
+    """Answers questions on their packs and scores them as the run scores: one for the answers, the growth
+    points and the pack depths, so all three build the same requests, clean and score the same way, and
+    judge with the same judge.
+
+    account(point): saves the ledger, then passes the named kill point (the pipeline's `ledger_saved`)."""
+    eval: EvalConfig
+    make_request: AnswerRequest
+    reader: Reader
+    account: Callable[[str], None]
+    text_encode: Callable[[list[str]], Any] | None = None  # the run's bi-encoder, for eval.text_metrics sbert
+    judge: RunJudge | None = None
+
+    def scored(self, questions: Sequence[Question], responses: Sequence[Response],
+               cuts: Sequence[dict[str, int]]) -> list[Answered]:
+        """The responses cleaned and scored: eval.metrics per variant, and eval.text_metrics (one encoder pass)."""
+        cleaned = [clean_answer(r.text) for r in responses]
+        predictions = [c.text for c in cleaned]
+        golds = [q.answer for q in questions]
+        scores = score_all(predictions, golds, [q.category for q in questions], self.eval.metrics)
+        texts: Sequence[dict[str, float] | None] = (
+            text_metrics.text_scores(predictions, golds, self.eval.text_metrics, self.text_encode)
+            if self.eval.text_metrics else [None] * len(questions))
+        return [Answered(response, clean.text, clean.abstained, score, text, cut)
+                for response, clean, score, text, cut in zip(responses, cleaned, scores, texts, cuts, strict=True)]
+
+    def answer(self, questions: Sequence[Question], packs: Sequence[dict[str, Any]], role: str,
+               key: Callable[[Question], str], point: str) -> list[Answered]:
+        """One answer call per question on its pack (role `role`, ledger key `key(question)`), the ledger saved
+        (kill point `point`), then scored."""
+        built = [self.make_request(q, pack, role=role, key=key(q)) for q, pack in zip(questions, packs, strict=True)]
+        responses = self.reader.generate([request for request, _ in built])
+        self.account(point)
+        return self.scored(questions, responses, [cut for _, cut in built])
+
+    def verdicts(self, questions: Sequence[Question], answered: Sequence[Answered]) -> list[dict[str, Any] | None]:
+        """The judge's verdict per answer (None throughout when the run has no judge)."""
+        if self.judge is None:
+            return [None] * len(questions)
+        return self.judge(list(questions), [a.prediction for a in answered], [a.response.text for a in answered])
+
+
 def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], packs: dict[str, dict[str, Any]],
-            make_request: AnswerRequest, reader: Reader, judge: RunJudge | None, ledger: Ledger, ledger_path: Path,
-            progress: bool, text_encode: Callable[[list[str]], Any] | None = None) -> None:
+                     answering: Answering, progress: bool) -> None:
     """One answer call per question, appended to predictions.jsonl a batch at a time.
 
     Every unanswered question is offered to the reader at once (`Reader.generate_batches`): a server
@@ -68,17 +129,17 @@ def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], pa
     count twice (Ledger.accounted_keys). A question that got no answer or no verdict (a server's failures
     after its retries) gets no row; once the others are written, UnansweredError counts them."""
     cfg = inputs.cfg
+    reader, judge = answering.reader, answering.judge
 
     def request_for(q: Question) -> tuple[Request, dict[str, int]]:
-        return make_request(q, packs[q.question_id])
+        return answering.make_request(q, packs[q.question_id])
 
     pred_path = out / "predictions.jsonl"
     answered = {r["question_id"]: r for r in read_jsonl(pred_path)}
     todo = [q for q in questions if q.question_id not in answered]
     if answered:
         log.info("answer: %d questions already answered, %d to go", len(answered), len(todo))
-    _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for,
-                      ledger, ledger_path)
+    _account_answered(out, [q for q in questions if q.question_id in answered], answered, reader, request_for)
     judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge") if judge is not None else None
     waiting: deque[tuple[list[dict[str, Any]], Future[list[dict[str, Any] | None]] | None]] = deque()
     bar = tqdm(total=len(questions), initial=len(answered), desc="answer", unit="q", disable=not progress)
@@ -91,8 +152,7 @@ def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], pa
                 row["judge"] = verdict
             unanswered.extend((row["question_id"], "the judge gave no verdict") for row in rows if row["judge"] is None)
             rows = [row for row in rows if row["judge"] is not None]
-        ledger.save(ledger_path)
-        faults.point("answer.ledger")
+        answering.account("answer.ledger")
         append_jsonl(pred_path, rows)
         faults.point("predictions")
         bar.update(len(rows))
@@ -105,28 +165,20 @@ def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], pa
             if not batch:
                 continue
             chunk = [todo[i] for i, _ in batch]
-            responses = [response for _, response in batch]
-            cleaned = [clean_answer(r.text) for r in responses]
-            scores = score_all([c.text for c in cleaned], [q.answer for q in chunk], [q.category for q in chunk],
-                               cfg.eval.metrics)
-            # ROUGE-L / ROUGE-2 / METEOR / SBERT when eval.text_metrics asks (one encoder pass a batch)
-            texts = (text_metrics.text_scores([c.text for c in cleaned], [q.answer for q in chunk],
-                                              cfg.eval.text_metrics, text_encode)
-                     if cfg.eval.text_metrics else [None] * len(chunk))
+            # scored as every answer of the run is (ROUGE-L / METEOR / SBERT too when eval.text_metrics asks)
+            scored = answering.scored(chunk, [response for _, response in batch], [prompt_cuts[i] for i, _ in batch])
             rows = []
-            for (i, resp), q, clean, score, text in zip(batch, chunk, cleaned, scores, texts, strict=True):
-                rows.append({**_question_payload(q), "prediction": clean.text, "raw_output": resp.text,
-                             "abstained": clean.abstained, "scores": score,
-                             **({"text_scores": text} if text is not None else {}), "judge": None,
-                             "retrieval": packs[q.question_id].get("retrieval"), **prompt_cuts[i],
+            for q, a in zip(chunk, scored, strict=True):
+                pack = packs[q.question_id]
+                rows.append({**_question_payload(q), "prediction": a.prediction, "raw_output": a.response.text,
+                             "abstained": a.abstained, "scores": a.scores, **a.text_fields(), "judge": None,
+                             "retrieval": pack.get("retrieval"), **a.cut,
                              # a method's own record of the context it built (full_context: its truncation)
-                             **({"method_notes": packs[q.question_id]["method_notes"]}
-                                if "method_notes" in packs[q.question_id] else {}),
+                             **({"method_notes": pack["method_notes"]} if "method_notes" in pack else {}),
                              # what the reader had to change (truncated tokens, dropped images) or why
                              # this answer alone failed (empty prediction, scored as such)
-                             "reader_notes": resp.notes, "reader_error": resp.error})
-            verdicts = (judging.submit(judge, chunk, [c.text for c in cleaned], [r.text for r in responses])
-                        if judging and judge else None)
+                             "reader_notes": a.response.notes, "reader_error": a.response.error})
+            verdicts = judging.submit(answering.verdicts, chunk, scored) if judging else None
             waiting.append((rows, verdicts))
             while waiting and (waiting[0][1] is None or waiting[0][1].done()):
                 write(*waiting.popleft())
@@ -144,13 +196,13 @@ def answer_questions(inputs: RunInputs, out: Path, questions: list[Question], pa
 
 
 def _account_answered(out: Path, questions: list[Question], answered: dict[str, dict[str, Any]], reader: Reader,
-                      request_for: Callable[[Question], tuple[Request, dict[str, int]]], ledger: Ledger,
-                      ledger_path: Path) -> None:
+                      request_for: Callable[[Question], tuple[Request, dict[str, int]]]) -> None:
     """Put predictions the ledger does not account for on its books, from the response cache.
 
     Only a directory an older memfit left (it appended predictions before saving the ledger, and was
     killed in between) or one whose ledger.json was removed has them. Their rows stay as they are; the
     re-served cached text must be the row's raw output, else the row did not come from this run."""
+    ledger, ledger_path = reader.ledger, out / "ledger.json"
     accounted = set(ledger.answer_keys)
     missing = [q for q in questions if q.question_id not in accounted]
     if not missing:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +31,17 @@ import numpy as np
 
 from memfit_gpu import faults, render
 from memfit_gpu.config import ConfigError, MemFitConfig
-from memfit_gpu.data.schema import Question
-from memfit_gpu.evaluate import text_metrics
-from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.evaluate.tables import summarize
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
-from memfit_gpu.readers.clean import clean_answer
+from memfit_gpu.run.answer import Answering
 
 log = logging.getLogger(__name__)
 
 ROLE = "depth_answer"
 ROWS = "depths.jsonl"
 SUMMARY = "depths.json"
-
-# (questions, cleaned predictions, raw outputs) -> one verdict per question (None: the judge gave none)
-Judge = Callable[[list[Question], list[str], list[str]], list[dict[str, Any] | None]]
-
 
 def check_depths(cfg: MemFitConfig) -> None:
     """eval.pack_cutoffs needs a method whose pack is the top k of a ranking (its registry entry's `depths`)."""
@@ -62,19 +55,17 @@ def depth_key(k: int, question_id: str) -> str:
     return f"depth:{k}:{question_id}"
 
 
-def run_depths(cfg: MemFitConfig, out: Path, run: MethodRun, packs: dict[str, dict[str, Any]],
-               make_request: Callable[..., Any], account: Callable[[str], None],
-               text_encode: Callable[[list[str]], Any] | None, judge: Judge | None,
+def run_depths(out: Path, run: MethodRun, packs: dict[str, dict[str, Any]], answering: Answering,
                benchmark: str | None) -> dict[str, Any]:
     """Answer and score every depth not yet in DIR/depths.jsonl (module doc); returns depths.json's content.
 
     packs: the run's packs.jsonl rows by question id (at pack.k)."""
+    cfg = run.cfg
     path = out / ROWS
     rows = read_jsonl(path)
     done = {int(r["k"]) for r in rows if r.get("t") == "depth"}
     todo = [k for k in cfg.eval.pack_cutoffs if k not in done]
     if todo:
-        reader = run.reader()  # type: ignore[misc]
         ranked = [packs[q.question_id] for q in run.questions]
         method = make_method(cfg.method)
         try:
@@ -85,7 +76,7 @@ def run_depths(cfg: MemFitConfig, out: Path, run: MethodRun, packs: dict[str, di
                     made, diagnostics = ranked, json.loads((out / "diagnostics.json").read_text())
                 else:
                     made, diagnostics = method.read_depth(run, ranked, k)  # type: ignore[attr-defined]
-                new = _score_depth(cfg, run, reader, make_request, account, text_encode, judge, k, made, diagnostics)
+                new = _score_depth(run, answering, k, made, diagnostics)
                 append_jsonl(path, new)
                 faults.point("depths")
                 rows += new
@@ -97,35 +88,22 @@ def run_depths(cfg: MemFitConfig, out: Path, run: MethodRun, packs: dict[str, di
     return summary
 
 
-def _score_depth(cfg: MemFitConfig, run: MethodRun, reader: Any, make_request: Callable[..., Any],
-                 account: Callable[[str], None], text_encode: Callable[[list[str]], Any] | None,
-                 judge: Judge | None, k: int, made: Sequence[dict[str, Any]], diagnostics: dict[str, Any]
-                 ) -> list[dict[str, Any]]:
+def _score_depth(run: MethodRun, answering: Answering, k: int, made: Sequence[dict[str, Any]],
+                 diagnostics: dict[str, Any]) -> list[dict[str, Any]]:
     """One depth: one answer call per question on its pack at k, scored (and judged) as the run scores; the rows
     to append (the `depth` row with the pack diagnostics, then one per question)."""
     questions = run.questions
-    built = [make_request(q, pack, role=ROLE, key=depth_key(k, q.question_id)) for q, pack in zip(questions, made,
-                                                                                                   strict=True)]
-    responses = reader.generate([request for request, _ in built])
-    account("depths.ledger")
-    cleaned = [clean_answer(r.text) for r in responses]
-    predictions = [c.text for c in cleaned]
-    golds = [q.answer for q in questions]
-    scores = score_all(predictions, golds, [q.category for q in questions], cfg.eval.metrics)
-    texts = (text_metrics.text_scores(predictions, golds, cfg.eval.text_metrics, text_encode)
-             if cfg.eval.text_metrics else [None] * len(questions))
-    verdicts = judge(list(questions), predictions, [r.text for r in responses]) if judge is not None else \
-        [None] * len(questions)
+    answered = answering.answer(questions, made, ROLE, lambda q: depth_key(k, q.question_id), "depths.ledger")
+    verdicts = answering.verdicts(questions, answered)
     out: list[dict[str, Any]] = [{"t": "depth", "k": k, "questions": len(questions),
                                   "retrieval": diagnostics.get("overall"), "by_category": diagnostics.get("by_category")}]
-    for q, pack, (_, cut), response, clean, score, text, verdict in zip(
-            questions, made, built, responses, cleaned, scores, texts, verdicts, strict=True):
+    for q, pack, a, verdict in zip(questions, made, answered, verdicts, strict=True):
         out.append({"t": "question", "k": k, "question_id": q.question_id, "memory_id": q.memory_id,
                     "category": q.category, "evaluated": q.evaluated, "question": q.question, "gold": q.answer,
-                    "prediction": clean.text, "raw_output": response.text, "abstained": clean.abstained,
-                    "scores": score, **({"text_scores": text} if text is not None else {}), "judge": verdict,
-                    "retrieval": pack.get("retrieval"), "input_tokens": int(response.input_tokens),
-                    "output_tokens": int(response.output_tokens), **cut})
+                    "prediction": a.prediction, "raw_output": a.response.text, "abstained": a.abstained,
+                    "scores": a.scores, **a.text_fields(), "judge": verdict,
+                    "retrieval": pack.get("retrieval"), "input_tokens": int(a.response.input_tokens),
+                    "output_tokens": int(a.response.output_tokens), **a.cut})
     log.info("pack depth %d: %d questions answered", k, len(questions))
     return out
 

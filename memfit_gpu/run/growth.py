@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,11 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.data.schema import Memory, Question
-from memfit_gpu.evaluate import text_metrics
-from memfit_gpu.evaluate.metrics import score_all
 from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
-from memfit_gpu.readers.clean import clean_answer
+from memfit_gpu.run.answer import Answering
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +77,9 @@ def due_questions(questions: Sequence[Question], memories: Sequence[Memory], tur
                 else turns[q.memory_id] == total[q.memory_id])]
 
 
-def run_growth(cfg: MemFitConfig, out: Path, run: MethodRun, make_request: Callable[..., Any],
-               account: Callable[[str], None], text_encode: Callable[[list[str]], Any] | None) -> dict[str, Any]:
+def run_growth(out: Path, run: MethodRun, answering: Answering) -> dict[str, Any]:
     """Score every growth point not yet in DIR/growth.jsonl (module doc); returns growth.json's content."""
+    cfg = run.cfg
     path = out / "growth.jsonl"
     rows = read_jsonl(path)
     done = {int(r["point"]) for r in rows if r.get("t") == "point"}
@@ -89,14 +87,12 @@ def run_growth(cfg: MemFitConfig, out: Path, run: MethodRun, make_request: Calla
     turns = growth_turns(run.memories, points, cfg.lightmem.mtm_window_turns)
     todo = [p for p in points if p not in done]
     if todo:
-        reader = run.reader()  # type: ignore[misc]
         method = make_method(cfg.method)
         try:
             method.write(run)  # the one write: already stored, so it asks for nothing and encodes only what it must
             for p in todo:
                 questions = [q for q in due_questions(run.questions, run.memories, turns[p]) if q.evaluated]
-                new = _score_point(cfg, run, method, reader, make_request, account, text_encode, p, turns[p],
-                                   questions)
+                new = _score_point(run, method, answering, p, turns[p], questions)
                 append_jsonl(path, new)
                 faults.point("growth")
                 rows += new
@@ -108,33 +104,24 @@ def run_growth(cfg: MemFitConfig, out: Path, run: MethodRun, make_request: Calla
     return summary
 
 
-def _score_point(cfg: MemFitConfig, run: MethodRun, method: Any, reader: Any, make_request: Callable[..., Any],
-                 account: Callable[[str], None], text_encode: Callable[[list[str]], Any] | None, point: int,
-                 turns: dict[str, int], questions: list[Question]) -> list[dict[str, Any]]:
+def _score_point(run: MethodRun, method: Any, answering: Answering, point: int, turns: dict[str, int],
+                 questions: list[Question]) -> list[dict[str, Any]]:
     """One point: the method's packs at it, one answer call per due question, scored; the rows to append
     (one `point` row with what the memory held, then one per question)."""
     held: dict[str, Any] = {}
-    answers: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     if questions:
         at = dataclasses.replace(run, questions=questions, progress=False)
         packs, diagnostics = method.read_at(at, turns)
         held = diagnostics.get("method", {})
-        requests = [make_request(q, pack, role=ROLE, key=f"growth:{point}:{q.question_id}")[0]
-                    for q, pack in zip(questions, packs, strict=True)]
-        responses = reader.generate(requests)
-        account("growth.ledger")
-        cleaned = [clean_answer(r.text).text for r in responses]
-        scores = score_all(cleaned, [q.answer for q in questions], [q.category for q in questions], cfg.eval.metrics)
-        texts = (text_metrics.text_scores(cleaned, [q.answer for q in questions], cfg.eval.text_metrics, text_encode)
-                 if cfg.eval.text_metrics else [None] * len(questions))
-        for q, pack, prediction, score, text in zip(questions, packs, cleaned, scores, texts, strict=True):
-            answers.append({"t": "question", "point": point, "question_id": q.question_id, "memory_id": q.memory_id,
-                            "category": q.category, "gold": q.answer, "prediction": prediction, "scores": score,
-                            **({"text_scores": text} if text is not None else {}),
-                            "retrieval": pack.get("retrieval")})
+        answered = answering.answer(questions, packs, ROLE, lambda q: f"growth:{point}:{q.question_id}", "growth.ledger")
+        for q, pack, a in zip(questions, packs, answered, strict=True):
+            rows.append({"t": "question", "point": point, "question_id": q.question_id, "memory_id": q.memory_id,
+                         "category": q.category, "gold": q.answer, "prediction": a.prediction, "scores": a.scores,
+                         **a.text_fields(), "retrieval": pack.get("retrieval")})
     log.info("growth point %d: %d questions, %d turns", point, len(questions), sum(turns.values()))
     return [{"t": "point", "point": point, "questions": len(questions), "turns": sum(turns.values()),
-             "memory": held}, *answers]
+             "memory": held}, *rows]
 
 
 def growth_summary(cfg: MemFitConfig, rows: Sequence[dict[str, Any]], turns: dict[int, dict[str, int]]) -> dict[str, Any]:

@@ -46,10 +46,10 @@ from memfit_gpu.methods.packs import questions_of, saved_packs, write_packs
 from memfit_gpu.methods.registry import make_method
 from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
-from memfit_gpu.run.answer import RunJudge, answer_questions
-from memfit_gpu.run.depths import check_depths, run_depths
+from memfit_gpu.run.answer import Answering, RunJudge, answer_questions
+from memfit_gpu.run.depths import run_depths
 from memfit_gpu.run.directory import RunError, StageTimer, record_config, run_lock
-from memfit_gpu.run.growth import check_growth, run_growth
+from memfit_gpu.run.growth import run_growth
 from memfit_gpu.run.inputs import RunInputs, collect, resolve_inputs
 from memfit_gpu.run.preflight import check_can_start
 from memfit_gpu.run.score import score_run
@@ -72,11 +72,9 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
             record_config(cfg, out)
             log.info("%s is finished (DONE exists): nothing to do", out)
             return json.loads((out / "metrics.json").read_text())
-        # before config.yaml: a run refused here leaves the directory free for the corrected one
-        check_growth(cfg)
-        check_depths(cfg)
         # what the run reads, resolved once, then checked and planned: retrieval where the device plan put it
-        # (index.device=auto: off the vLLM engines' GPUs); preflight, provenance and the stages read the record
+        # (index.device=auto: off the vLLM engines' GPUs); preflight, provenance and the stages read the record.
+        # Before config.yaml: a run refused here leaves the directory free for the corrected one.
         inputs = check_can_start(resolve_inputs(cfg))
         # config.yaml keeps the configuration as given, so a resume on another node plans again
         record_config(cfg, out)
@@ -175,21 +173,20 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
                                account=ledger_saved, progress=progress, stage=timer.stage, prompts=prompts)
         packs = _method_packs(out, timer, method_run)
 
-        sbert = text_encode if "sbert" in cfg.eval.text_metrics else None
         with timer.stage("answer"):  # the reader and the judge load here (their time is the answers')
-            # one answer builder and one judge for the answers, the growth points and the depths
+            # one answer builder, scoring and judge for the answers, the growth points and the depths
             make_request = answer_requests(cfg, bench, get_reader(), prompts)
             judge = RunJudge(inputs, out, ledger, progress) if inputs.judge is not None else None
-            answer_questions(inputs, out, questions, packs, make_request, get_reader(), judge, ledger, ledger_path,
-                             progress, text_encode)
+            answering = Answering(cfg.eval, make_request, get_reader(), ledger_saved, text_encode, judge)
+            answer_questions(inputs, out, questions, packs, answering, progress)
 
         if cfg.eval.growth_points:  # the same trajectory scored at several memory sizes
             with timer.stage("growth"):
-                run_growth(cfg, out, method_run, make_request, ledger_saved, sbert)
+                run_growth(out, method_run, answering)
 
         if cfg.eval.pack_cutoffs:  # the paper's Table 10: the same ranking answered at each pack depth
             with timer.stage("depths"):
-                run_depths(cfg, out, method_run, packs, make_request, ledger_saved, sbert, judge, bench.name)
+                run_depths(out, method_run, packs, answering, bench.name)
 
         with timer.stage("score"):
             # the weights that embedded (loaded here when a resumed run had answered everything before)

@@ -11,6 +11,8 @@ directory as it was, so the corrected command works in the same --out directory.
   src/evaluation/compute_metrics.py, parsed, when reader.protocol or eval.judge.prompt is beam).
 Checked here, cheapest first:
 - index.device names devices this machine has;
+- the method can do the eval stages asked of it: eval.growth_points (growth.py check_growth), eval.pack_cutoffs
+  (depths.py check_depths);
 - the answer prompt leaves room for excerpts under reader.max_prompt_chars;
 - BEAM's prompt files, when read, are the pinned commit's (data/checksums.json); others are said in a warning;
 - the device plan fits (plan/, counted from the benchmark as read, which the record keeps so that the run
@@ -37,6 +39,8 @@ from memfit_gpu.plan import benchmark_workload, make_plan
 from memfit_gpu.readers.openai import PROBE_TIMEOUT_S, probe_base_urls
 from memfit_gpu.readers.prompts import BEAM_FILES, load_prompt
 from memfit_gpu.readers.registry import backend_entry
+from memfit_gpu.run.depths import check_depths
+from memfit_gpu.run.growth import check_growth
 from memfit_gpu.run.inputs import RunInputs
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,8 @@ def check_can_start(inputs: RunInputs) -> RunInputs:
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
     if not inputs.readers:
         return _planned(inputs)
+    check_growth(cfg)
+    check_depths(cfg)
     template = load_prompt(cfg.reader.prompt)
     if len(template) >= cfg.reader.max_prompt_chars:
         raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "

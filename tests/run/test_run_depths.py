@@ -27,6 +27,7 @@ from memfit_gpu.methods.packs import questions_of
 from memfit_gpu.methods.plain import Plain
 from memfit_gpu.readers.types import Response
 from memfit_gpu.run.depths import ROLE, check_depths
+from memfit_gpu.run.pipeline import run
 
 
 def test_pack_cutoffs_are_increasing_depths_of_a_ranking_method() -> None:
@@ -39,6 +40,18 @@ def test_pack_cutoffs_are_increasing_depths_of_a_ranking_method() -> None:
     check_depths(load_config(None, ["method=plain", "eval.pack_cutoffs=[5]"]))
     with pytest.raises(ConfigError, match=r"needs method memfit or plain .*method=naive_rag has none"):
         check_depths(load_config(None, ["method=naive_rag", "eval.pack_cutoffs=[5]"]))
+
+
+@pytest.mark.parametrize("asked", [["eval.pack_cutoffs=[5]"], ["eval.growth_points=[1]"]])
+def test_a_run_asking_a_stage_its_method_cannot_do_is_refused_before_it_records_anything(
+        asked: list[str], tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preflight refuses depths on a method without a ranking and growth on one without read_at, before
+    config.yaml, so the corrected command works in the same directory."""
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    out = tmp_path / "refused"
+    with pytest.raises(ConfigError, match=r"needs method .*method=full_context"):
+        run(load_config(SMOKE, ["method=full_context", *asked]), out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # no config.yaml: nothing recorded
 
 
 class LeadSummaries:
