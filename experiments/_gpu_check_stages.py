@@ -1267,7 +1267,7 @@ class Stage:
     optional: bool = False  # the verdict does not wait for it (run last, when the budget leaves room)
 
 
-# Most valuable first (issue 19): kernels bit for bit and their speed, BM25, every pack with the production
+# Most valuable first: kernels bit for bit and their speed, BM25, every pack with the production
 # device path, encoder throughput against sentence-transformers, memory peaks; then the rest; the stand-ins
 # for what the machine cannot run; worker processes last; the optional wide kernel variant after them.
 STAGES = (

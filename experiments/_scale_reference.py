@@ -1,9 +1,10 @@
-"""The reference side of bench_scale.py: the packs of the pre-#14 read and write paths on the same data.
+"""The reference side of bench_scale.py: the packs of the older read and write paths (a FAISS index per memory,
+one-chunk writes) on the same data.
 
 `reference_packs` builds one `ReadView.from_memories` over every memory in ONE batch (all texts and
 vectors at once, BM25 added in one call) with a FAISS index per memory
 (`index.dense_batched_max_rows = 0`), then retrieves every question with `retrieve_batch`. It uses only
-APIs that predate issue #14, so the same file runs against an older checkout of the package
+APIs that predate the batched dense product, so the same file runs against an older checkout of the package
 (`bench_scale.py --reference-repo PATH` runs it as a subprocess with PATH first on PYTHONPATH), where
 the attribute is ignored and every memory is a FAISS memory anyway:
 
@@ -45,7 +46,7 @@ def reference_packs(like: str, questions: int, seed: int, dim: int,
     """({question id: [episodes, selected, summaries]}, timings) of the one-batch, FAISS-per-memory path."""
     memories = list(iter_memories(like, questions, seed=seed, embedding_dim=dim))
     cfg = scale_config()
-    cfg.index.dense_batched_max_rows = 0  # a FAISS index per memory (ignored by code older than #14)
+    cfg.index.dense_batched_max_rows = 0  # a FAISS index per memory (ignored by code older than the batched product)
     start = time.perf_counter()
     embeddings = torch.from_numpy(np.concatenate([m.extra["embeddings"] for m in memories]))
     view = ReadView.from_memories(memories, None, cfg, embeddings=embeddings)

@@ -95,7 +95,7 @@ WARMUP_USER = "bench-warmup"
 WARMUP_TURN = {"speaker": "Ann", "text": "A warm-up turn about a grey cat named Pixel.",
                "timestamp": "2020-01-01T10:00:00", "turn_id": "w1"}
 WARMUP_QUERY = "What is the name of Ann's cat?"
-# issue 22's targets: (method path, metric, threshold in ms); checked on the Python API path
+# the live memory's targets: (method path, metric, threshold in ms); checked on the Python API path
 TARGETS = {"insert_p50_ms": 10.0, "search_p50_ms": 20.0, "search_p95_ms": 50.0}
 # Methods whose searches read the store's episode indexes (so a deferred add is searchable once the next
 # read has indexed it); naive_rag reads only its chunk index, which its add updates before it returns.

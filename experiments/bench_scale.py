@@ -11,8 +11,8 @@ Printed (last line, JSON): build_s (the store's time, the generator's own time a
 sampler, per phase), bytes per episode (in RAM by component, on disk, RSS growth), pack hit rate.
 With --reference (default for S), today's path runs on the same data afterwards: the same store code in
 ONE chunk with a FAISS index per memory (`index.dense_batched_max_rows=0`), and the packs must be equal;
---reference-repo PATH also runs `_scale_reference.py` against another checkout (e.g. main, the code
-before #14) in a subprocess and compares its packs too.
+--reference-repo PATH also runs `_scale_reference.py` against another checkout (e.g. a commit from
+before the bounded write path and the batched dense product) in a subprocess and compares its packs too.
 
     .venv/bin/python experiments/bench_scale.py --like longmemeval-s
     .venv/bin/python experiments/bench_scale.py --like longmemeval-m --no-reference --store-dir /tmp/lme_m

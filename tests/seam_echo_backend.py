@@ -1,4 +1,4 @@
-"""A test-only reader backend, `echo`, added from tests/ with one module and one registry call (issue 21).
+"""A test-only reader backend, `echo`, added from tests/ with one module and one registry call.
 
 It answers every request with the first line of the request's last message (or, with
 MEMFIT_TEST_ECHO_PREFIX set, the first line that starts with it; a JSON-mode request holding a

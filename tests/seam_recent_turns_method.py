@@ -1,4 +1,4 @@
-"""A test-only method, `recent_turns`, added from tests/ with one module and one registry call (issue 21).
+"""A test-only method, `recent_turns`, added from tests/ with one module and one registry call.
 
 Its pack is the last `pack.k` turns of the question's memory, oldest first, printed as MemFit prints a
 turn; nothing is written, no LLM is called. Loaded into a `memfit` process with

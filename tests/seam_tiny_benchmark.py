@@ -1,4 +1,4 @@
-"""A test-only benchmark, `tiny`, added from tests/ with one module and one registry call (issue 21).
+"""A test-only benchmark, `tiny`, added from tests/ with one module and one registry call.
 
 A tiny chat-log format, one line each, `#` lines and blank lines skipped:
 

@@ -90,7 +90,7 @@ def test_yaml_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        # the values of issue 11: each crashed late or ran with silently different retrieval
+        # values that each crashed late or ran with silently different retrieval
         ("pack.k=-1", "pack.k=-1 is out of range: it must be >= 1"),
         ("retrieve.alpha=1.5", "retrieve.alpha=1.5 is out of range: it must be in [0, 1]"),
         ("retrieve.scan_top_k=0", "retrieve.scan_top_k=0 is out of range: it must be >= 1"),

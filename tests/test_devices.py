@@ -46,7 +46,7 @@ def test_device_strings_without_gpus(monkeypatch):
 
 @pytest.mark.parametrize("setting, expected", [("gpu", 0), ("cuda:0,cuda:1", 0), ("cuda:1", 1), ("auto", 0)])
 def test_store_puts_bm25_on_the_first_listed_gpu(two_gpus, setting, expected):
-    # issue 13.3: "gpu" and "cuda:0,cuda:1" are valid index.device values (the encoders replicate over
+    # "gpu" and "cuda:0,cuda:1" are valid index.device values (the encoders replicate over
     # them) but reached torch.device as they were and crashed the store
     cfg = MemFitConfig()
     cfg.index.device = setting
@@ -139,7 +139,7 @@ def test_bad_dtype_names_the_setting(setting, call) -> None:
 
 
 def test_read_view_puts_bm25_on_the_configured_device(locomo_path: Path) -> None:
-    # issue 12.5: ReadView.from_memories built its BM25 on the CPU whatever index.device said. "cpu:0" is
+    # ReadView.from_memories used to build its BM25 on the CPU whatever index.device said. "cpu:0" is
     # a device this machine has that differs from the default torch.device("cpu"), so the test can fail.
     cfg = load_config("configs/memfit.yaml", ["index.device=cpu:0", "index.dense_device=cpu"])
     memory = select_questions(load_benchmark("locomo", locomo_path), limit_memories=1).memories[0]

@@ -5,6 +5,7 @@ generated CLI reference holds every subcommand."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,3 +82,38 @@ def test_the_cli_reference_lists_every_subcommand() -> None:
     for name in SUBCOMMANDS:
         assert f"\n## memfit {name}\n" in page, name
         assert f"usage: memfit {name}" in page, name
+
+
+# The word issue followed by a number, or a hash and a number: the project's internal tracker, which readers of
+# the code, the configs and the docs do not have. A hex colour or a markdown heading does not match. (The cases
+# below are built from parts so that this file passes its own check.)
+INTERNAL_ISSUE = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&#])#\d{1,3}\b(?![0-9a-fA-F])")
+
+
+def test_the_internal_issue_pattern_matches_what_it_should() -> None:
+    hash_14, word = "#" + "14", "ssue"
+    for text in (f"i{word} 23.7: a", f"I{word} 24's acceptance", f"(i{word}s 13 and 19)", f"before {hash_14})",
+                 f"i{word} {hash_14}"):
+        assert INTERNAL_ISSUE.search(text), text
+    for text in ("color: #1f77b4", "## Heading", "see the issue tracker", "x = a[#]", "&#39;"):
+        assert not INTERNAL_ISSUE.search(text), text
+
+
+def test_no_tracked_text_names_an_internal_issue_number() -> None:
+    """Docstrings, comments, configs, pages and tests say what a thing does or guards, not which internal
+    issue asked for it (CHANGELOG.md included: users read it)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    if not tracked:
+        pytest.fail("git ls-files listed nothing: this test needs a checkout")
+    suffixes = {".py", ".md", ".yaml", ".yml", ".txt", ".sh", ".toml", ".cfg", ".ini", ".j2", ".html", ".js", ".css"}
+    found = []
+    for name in tracked:
+        path = REPO / name
+        if path.suffix not in suffixes and path.name not in ("Makefile", "run"):
+            continue
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if INTERNAL_ISSUE.search(line):
+                found.append(f"{name}:{number}: {line.strip()[:100]}")
+    assert not found, "\n".join(found[:40])

@@ -55,7 +55,7 @@ def _use(path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated to 4096", "truncated to 5000", "header + garbage pages"])
 def test_a_damaged_cache_is_one_error_naming_it_as_safe_to_delete(tmp_path: Path, damage: str) -> None:
-    """Issue 23.5: these gave a traceback (`file is not a database`, `database disk image is malformed`)
+    """These used to give a traceback (`file is not a database`, `database disk image is malformed`)
     naming no file and not saying that deleting the cache is safe."""
     path = tmp_path / "cache.sqlite"
     good = _filled_cache(path)
@@ -96,7 +96,7 @@ def test_a_run_on_a_damaged_cache_exits_2_with_one_line(tmp_path: Path, shared_d
 ])
 def test_a_refused_write_names_the_file_and_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: str,
                                                        advice: str) -> None:
-    """Issue 23.7: a full disk gave three chained ENOSPC tracebacks naming no file."""
+    """A full disk used to give three chained ENOSPC tracebacks naming no file."""
     target = tmp_path / "ledger.json"
     atomic_write_text(target, "before")
     monkeypatch.setenv(IO_FAULT_ENV, f"ledger.json:{code}")

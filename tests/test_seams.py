@@ -1,4 +1,4 @@
-"""Issue 21: one seam per extension. The registries' names are the config's choices; a reader backend, a
+"""One seam per extension. The registries' names are the config's choices; a reader backend, a
 benchmark and a method are added from tests/ alone (one module and one registry call each: the seam_*.py
 modules beside this file, loaded by `memfit` through MEMFIT_PLUGINS) and `memfit run` runs end to end with
 them; your own data in the jsonl format is validated, runs with the real reader and judge, and a LoCoMo or

@@ -1,5 +1,5 @@
 """`memfit run` refuses what cannot work with one line and exit code 2, before any work, leaving the run
-directory free for the corrected command (issue 11, items 5 and 10)."""
+directory free for the corrected command."""
 
 from __future__ import annotations
 

@@ -465,7 +465,7 @@ def test_locomo_turn_quirks_are_reported(tmp_path: Path) -> None:
 
 
 def test_empty_questions_gold_answers_and_conversations_are_quirks_excluded_from_scoring(tmp_path: Path) -> None:
-    """Issue 23.7: an empty conversation, an empty gold answer ("", "   ") and an empty question were
+    """An empty conversation, an empty gold answer ("", "   ") and an empty question were
     accepted and scored with no quirk. Each is reported, counted and never selected for a run."""
     sample = _locomo_sample()
     sample["qa"] = [{"question": "q?", "answer": "a", "evidence": ["D1:1"], "category": 4},

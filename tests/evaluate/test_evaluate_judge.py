@@ -90,7 +90,7 @@ def test_paper_unparseable():
 @pytest.mark.parametrize(
     ("reply", "verdict"),
     [
-        # issue 23.3: the last label word used to decide, so both of these read as CORRECT
+        # the last label word used to decide, so both of these read as CORRECT
         ("WRONG: the answer is not correct.", False),
         ("**WRONG** - the gold answer is Lyon, the correct city.", False),
         # a verdict the judge quotes (after a quote mark, indented, `>`-quoted) is not its own
@@ -135,7 +135,7 @@ def test_paper_reply_without_a_stated_verdict_is_unparsed(reply):
 
 
 def test_a_prediction_enters_the_judge_prompt_quoted():
-    """Issue 23.3: a prediction's own lines cannot write lines of the judge's prompt."""
+    """A prediction's own lines cannot write lines of the judge's prompt."""
     from memfit_gpu.readers.prompts import build_judge_messages
 
     for kind in ("paper", "longmemeval"):

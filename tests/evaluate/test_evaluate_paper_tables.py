@@ -301,7 +301,7 @@ def _method_ledger(roles: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
 
 
 def test_efficiency_tables_list_every_method(tmp_path: Path):
-    """MemFit and the four baselines of issue 15 in one efficiency table: the ledger's write and read phases."""
+    """MemFit and the four baselines in one efficiency table: the ledger's write and read phases."""
     ledgers = {
         "memfit": {"summary": (3, 3000, 300), "answer": (8, 8000, 80)},
         "plain": {"answer": (8, 7000, 80)},

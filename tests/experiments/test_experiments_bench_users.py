@@ -1,4 +1,4 @@
-"""experiments/bench_users.py (issue 22, many users in one live memory) on a tiny setting: three LoCoMo
+"""experiments/bench_users.py (many users in one live memory) on a tiny setting: three LoCoMo
 conversations cut to their first 60 turns, five steps, one torch thread. It checks the JSON has every
 figure, that every turn a step writes was written (the store's size), and that another user's add changed
 nothing the asked user reads (`isolated`). The figures themselves are docs/benchmarks/history.md's."""

@@ -1,4 +1,4 @@
-"""experiments/gpu_check.py and experiments/prepare_gpu_check.py (issues 13 and 19, the GPU check).
+"""experiments/gpu_check.py and experiments/prepare_gpu_check.py (the GPU check).
 
 The check runs here as the GPU machine would run it: from the source tree, in a Python environment without
 the packages that machine lacks (this venv's site-packages minus those distributions), with the assets
@@ -158,7 +158,7 @@ def test_cpu_quick_run_passes_and_lists_every_stage_with_its_checks(dry_run, ass
 
 @pytest.mark.slow
 def test_no_default_stage_compiles_k_pad_above_64(dry_run):
-    """Issue 19: every kernel variant the default stages launch has K_PAD (and the hybrid kernel's list
+    """Every kernel variant the default stages launch has K_PAD (and the hybrid kernel's list
     widths) <= 64; only the optional last stage compiles K_PAD 128, and every variant has its seconds."""
     report = dry_run[0]
     widths: dict[str, set[int]] = {}

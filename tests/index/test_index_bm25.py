@@ -270,7 +270,7 @@ def _oom_docs() -> tuple[BM25Index, list[list[str]], list[int]]:
 
 
 def test_out_of_memory_halves_the_question_block(monkeypatch, caplog):
-    """Issue 14.2: BM25 died on OOM. A block of questions that does not fit is halved until it does
+    """BM25 used to die on OOM. A block of questions that does not fit is halved until it does
     (provoked: any block of more than 5 questions raises torch.OutOfMemoryError); same bits as one block."""
     index, queries, qmems = _oom_docs()
     whole = index.search(queries, qmems, k=7)
@@ -562,7 +562,7 @@ def test_reference_state_round_trip_keeps_term_ids(tmp_path):
     assert (reopened.k1, reopened.b) == (1.5, 0.75)
 
 
-# ---------------------------------------------------------------- compact storage (#14)
+# ---------------------------------------------------------------- compact storage
 def test_add_texts_equals_add_of_tokenized_texts_and_compact_columns(locomo_path):
     """The store's call (add_texts: tokenised text by text) builds the same state as add(tokenize_many)."""
     episodes, _ = locomo_memories(locomo_path, limit=2)
@@ -642,7 +642,7 @@ def test_a_layout_brought_up_to_date_equals_one_laid_out_afresh(monkeypatch, sli
 
 
 def test_a_format_1_state_still_loads():
-    """Snapshots written before #14 hold one token string per term ("terms"): they load, same results."""
+    """Snapshots written before the compact storage hold one token string per term ("terms"): they load, same results."""
     rng = random.Random(6)
     words = [f"t{i}" for i in range(25)]
     docs = [[rng.choice(words) for _ in range(rng.randint(1, 8))] for _ in range(80)]

@@ -197,7 +197,7 @@ def test_placement_is_logged_and_a_required_gpu_is_an_error(caplog: pytest.LogCa
         DenseIndex(dim=4, device="cuda")
 
 
-# ---------------------------------------------------------------- batched product vs FAISS (issue #14)
+# ---------------------------------------------------------------- batched product vs FAISS
 def _oracle_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     """The batched path's scores: float64 inner products of the float32 values, rounded once."""
     return (vectors.astype(np.float64) @ query.astype(np.float64)).astype(np.float32)
@@ -272,7 +272,7 @@ def test_batched_blocks_split_by_size_and_queries_give_the_same_bits(monkeypatch
 
 
 def test_batched_equals_faiss_rankings_on_real_embeddings(locomo2_summary_store) -> None:
-    """The pre-#14 path (a FAISS call per memory) and the batched product rank the same rows on two
+    """The older path (a FAISS call per memory) and the batched product rank the same rows on two
     LoCoMo conversations (MiniLM vectors, the evaluated questions), with 5 % of the turns deleted;
     their scores differ at most in float32's last bits."""
     benchmark, store = locomo2_summary_store

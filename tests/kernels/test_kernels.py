@@ -90,7 +90,7 @@ def test_segment_topk_reference_by_hand():
     assert cols.tolist() == [[1, 0]] and vals.tolist() == [[5.0, 2.0]]
 
 
-# ---------------------------------------------------------------- issue 13.4: exact, order-independent sums
+# ---------------------------------------------------------------- exact, order-independent sums
 def _wide_corpus(seed: int) -> tuple[BM25Index, list[list[str]]]:
     """Frequent and rare terms (weights over several magnitudes) and long queries: float32 sums here
     depend on their order in many last bits."""
@@ -158,7 +158,7 @@ def test_a_query_beyond_the_exact_sum_bound_is_refused(monkeypatch):
         index.search([["a"], ["a", "b", "a", "b", "a"]], [0, 0], k=1)
 
 
-# ---------------------------------------------------------------- issue 13.3: launch on the tensors' device
+# ---------------------------------------------------------------- launch on the tensors' device
 def test_device_guard_makes_the_tensors_gpu_current():
     guard = device_guard(torch.device("cuda", 1))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1  # entering it needs a GPU, building it does not
@@ -215,7 +215,7 @@ def test_every_launch_runs_under_its_tensors_device(module, monkeypatch):
 
 
 def test_segment_topk_routes_k_above_64_to_the_torch_reference(monkeypatch):
-    """Issue 19: the Triton path never compiles K_PAD > 64 (K_PAD 512 took 7 minutes to compile for
+    """The Triton path never compiles K_PAD > 64 (K_PAD 512 took 7 minutes to compile for
     sm_90a); k > TRITON_MAX_K gives the reference's result without a launch, k = 64 launches K_PAD 64."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kernels = _RecordingKernels()
@@ -306,7 +306,7 @@ def test_retrieve_batch_with_triton_kernels_equals_torch():
 
 @pytest.mark.slow
 def test_memfit_retrieve_honours_the_kernels_switch():
-    """Issue 16's acceptance, on 12 questions: `memfit retrieve ... retrieve.kernels=triton` under
+    """The Triton kernels' acceptance, on 12 questions: `memfit retrieve ... retrieve.kernels=triton` under
     TRITON_INTERPRET=1 writes the same packs.jsonl rows as retrieve.kernels=torch (real encoder)."""
     result = _interpreter("cli")["cli"]
     assert result["ok"], result["detail"]
@@ -329,7 +329,7 @@ def test_kernel_backend_of_a_view_follows_its_bm25_index(monkeypatch):
         kernel_backend(SimpleNamespace(ep_bm25=ReferenceBM25()), "triton")
 
 
-# ---------------------------------------------------------------- issue 13.7: the Triton floor (>= 3.0)
+# ---------------------------------------------------------------- the Triton floor (>= 3.0)
 def test_kernels_compile_on_old_triton_by_construction():
     """Triton < 3.4 resolves names from the kernel function's module globals and reads tl.constexpr only
     from a real annotation: every @triton.jit function is defined at module level, in a module without

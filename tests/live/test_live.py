@@ -1,4 +1,4 @@
-"""memfit_gpu.Memory (issue 22), in process: the README example as written, batch writes (one log append,
+"""memfit_gpu.Memory, in process: the README example as written, batch writes (one log append,
 one encoder pass), duplicates and conflicts, bad input, deletion and compaction, every live method of the
 seam, consolidation off the query path, and many threads at once.
 

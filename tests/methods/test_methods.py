@@ -1,4 +1,4 @@
-"""Issue 15's methods, piece by piece: plain's switches, naive RAG's chunking, full context's truncation
+"""The baseline methods, piece by piece: plain's switches, naive RAG's chunking, full context's truncation
 record, LightMem-SLM's routing, top-K budget, consolidation trigger, graph typing and user isolation, the
 ledger's phases and the efficiency table. End-to-end runs are in tests/methods/test_methods_runs.py (slow).
 

@@ -1,4 +1,4 @@
-"""Issue 24, the parts that need no run: the Table 3 metrics on hand cases, the noise recipe, growth points,
+"""The LightMem-SLM evaluation, the parts that need no run: the Table 3 metrics on hand cases, the noise recipe, growth points,
 seeds (aggregate --by, compare --seeds) on hand-made run directories, LoCoMo category 5 selection, configs.
 
 Every expected value is worked out by hand in the comments (and, for ROUGE and METEOR, also equals what

@@ -1,4 +1,4 @@
-"""Issue 15's acceptance, on real data with the packaged models: every method through `memfit run`.
+"""The methods' acceptance, on real data with the packaged models: every method through `memfit run`.
 
 `memfit run --config configs/demo.yaml method=M data.limit_questions=3 data.path=F` (F: LoCoMo conv-26 cut
 to its first three sessions, 58 real turns, with its first three questions, whose evidence lies there; MiniLM

@@ -247,7 +247,7 @@ def _paid(ledger: Ledger) -> tuple[int, int, int, int]:
 
 def test_the_ledger_is_rebuilt_from_what_was_committed_whatever_stopped_the_run(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 23.1: a kill after a batch's cache commit and before ledger.json, a reader failure after some
+    """A kill after a batch's cache commit and before ledger.json, a reader failure after some
     answers, or a full disk at the ledger save lost calls the reader had made (a rerun reported them as
     cache hits). Each response's ledger entry is committed with it; `load_ledger` rebuilds from those."""
     from memfit_gpu import faults

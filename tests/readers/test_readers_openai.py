@@ -304,7 +304,7 @@ def test_a_failed_call_keeps_the_answers_that_finished(server: FaultServer, tmp_
 ])
 def test_a_reply_without_an_answer_is_retried_then_that_question_alone_fails(server: FaultServer, tmp_path: Path,
                                                                             mode: str, why: str) -> None:
-    """Issue 23.6: `content: null` became an empty answer, cached, never asked again; empty `choices` and a
+    """`content: null` used to become an empty answer, cached, never asked again; empty `choices` and a
     body that is not JSON stopped the run. Each is retried like a 5xx, then is a response without an
     answer for that request alone: never cached, counted as an error, asked again next time."""
     reader = _reader([server.url(mode)], max_retries=2)
@@ -323,7 +323,7 @@ def test_a_null_reply_once_is_retried_and_answered(server: FaultServer) -> None:
 
 
 def test_responses_are_committed_as_they_arrive(server: FaultServer, tmp_path: Path) -> None:
-    """Issue 23.1: responses that arrived while the caller was busy with an earlier batch waited, uncommitted,
+    """Responses that arrived while the caller was busy with an earlier batch waited, uncommitted,
     until it asked for the next one: a kill then lost calls the server had been paid for. They are
     committed on arrival, with their ledger entries."""
     reader = _reader([server.url("ok-arrive")], concurrency=4)

@@ -225,7 +225,7 @@ def test_a_token_limit_keeps_the_longest_prefix_that_fits() -> None:
 
 
 def test_an_answer_prompt_leaves_room_for_max_new_tokens() -> None:
-    """Issue 23.7: a prompt cut to the reader's whole context left no room for the answer. The answer's
+    """A prompt cut to the reader's whole context left no room for the answer. The answer's
     token budget is the context less reader.max_new_tokens."""
     from memfit_gpu.config import MemFitConfig, ReaderConfig
     from memfit_gpu.methods.answers import answer_token_limit

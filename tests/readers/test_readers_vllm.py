@@ -291,7 +291,7 @@ class ServerLoad:
 
 @pytest.mark.slow
 def test_a_server_holds_more_than_64_requests_of_one_run(vllm_server: str, tmp_path: Path) -> None:
-    """Issue 14.3: answers were fed 64 at a time with a barrier. Now every request is offered at once and
+    """Answers used to be fed 64 at a time with a barrier. Now every request is offered at once and
     reader.concurrency alone bounds what is in flight: the server's own gauge sees more than 64, while
     the caller still gets its flush-size batches, each committed to the cache before it is handed out."""
     cfg = ReaderConfig(backend="openai", model="smollm2", base_urls=[vllm_server], max_new_tokens=4,
@@ -316,7 +316,7 @@ def test_a_server_holds_more_than_64_requests_of_one_run(vllm_server: str, tmp_p
 @pytest.mark.slow
 def test_the_judge_works_while_answers_are_still_coming(vllm_server: str, tmp_path: Path, shared_data: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 14.3: the judge ran after each chunk while the reader waited. With one answer in flight at a
+    """The judge used to run after each chunk while the reader waited. With one answer in flight at a
     time (reader.concurrency=1) the server can only ever hold two requests if a judge call overlaps an
     answer; the run's results are those of a judged run (one verdict per answered question)."""
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))

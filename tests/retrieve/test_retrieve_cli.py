@@ -50,7 +50,7 @@ def test_retrieve_writes_packs_and_diagnostics(tmp_path, locomo_path, capsys) ->
     assert first["evidence"] == ["D1:3"] and first["ranked"][0]["turn_id"] == "D1:3"
     assert "yesterday (7 May 2023)" in first["excerpts"]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["reranker"] == "none"
-    # what made the packs (issue 20): retrieval alone, no reader, judge or prompts
+    # what made the packs (provenance): retrieval alone, no reader, judge or prompts
     record = json.loads((out / "provenance.json").read_text())
     assert record["command"] == "memfit retrieve" and set(record["models"]) == {"encoder"}
     assert record["judge"] == {"enabled": False} and record["prompts"] == {}
@@ -68,7 +68,7 @@ def test_retrieve_without_cross_encoder_weights_fails_clearly(tmp_path, locomo_p
     assert not (tmp_path / "r").exists()
 
 
-# ---------------------------------------------------------------- issue 11: edited copies of conv-26
+# ---------------------------------------------------------------- edited copies of conv-26
 
 
 def _edited_conv26(tmp_path: Path, locomo_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:

@@ -144,7 +144,7 @@ def test_batched_equals_reference_on_the_reference_bm25_backend(setup) -> None:
 
 
 def test_stage_clocks_wait_for_the_index_device(setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 13.7: every stage clock of the batched path is read after the BM25 index's device has
+    """Every stage clock of the batched path is read after the BM25 index's device has
     finished its queued work (on a GPU an unsynchronised clock billed BM25 to `fuse`); the keys
     written are exactly the StageKey names `memfit profile` reads."""
     store, questions, embed = setup

@@ -57,7 +57,7 @@ OVERRIDES = [
 # Points that are not durable writes of their own: timings.json is rewritten after every stage (what it
 # holds is excluded from the comparison), store.encode only counts the texts the store encodes.
 NOT_BOUNDARIES = {"timings", "store.encode"}
-# The durable writes issue 11 lists; the reference run must cross each of them.
+# The run's durable writes; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
             "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
 # Second crossings of a durable write whose killed state a kept scenario reaches the same way, left out of
@@ -253,7 +253,7 @@ def test_a_resumed_ledger_does_not_count_a_re_served_answer_again():
 @pytest.mark.slow
 def test_kill_between_a_prediction_flush_and_the_ledger_save_resumes(tmp_path: Path, small_locomo: Path,
                                                                      shared_data: Path):
-    """Issue 11.1: killed right after the first flush of predictions, the rerun used to fail forever with
+    """Killed right after the first flush of predictions, the rerun used to fail forever with
     `LedgerCheckError: 2 questions without an answer call` (a traceback, exit code 1)."""
     out = tmp_path / "run"
     killed = memfit_run(out, small_locomo, shared_data, "summary.enabled=false", MEMFIT_FAULT="predictions:1")
@@ -301,7 +301,7 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
     names = {p.split(":")[0] for p in points}
     assert REQUIRED <= names, f"the reference run crossed no {sorted(REQUIRED - names)}"
     assert Counter(p.split(":")[0] for p in points)["predictions"] == 2
-    # provenance.json is written before the first LLM call is accounted (issue 20)
+    # provenance.json is written before the first LLM call is accounted
     assert points.index("provenance:1") < min(points.index("summaries.ledger:1"), points.index("answer.ledger:1"))
     # A torn chunk: killed after the second ledger save, the file got the chunk's first row and half its
     # second (as a kill inside the write leaves it). The rerun cuts the half row and re-serves it.
@@ -403,7 +403,7 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
 def test_a_full_disk_is_one_line_and_the_rerun_resumes_to_the_reference(reference: Path, prepared: Path,
                                                                         tmp_path: Path, small_locomo: Path,
                                                                         shared_data: Path):
-    """Issue 23.1/23.7: a full disk at the ledger save gave three chained ENOSPC tracebacks naming no file,
+    """A full disk at the ledger save used to give three chained ENOSPC tracebacks naming no file,
     and lost the calls made since the last save. At the ledger report and at a response-cache commit,
     the run stops with one line naming the file (exit code 2); the same command then finishes as the
     reference did, its ledger counting every call once."""
@@ -494,7 +494,7 @@ def by_question(run_dir: Path) -> dict[str, dict[str, Any]]:
 def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
         counting_server: CountingServer, server_reference: Path, tmp_path: Path, small_locomo: Path,
         shared_data: Path) -> None:
-    """Issue 23.1: killed after a response was committed but before ledger.json reported it, a rerun
+    """Killed after a response was committed but before ledger.json reported it, a rerun
     reported 3 calls / 3 cached where 6 were paid. Each kill here, then the rerun, leaves a ledger whose
     calls and tokens are those the server delivered to both processes, and the reference's results."""
     trace = [name for name, _ in parse_trace(server_reference.parent / "reference.trace")]
@@ -544,7 +544,7 @@ def test_kills_against_a_server_leave_a_ledger_of_exactly_what_it_was_paid(
 def test_a_question_the_server_does_not_answer_fails_alone_and_is_asked_again(
         counting_server: CountingServer, server_reference: Path, tmp_path: Path, small_locomo: Path,
         shared_data: Path) -> None:
-    """Issue 23.6: `message.content: null` became an empty, cached answer (a table of zeros, exit 0). Now
+    """`message.content: null` used to become an empty, cached answer (a table of zeros, exit 0). Now
     that question alone fails after the transport's retries: the run answers the others, exits 1 with
     the count, caches nothing for it, and the rerun asks only that question again."""
     question = json.loads(small_locomo.read_text())[0]["qa"][2]["question"]

@@ -1,4 +1,4 @@
-"""`memfit judge-audit` (issue 20) with scripted judges (tests/support/audit_judges.py): no model is loaded.
+"""`memfit judge-audit` with scripted judges (tests/support/audit_judges.py): no model is loaded.
 
 The run directories here are finished runs as `memfit run` leaves them for the audit (config.yaml,
 predictions.jsonl with scores, DONE), over real LoCoMo questions (conv-26's first three sessions): half the

@@ -81,7 +81,7 @@ def _sha256sum(path: Path) -> str:
 
 @pytest.mark.slow
 def test_a_run_records_what_made_its_numbers(smoke_run: Path, shared_data: Path, minilm_path: Path):
-    """provenance.json (issue 20): code, packages, devices, data file, models, categories, judge, prompts."""
+    """provenance.json: code, packages, devices, data file, models, categories, judge, prompts."""
     record = json.loads((smoke_run / "provenance.json").read_text())
     data_file = shared_data / "locomo" / "locomo10.json"
     assert record["data"]["files"] == {"locomo10.json": {"path": str(data_file.resolve()),
@@ -252,7 +252,7 @@ def _finished_dir(out: Path) -> Path:
 
 
 def test_finished_run_with_another_configuration_is_refused(tmp_path: Path):
-    """Issue 11.6: a finished directory rerun with another configuration printed the old results (rc 0)."""
+    """A finished directory rerun with another configuration used to print the old results (rc 0)."""
     out = _finished_dir(tmp_path / "done")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(RunError, match=r"different configuration \(retrieve\.alpha\)"):
@@ -277,7 +277,7 @@ def test_finished_run_with_another_configuration_exits_2_in_one_line(tmp_path: P
 @pytest.mark.slow
 def test_copy_of_a_finished_run_rerun_with_another_alpha_is_refused(smoke_run: Path, tmp_path: Path,
                                                                     shared_data: Path):
-    """Issue 11.6 as reported: `cp -r base d; memfit run --config smoke --out d retrieve.alpha=0.1`."""
+    """As reported: `cp -r base d; memfit run --config smoke --out d retrieve.alpha=0.1`."""
     import shutil
 
     copy = tmp_path / "d"
@@ -294,7 +294,7 @@ def test_copy_of_a_finished_run_rerun_with_another_alpha_is_refused(smoke_run: P
 
 
 def test_second_run_on_a_directory_in_use_exits_2_naming_the_holder(tmp_path: Path):
-    """Issue 11.4: two runs on one directory duplicated every prediction; the second now stops at once."""
+    """Two runs on one directory used to duplicate every prediction; the second now stops at once."""
     out = tmp_path / "busy"
     out.mkdir()
     cmd = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet"]
@@ -400,7 +400,7 @@ def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Pa
     assert _calls_made(out) == calls == judge["calls"] + 2
     assert (again["judge"]["calls"], again["answer"]["calls"]) == (judge["calls"], 2)
     assert [r["judge"] for r in read_jsonl(out / "predictions.jsonl")] == [r["judge"] for r in rows]
-    # the judge audit of this run, with its own SmolLM2 judge (issue 20): one row per category, counts that
+    # the judge audit of this run, with its own SmolLM2 judge: one row per category, counts that
     # add up to the questions audited, the run's own verdicts served from its cache
     assert main(["judge-audit", "--quiet", str(out)]) == 0
     report = json.loads((out / "judge_audit.json").read_text())

@@ -1,4 +1,4 @@
-"""provenance.py's record logic (issue 20) on records of this machine: resume check, drift lines, hashes.
+"""provenance.py's record logic on records of this machine: resume check, drift lines, hashes.
 
 The records are `inputs.collect`'s for the smoke configuration over a copy of a small real LoCoMo file (a
 retrieval-only record: the encoder's real packaged weights are hashed, no reader is loaded); the runs that

@@ -129,7 +129,7 @@ def test_offline_run_records_config_timings_metrics_table_and_artifact(tmp_path:
     assert run.config["pack"]["k"] == 7
     assert run.config["tracking"]["wandb"]["group"] == "smoke-sweep"
     assert run.config["retrieve"]["scan_top_k"] == 60
-    # provenance.json's record beside it (issue 20)
+    # provenance.json's record beside it
     assert run.config["provenance"]["data"]["files"]["locomo10.json"]["sha256"] == "79fa87e9"
     # timings and metrics in the summary and in history
     assert run.summary["timings/build"] == 1.5 and run.summary["timings/retrieve"] == 0.25

@@ -1,4 +1,4 @@
-"""`memfit serve` (issue 22) as a real uvicorn process on 127.0.0.1 (tests/support/live_server.py).
+"""`memfit serve` as a real uvicorn process on 127.0.0.1 (tests/support/live_server.py).
 
 One server for the tests that only read it or write their own users (keys, limits, isolation, batching,
 metrics, answers, deletion); one more, killed with SIGKILL under 16 concurrent writers, restarted, compared

@@ -167,7 +167,7 @@ def _store_state(run: Path, bi_encoder) -> dict:
 
 def test_compact_killed_at_each_step_then_rerun_gives_the_undisturbed_store(run_dir: Path, bi_encoder, tmp_path: Path,
                                                                            capsys, monkeypatch):
-    """Issue 23.4: killed between the swap's two renames a compaction left no store/ folder, and `memfit
+    """Killed between the swap's two renames a compaction used to leave no store/ folder, and `memfit
     store compact` / `memfit store delete` answered "no store there". Killed (SIGKILL) at each step of
     the compaction, the store commands finish or undo it, and a rerun gives the undisturbed result.
 

@@ -1,4 +1,4 @@
-"""The bounded write path (#14): a store written in many small chunks is the same store as one written in
+"""The bounded write path: a store written in many small chunks is the same store as one written in
 one batch: the same log bytes, BM25 state (term ids included), vectors, columns, rankings and packs,
 through deletions, snapshots and reopening; and the dense read path's batched product ranks as FAISS did."""
 

@@ -1,4 +1,4 @@
-"""Scripted judges for the judge audit's tests (issue 20), added with one module and two registry calls.
+"""Scripted judges for the judge audit's tests, added with one module and two registry calls.
 
 `audit_accept_all` replies CORRECT to every request; `audit_exact_gold` replies CORRECT only when the answer
 under judgement is the gold answer exactly as written (read from the paper judge's prompt lines). They check

@@ -1,4 +1,4 @@
-"""A fork server for the tests' `python -m memfit_gpu.cli ...` processes (issue 25: the suite's time).
+"""A fork server for the tests' `python -m memfit_gpu.cli ...` processes (the suite's time).
 
 Most of what a `memfit run` process costs the test suite on a 2-core machine is the interpreter importing
 torch, transformers, FAISS and the package (~6 s of CPU each, and the suite starts ~200 such processes);

@@ -4,7 +4,7 @@ pytest process cannot switch it on for itself). Not collected by pytest (no test
 
     TRITON_INTERPRET=1 python tests/support/kernel_cases.py [case ...]   -> one JSON line: {case: {"ok", "checked", "detail"}}
 
-Random ragged batches with the edge cases named by issue 16: empty memories, one-episode memories,
+Random ragged batches with the edge cases the kernels must handle: empty memories, one-episode memories,
 questions with no known term, all-tied scores, k larger than the candidates. "ok" means bit-identical
 results; "checked" counts what was compared, so a case that compared nothing cannot pass.
 

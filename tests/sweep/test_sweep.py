@@ -163,7 +163,7 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
     assert to_markdown(columns, rows) == expected_md
     assert to_csv(columns, rows).splitlines()[1] == "k=5,5,done,paper,0.25,0.125,0.5,0.75,4"
 
-    # the CLI prints the same table and writes both files; below it, what it could not compare (issue 20)
+    # the CLI prints the same table and writes both files; below it, what it could not compare (provenance)
     assert memfit_main(["aggregate", str(sweep_dir)]) == 0
     note = ("\nnote: no provenance.json in k=5, k=10 (made before memfit recorded provenance): provenance not "
             "compared\n")
@@ -439,7 +439,7 @@ def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
 @pytest.mark.slow
 def test_a_killed_local_sweep_takes_its_points_with_it_and_the_next_start_corrects_the_record(
         tmp_path: Path, shared_data: Path) -> None:
-    """Issue 23.7: a SIGKILLed local sweep left its point's `memfit run` running unsupervised (ppid 1) and
+    """A SIGKILLed local sweep used to leave its point's `memfit run` running unsupervised (ppid 1) and
     sweep.json saying RUNNING. The child dies with the driver; the next start records it as stopped.
     (The points' command stands in for `memfit run`: it sleeps on its first start, finishes on the next.)"""
     import os

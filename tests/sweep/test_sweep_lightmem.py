@@ -1,4 +1,4 @@
-"""Issue 24's acceptance on one small real sweep (`memfit sweep --launcher local`, configs/demo.yaml with the
+"""The LightMem-SLM evaluation's acceptance on one small real sweep (`memfit sweep --launcher local`, configs/demo.yaml with the
 packaged MiniLM and SmolLM2-135M), shared by every test here: LoCoMo conv-26 cut to its first three sessions
 (58 turns, one MTM window each, one LTM batch) with three real questions whose evidence lies there: multi-hop,
 temporal and adversarial (category 5 scored); the Table 3 metrics on; answers sampled at 0.7 (the SLMs stay
