@@ -163,22 +163,26 @@ class Reader:
         entries = [self.ledger.entry(requests[i].role, requests[i].key, response, self.backend.name,
                                      0.0 if response.cached else share, owner=requests[i].owner)
                    for i, response in sorted(handed, key=lambda item: item[0])]
+        self._commit_entries(self.backend.name, entries, [(key, requests[i].role, r) for key, i, r in made],
+                             [requests[i].owner for _, i, _ in made])
+        return now
+
+    def _commit_entries(self, backend: str, entries: list[dict[str, Any]],
+                        responses: Sequence[tuple[str, str, Response]] = (),
+                        owners: Sequence[str | None] | None = None) -> None:
+        """The one commit: `responses` (cache key, role, response) and the ledger `entries` that account for
+        them into cache.sqlite in one transaction (kill point reader.commit), then the entries applied to the
+        ledger in memory."""
         if self.cache is not None:
-            self.cache.commit(self.backend.name, [(key, requests[i].role, r) for key, i, r in made], entries,
-                              owners=[requests[i].owner for _, i, _ in made])
+            self.cache.commit(backend, responses, entries, owners=owners)
             faults.point("reader.commit")
         self.ledger.apply(entries)
-        return now
 
     def record_call(self, role: str, key: str, response: Response, backend: str, owner: str | None = None) -> None:
         """Account a call this reader's backend did not make (the run's encoder serving a peer system's
         embeddings, methods/peers/endpoint.py): its ledger entry is committed to the cache like a generated
         response's, so a resumed run's ledger has it, then applied."""
-        entries = [self.ledger.entry(role, key, response, backend, owner=owner)]
-        if self.cache is not None:
-            self.cache.commit(backend, [], entries)
-            faults.point("reader.commit")
-        self.ledger.apply(entries)
+        self._commit_entries(backend, [self.ledger.entry(role, key, response, backend, owner=owner)])
 
     def close(self) -> None:
         self.backend.close()
