@@ -43,6 +43,7 @@ ROLE = "depth_answer"
 ROWS = "depths.jsonl"
 SUMMARY = "depths.json"
 
+
 def check_depths(cfg: MemFitConfig) -> None:
     """eval.pack_cutoffs needs a method whose pack is the top k of a ranking (its registry entry's `depths`)."""
     if cfg.eval.pack_cutoffs and not method_entry(cfg.method).depths:
