@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.data import write_small_locomo
-from support.report_runs import SMOKE, echo_run, memfit  # tests/ is on sys.path
+from support.env import memfit_env
+from support.report_runs import REPO, SMOKE, echo_run, memfit  # tests/ is on sys.path
 
 from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.data import load_benchmark, select_from_config
@@ -170,3 +174,33 @@ def test_a_resumed_run_serves_the_missing_depth_from_the_cache(depth_runs: tuple
     assert read_jsonl(again / "depths.jsonl") == rows
     ledger = json.loads((again / "ledger.json").read_text())
     assert (ledger["roles"][ROLE]["calls"], ledger["roles"][ROLE]["cached"]) == (6, 12)  # no call made twice
+
+
+@pytest.mark.slow
+def test_killed_at_the_depth_stages_writes_a_run_resumes_to_the_same_rows_paying_each_call_once(
+        depth_runs: tuple[Path, Path], smoke_run_dir: tuple[Path, str], tmp_path: Path, shared_data: Path) -> None:
+    """SIGKILLed at the depth stage's durable writes, one after the other in one directory: after the first depth's
+    rows (`depths:1`), then in the resumed process after the second depth's calls were paid and the ledger saved
+    but before its rows (`depths.ledger:1`), then after depths.json (`depths.json`). Each rerun is the same
+    command; the last finishes. The rows are the uninterrupted run's and every depth call is paid once."""
+    _, cut = depth_runs
+    out = tmp_path / "killed"
+    store = tmp_path / "killed-store"
+    shutil.copytree(smoke_run_dir[0] / "store", store)
+    command = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet",
+               "reader.backend=echo", f"store.path={store}", "pack.k=5", "eval.pack_cutoffs=[5,10]"]
+    for point, rows_before in (("depths:1", 7), ("depths.ledger:1", 7), ("depths.json", 14)):
+        env = memfit_env(shared_data, plugins="seam_echo_backend", MEMFIT_FAULT=point)
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
+        assert len(read_jsonl(out / "depths.jsonl")) == rows_before, point
+        assert not (out / "DONE").exists()
+    memfit(["run", "--config", str(SMOKE), "--out", str(out), "--quiet", *command[command.index("reader.backend=echo"):]],
+           shared_data)
+    assert read_jsonl(out / "depths.jsonl") == read_jsonl(cut / "depths.jsonl")
+    assert json.loads((out / "depths.json").read_text()) == json.loads((cut / "depths.json").read_text())
+    ledger, reference = (json.loads((d / "ledger.json").read_text()) for d in (out, cut))
+    # k=10's six calls paid once across four processes; k=5's six answers served from the run's own cache
+    assert ledger["roles"][ROLE]["calls"] == reference["roles"][ROLE]["calls"] == 6
+    assert ledger["roles"][ROLE]["input_tokens"] == reference["roles"][ROLE]["input_tokens"]
+    assert ledger["roles"]["answer"]["calls"] == 6
