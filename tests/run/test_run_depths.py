@@ -187,16 +187,16 @@ def test_killed_at_the_depth_stages_writes_a_run_resumes_to_the_same_rows_paying
     out = tmp_path / "killed"
     store = tmp_path / "killed-store"
     shutil.copytree(smoke_run_dir[0] / "store", store)
-    command = [sys.executable, "-m", "memfit_gpu.cli", "run", "--config", str(SMOKE), "--out", str(out), "--quiet",
-               "reader.backend=echo", f"store.path={store}", "pack.k=5", "eval.pack_cutoffs=[5,10]"]
+    args = ["run", "--config", str(SMOKE), "--out", str(out), "--quiet", "reader.backend=echo", f"store.path={store}",
+            "pack.k=5", "eval.pack_cutoffs=[5,10]"]
+    command = [sys.executable, "-m", "memfit_gpu.cli", *args]
     for point, rows_before in (("depths:1", 7), ("depths.ledger:1", 7), ("depths.json", 14)):
         env = memfit_env(shared_data, plugins="seam_echo_backend", MEMFIT_FAULT=point)
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
         assert len(read_jsonl(out / "depths.jsonl")) == rows_before, point
         assert not (out / "DONE").exists()
-    memfit(["run", "--config", str(SMOKE), "--out", str(out), "--quiet", *command[command.index("reader.backend=echo"):]],
-           shared_data)
+    memfit(args, shared_data)  # the same command, unarmed: it finishes
     assert read_jsonl(out / "depths.jsonl") == read_jsonl(cut / "depths.jsonl")
     assert json.loads((out / "depths.json").read_text()) == json.loads((cut / "depths.json").read_text())
     ledger, reference = (json.loads((d / "ledger.json").read_text()) for d in (out, cut))
