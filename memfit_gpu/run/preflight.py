@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 
 def check_can_start(inputs: RunInputs) -> RunInputs:
     """Raise (ConfigError, PromptError, a server's error) when the run cannot start here; else return the
-    inputs with its device plan. Inputs resolved with readers=False (retrieval alone) skip the reader and
-    judge checks."""
+    inputs with its device plan. Inputs resolved with readers=False (retrieval alone) skip the eval stages'
+    (growth, depths), reader and judge checks."""
     cfg = inputs.cfg
     try:
         visible_devices(cfg.index.device)
