@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -47,7 +48,31 @@ def _sample_busy_cores(path: str) -> None:
             handle.write(f"cpu\t{time.time():.2f}\t{cores * (1 - idle / total) if total else 0:.2f}\n")
 
 
+# What the suite writes at its peak: its temporary directories (under the system's temp folder, as
+# pytest-of-USER/) and the model cache `make test` makes there, 1.4 GiB together on 2026-12-06. With less
+# free, a run fails part way with hundreds of "No space left on device" errors; it is refused at the start
+# instead, in one line. MEMFIT_TEST_MIN_FREE_GIB sets the floor.
+MIN_FREE_ENV = "MEMFIT_TEST_MIN_FREE_GIB"
+MIN_FREE_GIB = 2.0
+
+
+def check_free_disk(config: pytest.Config) -> None:
+    need = float(os.environ.get(MIN_FREE_ENV, MIN_FREE_GIB))
+    places = {Path(config.option.basetemp or tempfile.gettempdir())}
+    if os.environ.get("MEMFIT_CACHE"):
+        places.add(Path(os.environ["MEMFIT_CACHE"]))
+    for place in sorted(places):
+        existing = next(p for p in (place, *place.parents) if p.exists())
+        free = shutil.disk_usage(existing).free / 2**30
+        if free < need:
+            raise pytest.UsageError(
+                f"{place}: {free:.1f} GiB free, the test suite needs {need:.1f} GiB there (its temporary files "
+                f"and model cache); free some space and rerun ({MIN_FREE_ENV} sets the floor)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        check_free_disk(config)
     # `python -m memfit_gpu.cli` children are forks of a process that imported torch & co. once
     # (tests/support/forkserver.py); MEMFIT_TEST_FORKSERVER=0 makes every one a fresh interpreter
     if forkserver.enabled():
