@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch by pip: on this kind of machine pip takes the wheel lying on disk (its config caps torch there).
 	$(PY) -m pip install -q torch==2.13.0 uv
-	# The rest by uv: the same versions as pip resolves, and `make setup` 1.5 min instead of 2 here. torch
+	# The rest by uv: the same versions as pip resolves, and `make setup` about 1 min instead of 2 here. torch
 	# 2.13.0 installed above satisfies every pin, so uv keeps it. Bytecode compiled as pip does (uv's default
 	# is not to): test processes import vLLM & co. with PYTHONDONTWRITEBYTECODE set, and a module without
 	# .pyc is compiled again at each import.
