@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # MEMFIT_TEST_TIMELINE=FILE: where the suite's time goes. Each worker appends a line per test (worker, start,
 # end, test id) and the controller a line per second with the machine's busy cores (/proc/stat), so idle
-# stretches can be matched with the tests that ran then (docs/benchmarks/history.md "Test suite").
+# stretches can be matched with the tests that ran then (docs/benchmarks/history.md "Test suite"); at the end
+# each worker a line per environment its `memfit` processes ran in (tests/support/forkserver.py: processes,
+# whether it got zygotes, the import-time variables it differs in).
 TIMELINE_ENV = "MEMFIT_TEST_TIMELINE"
 _timeline_stop = threading.Event()
 
@@ -84,6 +86,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _timeline_stop.set()
+    timeline = os.environ.get(TIMELINE_ENV)
+    if timeline:  # which environments needed zygotes of their own (each pair costs ~13 s of CPU)
+        with open(timeline, "a") as handle:
+            for entry in forkserver.usage():
+                handle.write(f"zygotes\t{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{entry['processes']}"
+                             f"\t{int(entry['zygotes'])}\t{','.join(entry['differs_in'])}\n")
     forkserver.uninstall()
 
 

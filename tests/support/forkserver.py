@@ -16,14 +16,18 @@ What differs from a fresh interpreter, and why it is safe here:
   a probe child checks before the zygote takes any request (else every process is a fresh interpreter).
 - Libraries read some environment variables when imported (HF_*, OMP_*, CUDA_*, PYTHON*, ...): a zygote
   serves only requests whose values of those variables equal its own (`import_time_env`); a request with
-  other values starts zygotes of its own on its second use and runs as a fresh interpreter until then.
+  other values runs as a fresh interpreter, and the second of them starts zygotes of its own (which the
+  ones after it use): a test's one odd process does not pay for two zygotes it never uses.
   Two are not import-time here and are served by the zygote of the other values: MEMFIT_PLUGINS (read by
   the command itself, `memfit_gpu.cli.main`), and PYTHONPATH folders that only add modules (the tests'
   plugins in tests/: no name in them is one the interpreter finds elsewhere), which the child puts on
   sys.path where a fresh interpreter would (`_extra_path`, `_become`). A folder that shadows a module
   (a site with an installed memfit_gpu) still gets zygotes of its own. Nor are the values preloaded
   libraries set themselves (sklearn's KMP_*, torch's default TORCHINDUCTOR_CACHE_DIR), which the test
-  process passes on once it has imported or used them (`zygote_env`).
+  process passes on once it has imported or used them (`zygote_env`). OpenCV, which vLLM imports, appends
+  its lib64 to LD_LIBRARY_PATH when imported: the test process imports it before the first zygote starts
+  (`install`), so the zygotes start with the value every later child inherits, as a fresh interpreter does.
+  Nor are W&B's WANDB_* (the zygote has not imported wandb: the child reads them when it does).
 - Forked children share the zygote's string hash seed, so an order that depends on it would repeat
   across runs where fresh interpreters would vary it. Each environment gets two zygotes (two seeds) that
   take requests in turn, so a test's reference run and its rerun hash differently, as they would for a
@@ -74,7 +78,7 @@ PRELOAD = (
 # its own values of these.
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "OMP_", "MKL_", "KMP_", "OPENBLAS",
                         "GOTO", "NUMEXPR", "TORCH", "CUDA", "NVIDIA", "TRITON", "VLLM", "PYTHON", "LD_", "MEMFIT_PLUGINS",
-                        "SAFETENSORS", "FAISS", "TQDM", "WANDB_", "NO_", "XDG_", "HOME", "PATH", "TMPDIR")
+                        "SAFETENSORS", "FAISS", "TQDM", "NO_", "XDG_", "HOME", "PATH", "TMPDIR")
 READY_TIMEOUT_S = 300.0
 
 
@@ -361,18 +365,27 @@ class _Pool:
         key = import_time_env(env)
         with self.lock:
             self.seen[key] = self.seen.get(key, 0) + 1
+            # another environment's first process runs as a fresh interpreter; its second starts the zygotes
+            if key != self.default_key and self.seen[key] == 1:
+                return None
             pair = self.zygotes.get(key)
             if pair is None:
                 pair = self.zygotes[key] = [_Zygote(env, self.workdir), _Zygote(env, self.workdir)]
-                # another environment's first process runs as a fresh interpreter while its zygotes start
-                if key != self.default_key:
-                    return None
             self.turn += 1
             zygote = pair[self.turn % 2]
         if zygote.ready():
             return zygote
         other = pair[(self.turn + 1) % 2]
         return other if other.ready() else None
+
+    def usage(self) -> list[dict[str, Any]]:
+        """Per environment: the processes asked for, whether its zygotes started, and the import-time
+        variables in which it differs from the test process's own environment (names only)."""
+        default = dict(self.default_key)
+        with self.lock:
+            return [{"processes": n, "zygotes": key in self.zygotes,
+                     "differs_in": sorted({k for k, v in key if default.get(k) != v} | (set(default) - dict(key).keys()))}
+                    for key, n in self.seen.items()]
 
     def stop(self) -> None:
         with self.lock:
@@ -501,8 +514,17 @@ def install() -> None:
     """Route this process's `python -m memfit_gpu.cli` children through zygotes (idempotent)."""
     global _pool
     if _pool is None:
+        try:  # OpenCV's import appends its lib64 to LD_LIBRARY_PATH: before the zygotes take os.environ
+            import cv2  # noqa: F401
+        except ImportError:
+            pass
         _pool = _Pool()
         subprocess.Popen = ForkServerPopen  # type: ignore[misc]
+
+
+def usage() -> list[dict[str, Any]]:
+    """What the zygotes served in this process so far (`_Pool.usage`); [] when not installed."""
+    return _pool.usage() if _pool is not None else []
 
 
 def uninstall() -> None:
