@@ -16,8 +16,9 @@ What differs from a fresh interpreter, and why it is safe here:
   a probe child checks before the zygote takes any request (else every process is a fresh interpreter).
 - Libraries read some environment variables when imported (HF_*, OMP_*, CUDA_*, PYTHON*, ...): a zygote
   serves only requests whose values of those variables equal its own (`import_time_env`); a request with
-  other values runs as a fresh interpreter, and the second of them starts zygotes of its own (which the
-  ones after it use): a test's one odd process does not pay for two zygotes it never uses.
+  other values runs as a fresh interpreter, and the second of them starts zygotes of its own and waits to be
+  forked by one, as the ones after it are: a test's one odd process does not pay for two zygotes it never
+  uses.
   Two are not import-time here and are served by the zygote of the other values: MEMFIT_PLUGINS (read by
   the command itself, `memfit_gpu.cli.main`), and PYTHONPATH folders that only add modules (the tests'
   plugins in tests/: no name in them is one the interpreter finds elsewhere), which the child puts on
