@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.data import write_small_locomo
 from support.env import memfit_env
 
 from memfit_gpu.cli import main
@@ -407,11 +408,13 @@ def _pct(value: float) -> str:
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     """Two real runs of configs/smoke.yaml through `memfit sweep`: pack.k 5 and 10 (the override), 3 questions,
-    one store shared by both (the same store, as the paper's comparisons), SmolLM2 reader, no judge."""
+    one store shared by both (the same store, as the paper's comparisons), SmolLM2 reader, no judge; on conv-26's
+    first three sessions (58 turns, not 419: the tables read the runs' files, whatever the store's size)."""
     root = tmp_path_factory.mktemp("paper-tables")
+    data = write_small_locomo(shared_data, root, questions=3)
     sweep_file = root / "smoke_pair.yaml"
     sweep_file.write_text(f"name: smoke_pair\nconfig: {REPO / 'configs' / 'smoke.yaml'}\n"
-                          f"fixed: {{data.limit_questions: 3, store.path: {root / 'store'}}}\n"
+                          f"fixed: {{data.limit_questions: 3, data.path: {data}, store.path: {root / 'store'}}}\n"
                           "grid: {pack.k: [5, 10]}\n")
     out = root / "smoke"
     env = memfit_env(shared_data)

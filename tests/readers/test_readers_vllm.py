@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.data import write_small_locomo
 
 from memfit_gpu.config import ReaderConfig, load_config
 from memfit_gpu.devices import visible_gpu_ids
@@ -318,9 +319,11 @@ def test_the_judge_works_while_answers_are_still_coming(vllm_server: str, tmp_pa
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The judge used to run after each chunk while the reader waited. With one answer in flight at a
     time (reader.concurrency=1) the server can only ever hold two requests if a judge call overlaps an
-    answer; the run's results are those of a judged run (one verdict per answered question)."""
+    answer; the run's results are those of a judged run (one verdict per answered question). conv-26's first
+    three sessions (58 turns, not 419): the overlap does not depend on the store's size."""
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
-    cfg = load_config(REPO / "configs" / "smoke.yaml", [
+    data = write_small_locomo(shared_data, tmp_path, questions=6)
+    cfg = load_config(REPO / "configs" / "smoke.yaml", [f"data.path={data}",
         "reader.backend=openai", "reader.model=smollm2", f"reader.base_urls=[{vllm_server}]", "reader.concurrency=1",
         "reader.flush_every=1", "reader.max_new_tokens=24", "reader.timeout_s=600",
         "eval.judge.enabled=true", "eval.judge.backend=openai", "eval.judge.model=smollm2",

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.data import write_small_locomo
 
 from memfit_gpu.sweep.slurm import check_slurm_gpus, sbatch_args
 from memfit_gpu.sweep.spec import SweepError, load_sweep
@@ -85,7 +86,9 @@ def test_node_script_serves_a_judge_beside_the_reader(tmp_path: Path, shared_dat
            "JUDGE_MAX_MODEL_LEN": "2048", "BASE_PORT": str(_free_port()), "JUDGE_PORT": str(_free_port()),
            "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "MEMFIT_DATA_DIR": str(shared_data),
            "JUDGE_CPUS": "0", "READER_CPUS": "1", "SERVER_ARGS": "--enforce-eager"}
-    done = subprocess.run(["bash", str(REPO / "slurm" / "vllm-servers.sbatch"), "data.limit_questions=2"], env=env,
+    data = write_small_locomo(shared_data, tmp_path, questions=2)  # conv-26's first three sessions: 58 turns, not 419
+    done = subprocess.run(["bash", str(REPO / "slurm" / "vllm-servers.sbatch"), f"data.path={data}",
+                           "data.limit_questions=2"], env=env,
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "vLLM server judge healthy" in done.stdout and "vLLM server 0 healthy" in done.stdout
