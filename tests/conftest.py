@@ -109,9 +109,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 # `make test` runs the suite on two pytest-xdist workers (--dist loadfile): each test file runs on one
 # worker, so a module's fixtures (a real run, a server) are set up once. Files are handed out in this
 # order, the longest first, so that the two workers end together (measured: docs/benchmarks/history.md "Test
-# suite"); the rest follow in their collection order.
+# suite"); the rest follow in their collection order. test_serve_hostile.py waits on its server most of its
+# minute (a core idle): handed out third, it runs while the other worker's LightMem sweep runs two points at
+# once, which take up that core, instead of last, beside nothing.
 LONGEST_FIRST = (
-    "test_methods_runs.py", "test_run_crash_consistency.py", "test_readers_vllm.py", "test_sweep_lightmem.py",
+    "test_methods_runs.py", "test_run_crash_consistency.py", "test_serve_hostile.py", "test_readers_vllm.py",
+    "test_sweep_lightmem.py",
     "test_experiments_gpu_check.py", "test_sweep_slurm.py", "test_run_pipeline.py", "test_run_beam.py", "test_methods_peers.py", "test_sweep_slurm_scripts.py",
     "test_store_locomo.py",
     "test_evaluate_paper_tables.py", "test_run_depths.py", "test_report_browser.py", "test_report.py", "test_index_encoder_workers.py", "test_kernels.py", "test_seams.py", "test_live.py",
