@@ -1,4 +1,4 @@
-"""fp32 linear layers on this CPU: oneDNN with prepacked weights (memfit_gpu.index.encoders.onednn, what the
+"""fp32 linear layers on this CPU: oneDNN with prepacked weights (memfit_gpu.onednn, what the
 encoders run) against torch's own `F.linear` (MKL), at MiniLM's layer shapes.
 
 Why it exists: the encoders route their linear layers through oneDNN because on the AMD EPYC host of

@@ -8,9 +8,13 @@ each side, as `pack.context_window=1` gives), in the paper's answer prompt. Both
 greedily with `--max-new-tokens` at `--batch-size` per generate call (the demo's 32 and 8); runs
 alternate (ours, reference, ...) and medians are kept. Tokens/s counts prompt and generated tokens.
 
-Last line: JSON with ours_tps, st_tps (the float32 reference), ratio (reference time / ours), the dtype and
-attention that ran, and `same_answers` (how many greedy answers are identical: bf16 and fp32 round
-differently, so some differ; both are the model's answers).
+`--reference unpacked` compares instead with the same reader (same dtype) whose linear layers run through
+torch's F.linear, i.e. memfit_gpu.onednn's packed weights undone: what packing gains, with the same answers
+(`same_answers` = all of them).
+
+Last line: JSON with ours_tps, st_tps (the reference), ratio (reference time / ours), the dtype, attention
+and linear kernel that ran on each side, and `same_answers` (how many greedy answers are identical: bf16
+and fp32 round differently, so some differ; both are the model's answers).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
+from memfit_gpu import onednn  # noqa: E402
 from memfit_gpu.config import ReaderConfig  # noqa: E402
 from memfit_gpu.data import load_benchmark  # noqa: E402
 from memfit_gpu.devices import cpu_native_bf16  # noqa: E402
@@ -71,14 +76,23 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the tests' setting: 1)")
+    parser.add_argument("--reference", choices=("float32", "unpacked"), default="float32",
+                        help="float32: the CPU reader before 2026-12-02 (fp32, SDPA); unpacked: this reader with its "
+                             "linear layers through F.linear (memfit_gpu.onednn's packed weights undone)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     requests = answer_requests(args.locomo, args.questions, args.excerpts)
+    reference_dtype = "float32" if args.reference == "float32" else "auto"
     readers = {name: TransformersBackend(ReaderConfig(backend="transformers", model=MODEL, dtype=dtype,
                                                       max_new_tokens=args.max_new_tokens,
                                                       batch_size=args.batch_size), device="cpu")
-               for name, dtype in (("ours", "auto"), ("reference", "float32"))}
+               for name, dtype in (("ours", "auto"), ("reference", reference_dtype))}
+    if args.reference == "unpacked":
+        for layer in readers["reference"].net.modules():
+            if type(layer) is onednn.PackedLinear:
+                layer.__class__ = torch.nn.Linear
+        readers["reference"].linear = "torch (packing undone)"
     for reader in readers.values():  # one warm-up call each
         reader.generate(requests[:1])
     ours, reference, seconds = alternate(args.repeats, lambda: readers["ours"].generate(requests),
@@ -89,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "new_tokens_ours": sum(r.output_tokens for r in ours), "new_tokens_reference": sum(r.output_tokens for r in reference),
         **rate_fields(tokens, seconds, "tps"),
         "dtype": str(readers["ours"].net.dtype).removeprefix("torch."), "attention": readers["ours"].attention,
-        "reference_dtype": "float32", "reference_attention": readers["reference"].attention,
+        "linear": readers["ours"].linear, "reference_dtype": str(readers["reference"].net.dtype).removeprefix("torch."),
+        "reference_attention": readers["reference"].attention, "reference_linear": readers["reference"].linear,
         "cpu_native_bf16": cpu_native_bf16(), "threads": args.threads,
         "same_answers": sum(a.text == b.text for a, b in zip(ours, reference, strict=True)),
     }

@@ -31,9 +31,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from _timing import alternate, rate_fields  # noqa: E402  (experiments/, this script's folder)
 
+from memfit_gpu import onednn  # noqa: E402
 from memfit_gpu.data import load_benchmark  # noqa: E402
 from memfit_gpu.devices import describe  # noqa: E402
-from memfit_gpu.index.encoders import CrossEncoderModule, onednn, random_cross_encoder  # noqa: E402
+from memfit_gpu.index.encoders import CrossEncoderModule, random_cross_encoder  # noqa: E402
 from memfit_gpu.store import episode_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

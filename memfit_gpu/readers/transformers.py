@@ -40,7 +40,7 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from memfit_gpu import models
+from memfit_gpu import models, onednn
 from memfit_gpu.config import ReaderConfig
 from memfit_gpu.devices import first_device, reader_dtype
 from memfit_gpu.readers import cpu_attention
@@ -152,6 +152,15 @@ class TransformersBackend(Backend):
         if not self.vision:
             cpu_attention.use_for(self.net)
         self.attention = str(self.net.config._attn_implementation)
+        # bf16 on the CPU: the linear layers through oneDNN with their weights packed once (memfit_gpu.onednn;
+        # F.linear re-lays each weight out on every call, which a decode step pays for every token)
+        self.linear, why = "torch", "not bf16 on the CPU"
+        if not self.vision and self.device == "cpu" and self.net.dtype == torch.bfloat16:
+            packed, why = onednn.pack_linears(self.net)
+            if packed:
+                self.linear = f"oneDNN, packed weights ({packed} layers)"
+            else:
+                logger.info("transformers reader: linear layers through torch's F.linear: %s", why)
         # On the CPU the prompts of a padded batch are read row by row (_prefilled_rows), where the model's
         # cache is plain per-layer keys and values (not a sliding window, say): decided once, here
         self.rows_alone = self.device == "cpu" and not self.vision and all(
@@ -162,9 +171,9 @@ class TransformersBackend(Backend):
         self.prefix_served = 0
         self.prefix_reads = 0
         self.load_s = time.perf_counter() - start
-        logger.info("transformers reader %s loaded from %s on %s in %s (attention %s) in %.1f s", cfg.model,
-                    self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
-                    str(self.net.dtype).removeprefix("torch."), self.attention, self.load_s)
+        logger.info("transformers reader %s loaded from %s on %s in %s (attention %s, linear %s) in %.1f s",
+                    cfg.model, self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
+                    str(self.net.dtype).removeprefix("torch."), self.attention, self.linear, self.load_s)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +12,7 @@ import pytest
 import torch
 from support.data import write_small_locomo
 
+from memfit_gpu import onednn
 from memfit_gpu.cli import main
 from memfit_gpu.config import ConfigError, IndexConfig, RerankConfig, load_config
 from memfit_gpu.devices import is_oom
@@ -27,7 +25,6 @@ from memfit_gpu.index.encoders import (
     ReferenceCrossEncoder,
     TextEncoder,
     load_bi_encoder,
-    onednn,
     random_cross_encoder,
 )
 from memfit_gpu.index.encoders.batching import plan_batches
@@ -219,67 +216,6 @@ def test_cross_encoder_rejects_bad_pairs(cross_encoder_dir: Path) -> None:
     assert ours.score([]).shape == (0,)
     with pytest.raises(TypeError, match=r"pairs\[1\]"):
         ours.score([("q", "p"), ("q",)])  # type: ignore[list-item]
-
-
-def test_cpu_linear_packs_once_and_follows_weight_changes() -> None:
-    import copy
-
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(16, 8)
-    x = torch.randn(5, 16)
-    with torch.inference_mode():
-        torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
-    if onednn.available():  # this torch build packs weights: the pack is cached and reused
-        first = layer.__dict__["_memfit_gemm"]["w"]
-        onednn.linear(layer, "w", x, layer.weight, layer.bias)
-        assert layer.__dict__["_memfit_gemm"]["w"] is first
-    with torch.no_grad():
-        layer.weight.mul_(2.0)  # an in-place change bumps the version: the pack is rebuilt
-    torch.testing.assert_close(onednn.linear(layer, "w", x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=0)
-    twin = copy.deepcopy(layer)  # packed tensors cannot be copied: the copy starts without them
-    assert not twin.__dict__.get("_memfit_gemm")
-    torch.testing.assert_close(onednn.linear(twin, "w", x, twin.weight, twin.bias), layer(x), atol=1e-5, rtol=0)
-
-
-SHAPES_CHILD = """
-import memfit_gpu, torch
-from memfit_gpu.index.encoders import onednn
-def rss():
-    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
-layer = torch.nn.Linear(384, 1536)
-with torch.inference_mode():
-    for rows in range(1, 401):  # a batch of another token count each time, as a served memory's batches are
-        onednn.linear(layer, "w", torch.randn(rows, 384), layer.weight, layer.bias)
-        if rows == 200:
-            half = rss()
-print(rss() - half)
-"""
-
-
-@pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN linear ops to cache")
-def test_torch_keeps_a_bounded_number_of_cpu_kernels_for_new_shapes() -> None:
-    """torch's oneDNN caches held a compiled kernel for each of up to 1,024 shapes each: a served memory grew
-    by ~1 GiB over 20,000 requests (bench_soak). Importing memfit_gpu bounds them (a value the environment
-    gives wins): over the second 200 of 400 new shapes the process grows by a fraction of what it grows
-    with the caches at torch's default."""
-    def growth(**env: str) -> float:
-        base = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-        done = subprocess.run([sys.executable, "-c", SHAPES_CHILD], env={**base, "OMP_NUM_THREADS": "1", **env},
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return float(done.stdout.strip().splitlines()[-1])
-
-    bounded = growth()
-    unbounded = growth(ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024", LRU_CACHE_CAPACITY="1024")
-    assert unbounded > 40.0, unbounded  # torch's default keeps every shape: ~0.6 MiB each
-    assert bounded < 0.25 * unbounded, (bounded, unbounded)
-
-
-def test_cpu_linear_keeps_gradients_when_they_are_wanted() -> None:
-    layer = torch.nn.Linear(4, 3)
-    x = torch.randn(2, 4, requires_grad=True)
-    onednn.linear(layer, "w", x, layer.weight, layer.bias).sum().backward()
-    assert x.grad is not None and layer.weight.grad is not None
 
 
 @pytest.mark.parametrize("message", [

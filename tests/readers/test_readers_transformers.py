@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from memfit_gpu import onednn
 from memfit_gpu.config import ConfigError, ReaderConfig, load_config
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
@@ -186,6 +187,37 @@ def test_sampled_answers_follow_reader_seed(smollm_reader: Reader) -> None:
         seeds.append([r.text for r in backend.generate(asks)])
     backend.cfg.seed = 0
     assert len({tuple(texts) for texts in [first, *seeds]}) > 1  # four seeds, one sampled text set: not sampling
+
+
+@pytest.mark.slow
+def test_a_bf16_reader_on_the_cpu_packs_its_linear_layers_once_and_answers_to_the_same_bits() -> None:
+    """reader.dtype=bf16 on the CPU: every linear layer of SmolLM2 (7 in each of its 30 blocks, and the head)
+    runs through oneDNN with its weight packed at load; the logits of a prompt and the greedy answers are
+    those of the same model through F.linear, bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    backend = make_backend(ReaderConfig(backend="transformers", dtype="bf16", batch_size=2, max_new_tokens=12))
+    try:
+        net = backend.net  # type: ignore[attr-defined]
+        layers = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+        if not onednn.available(torch.bfloat16):  # this torch build cannot pack: F.linear, and the log says why
+            assert backend.linear == "torch" and all(type(m) is torch.nn.Linear for m in layers)  # type: ignore[attr-defined]
+            return
+        assert backend.linear == "oneDNN, packed weights (211 layers)"  # type: ignore[attr-defined]
+        assert len(layers) == 211 and all(type(m) is onednn.PackedLinear for m in layers)
+        requests = _requests()
+        ids = torch.tensor([backend._prompt_ids(requests[0])])  # type: ignore[attr-defined]
+        with torch.inference_mode():
+            packed_logits = net(input_ids=ids).logits
+        packed = [(r.text, r.output_tokens) for r in backend.generate(requests)]
+        for layer in layers:
+            layer.__class__ = torch.nn.Linear
+        with torch.inference_mode():
+            assert torch.equal(net(input_ids=ids).logits, packed_logits)
+        assert [(r.text, r.output_tokens) for r in backend.generate(requests)] == packed
+    finally:
+        backend.close()
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

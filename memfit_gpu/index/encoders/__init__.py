@@ -5,8 +5,8 @@
     batching.py       the packed modules' plan: length sort, token budgets, replicas, OOM halving
     tokens.py         Tokens: tokenised inputs as one flat id array with row offsets
     workers.py        one worker process per device (index.encoder_workers=processes)
-    packed_bert.py    BERT forward without work on padding ([CLS]-only last block for the cross-encoder)
-    onednn.py         the private oneDNN ops, fenced behind a probe, with F.linear as the public fallback
+    packed_bert.py    BERT forward without work on padding ([CLS]-only last block for the cross-encoder); its
+                      linear layers through memfit_gpu.onednn (oneDNN with packed weights where it is available)
     layout.py         pooling / normalisation / activation as sentence-transformers reads a model folder
     bi_encoder.py     BiEncoder: SentenceTransformer.encode(normalize_embeddings=True), batched
     cross_encoder.py  CrossEncoderModule: CrossEncoder.predict, batched; random_cross_encoder (tests, benchmarks)

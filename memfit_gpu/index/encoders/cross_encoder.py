@@ -22,10 +22,10 @@ import torch
 from memfit_gpu.devices import resolve_dtype, visible_devices, warn_tf32
 from memfit_gpu.index.encoders.batching import BatchedEncoder
 from memfit_gpu.index.encoders.layout import activation_from_config
-from memfit_gpu.index.encoders.onednn import tensor_version
 from memfit_gpu.index.encoders.packed_bert import bert_body, bert_packed
 from memfit_gpu.index.encoders.protocols import split_pairs
 from memfit_gpu.models import ResolvedModel, resolve
+from memfit_gpu.onednn import tensor_version
 
 __all__ = ["CrossEncoderModule", "random_cross_encoder"]
 

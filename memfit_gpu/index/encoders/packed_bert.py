@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from memfit_gpu.index.encoders.onednn import linear, tensor_version
+from memfit_gpu.onednn import linear, tensor_version
 
 __all__ = ["FLAT_KEY", "bert_body", "bert_packed"]
 
