@@ -154,7 +154,7 @@ class TransformersBackend(Backend):
         self.attention = str(self.net.config._attn_implementation)
         # bf16 on the CPU: the linear layers through oneDNN with their weights packed once (memfit_gpu.onednn;
         # F.linear re-lays each weight out on every call, which a decode step pays for every token)
-        self.linear, why = "torch", "not bf16 on the CPU"
+        self.linear = "torch"
         if not self.vision and self.device == "cpu" and self.net.dtype == torch.bfloat16:
             packed, why = onednn.pack_linears(self.net)
             if packed:
