@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                                                       batch_size=args.batch_size), device="cpu")
                for name, dtype in (("ours", "auto"), ("reference", reference_dtype))}
     if args.reference == "unpacked":
-        for layer in readers["reference"].net.modules():
-            if type(layer) is onednn.PackedLinear:
-                layer.__class__ = torch.nn.Linear
+        onednn.unpack_linears(readers["reference"].net)
         readers["reference"].linear = "torch (packing undone)"
     for reader in readers.values():  # one warm-up call each
         reader.generate(requests[:1])

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PackedLinear", "available", "linear", "pack_linears", "tensor_version"]
+__all__ = ["PackedLinear", "available", "linear", "pack_linears", "tensor_version", "unpack_linears"]
 
 # The dtypes `linear` packs for (each probed on its own); others always take F.linear.
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -126,3 +126,13 @@ def pack_linears(module: torch.nn.Module, memory_share: float = 0.25) -> tuple[i
     for layer in layers:
         layer.__class__ = PackedLinear
     return len(layers), ""
+
+
+def unpack_linears(module: torch.nn.Module) -> int:
+    """Undo `pack_linears`: every `PackedLinear` of `module` back to `nn.Linear` (F.linear), its packed copy
+    dropped. Returns how many (the benchmark's and the tests' reference: the same model through F.linear)."""
+    layers = [m for m in module.modules() if type(m) is PackedLinear]
+    for layer in layers:
+        layer.__class__ = torch.nn.Linear
+        layer.__dict__.pop("_memfit_gemm", None)
+    return len(layers)

@@ -127,6 +127,9 @@ def test_pack_linears_switches_the_plain_layers_and_keeps_every_output() -> None
         assert type(twin[0]) is onednn.PackedLinear and not twin[0].__dict__.get("_memfit_gemm")
         twin[0].weight.mul_(0.5)
         assert torch.equal(model(x), before) and not torch.equal(twin(x), before)
+        assert onednn.unpack_linears(model) == 1  # undone: F.linear again, the packed copy dropped
+        assert type(model[0]) is torch.nn.Linear and not model[0].__dict__.get("_memfit_gemm")
+        assert torch.equal(model(x), before)
 
 
 def test_pack_linears_refuses_what_memory_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
