@@ -19,7 +19,15 @@ pairs scored one at a time against the batched ones. Without `--cross-encoder`, 
 MiniLM body with a seeded random head (bench_rerank.py's; its scores mean nothing, their arithmetic is a
 ms-marco MiniLM's).
 
+`--dtype bf16x3` measures split bf16 instead, the arithmetic an AMX CPU can run at bf16 speed with close to
+float32's precision (Intel oneMKL's FLOAT_TO_BF16X3 compute mode; three bf16 GEMMs where one fp32 GEMM was):
+each float32 operand of every linear layer is split into a bf16 high part and the bf16 rounding of the rest,
+and the layer sums the three products hi*hi + lo*hi + hi*lo in float32. Here those products are formed
+exactly, as float32 GEMMs of the bf16-valued parts (`split_bf16_products`), so the figures are the
+arithmetic's on any CPU; they say nothing about its speed, which only an AMX CPU can measure.
+
     OMP_NUM_THREADS=2 .venv/bin/python experiments/bench_dtype_quality.py --dtype bf16
+    OMP_NUM_THREADS=2 .venv/bin/python experiments/bench_dtype_quality.py --dtype bf16x3
 
 Last line: JSON with `bi_encoder` and `cross_encoder` sections and `cpu`.
 """
@@ -32,19 +40,22 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from bench_rerank import locomo_pairs  # noqa: E402  (experiments/, this script's folder)
+from bench_gemm import split_bf16  # noqa: E402  (experiments/, this script's folder)
+from bench_rerank import locomo_pairs  # noqa: E402
 
 from memfit_gpu.config import load_config  # noqa: E402
 from memfit_gpu.data import load_benchmark, select_questions  # noqa: E402
 from memfit_gpu.devices import describe, parse_dtype  # noqa: E402
-from memfit_gpu.index.encoders import CrossEncoderModule, load_bi_encoder, random_cross_encoder  # noqa: E402
+from memfit_gpu.index.encoders import CrossEncoderModule, load_bi_encoder, packed_bert, random_cross_encoder  # noqa: E402
 from memfit_gpu.retrieve.batched import retrieve_batch  # noqa: E402
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics  # noqa: E402
 from memfit_gpu.retrieve.view import ReadView  # noqa: E402
@@ -53,10 +64,46 @@ from memfit_gpu.store import EpisodeStore  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo" / "locomo10.json"
 RATES = ("hit@5", "hit@10", "pack_hit")
+SPLIT = "bf16x3"  # --dtype: split bf16, emulated exactly (float32 encoders whose linear layers sum three bf16 products)
+
+
+@contextmanager
+def split_bf16_products() -> Iterator[None]:
+    """Every linear layer of the packed encoders (projections, feed-forward) computed as bf16x3 does:
+    x @ w.T = xh @ wh.T + xl @ wh.T + xh @ wl.T (the lo*lo term dropped), the products of bf16 values being
+    exact in float32 and summed in float32. The weights' parts are split once per layer."""
+    exact = packed_bert.linear
+    parts: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def linear(owner: torch.nn.Module, name: str, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return exact(owner, name, x, weight, bias)
+        key = (id(owner), name)
+        if key not in parts:
+            parts[key] = split_bf16(weight.detach())
+        wh, wl = parts[key]
+        xh, xl = split_bf16(x)
+        out = (exact(owner, f"{name}:hh", xh, wh, None) + exact(owner, f"{name}:lh", xl, wh, None)
+               + exact(owner, f"{name}:hl", xh, wl, None))
+        return out if bias is None else out + bias
+
+    with mock.patch.object(packed_bert, "linear", linear):
+        yield
+
+
+def _arithmetic(dtype: str) -> tuple[str, AbstractContextManager[None]]:
+    """(the encoders' dtype, the context it runs in) for --dtype."""
+    return ("float32", split_bf16_products()) if dtype == SPLIT else (dtype, nullcontext())
 
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _label(dtype: str) -> str:
+    """--dtype as the figures name it: a torch dtype's name, or bf16x3's."""
+    return f"{SPLIT} (emulated)" if dtype == SPLIT else _name(parse_dtype(dtype))
 
 
 def _top(result, k: int = 10) -> list[int]:
@@ -127,10 +174,12 @@ def cross_encoder_run(data: Path, model: str | None, dtype: str, questions: int,
         path = model or str(random_cross_encoder(Path(tmp) / "ce", seed=seed))
         scores, one_at_a_time = {}, {}
         for name in ("float32", dtype):
-            module = CrossEncoderModule.from_pretrained(path, device="cpu", max_length=384, dtype=name,
+            module_dtype, arithmetic = _arithmetic(name)
+            module = CrossEncoderModule.from_pretrained(path, device="cpu", max_length=384, dtype=module_dtype,
                                                         setting="rerank.dtype")
-            scores[name] = module.score(pairs)
-            one_at_a_time[name] = torch.cat([module.score([p]) for p in pairs[:single]]) if single else None
+            with arithmetic:
+                scores[name] = module.score(pairs)
+                one_at_a_time[name] = torch.cat([module.score([p]) for p in pairs[:single]]) if single else None
     base, other = scores["float32"], scores[dtype]
     by_question: dict[str, list[int]] = {}
     for i, (question, _) in enumerate(pairs):
@@ -143,7 +192,7 @@ def cross_encoder_run(data: Path, model: str | None, dtype: str, questions: int,
     equal = sum(top(base, rows) == top(other, rows) for rows in by_question.values())
     equal_set = sum(set(top(base, rows)) == set(top(other, rows)) for rows in by_question.values())
     out = {
-        "model": model or f"random head on all-MiniLM-L6-v2 (seed {seed})", "dtype": _name(parse_dtype(dtype)),
+        "model": model or f"random head on all-MiniLM-L6-v2 (seed {seed})", "dtype": _label(dtype),
         "pairs": len(pairs), "questions": len(by_question),
         "max_abs_score_diff": float((base - other).abs().max()),
         "float32_score_std": float(base.std()),
@@ -160,7 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="locomo10.json")
     parser.add_argument("--config", default=str(REPO / "configs" / "memfit.yaml"))
-    parser.add_argument("--dtype", default="bf16", help="compared with float32: bf16 (default) or fp16")
+    parser.add_argument("--dtype", default="bf16",
+                        help=f"compared with float32: bf16 (default), fp16 or {SPLIT} (split bf16, emulated)")
     parser.add_argument("--limit-questions", type=int, default=None, help="the first N evaluated questions")
     parser.add_argument("--cross-encoder", default=None, help="cross-encoder folder or hub id (default: random head)")
     parser.add_argument("--ce-questions", type=int, default=16, help="bench_rerank.py's --questions")
@@ -174,11 +224,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
-    if parse_dtype(args.dtype, "--dtype") in (None, torch.float32):
-        raise SystemExit("--dtype: name the dtype to compare with float32 (bf16 or fp16)")
+    if args.dtype != SPLIT and parse_dtype(args.dtype, "--dtype") in (None, torch.float32):
+        raise SystemExit(f"--dtype: name the dtype to compare with float32 (bf16, fp16 or {SPLIT})")
 
-    runs = {name: bi_encoder_run(args.data, args.config, args.overrides, name, args.limit_questions)
-            for name in ("float32", args.dtype)}
+    runs = {}
+    for name in ("float32", args.dtype):
+        module_dtype, arithmetic = _arithmetic(name)
+        with arithmetic:
+            runs[name] = bi_encoder_run(args.data, args.config, args.overrides, module_dtype, args.limit_questions)
+        runs[name]["summary"]["dtype"] = _label(name)
     result = {
         "cpu": describe()["cpu"]["model"], "threads": torch.get_num_threads(),
         "bi_encoder": compare_bi_encoder(runs["float32"], runs[args.dtype]),

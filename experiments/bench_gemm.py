@@ -12,6 +12,17 @@ means oneDNN is faster. Results are checked equal (max abs difference printed). 
 in bf16 (`F.linear` on bf16 tensors: what the encoders run with `index.dtype: bf16`, oneDNN's AMX or AVX512-BF16
 kernels where the CPU has them), and `onednn_over_bf16` is fp32's time over it.
 
+Split bf16 (`bf16x3_ms`): the float32 layer as three bf16 products summed in float32 (x = xh + xl, w = wh + wl,
+each part a bf16 value; x @ w.T ~ xh @ wh.T + xl @ wh.T + xh @ wl.T), run as one float32 GEMM over the parts
+laid side by side ([xh | xl | xh] @ [wh | wh | wl].T, three times the inner dimension, the split of x timed)
+with torch's `torch.backends.mkldnn.matmul.fp32_precision = "bf16"`, which lets oneDNN round float32 GEMM inputs
+to bf16: the parts are bf16 values, so nothing is lost, and a CPU whose oneDNN honours the mode runs the GEMM
+on its bf16 units. Quality of that arithmetic over LoCoMo: bench_dtype_quality.py --dtype bf16x3. The errors
+(`*_rel_err`: max abs difference to a float64 product over the largest float64 value) tell whether the mode
+took effect: `fpmath_bf16_rel_err` is the plain float32 layer under the mode, about 1e-3 where oneDNN rounds to
+bf16 and float32's own error where it ignores the mode (`fpmath_bf16_applied`); `bf16x3_rel_err` should stay
+near float32's either way. `onednn_over_bf16x3` > 1 means split bf16 is faster than our float32 path here.
+
     PYTHONPATH=. .venv/bin/python experiments/bench_gemm.py
 
 Last line: JSON with the CPU model, and per thread count and shape the two times and their ratio.
@@ -23,12 +34,13 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from memfit_gpu.index.encoders import onednn
+from memfit_gpu import onednn
 
 # MiniLM-L6 (and ms-marco-MiniLM-L-6): hidden 384, intermediate 1,536; the attention projections are 384 -> 384
 SHAPES = ((2048, 384, 1536), (2048, 1536, 384), (2048, 384, 384))
@@ -52,6 +64,52 @@ def best_of(repeats: int, inner: int, call: Callable[[], torch.Tensor]) -> float
             call()
         best = min(best, (time.perf_counter() - start) / inner)
     return best
+
+
+@contextmanager
+def fp32_precision(mode: str) -> Iterator[None]:
+    """torch.backends.mkldnn.matmul.fp32_precision set to `mode` for the block (a process-wide setting)."""
+    matmul = torch.backends.mkldnn.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = mode
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
+
+
+def split_bf16(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 `t` as hi + lo, each a float32 tensor of bf16 values."""
+    hi = t.to(torch.bfloat16).float()
+    return hi, (t - hi).to(torch.bfloat16).float()
+
+
+def bf16x3_linear(x: torch.Tensor, stacked_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x @ w.T + bias as xh @ wh.T + xl @ wh.T + xh @ wl.T: one GEMM over [xh | xl | xh] and
+    `stacked_weight` = [wh | wh | wl] (call under fp32_precision("bf16"))."""
+    xh, xl = split_bf16(x)
+    return torch.nn.functional.linear(torch.cat([xh, xl, xh], dim=-1), stacked_weight, bias)
+
+
+def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((got.double() - exact).abs().max() / exact.abs().max())
+
+
+def split_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, repeats: int, inner: int,
+                    t_onednn: float) -> dict:
+    """Split bf16's time and the errors that say whether oneDNN took the bf16 mode (module docstring)."""
+    exact = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+    wh, wl = split_bf16(weight)
+    stacked = torch.cat([wh, wh, wl], dim=1).contiguous()
+    with torch.inference_mode():
+        plain_err = relative_error(torch.nn.functional.linear(x, weight, bias), exact)
+        with fp32_precision("bf16"):
+            fpmath_err = relative_error(torch.nn.functional.linear(x, weight, bias), exact)
+            split_err = relative_error(bf16x3_linear(x, stacked, bias), exact)
+            t_split = best_of(repeats, inner, lambda: bf16x3_linear(x, stacked, bias))
+    return {"bf16x3_ms": round(t_split * 1e3, 3), "onednn_over_bf16x3": round(t_onednn / t_split, 3),
+            "fp32_rel_err": plain_err, "fpmath_bf16_rel_err": fpmath_err, "bf16x3_rel_err": split_err,
+            "fpmath_bf16_applied": fpmath_err > 10 * plain_err}
 
 
 def compare(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, repeats: int,
@@ -91,11 +149,14 @@ def main(argv: list[str] | None = None) -> dict:
                    "mkl_ms": round(t_mkl * 1e3, 3), "mkl_over_onednn": round(t_mkl / t_onednn, 3),
                    "gflops_onednn": round(2 * tokens * fan_in * fan_out / t_onednn / 1e9, 1), "max_abs_diff": diff,
                    "bf16_ms": round(t_bf16 * 1e3, 3), "onednn_over_bf16": round(t_onednn / t_bf16, 3),
-                   "gflops_bf16": round(2 * tokens * fan_in * fan_out / t_bf16 / 1e9, 1)}
+                   "gflops_bf16": round(2 * tokens * fan_in * fan_out / t_bf16 / 1e9, 1),
+                   **split_bf16_rows(x, weight, bias, args.repeats, args.inner, t_onednn)}
             rows.append(row)
             print(f"threads={threads} {row['shape']:>16}: oneDNN {row['onednn_ms']:8.3f} ms  MKL {row['mkl_ms']:8.3f} ms"
                   f"  MKL/oneDNN {row['mkl_over_onednn']:.2f}  bf16 {row['bf16_ms']:8.3f} ms"
-                  f"  oneDNN/bf16 {row['onednn_over_bf16']:.2f}", flush=True)
+                  f"  oneDNN/bf16 {row['onednn_over_bf16']:.2f}  bf16x3 {row['bf16x3_ms']:8.3f} ms"
+                  f"  oneDNN/bf16x3 {row['onednn_over_bf16x3']:.2f}"
+                  f"  (bf16 mode {'taken' if row['fpmath_bf16_applied'] else 'ignored'})", flush=True)
     result = {"cpu": cpu_model(), "torch": torch.__version__, "rows": rows}
     print(json.dumps(result))
     return result

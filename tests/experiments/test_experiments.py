@@ -4,6 +4,8 @@ benchmarks read their data through the package's loaders (memfit_gpu.data), neve
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +30,33 @@ def _json_reads(path: Path) -> list[str]:
     return found
 
 
+def _package_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, name or None) of every import of memfit_gpu in `path`."""
+    found: list[tuple[int, str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "memfit_gpu":
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names if alias.name.split(".")[0] == "memfit_gpu"]
+    return found
+
+
+def _missing(module: str, name: str | None) -> bool:
+    if importlib.util.find_spec(module) is None:
+        return True
+    if name is None:
+        return False
+    return not hasattr(importlib.import_module(module), name) and importlib.util.find_spec(f"{module}.{name}") is None
+
+
+def test_every_package_name_the_experiments_import_exists() -> None:
+    """A module moved or a name renamed in memfit_gpu breaks no benchmark unseen (most run in no test)."""
+    imports = [(path.name, *hit) for path in SCRIPTS for hit in _package_imports(path)]
+    assert len(imports) > 50
+    assert [f"{script}:{line}: {module} {name or ''}" for script, line, module, name in imports
+            if _missing(module, name)] == []
+
+
 def test_experiments_import_no_private_names() -> None:
     assert len(SCRIPTS) >= 8
     assert [hit for path in SCRIPTS for hit in _private_imports(path)] == []
@@ -45,3 +74,8 @@ def test_the_checks_see_what_they_look_for(tmp_path: Path) -> None:
                       "rows = json.loads(open('d.json').read())\n")
     assert _private_imports(script) == ["bench_x.py:2: from memfit_gpu.index.encoders import _linear"]
     assert _json_reads(script) == ["bench_x.py:3: json.loads"]
+    moved = tmp_path / "bench_y.py"
+    moved.write_text("import memfit_gpu.nowhere\nfrom memfit_gpu.index.encoders import onednn, BiEncoder\n")
+    assert _package_imports(moved) == [(1, "memfit_gpu.nowhere", None), (2, "memfit_gpu.index.encoders", "onednn"),
+                                       (2, "memfit_gpu.index.encoders", "BiEncoder")]
+    assert [_missing(module, name) for _, module, name in _package_imports(moved)] == [True, True, False]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from support.data import write_small_locomo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +40,30 @@ def test_the_dtype_quality_benchmark_reports_every_figure(tmp_path: Path, shared
     assert ce["pairs"] == 24 and ce["questions"] == 2 and ce["dtype"] == "bfloat16" and ce["one_at_a_time_pairs"] == 4
     assert 0 < ce["max_abs_score_diff"] < 1 and 0 <= ce["equal_top10"] <= ce["equal_top10_set"] <= 1
     assert ce["float32_one_at_a_time_max_abs_diff"] < 1e-4 and ce["other_one_at_a_time_max_abs_diff"] < 4e-3
+
+
+def test_split_bf16_keeps_float32s_figures_on_the_tiny_setting(tmp_path: Path, shared_data: Path) -> None:
+    """--dtype bf16x3: the encoders' linear layers as three bf16 products summed in float32. Its noise is two
+    orders below bf16's, so even a dozen questions keep float32's packs and the pairs' top-10s."""
+    if not (shared_data / "locomo" / "locomo10.json").is_file():
+        pytest.skip(f"LoCoMo is not under {shared_data}")
+    data = write_small_locomo(shared_data, tmp_path, questions=12)
+    result = bench_dtype_quality.main(["--data", str(data), "--dtype", "bf16x3", "--ce-questions", "2",
+                                       "--ce-candidates", "12", "--ce-one-at-a-time", "4", "--threads", "1"])
+    bi, ce = result["bi_encoder"], result["cross_encoder"]
+    assert (bi["float32"]["dtype"], bi["other"]["dtype"], ce["dtype"]) == ("float32", "bf16x3 (emulated)",
+                                                                           "bf16x3 (emulated)")
+    # the split changed the arithmetic (not float32 again), by far less than bf16's 2.8e-3
+    assert 0 < bi["episode_vectors_max_abs_diff"] < 5e-5 and 0 < ce["max_abs_score_diff"] < 1e-5
+    assert bi["equal_packs"] == bi["equal_top10"] == 1 and ce["equal_top10"] == 1
+    assert bi["other"]["one_at_a_time_equal_packs"] == 1 and bi["other"]["one_at_a_time_max_abs_diff"] < 5e-5
+    assert all(bi[f"{key}_diff_points"] == 0 for key in ("hit@5", "hit@10", "pack_hit"))
+
+
+def test_split_bf16_parts_are_bf16_values_that_sum_to_the_float32_value() -> None:
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)) * 10
+    hi, lo = bench_dtype_quality.split_bf16(t)
+    assert hi.dtype == lo.dtype == torch.float32
+    assert torch.equal(hi, hi.bfloat16().float()) and torch.equal(lo, lo.bfloat16().float())
+    # hi carries bf16's 8 bits, lo the next 8: together ~16 bits of t's 24
+    assert float(((hi + lo - t).abs() / t.abs()).max()) < 2**-15 < float(((hi - t).abs() / t.abs()).max())
