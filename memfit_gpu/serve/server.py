@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +90,20 @@ def stall_guarded(timeout_s: float) -> type:
     return StallGuarded
 
 
+def freeze_loaded_objects(cfg: MemFitConfig) -> None:
+    """With serve.freeze_gc, move every object the process holds now (the libraries, the models, the opened
+    store) out of reach of Python's cyclic garbage collector (gc.freeze). A full collection walks every
+    tracked object: ~500k in a served memory, 0.2-0.4 s during which no request moves, once every few
+    hundred requests. Objects made later are collected as before; frozen ones are still freed when their
+    last reference goes, only a reference cycle among them is kept."""
+    if not cfg.serve.freeze_gc:
+        return
+    gc.collect()  # what is garbage already is not frozen
+    gc.freeze()
+    log.info("memfit serve: %d objects left out of the cyclic garbage collector (serve.freeze_gc)",
+             gc.get_freeze_count())
+
+
 def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = None, host: str | None = None,
           port: int | None = None) -> None:
     """Serve the memory in folder `store` (created when missing) until stopped."""
@@ -116,6 +131,7 @@ def serve(store: str | Path, cfg: MemFitConfig, keys_file: str | Path | None = N
     server = _Server(config)
     log.info("memfit serve: %s with %d keys on http://%s:%d (OpenAPI: /docs)", store, len(keys.keys), config.host,
              config.port)
+    freeze_loaded_objects(cfg)
     try:
         server.run()
     finally:
@@ -148,6 +164,7 @@ def serve_mcp_stdio(store: str | Path, cfg: MemFitConfig, user_id: str) -> None:
         raise
     served = ServedMemory(memory, cfg, worker)
     mcp = make_mcp(served, only_user=user_id)
+    freeze_loaded_objects(cfg)
 
     async def main() -> BaseException | None:
         served.start()

@@ -9,7 +9,9 @@ never a reported number).
 
 from __future__ import annotations
 
+import gc
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +23,10 @@ import pytest
 import seam_echo_backend  # noqa: F401  (reader.backend=echo in this process too: the offline reference)
 from support.live_server import CHEAP, DEMO, LiveServer
 
+from memfit_gpu.config import load_config
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.serve.keys import KeyRing, new_key
+from memfit_gpu.serve.server import freeze_loaded_objects
 from memfit_gpu.store import RecordLog
 
 pytestmark = pytest.mark.slow  # starts real server processes with real MiniLM weights
@@ -64,6 +68,21 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def test_the_server_leaves_what_it_loaded_out_of_the_cyclic_gc(served) -> None:
+    """serve.freeze_gc (default): the libraries, MiniLM and the store are frozen before the first request, so a
+    full collection no longer walks them while requests wait (docs/benchmarks/history.md, "Online latency")."""
+    server = served[0]
+    found = re.search(r"memfit serve: (\d+) objects left out of the cyclic garbage collector", server.log.read_text())
+    assert found and int(found.group(1)) > 100_000
+
+
+def test_freeze_gc_false_freezes_nothing() -> None:
+    cfg = load_config(DEMO, ["serve.freeze_gc=false"])
+    before = gc.get_freeze_count()
+    freeze_loaded_objects(cfg)
+    assert gc.get_freeze_count() == before
 
 
 def test_the_keys_file_holds_hashes_only(served) -> None:
