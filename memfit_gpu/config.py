@@ -392,8 +392,8 @@ class ServeConfig:
     # A stalled client holds a connection: its request's headers, and then its body, must each arrive
     # within this many seconds (headers: the connection is closed; body: 408)
     read_timeout_s: float = 30.0
-    # Python's cyclic GC leaves out what the server holds once started (torch, transformers, the store: ~500k
-    # objects), whose every full pass stalled all requests ~0.3 s (16 clients: P95 388 ms against P50 67)
+    # What the server holds once started (torch, transformers, the store: ~500k objects) is left out of Python's
+    # cyclic GC, whose full pass over it stalled every request ~0.3 s (16 clients: P95 388 ms against P50 67)
     freeze_gc: bool = True
 
 

@@ -93,14 +93,14 @@ def stall_guarded(timeout_s: float) -> type:
 def freeze_loaded_objects(cfg: MemFitConfig) -> None:
     """With serve.freeze_gc, move every object the process holds now (the libraries, the models, the opened
     store) out of reach of Python's cyclic garbage collector (gc.freeze). A full collection walks every
-    tracked object: ~500k in a served memory, 0.2-0.4 s during which no request moves, once every few
-    hundred requests. Objects made later are collected as before; frozen ones are still freed when their
-    last reference goes, only a reference cycle among them is kept."""
+    tracked object: ~500k in a served memory, 0.2-0.4 s during which no request moves, now and then.
+    Objects made later are collected as before; frozen ones are still freed when their last reference goes,
+    only a reference cycle among them would be kept."""
     if not cfg.serve.freeze_gc:
         return
     gc.collect()  # what is garbage already is not frozen
     gc.freeze()
-    log.info("memfit serve: %d objects left out of the cyclic garbage collector (serve.freeze_gc)",
+    log.info("%d objects loaded at start left out of the cyclic garbage collector (serve.freeze_gc)",
              gc.get_freeze_count())
 
 

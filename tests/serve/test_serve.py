@@ -74,7 +74,7 @@ def test_the_server_leaves_what_it_loaded_out_of_the_cyclic_gc(served) -> None:
     """serve.freeze_gc (default): the libraries, MiniLM and the store are frozen before the first request, so a
     full collection no longer walks them while requests wait (docs/benchmarks/history.md, "Online latency")."""
     server = served[0]
-    found = re.search(r"memfit serve: (\d+) objects left out of the cyclic garbage collector", server.log.read_text())
+    found = re.search(r"(\d+) objects loaded at start left out of the cyclic garbage collector", server.log.read_text())
     assert found and int(found.group(1)) > 100_000
 
 
