@@ -49,7 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from bench_gemm import split_bf16  # noqa: E402  (experiments/, this script's folder)
+from bench_gemm import bf16x3_linear, stacked_split_weight  # noqa: E402  (experiments/, this script's folder)
 from bench_rerank import locomo_pairs  # noqa: E402
 
 from memfit_gpu.config import load_config  # noqa: E402
@@ -69,24 +69,21 @@ SPLIT = "bf16x3"  # --dtype: split bf16, emulated exactly (float32 encoders whos
 
 @contextmanager
 def split_bf16_products() -> Iterator[None]:
-    """Every linear layer of the packed encoders (projections, feed-forward) computed as bf16x3 does:
-    x @ w.T = xh @ wh.T + xl @ wh.T + xh @ wl.T (the lo*lo term dropped), the products of bf16 values being
-    exact in float32 and summed in float32. The weights' parts are split once per layer."""
+    """Every linear layer of the packed encoders (projections, feed-forward) computed as bf16x3 does, by
+    bench_gemm's `bf16x3_linear`: x @ w.T = xh @ wh.T + xl @ wh.T + xh @ wl.T (the lo*lo term dropped), the
+    products of bf16 values exact in float32 (torch's default fp32 precision) and summed in float32. Each
+    layer's weight is split once."""
     exact = packed_bert.linear
-    parts: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    stacked: dict[tuple[int, str], torch.Tensor] = {}
 
     def linear(owner: torch.nn.Module, name: str, x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
         if x.dtype != torch.float32:
             return exact(owner, name, x, weight, bias)
         key = (id(owner), name)
-        if key not in parts:
-            parts[key] = split_bf16(weight.detach())
-        wh, wl = parts[key]
-        xh, xl = split_bf16(x)
-        out = (exact(owner, f"{name}:hh", xh, wh, None) + exact(owner, f"{name}:lh", xl, wh, None)
-               + exact(owner, f"{name}:hl", xh, wl, None))
-        return out if bias is None else out + bias
+        if key not in stacked:
+            stacked[key] = stacked_split_weight(weight.detach())
+        return bf16x3_linear(x, stacked[key], bias)
 
     with mock.patch.object(packed_bert, "linear", linear):
         yield

@@ -84,7 +84,13 @@ def split_bf16(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, (t - hi).to(torch.bfloat16).float()
 
 
-def bf16x3_linear(x: torch.Tensor, stacked_weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def stacked_split_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[wh | wh | wl] of a float32 weight [out, in]: the right operand of `bf16x3_linear`, [out, 3 * in]."""
+    wh, wl = split_bf16(weight)
+    return torch.cat([wh, wh, wl], dim=1).contiguous()
+
+
+def bf16x3_linear(x: torch.Tensor, stacked_weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ w.T + bias as xh @ wh.T + xl @ wh.T + xh @ wl.T: one GEMM over [xh | xl | xh] and
     `stacked_weight` = [wh | wh | wl] (call under fp32_precision("bf16"))."""
     xh, xl = split_bf16(x)
@@ -99,8 +105,7 @@ def split_bf16_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, r
                     t_onednn: float) -> dict:
     """Split bf16's time and the errors that say whether oneDNN took the bf16 mode (module docstring)."""
     exact = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
-    wh, wl = split_bf16(weight)
-    stacked = torch.cat([wh, wh, wl], dim=1).contiguous()
+    stacked = stacked_split_weight(weight)
     with torch.inference_mode():
         plain_err = relative_error(torch.nn.functional.linear(x, weight, bias), exact)
         with fp32_precision("bf16"):

@@ -32,8 +32,18 @@ def test_split_bf16_linear_is_the_three_products() -> None:
     generator = torch.Generator().manual_seed(1)
     x, weight, bias = torch.randn(5, 16, generator=generator), torch.randn(7, 16, generator=generator), torch.randn(7)
     (xh, xl), (wh, wl) = bench_gemm.split_bf16(x), bench_gemm.split_bf16(weight)
-    stacked = torch.cat([wh, wh, wl], dim=1)
+    stacked = bench_gemm.stacked_split_weight(weight)
+    assert torch.equal(stacked, torch.cat([wh, wh, wl], dim=1))
     expected = (xh.double() @ wh.double().T + xl.double() @ wh.double().T + xh.double() @ wl.double().T
                 + bias.double())
     assert torch.allclose(bench_gemm.bf16x3_linear(x, stacked, bias).double(), expected, rtol=0, atol=1e-5)
     assert float((expected - (x.double() @ weight.double().T + bias.double())).abs().max()) < 1e-3
+
+
+def test_split_bf16_parts_are_bf16_values_that_sum_to_the_float32_value() -> None:
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)) * 10
+    hi, lo = bench_gemm.split_bf16(t)
+    assert hi.dtype == lo.dtype == torch.float32
+    assert torch.equal(hi, hi.bfloat16().float()) and torch.equal(lo, lo.bfloat16().float())
+    # hi carries bf16's 8 bits, lo the next 8: together ~16 bits of t's 24
+    assert float(((hi + lo - t).abs() / t.abs()).max()) < 2**-15 < float(((hi - t).abs() / t.abs()).max())
