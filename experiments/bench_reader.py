@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                                                       max_new_tokens=args.max_new_tokens,
                                                       batch_size=args.batch_size), device="cpu")
                for name, dtype in (("ours", "auto"), ("reference", reference_dtype))}
+    for reader in readers.values():
+        reader.load()  # the weights (a backend loads them on first use)
     if args.reference == "unpacked":
         onednn.unpack_linears(readers["reference"].net)
         readers["reference"].linear = "torch (packing undone)"

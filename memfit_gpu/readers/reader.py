@@ -1,7 +1,8 @@
 """The caching reader: a backend behind the run's SQLite response cache and cost ledger.
 
 `make_reader` builds the configured backend (registry.py) and wraps it, so every caller (summaries,
-answers, judge) gets caching, resumability and accounting for free. Each group of responses the backend
+answers, judge) gets caching, resumability and accounting for free. The backend's model (weights, vLLM
+engines) loads with the first request the cache cannot serve: a rerun the cache serves entirely loads none. Each group of responses the backend
 returns (a server's: each response as it arrives) is committed to the cache together with the ledger
 entries that account for it, before anything else happens to it; `load_ledger` rebuilds a resumed run's
 ledger from those entries.
@@ -53,6 +54,8 @@ class Reader:
         self.progress = progress
         # calls from several threads take turns (a live memory answers beside its consolidation)
         self._busy = threading.Lock()
+        self._loading = threading.Lock()  # the backend's model is loaded once, by the first call that needs it
+        self._loaded = False
 
     @property
     def model(self) -> str:
@@ -121,6 +124,8 @@ class Reader:
             yield from _in_batches(served, step)
             # Identical requests are generated once: the others are served that response as cached.
             todo = [key for key in positions if key not in found]
+            if todo:  # the model loads only for a request the cache cannot serve, and its load is no role's time
+                start += self._load_backend()
             bar = tqdm(total=len(todo), desc=f"{self.backend.name} {role}", unit="call", disable=not progress)
             ready: list[tuple[int, Response]] = []  # committed, not yet handed out
             committed: dict[int, list[tuple[int, Response]]] = {}  # per stream position, once committed
@@ -149,6 +154,17 @@ class Reader:
             bar.close()
         finally:
             self.ledger.add_wall(role, time.perf_counter() - start)
+
+    def _load_backend(self) -> float:
+        """Load the backend's model unless it is loaded (`Backend.load`); the seconds that took."""
+        with self._loading:
+            if self._loaded:
+                return 0.0
+            began = time.perf_counter()
+            faults.point("reader.load")
+            self.backend.load()
+            self._loaded = True
+            return time.perf_counter() - began
 
     def _commit(self, requests: Sequence[Request], made: Sequence[tuple[str, int, Response]],
                 handed: Sequence[tuple[int, Response]], since: float | None) -> float:

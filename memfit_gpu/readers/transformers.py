@@ -111,17 +111,41 @@ class TransformersBackend(Backend):
     name = "transformers"
 
     def __init__(self, cfg: ReaderConfig, device: str | None = None) -> None:
-        """Load `cfg.model` on `device` (default: the first GPU, else the CPU), or where accelerate
-        places it when `cfg.device_map` is set (then `device` must be None)."""
+        """Read `cfg.model`'s config and tokenizer; its weights load on `device` (default: the first GPU, else
+        the CPU), or where accelerate places them when `cfg.device_map` is set (then `device` must be None),
+        at `load`, which the caching reader calls before the first request its cache cannot serve."""
         super().__init__(cfg)
         if cfg.device_map is not None and device is not None:
             raise ValueError(f"reader.device_map={cfg.device_map!r} places the model itself: pass no device")
         self.resolved = models.resolve("reader", cfg.model)
         self.batch_size = max(1, int(cfg.batch_size))
         self.chunk_size = self.batch_size * 4
+        self.model_config = AutoConfig.from_pretrained(self.resolved.path)
+        self.vision = getattr(self.model_config, "vision_config", None) is not None
+        if self.vision:
+            self.processor = AutoProcessor.from_pretrained(self.resolved.path)
+            self.tokenizer = self.processor.tokenizer
+        else:
+            self.processor = None
+            self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._device = device
+        self.net: Any = None  # the model, once `load` has run
+        # prompt ids of a long system message -> its keys and values (prefix_cache_min_tokens); and how many
+        # requests were generated from such a prefix and how many prefixes were read (the tests, the log)
+        self._prefixes: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
+        self.prefix_served = 0
+        self.prefix_reads = 0
+
+    def load(self) -> None:
+        """Load the weights (once) and decide how they run: placement, attention, linear layers, row prefill."""
+        if self.net is not None:
+            return
+        cfg = self.cfg
         start = time.perf_counter()
-        self.vision = getattr(AutoConfig.from_pretrained(self.resolved.path), "vision_config", None) is not None
-        device = device or str(first_device("auto"))
+        device = self._device or str(first_device("auto"))
         # With a device map the layers land on the GPUs when there are any: the dtype is chosen for them.
         dtype = reader_dtype(cfg.dtype, device)
         placement: dict[str, Any] = {}
@@ -129,34 +153,27 @@ class TransformersBackend(Backend):
             require("accelerate", "transformers", "reader.device_map needs accelerate: pip install accelerate")
             placement["device_map"] = cfg.device_map
         if self.vision:
-            self.processor = AutoProcessor.from_pretrained(self.resolved.path)
-            self.tokenizer = self.processor.tokenizer
-            self.net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype, **placement)
+            net = AutoModelForImageTextToText.from_pretrained(self.resolved.path, dtype=dtype, **placement)
         else:
-            self.processor = None
-            self.tokenizer = AutoTokenizer.from_pretrained(self.resolved.path)
-            self.net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype, **placement)
+            net = AutoModelForCausalLM.from_pretrained(self.resolved.path, dtype=dtype, **placement)
         if cfg.device_map is None:
-            self.net = self.net.to(device)
+            net = net.to(device)
         # Where inputs go: the whole model's device, or (device map) the device of its first layer.
-        self.device = str(self.net.device)
+        self.device = str(net.device)
         # module -> device ("" = the whole model); GPU-seconds count every GPU that holds a part
         self.placement: dict[str, str] = {name: _device_of(str(where)) for name, where in
-                                          (getattr(self.net, "hf_device_map", None) or {"": self.device}).items()}
+                                          (getattr(net, "hf_device_map", None) or {"": self.device}).items()}
         self.gpus = len({where for where in self.placement.values() if where.startswith("cuda")})
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.net.eval()
+        net.eval()
         # bf16/fp16 on the CPU: one new token's attention without SDPA's slow reduced-precision CPU kernel
         if not self.vision:
-            cpu_attention.use_for(self.net)
-        self.attention = str(self.net.config._attn_implementation)
+            cpu_attention.use_for(net)
+        self.attention = str(net.config._attn_implementation)
         # bf16 on the CPU: the linear layers through oneDNN with their weights packed once (memfit_gpu.onednn;
         # F.linear re-lays each weight out on every call, which a decode step pays for every token)
         self.linear = "torch"
-        if not self.vision and self.device == "cpu" and self.net.dtype == torch.bfloat16:
-            packed, why = onednn.pack_linears(self.net)
+        if not self.vision and self.device == "cpu" and net.dtype == torch.bfloat16:
+            packed, why = onednn.pack_linears(net)
             if packed:
                 self.linear = f"oneDNN, packed weights ({packed} layers)"
             else:
@@ -164,16 +181,12 @@ class TransformersBackend(Backend):
         # On the CPU the prompts of a padded batch are read row by row (_prefilled_rows), where the model's
         # cache is plain per-layer keys and values (not a sliding window, say): decided once, here
         self.rows_alone = self.device == "cpu" and not self.vision and all(
-            type(layer) is DynamicLayer for layer in DynamicCache(config=self.net.config).layers)
-        # prompt ids of a long system message -> its keys and values (prefix_cache_min_tokens); and how many
-        # requests were generated from such a prefix and how many prefixes were read (the tests, the log)
-        self._prefixes: OrderedDict[tuple[int, ...], DynamicCache] = OrderedDict()
-        self.prefix_served = 0
-        self.prefix_reads = 0
+            type(layer) is DynamicLayer for layer in DynamicCache(config=net.config).layers)
+        self.net = net  # last: a load that failed part way is tried again whole
         self.load_s = time.perf_counter() - start
         logger.info("transformers reader %s loaded from %s on %s in %s (attention %s, linear %s) in %.1f s",
                     cfg.model, self.resolved.path, ", ".join(sorted(set(self.placement.values()))),
-                    str(self.net.dtype).removeprefix("torch."), self.attention, self.linear, self.load_s)
+                    str(net.dtype).removeprefix("torch."), self.attention, self.linear, self.load_s)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.images:
@@ -193,12 +206,13 @@ class TransformersBackend(Backend):
     def prompt_token_limit(self) -> PromptTokenLimit | None:
         """The model's trained context (max_position_embeddings): a longer prompt is cut before it is sent,
         instead of running past the positions the model knows (and allocating attention for all of them)."""
-        context = getattr(self.net.config, "max_position_embeddings", None)
+        context = getattr(self.model_config, "max_position_embeddings", None)
         if self.vision or not context:
             return None
         return int(context), lambda messages: len(self._chat_ids(messages))
 
     def generate(self, requests: Sequence[Request]) -> list[Response]:
+        self.load()
         if self.vision:
             return self._generate_vision(requests)
         prompts = [self._prompt_ids(r) for r in requests]

@@ -126,8 +126,9 @@ class ReaderError(RuntimeError):
 class Backend(ABC):
     """One batch in, responses out in the same order, no caching (the `Reader` caches).
 
-    A backend is built from the reader's `ReaderConfig` (`from_config`, which the registry calls); a
-    request that leaves `max_new_tokens` or `temperature` unset gets the config's (`sampling`).
+    A backend is built from the reader's `ReaderConfig` (`from_config`, which the registry calls) without
+    loading its model, which `load` does when a request needs it; a request that leaves `max_new_tokens` or
+    `temperature` unset gets the config's (`sampling`).
     """
 
     name: str = ""  # the reader.backend value that selects it
@@ -180,9 +181,17 @@ class Backend(ABC):
                 received(group)
             yield group
 
+    def load(self) -> None:  # noqa: B027 - optional: a server's client has nothing to load
+        """Load what only generation needs (weights, engines), once; later calls return at once.
+
+        The constructor does the cheap part (what the cache key, `chunk_size` and `prompt_token_limit` need),
+        and the caching reader calls this before the first request its response cache cannot serve, so a
+        rerun the cache serves entirely never loads the model. A backend with something to load calls it
+        from `generate` too, for callers without the reader."""
+
     def prompt_token_limit(self) -> PromptTokenLimit | None:
         """The model's context in tokens and a prompt-token counter, where the backend knows both (None
-        for a server, whose context the client cannot see)."""
+        for a server, whose context the client cannot see); it must not need `load`."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing to free

@@ -123,8 +123,8 @@ class VLLMBackend(Backend):
     def __init__(self, cfg: ReaderConfig, log_dir: Path | None = None, startup_timeout_s: float = 1800.0,
                  batch_timeout_s: float | None = None, max_images: int | None = None,
                  gpu_memory_utilization: float | None = None) -> None:
-        """Start the engines and wait until each is ready. Engine logs go to `log_dir` (a temporary
-        folder when None); `max_images` and `gpu_memory_utilization` override the config's."""
+        """The engines' settings; `load` starts them and waits until each is ready. Engine logs go to `log_dir`
+        (a temporary folder when None); `max_images` and `gpu_memory_utilization` override the config's."""
         super().__init__(cfg)
         self.resolved = models.resolve("reader", cfg.model)
         self.batch_timeout_s = batch_timeout_s
@@ -139,6 +139,9 @@ class VLLMBackend(Backend):
             groups = engine_groups(gpus, cfg.instances, cfg.tensor_parallel_size)
         self.gpus = sum(len(g) for g in groups)
         self.chunk_size = 256 * len(groups)
+        self.on_cpu = on_cpu
+        self.groups = groups
+        self.startup_timeout_s = startup_timeout_s
         if max_images is None:
             max_images = 0 if cfg.images == "none" else int(cfg.max_images)
         settings = {
@@ -159,24 +162,36 @@ class VLLMBackend(Backend):
             "chat_template_kwargs": self.template_kwargs,
             "seed": int(cfg.seed),
         }
-        if log_dir is None:
-            log_dir = Path(tempfile.mkdtemp(prefix="memfit-vllm-"))
-        log_dir.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
+        self.settings = settings
+        self.log_dir = log_dir
         self.engines: list[_Engine] = []
         self._finalizer = weakref.finalize(self, _close_all, self.engines)
-        for i, group in enumerate(groups):
-            env = dict(os.environ)
-            if on_cpu:
-                env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-            else:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
-            self.engines.append(_Engine(i, settings, env, log_dir / f"vllm-engine-{i}.log"))
-        # Engines load concurrently; wait for each to say it is ready.
-        self.engine_load_s = [float(e.receive(startup_timeout_s)["load_s"]) for e in self.engines]
+
+    def load(self) -> None:
+        """Start the engines (once), concurrently, and wait until each says it is ready; a start that fails
+        stops those that started, so a later call starts them all again."""
+        if self.engines:
+            return
+        if self.log_dir is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="memfit-vllm-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        try:
+            for i, group in enumerate(self.groups):
+                env = dict(os.environ)
+                if self.on_cpu:
+                    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+                else:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
+                self.engines.append(_Engine(i, self.settings, env, self.log_dir / f"vllm-engine-{i}.log"))
+            self.engine_load_s = [float(e.receive(self.startup_timeout_s)["load_s"]) for e in self.engines]
+        except BaseException:
+            _close_all(self.engines)
+            self.engines.clear()
+            raise
         self.load_s = time.perf_counter() - start
-        logger.info("vLLM: %d engine(s) of %s ready in %.1f s (GPU groups %s)", len(self.engines), cfg.model,
-                    self.load_s, groups if not on_cpu else "cpu")
+        logger.info("vLLM: %d engine(s) of %s ready in %.1f s (GPU groups %s)", len(self.engines), self.cfg.model,
+                    self.load_s, self.groups if not self.on_cpu else "cpu")
 
     @classmethod
     def from_config(cls, cfg: ReaderConfig, run_dir: str | Path | None = None, **options: Any) -> VLLMBackend:
@@ -186,6 +201,7 @@ class VLLMBackend(Backend):
     def generate(self, requests: Sequence[Request]) -> list[Response]:
         if not requests:
             return []
+        self.load()
         payload = []
         for r in requests:
             max_new_tokens, temperature = self.sampling(r)

@@ -173,7 +173,7 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
                                account=ledger_saved, progress=progress, stage=timer.stage, prompts=prompts)
         packs = _method_packs(out, timer, method_run)
 
-        with timer.stage("answer"):  # the reader and the judge load here (their time is the answers')
+        with timer.stage("answer"):  # the reader's and the judge's models load with their first uncached call
             # one answer builder, scoring and judge for the answers, the growth points and the depths
             make_request = answer_requests(cfg, bench, get_reader(), prompts)
             judge = RunJudge(inputs, out, ledger, progress) if inputs.judge is not None else None

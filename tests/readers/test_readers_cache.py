@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -224,6 +225,84 @@ def test_an_in_process_backend_generates_one_flush_at_a_time(tmp_path: Path) -> 
     assert backend.calls == [3, 3, 3]
     assert batches == [[0, 1, 2], [9], [3, 4, 5], [6, 7, 8]]  # the repeat comes with the call that made it
     assert reader.ledger.roles["answer"].calls == 9 and reader.ledger.roles["answer"].cached == 1
+
+
+class _Loading(_Echo):
+    """_Echo with a model to load (`Backend.load`), counted; loading takes 100 s of the reader's clock."""
+
+    gpus = 1
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+        self.loads = 0
+
+    def load(self) -> None:
+        self.loads += 1
+        self.clock[0] += 100.0
+
+
+def test_the_model_loads_for_the_first_request_the_cache_cannot_serve_and_its_load_is_no_role_s_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun that the response cache serves entirely never loads the model (a vLLM engine takes minutes on a
+    GPU server); the first request it cannot serve loads it, once, before generating; the load's seconds count
+    in neither the role's wall time nor its GPU-seconds, as when the reader loaded it before its first call."""
+    clock = [0.0]
+
+    class Clock:  # the reader's clock: 1 s per reading, plus what loading adds
+        @staticmethod
+        def perf_counter() -> float:
+            clock[0] += 1.0
+            return clock[0]
+
+    monkeypatch.setattr("memfit_gpu.readers.reader.time", Clock)
+    first = _Loading(clock)
+    reader = Reader(first, ResponseCache(tmp_path / "cache.sqlite"), Ledger(), 8, 0.0, progress=False)
+    asked = [_req(f"q{i}?", key=f"k{i}") for i in range(3)]
+    assert reader.generate([]) == [] and first.loads == 0
+    assert [r.text for r in reader.generate(asked)] == ["q0?", "q1?", "q2?"] and first.loads == 1
+    answer = reader.ledger.roles["answer"]
+    assert answer.wall_s < 100 and 0 < answer.gpu_seconds < 100
+    reader.generate([_req("q3?", key="k3")])
+    assert first.loads == 1  # once per reader
+    reader.close()
+    # the rerun: everything cached, nothing loaded, however often asked
+    again = _Loading(clock)
+    rerun = Reader(again, ResponseCache(tmp_path / "cache.sqlite"), Ledger(), 8, 0.0, progress=False)
+    served = rerun.generate(asked)
+    assert [r.text for r in served] == ["q0?", "q1?", "q2?"] and all(r.cached for r in served)
+    assert [r.text for b in rerun.generate_batches(asked, 2) for _, r in b] == ["q0?", "q1?", "q2?"]
+    assert again.loads == 0 and again.calls == []
+    assert rerun.generate([*asked, _req("new?", key="k4")])[-1].text == "new?"
+    assert again.loads == 1 and again.calls == [1]
+    rerun.close()
+
+
+def test_two_threads_that_need_the_model_at_once_load_it_once(tmp_path: Path) -> None:
+    """The live memory answers beside its consolidation: two first calls at once load one model."""
+    started = threading.Barrier(2)
+
+    class Slow(_Echo):
+        loads = 0
+
+        def load(self) -> None:
+            Slow.loads += 1
+            threading.Event().wait(0.2)  # long enough for the other thread to arrive
+
+    reader = Reader(Slow(), ResponseCache(tmp_path / "cache.sqlite"), Ledger(), 8, 0.0, progress=False)
+
+    def ask(i: int) -> None:
+        started.wait()
+        for _ in reader.generate_batches([_req(f"q{i}?", key=f"k{i}")], 1):
+            pass
+
+    workers = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert Slow.loads == 1 and len(reader.cache) == 2
+    reader.close()
 
 
 class _FailsAfter(_Echo):

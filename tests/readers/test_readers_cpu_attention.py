@@ -90,6 +90,7 @@ def test_the_decode_case_differs_from_sdpa_only_by_rounding() -> None:
 def test_the_transformers_reader_runs_bf16_with_it_on_the_cpu_and_answers(monkeypatch) -> None:
     monkeypatch.setattr("memfit_gpu.devices.cpu_native_bf16", lambda: True)  # as on this project's CPUs
     reader = TransformersBackend(ReaderConfig(backend="transformers", model=MODEL, max_new_tokens=12), device="cpu")
+    reader.load()
     assert reader.net.dtype == torch.bfloat16 and reader.attention == cpu_attention.NAME
     question = Request([{"role": "user", "content": "What is the capital of France?"}], role="answer", key="q")
     answer = reader.generate([question])[0]
@@ -110,6 +111,7 @@ def test_the_transformers_reader_runs_bf16_with_it_on_the_cpu_and_answers(monkey
     assert (ours - sdpa).abs().max().item() < 0.05 * (sdpa.max() - sdpa.min()).item()  # 1.8 % measured
     # float32 asked: plain SDPA, as before
     fp32 = TransformersBackend(ReaderConfig(backend="transformers", model=MODEL, dtype="float32"), device="cpu")
+    fp32.load()
     assert fp32.net.dtype == torch.float32 and fp32.attention == "sdpa"
 
 
@@ -136,6 +138,7 @@ def test_a_cpu_batch_is_read_row_by_row_then_decoded_together(monkeypatch) -> No
     questions = ["What is the capital of France?", "Name three colours of the rainbow, please, in order.",
                  "Say hello."]
     requests = [Request([{"role": "user", "content": q}], role="answer", key=f"q{i}") for i, q in enumerate(questions)]
+    reader.load()
     assert reader.rows_alone  # SmolLM2's cache is plain keys and values
     prompts = [reader._prompt_ids(r) for r in requests]
     width = max(len(p) for p in prompts)

@@ -121,6 +121,16 @@ def test_killed_run_resumes_and_rerun_makes_no_calls(smollm_reader: Reader, run_
     assert smollm_reader.ledger.roles["answer"].calls == 0 and smollm_reader.ledger.roles["answer"].cached == 4
     smollm_reader.ledger.check_one_answer_per_question(["q0", "q1", "q2", "q3"])
 
+    # 4. A new process's reader (the fixture's configuration) over the same run: every answer from the cache,
+    #    the weights never loaded; the prompt limit is known without them.
+    fresh = make_reader(ReaderConfig(backend="transformers", batch_size=2, max_new_tokens=8), run_dir, progress=False)
+    try:
+        assert [r.text for r in fresh.generate(rerun_requests)] == [r.text for r in out]
+        assert fresh.prompt_token_limit()[0] == 8192  # type: ignore[index]
+        assert fresh.backend.net is None  # type: ignore[attr-defined]
+    finally:
+        fresh.close()
+
 
 @pytest.mark.slow
 def test_a_prompt_past_the_model_context_is_cut_to_fit(smollm_reader: Reader) -> None:
@@ -198,6 +208,7 @@ def test_a_bf16_reader_on_the_cpu_packs_its_linear_layers_once_and_answers_to_th
     torch.set_num_threads(1)
     backend = make_backend(ReaderConfig(backend="transformers", dtype="bf16", batch_size=2, max_new_tokens=12))
     try:
+        backend.load()
         net = backend.net  # type: ignore[attr-defined]
         layers = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
         if not onednn.available(torch.bfloat16):  # this torch build cannot pack: F.linear, and the log says why
@@ -225,8 +236,10 @@ def test_device_map_auto_places_the_reader_with_accelerate_and_answers_the_same(
     so no dispatch hooks are needed); the greedy answers are those of the reader placed whole on one device."""
     mapped = make_backend(ReaderConfig(backend="transformers", batch_size=2, max_new_tokens=8, device_map="auto"))
     try:
+        mapped.load()
         assert (mapped.placement, mapped.device, mapped.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
         whole = smollm_reader.backend
+        whole.load()
         assert (whole.placement, whole.device, whole.gpus) == ({"": "cpu"}, "cpu", 0)  # type: ignore[attr-defined]
         requests = _requests()
         assert [r.text for r in mapped.generate(requests)] == [r.text for r in whole.generate(requests)]

@@ -55,8 +55,9 @@ OVERRIDES = [
     "summary.max_excerpts=3", "summary.excerpt_chars=80",
 ]
 # Points that are not durable writes of their own: timings.json is rewritten after every stage (what it
-# holds is excluded from the comparison), store.encode only counts the texts the store encodes.
-NOT_BOUNDARIES = {"timings", "store.encode"}
+# holds is excluded from the comparison), store.encode only counts the texts the store encodes, reader.load
+# marks the reader's model loading.
+NOT_BOUNDARIES = {"timings", "store.encode", "reader.load"}
 # The run's durable writes; the reference run must cross each of them.
 REQUIRED = {"config", "provenance", "store.log", "store.snapshot", "packs", "predictions", "summaries.ledger",
             "answer.ledger", "score.ledger", "metrics", "DONE", "reader.commit"}
@@ -137,6 +138,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_locomo: Path, shar
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["question_id"] for r in read_jsonl(out / "predictions.jsonl")] == QUESTIONS
     assert encoded(trace) == store_texts(out / "store") == 60  # 58 turns + 2 summaries, each encoded once
+    # one reader (the summaries' and the answers'), its model loaded once, before the first call it generated
+    crossed = reference_trace(out)
+    assert crossed.count("reader.load") == 1 and crossed.index("reader.load") < crossed.index("reader.commit")
     return out
 
 
@@ -328,6 +332,7 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
     # scenario killed AT a cut is that state: its rerun starts from a copy of the state's killed run (the
     # same kill, from the same state before it), checked as every other scenario's killed run is.
     cuts = [prepared_at(trace), *later_states(trace)]
+    last_commit = max(i for i, name in enumerate(trace) if name == "reader.commit")
     assert [position(trace, c) for c in cuts] == sorted({position(trace, c) for c in cuts}), cuts
 
     # each state's future is set as soon as it is cut: a scenario waits for its own state, not for the chain
@@ -392,6 +397,10 @@ def test_a_kill_at_every_durable_write_resumes_to_the_reference(reference: Path,
         if rerun.returncode != 0:
             return [f"{label}: rerun exit code {rerun.returncode}: {rerun.stderr[-1500:]}"]
         problems = check_resumed(out, reference, label)
+        # The model loads only for a call the killed run had not committed: after the last commit, never.
+        loads = [name for name, _ in parse_trace(traces[1])].count("reader.load") if traces[1].exists() else 0
+        if loads != (1 if position(trace, point) < last_commit else 0):
+            problems.append(f"{label}: the rerun loaded the reader's model {loads} times")
         # Only texts no complete snapshot held at the kill are encoded again (a replay of the log's tail).
         if encoded(traces[1]) != store_texts(store) - covered:
             problems.append(f"{label}: the rerun encoded {encoded(traces[1])} texts, "

@@ -193,7 +193,7 @@ def test_compact_killed_at_each_step_then_rerun_gives_the_undisturbed_store(run_
     points = []
     for name, _ in parse_trace(tmp_path / "compact.trace"):
         seen[name] = seen.get(name, 0) + 1
-        if name != "store.encode":
+        if name not in ("store.encode", "reader.load"):  # marks, not durable writes
             points.append(f"{name}:{seen[name]}")
     assert {"store.log", "store.snapshot", "compact.built", "compact.retired", "compact.swapped",
             "compact.removed"} <= {p.split(":")[0] for p in points}
