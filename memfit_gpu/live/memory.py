@@ -28,7 +28,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -277,6 +277,11 @@ class Memory:
         if not entry.live:
             raise ConfigError(f"method={cfg.method} has no live write path (live methods: "
                               f"{', '.join(live_methods())})")
+        noise = {name: value for name, value in asdict(cfg.lightmem.noise).items() if name != "seed" and value}
+        if noise:  # its replacements are drawn from the other memories: in a live memory, other users' words
+            raise ConfigError(f"{', '.join(f'lightmem.noise.{n}={v}' for n, v in noise.items())}: error injection is "
+                              "for benchmark runs; in a live memory it would put other users' notes and queries "
+                              "into a user's memory. Set it to 0")
         # durable when add returns: every write batch is fsynced; the memory's own folder holds the store
         cfg = replace(cfg, store=replace(cfg.store, fsync=True, path=None))
         folder = Path(path)

@@ -135,6 +135,12 @@ def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="method=full_context has no live write path"):
         Memory.open(tmp_path / "m2", config=DEMO, overrides=CHEAP, method="full_context")
     assert live_methods() == ["memfit", "plain", "naive_rag", "lightmem_slm", "mem0"]
+    # LightMem's error injection draws its replacements from the other memories: other users, in a live one
+    for key in ("write", "hq", "mtm"):
+        with pytest.raises(ConfigError, match=rf"lightmem.noise.{key}=0.5: error injection is for benchmark runs"):
+            Memory.open(tmp_path / "m3", config=DEMO, overrides=[*CHEAP, f"lightmem.noise.{key}=0.5"],
+                        method="lightmem_slm")
+    Memory.open(tmp_path / "m3", config=DEMO, overrides=[*CHEAP, "lightmem.noise.seed=3"]).close()
 
 
 def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_path: Path, conv_turns) -> None:
