@@ -9,7 +9,8 @@ Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, se
     POST   /v1/users/{user_id}/answer    {"questions": [...], "k": 10}    -> one reader call per question
     POST   /v1/users/{user_id}/delete    {"turn_ids": [...]}
     DELETE /v1/users/{user_id}           every turn of the user
-    POST   /v1/compact, /v1/consolidate  admin keys only: the whole store
+    POST   /v1/compact, /v1/consolidate  admin keys only: the whole store (consolidate {"user_ids": [...]}: those
+                                         users, each bound to the key)
     GET    /healthz                      liveness (no key)
     GET    /metrics                      Prometheus: request latency histograms per route, batch sizes, turns
 
@@ -308,8 +309,10 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"compacted": await served.compact()}
 
     @app.post("/v1/consolidate")
-    async def consolidate(body: ConsolidateIn) -> dict[str, Any]:
-        return {"consolidated": await served.consolidate(body.user_ids)}
+    async def consolidate(request: Request, body: ConsolidateIn) -> dict[str, Any]:
+        """Every user's pending consolidation (user_ids unset), or the named users', each bound to the key."""
+        user_ids = None if body.user_ids is None else [bound(request, u) for u in body.user_ids]
+        return {"consolidated": await served.consolidate(user_ids)}
 
     guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s)
     guarded.state = app.state  # the server reads app.state.shutdown_error after it stops

@@ -5,7 +5,8 @@ The file is JSON Lines, one key per line: `{"name": "agent-1", "sha256": "<hex o
 (`memfit keys new`), so a fast hash is enough and the file reveals no key. A request names its key in
 `Authorization: Bearer <key>` (or `X-API-Key`); a missing or unknown key is 401, a known key asking for
 a user it is not bound to is 403, and neither reads anything. `admin` keys may also call the store-wide
-operations (compact, consolidate); they touch no user they are not bound to.
+operations (compact; consolidate of every user), which return no user's data; a consolidate that names users
+needs a key bound to each of them.
 """
 
 from __future__ import annotations

@@ -105,6 +105,9 @@ def test_a_wrong_or_missing_key_reads_nothing(served) -> None:
     write = client.post("/v1/users/user00/turns", json={"turns": turns_of("user01", 1)}, headers=auth(keys["user01"]))
     assert write.status_code == 403
     assert client.post("/v1/compact", headers=auth(keys["user00"])).status_code == 403
+    # an admin key runs the store-wide operations, but names only users it is bound to
+    named = client.post("/v1/consolidate", json={"user_ids": ["admin-only", "user00"]}, headers=auth(served[4]))
+    assert named.status_code == 403 and named.json()["detail"] == "key 'admin' is not bound to user 'user00'"
     listed = client.get("/v1/users/user00/turns", headers=auth(keys["user00"])).json()["turns"]
     assert [t["turn_id"] for t in listed] == [f"user00-{i}" for i in range(4)]
 
