@@ -89,7 +89,9 @@ class Added:
     duplicate: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"user_id": self.user_id, "turn_id": self.turn_id, "row": self.row, "duplicate": self.duplicate}
+        """As a server replies: without `row`, which counts every user's turns (a user adding a turn now and
+        then would watch how many turns the others store)."""
+        return {"user_id": self.user_id, "turn_id": self.turn_id, "duplicate": self.duplicate}
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ def test_a_poisoned_request_fails_alone_and_says_which_field(served) -> None:
         (bad_status, bad), (add_status, added), (search_status, found) = results
         assert bad_status == 422 and field in bad["detail"], (field, bad_status, bad)
         assert add_status == 200 and added["added"][0]["turn_id"] == f"u2-{100 + n}", added
+        assert set(added["added"][0]) == {"user_id", "turn_id", "duplicate"}  # no store row: it counts others' turns
         assert search_status == 200 and len(found["results"][0]) == 2, found
     status, reply = call(server, "GET", "/v1/users/u2/turns", keys["u2"])
     assert {f"u2-{100 + n}" for n in range(len(poisons))} <= {t["turn_id"] for t in reply["turns"]}

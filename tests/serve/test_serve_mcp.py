@@ -52,6 +52,7 @@ async def session_checks(client: Client, user: str, other: str) -> None:
         assert tool.description and "user_id" in tool.input_schema["properties"], tool
     added = result_json(await client.call_tool("add_turns", {"user_id": user, "turns": TURNS}))
     assert [a["turn_id"] for a in added["added"]] == ["c1", "c2"]
+    assert set(added["added"][0]) == {"user_id", "turn_id", "duplicate"}  # no store row: it counts others' turns
     found = result_json(await client.call_tool("search", {"user_id": user, "queries": ["what colour is the bike?"],
                                                           "k": 1}))
     assert found["results"][0][0]["turn_ids"] == ["c1"]
