@@ -309,7 +309,8 @@ class Memory:
         """The memory's reader (reader.*): loaded on first use, cached in cache.sqlite, counted in ledger.json."""
         with self._loading_reader:  # its own lock: loading a model (seconds) holds no search or add
             if self._reader is None:
-                self._reader = make_reader(self.cfg.reader, self.path, ledger=self.ledger, progress=False)
+                self._reader = make_reader(self.cfg.reader, self.path, ledger=self.ledger, progress=False,
+                                           per_owner=True)
             return self._reader
 
     @contextlib.contextmanager
@@ -494,27 +495,29 @@ class Memory:
         same search results, and deleted text is nowhere under the folder. A user every turn of whom was
         deleted is erased from every file: the store keeps no record of it, the method's own files follow,
         and cache.sqlite drops every response and call record its data went into (ledger.json keeps the
-        counts)."""
+        counts). A user some of whose turns were deleted loses every cached response (answers and summaries
+        may quote those turns; they are asked again when needed), not its call records."""
         with self.holding():
             counts = self.store.compact()
-            erased = self.store.erased
+            erased, purged = self.store.erased, self.store.purged
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
             self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
             counts["users_erased"] = len(erased)
-            counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased).items()})
+            counts["users_with_deleted_turns"] = len(purged)
+            counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased, purged).items()})
             return counts
 
-    def _forget(self, users: Sequence[str]) -> dict[str, int]:
-        """Every cached response and call record of `users` dropped from cache.sqlite (rewritten), and
-        ledger.json written again (counts only)."""
-        if not users:
+    def _forget(self, users: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
+        """Every cached response and call record of `users`, and the cached responses of `responses_of`,
+        dropped from cache.sqlite (rewritten), and ledger.json written again (counts only)."""
+        if not users and not responses_of:
             return {"responses": 0, "calls": 0}
         if self._reader is not None and self._reader.cache is not None:
-            dropped = self._reader.cache.forget(users)
+            dropped = self._reader.cache.forget(users, responses_of)
         elif (self.path / "cache.sqlite").exists():
             cache = ResponseCache(self.path / "cache.sqlite")
             try:
-                dropped = cache.forget(users)
+                dropped = cache.forget(users, responses_of)
             finally:
                 cache.close()
         else:

@@ -95,10 +95,16 @@ def image_fingerprint(image: str) -> str:
     return image
 
 
+def _marks(values: Sequence[str]) -> str:
+    """SQL placeholders for `values` (a NULL-free `IN ()` when there are none)."""
+    return ",".join("?" * len(values)) or "NULL"
+
+
 def request_key(backend: str, model: str, request: Request, template_kwargs: dict[str, Any] | None = None,
-                seed: int = 0) -> str:
+                seed: int = 0, owner: str | None = None) -> str:
     """The cache key of `request` on `model`: sha256 over everything that determines the output (the
-    sampling seed only when the request samples: greedy keys stay what they were)."""
+    sampling seed only when the request samples: greedy keys stay what they were), and `owner` when given
+    (a live memory's reader: one user's cached reply is never served to another whose prompt matched it)."""
     params: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "temperature": request.temperature}
     if request.temperature:
         params["seed"] = int(seed)
@@ -113,6 +119,8 @@ def request_key(backend: str, model: str, request: Request, template_kwargs: dic
         payload["chat_template_kwargs"] = dict(template_kwargs)
     if request.response_format is not None:  # likewise: a JSON-mode reply is another call than a free one
         payload["response_format"] = request.response_format
+    if owner is not None:
+        payload["owner"] = owner
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -214,18 +222,20 @@ class ResponseCache:
                 [tuple(entry.get(name) for name in ENTRY_FIELDS) for entry in entries],
             )
 
-    def forget(self, owners: Sequence[str]) -> dict[str, int]:
-        """Drop every cached response and call record of these users (Request.owner), then rewrite the
+    def forget(self, owners: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
+        """Drop every cached response and call record of the users `owners` (Request.owner), and the cached
+        responses of the users `responses_of` (their call records hold no text and stay), then rewrite the
         file (VACUUM) and empty its write-ahead log, so no byte of what they held is left in it: the
-        ledger.json counts stay, the users' responses and call records go. Returns the rows dropped."""
+        ledger.json counts stay. Returns the rows dropped."""
         owners = list(dict.fromkeys(owners))
-        if not owners:
+        texts_of = list(dict.fromkeys([*owners, *responses_of]))
+        if not texts_of:
             return {"responses": 0, "calls": 0}
-        marks = ",".join("?" * len(owners))
         with self._guard("writing"):
             with self._conn:
-                responses = self._conn.execute(f"DELETE FROM responses WHERE owner IN ({marks})", owners).rowcount
-                calls = self._conn.execute(f"DELETE FROM calls WHERE owner IN ({marks})", owners).rowcount
+                responses = self._conn.execute(f"DELETE FROM responses WHERE owner IN ({_marks(texts_of)})",
+                                               texts_of).rowcount
+                calls = self._conn.execute(f"DELETE FROM calls WHERE owner IN ({_marks(owners)})", owners).rowcount
             self._conn.execute("VACUUM")
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {"responses": int(responses), "calls": int(calls)}

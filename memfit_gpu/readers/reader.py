@@ -45,8 +45,12 @@ class Reader:
     """A backend behind the run's response cache and ledger. `generate` answers a whole batch."""
 
     def __init__(self, backend: Backend, cache: ResponseCache | None, ledger: Ledger,
-                 default_max_new_tokens: int, default_temperature: float, progress: bool = True) -> None:
+                 default_max_new_tokens: int, default_temperature: float, progress: bool = True,
+                 per_owner: bool = False) -> None:
         self.backend = backend
+        # the request's owner in its cache key (a live memory): users never share a cached reply, so one
+        # cannot time whether another asked the same, and erasing a user's responses erases all of them
+        self.per_owner = per_owner
         self.cache = cache
         self.ledger = ledger
         self.default_max_new_tokens = default_max_new_tokens
@@ -112,7 +116,7 @@ class Reader:
         start = time.perf_counter()
         role = requests[0].role if requests else "answer"
         keys = [request_key(self.backend.name, self.backend.model, r, self.backend.template_kwargs,
-                            self.backend.cfg.seed) for r in requests]
+                            self.backend.cfg.seed, r.owner if self.per_owner else None) for r in requests]
         found = self.cache.get_many(keys) if self.cache is not None else {}
         positions: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
@@ -239,13 +243,15 @@ def load_ledger(run_dir: str | Path) -> Ledger:
 
 
 def make_reader(cfg: ReaderConfig, run_dir: str | Path | None, *, ledger: Ledger | None = None,
-                cache: bool = True, progress: bool = True, **backend_options: Any) -> Reader:
+                cache: bool = True, progress: bool = True, per_owner: bool = False,
+                **backend_options: Any) -> Reader:
     """The configured backend behind `run_dir/cache.sqlite` and a ledger (shared when passed in).
 
     Args:
         run_dir: the run directory; None means no cache (nothing is persisted).
         ledger: the run's ledger, shared by its readers (answer and judge); a new one when None.
         cache: False = no response cache even with a run_dir.
+        per_owner: each request's owner in its cache key (Reader.per_owner; a live memory's reader).
         backend_options: go to the backend's constructor (e.g. `backoff_base_s` for openai).
     """
     backend = make_backend(cfg, run_dir, **backend_options)
@@ -254,4 +260,4 @@ def make_reader(cfg: ReaderConfig, run_dir: str | Path | None, *, ledger: Ledger
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         response_cache = ResponseCache(Path(run_dir) / "cache.sqlite")
     return Reader(backend, response_cache, ledger if ledger is not None else Ledger(),
-                  cfg.max_new_tokens, cfg.temperature, progress=progress)
+                  cfg.max_new_tokens, cfg.temperature, progress=progress, per_owner=per_owner)

@@ -90,6 +90,7 @@ class EpisodeStore:
         self.path = Path(path) if path is not None else None
         self.last_timings: dict[str, float] = {}
         self.erased: list[str] = []  # after compact(): the memories it removed (nothing was left of them)
+        self.purged: list[str] = []  # after compact(): the memories whose deleted turns it removed (erased too)
         self.generation = next(GENERATIONS)  # a new number after every write batch
 
         self.columns = StoreColumns()  # the metadata of every record applied (store/columns.py)
@@ -809,6 +810,7 @@ class EpisodeStore:
         records, vectors = self._compacted()
         kept = {r["id"] for r in records if r.get("t") == "memory"}
         self.erased = [m for m in self.memory_ids if m not in kept]  # memories nothing is left of
+        self.purged = [self.memory_ids[m] for m in np.unique(self.memory_idx[self.deleted]).tolist()]
         new, _ = compaction.compaction_dirs(self.path)
         if new.exists():
             shutil.rmtree(new)

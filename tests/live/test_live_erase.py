@@ -84,6 +84,51 @@ def test_delete_user_then_compact_leaves_no_byte_of_the_user(tmp_path: Path, met
     assert "answer_keys" not in ledger and ledger["answer_calls"] == 3
 
 
+@pytest.mark.parametrize("method", ["memfit", "lightmem_slm"])
+def test_deleting_some_turns_then_compact_leaves_no_byte_of_them(tmp_path: Path, method: str) -> None:
+    """A turn deleted from a user who keeps others: after compact() no file holds its text, although the user's
+    cached answers and summaries quoted it (they are dropped, and asked again when needed); the user's other
+    turns stay, and so does everything of the other user."""
+    folder = tmp_path / "memory"
+    secret = {"speaker": "Ann", "text": "My bank PIN is zanzibar4417.", "turn_id": "pin",
+              "timestamp": "2024-02-01T10:00:00"}  # the earliest: EXCERPT 1
+    memory = Memory.open(folder, DEMO, overrides=OVERRIDES, method=method)
+    try:
+        memory.add([ERASED, KEPT], [[secret, *turns(ERASED)], turns(KEPT)])
+        assert sum(memory.consolidate().values()) > 0
+        pin = memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
+        if method == "memfit":  # its answer quotes the turn (LightMem's pack is its notes, which echo no turn)
+            assert "zanzibar4417" in pin
+            assert any(f.startswith("cache.sqlite") for f in files_holding(folder, ["zanzibar4417"]))
+        kept_answer = memory.answer(KEPT, ["What glows?"])[0]
+        assert memory.delete(ERASED, ["pin"])["episodes"] == 1
+        compacted = memory.compact()
+        assert compacted["users_erased"] == 0 and compacted["users_with_deleted_turns"] == 1, compacted
+        assert compacted["cache_responses_dropped"] > 0 and compacted["cache_calls_dropped"] == 0, compacted
+        assert files_holding(folder, ["zanzibar4417"]) == {}
+        assert len(memory.turns(ERASED)) == 40
+        assert "quibbleflux" in memory.answer(ERASED, ["What is the vault code?"])[0].raw_output
+        calls = memory.ledger.roles["answer"].calls
+        assert memory.answer(KEPT, ["What glows?"])[0].raw_output == kept_answer.raw_output
+        assert memory.ledger.roles["answer"].calls == calls  # the other user's answer: still a cache hit
+    finally:
+        memory.close()
+    assert files_holding(folder, ["zanzibar4417"]) == {}
+
+
+def test_two_users_never_share_a_cached_reply(tmp_path: Path) -> None:
+    """The same turns and the same question for two users: two reader calls, one cached reply each (a user
+    cannot time whether another asked the same, and erasing one user's replies leaves none of them behind)."""
+    with Memory.open(tmp_path / "memory", DEMO, overrides=OVERRIDES) as memory:
+        memory.add([ERASED, KEPT], [turns(ERASED), turns(ERASED)])
+        first = memory.answer(ERASED, ["What is the vault code?"])[0]
+        second = memory.answer(KEPT, ["What is the vault code?"])[0]
+        assert first.raw_output == second.raw_output
+        assert (memory.ledger.roles["answer"].calls, memory.ledger.roles["answer"].cached) == (2, 0)
+        memory.answer(KEPT, ["What is the vault code?"])
+        assert (memory.ledger.roles["answer"].calls, memory.ledger.roles["answer"].cached) == (2, 1)
+
+
 def test_the_store_commands_erase_a_live_users_every_byte_too(tmp_path: Path) -> None:
     """`memfit store delete` of every turn, then `memfit store compact`, on a live memory's folder."""
     folder = tmp_path / "memory"
