@@ -388,6 +388,11 @@ class ServeConfig:
     max_turns_per_request: int = 1024  # more get 422
     max_queries_per_request: int = 64  # more get 422
     max_k: int = 100  # search k above this gets 422
+    # What one client may take of a server that every user shares (one worker thread runs every search and add):
+    max_query_words_per_request: int = 4096  # words over a request's queries (or questions); more get 422
+    max_in_flight_per_key: int = 32  # requests of one API key served at once; more get 429 (Retry-After)
+    max_turns_per_user: int = 200_000  # turns a user holds (deleted ones until compaction); an add past it gets 507
+    min_free_disk_mb: int = 1024  # adds get 507 below this much free disk, so deletes and compaction still work
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish, then the store closes
     # A stalled client holds a connection: its request's headers, and then its body, must each arrive
     # within this many seconds (headers: the connection is closed; body: 408)
@@ -657,6 +662,10 @@ _RANGES: dict[str, _Range] = {
     "serve.max_turns_per_request": _AT_LEAST_1,
     "serve.max_queries_per_request": _AT_LEAST_1,
     "serve.max_k": _AT_LEAST_1,
+    "serve.max_query_words_per_request": _AT_LEAST_1,
+    "serve.max_in_flight_per_key": _AT_LEAST_1,
+    "serve.max_turns_per_user": _AT_LEAST_1,
+    "serve.min_free_disk_mb": _AT_LEAST_0,
     "serve.drain_timeout_s": _AT_LEAST_0,
     "serve.read_timeout_s": _Range(0, low_open=True),
     "lightmem.noise.hq": _FRACTION,

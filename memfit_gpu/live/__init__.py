@@ -3,7 +3,15 @@ The server over it is memfit_gpu/serve/ (`memfit serve`)."""
 
 from __future__ import annotations
 
-from memfit_gpu.live.memory import Added, Answer, Memory, TurnConflictError, UnknownUserError, live_methods
+from memfit_gpu.live.memory import (
+    Added,
+    Answer,
+    Memory,
+    TurnConflictError,
+    UnknownUserError,
+    UserFullError,
+    live_methods,
+)
 from memfit_gpu.methods.base import Hit
 
-__all__ = ["Added", "Answer", "Hit", "Memory", "TurnConflictError", "UnknownUserError", "live_methods"]
+__all__ = ["Added", "Answer", "Hit", "Memory", "TurnConflictError", "UnknownUserError", "UserFullError", "live_methods"]

@@ -78,6 +78,11 @@ class TurnConflictError(ValueError):
     """An add that reuses a stored turn id of the user with another speaker or text."""
 
 
+class UserFullError(Exception):
+    """An add past the turns a user may hold (`add_batch(max_turns_per_user=...)`: memfit serve's
+    serve.max_turns_per_user)."""
+
+
 @dataclass(frozen=True)
 class Added:
     """One turn of an add: where it is (turn id, store row) and whether it was there already (the same
@@ -135,6 +140,7 @@ class _BatchPlan:
 
     planned: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (user, turn id) -> words
     counts: dict[str, int] = field(default_factory=dict)  # turns stored or planned
+    max_turns: int | None = None  # turns a user may hold, deleted ones until compaction (None: no bound)
     speakers: dict[str, set[str]] = field(default_factory=dict)  # speaker names stored or planned
 
 
@@ -345,14 +351,15 @@ class Memory:
         results = self.add_batch(requests, atomic=True)
         return [added for result in results for added in result]  # type: ignore[union-attr]
 
-    def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]],
-                  atomic: bool = False) -> list[list[Added] | BaseException]:
+    def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]], atomic: bool = False,
+                  max_turns_per_user: int | None = None) -> list[list[Added] | BaseException]:
         """Several adds (user id, turns) as ONE write batch (what the server's dynamic batching sends):
         per add, its Added list, or the error that refused that add alone (bad input, a turn-id conflict,
         too many speakers); the others are stored. Every add is checked whole before anything is logged,
         so a refused add leaves nothing behind; if the batched write itself fails, each add is written
         alone, so one add's failure is its own. atomic: refuse the whole batch (raise the first error,
-        store nothing) when any add is refused (`add`)."""
+        store nothing) when any add is refused (`add`). max_turns_per_user: an add that would leave its
+        user holding more turns (deleted ones count until `compact`) is refused (UserFullError)."""
         parsed: list[list[tuple[Turn, str | None]] | BaseException] = []
         for user, turns in requests:
             try:
@@ -365,14 +372,14 @@ class Memory:
         with self.holding():
             outcome: list[list[Added] | BaseException] = []
             fresh: list[_NewTurn] = []
-            plan = _BatchPlan()
+            plan = _BatchPlan(max_turns=max_turns_per_user)
             for (user, _), turns in zip(requests, parsed, strict=True):
                 if isinstance(turns, BaseException):
                     outcome.append(turns)
                     continue
                 try:
                     outcome.append(self._plan_add(user, turns, fresh, plan))
-                except (TurnConflictError, DataError) as exc:
+                except (TurnConflictError, DataError, UserFullError) as exc:
                     outcome.append(exc)
             if atomic:
                 refused = next((o for o in outcome if isinstance(o, BaseException)), None)
@@ -389,7 +396,7 @@ class Memory:
                 # the store logged nothing of the failed batch (EpisodeStore._commit): write each add alone
                 log.warning("memfit live: a write batch of %d adds failed; writing each alone", len(writing))
                 for i in writing:
-                    outcome[i] = self.add_batch([requests[i]])[0]
+                    outcome[i] = self.add_batch([requests[i]], max_turns_per_user=max_turns_per_user)[0]
                 return outcome
             row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
             outcome = [o if isinstance(o, BaseException) else
@@ -445,6 +452,9 @@ class Memory:
             mine.append(_NewTurn(user, turn, session or turn.date_text or LIVE_SESSION))
             out.append(Added(user, turn.turn_id, -1))
             count += 1
+        if plan.max_turns is not None and count > plan.max_turns:
+            raise UserFullError(f"user {user!r} would hold {count:,} turns (deleted ones count until compaction); "
+                                f"at most {plan.max_turns:,}")
         plan.planned.update(mine_planned)
         plan.speakers[user] = speakers
         plan.counts[user] = count

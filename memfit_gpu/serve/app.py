@@ -15,13 +15,16 @@ Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, se
     GET    /metrics                      Prometheus: request latency histograms per route, batch sizes, turns
 
 Before any body is read, a request's key is checked (401 missing or unknown, 403 a user the key is not
-bound to, 422 a user id outside names.USER_ID_RULE) and its size (413 above serve.max_body_bytes), in one
+bound to, 422 a user id outside names.USER_ID_RULE, 429 with Retry-After when the key already has
+serve.max_in_flight_per_key requests being served) and its size (413 above serve.max_body_bytes), in one
 ASGI middleware, so a refused request reads nothing; the route checks the binding again on the user id
 it was given, so the id authorised is the id used (the path is decoded once, by the server). A body that
 does not arrive within serve.read_timeout_s is 408. Bodies are validated by pydantic (422 naming the
-field, wrong types included; `k` a JSON integer) and by the serve.max_* limits (422 with the limit); a
-4xx body names the field and never echoes the input. An unknown user is 404, a turn id reused with other
-words 409, a full disk 507 naming the file (the memory writes again once space is freed).
+field, wrong types included; `k` a JSON integer) and by the serve.max_* limits (422 with the limit; the words
+of a request's queries together: serve.max_query_words_per_request); a 4xx body names the field and never
+echoes the input. An unknown user is 404, a turn id reused with other words 409, a full disk 507 naming the
+file (the memory writes again once space is freed), and so is an add past serve.max_turns_per_user or while
+the disk has less than serve.min_free_disk_mb free (one client cannot take what every user shares).
 Searches, answers and adds go through dynamic batching (serve/batching.py; serve.batch_window_ms,
 serve.max_batch): one batched call per batch, and a request that fails inside it is run again alone, so
 it fails alone. Searches, adds and the read half of answers run on one worker thread, in arrival order;
@@ -32,6 +35,7 @@ answers never hold another user's searches.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -103,12 +107,15 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 class Guard:
-    """ASGI middleware: request size (413), API key (401) and user binding (403) before the app reads
-    anything; the request's latency into the metrics."""
+    """ASGI middleware: request size (413), API key (401), user binding (403) and the key's requests in
+    flight (429) before the app reads anything; the request's latency into the metrics."""
 
-    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics, read_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics, read_timeout_s: float = 30.0,
+                 max_in_flight_per_key: int = 32) -> None:
         self.app, self.keys, self.max_body, self.metrics = app, keys, max_body_bytes, metrics
         self.read_timeout_s = read_timeout_s
+        self.max_in_flight_per_key = max_in_flight_per_key
+        self.key_in_flight: collections.Counter[str] = collections.Counter()  # per key name (one event loop)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -124,8 +131,18 @@ class Guard:
             await send(message)
 
         self.metrics.in_flight.inc()
+        holder: str | None = None  # the key this request counts against while it is served
         try:
             refusal = self._refusal(scope)
+            key: ApiKey | None = scope.get("memfit.key")
+            if refusal is None and key is not None:
+                if self.key_in_flight[key.name] >= self.max_in_flight_per_key:
+                    refusal = _error(429, f"key {key.name!r} has {self.key_in_flight[key.name]} requests being served; "
+                                          f"at most serve.max_in_flight_per_key={self.max_in_flight_per_key}",
+                                     headers={"retry-after": "1"})
+                else:
+                    holder = key.name
+                    self.key_in_flight[holder] += 1
             body = b""
             if refusal is None:
                 try:
@@ -150,6 +167,10 @@ class Guard:
 
             await self.app(scope, replay, sending)
         finally:
+            if holder is not None:
+                self.key_in_flight[holder] -= 1
+                if not self.key_in_flight[holder]:
+                    del self.key_in_flight[holder]
             self.metrics.in_flight.dec()
             route = scope.get("route")
             path = getattr(route, "path", None) or ("other" if not scope["path"].startswith("/v1/") else "/v1/unmatched")
@@ -314,7 +335,8 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         user_ids = None if body.user_ids is None else [bound(request, u) for u in body.user_ids]
         return {"consolidated": await served.consolidate(user_ids)}
 
-    guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s)
+    guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s,
+                    cfg.serve.max_in_flight_per_key)
     guarded.state = app.state  # the server reads app.state.shutdown_error after it stops
     return guarded  # type: ignore[return-value]
 

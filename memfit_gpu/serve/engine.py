@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +22,16 @@ from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.files import StorageError
-from memfit_gpu.live.memory import Added, Answer, Memory, PreparedAnswers, TurnConflictError, UnknownUserError
+from memfit_gpu.index.tokenize import tokenize
+from memfit_gpu.live.memory import (
+    Added,
+    Answer,
+    Memory,
+    PreparedAnswers,
+    TurnConflictError,
+    UnknownUserError,
+    UserFullError,
+)
 from memfit_gpu.methods.base import Hit
 from memfit_gpu.names import user_id_problem
 from memfit_gpu.serve.batching import Batcher
@@ -60,6 +70,8 @@ async def outcome(pending: Awaitable[Any]) -> Any:
         raise Refused(404, str(exc)) from None
     except TurnConflictError as exc:
         raise Refused(409, str(exc)) from None
+    except UserFullError as exc:
+        raise Refused(507, f"{exc}: serve.max_turns_per_user") from None
     except (DataError, ValueError, TypeError) as exc:
         raise Refused(422, str(exc)) from None
     except StorageError as exc:
@@ -107,7 +119,7 @@ class ServedMemory:
 
     # ---------------------------------------------------------------------------------------- runs
     def _add_run(self, items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
-        results = self.memory.add_batch(items)
+        results = self.memory.add_batch(items, max_turns_per_user=self.cfg.serve.max_turns_per_user)
         if self._turns_added is not None:
             self._turns_added(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
         return results
@@ -123,14 +135,35 @@ class ServedMemory:
         if count > most:
             raise Refused(422, f"{count} {what} in one request; at most {key}={most}")
 
+    def _words(self, texts: Sequence[str], what: str) -> None:
+        """The request's queries (questions) hold at most serve.max_query_words_per_request words together."""
+        most = self.cfg.serve.max_query_words_per_request
+        if sum(len(t) for t in texts) > most:  # a word is at least one character: short requests count nothing
+            self._limit(sum(len(tokenize(t)) for t in texts), most, f"words of {what}",
+                        "serve.max_query_words_per_request")
+
+    def _disk_reserve(self) -> None:
+        """An add while the store's disk has less than serve.min_free_disk_mb free is 507: what is left is kept
+        for the memory's own work (snapshots, deletes, compaction), not filled by one client."""
+        most = self.cfg.serve.min_free_disk_mb
+        try:
+            free = shutil.disk_usage(self.memory.path).free
+        except OSError:
+            return  # the write itself then says what is wrong
+        if free < most * (1 << 20):
+            raise Refused(507, f"disk nearly full: {free / (1 << 20):,.0f} MiB free under {self.memory.path}, "
+                               f"adds stop below serve.min_free_disk_mb={most:,}")
+
     # --------------------------------------------------------------------------------- operations
     async def add(self, user_id: str, turns: list[dict[str, Any]]) -> list[Added]:
         self._limit(len(turns), self.cfg.serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
+        self._disk_reserve()
         return await outcome(self.adds.submit((checked_user(user_id), turns)))
 
     async def search(self, user_id: str, queries: Sequence[str], k: int) -> list[list[Hit]]:
         self._limit(len(queries), self.cfg.serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
         self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
+        self._words(queries, "queries")
         return await outcome(self.searches.submit((checked_user(user_id), list(queries), k)))
 
     async def answer(self, user_id: str, questions: Sequence[str], k: int,
@@ -138,6 +171,7 @@ class ServedMemory:
         self._limit(len(questions), self.cfg.serve.max_queries_per_request, "questions",
                     "serve.max_queries_per_request")
         self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
+        self._words(questions, "questions")
         return await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date)))
 
     async def turns(self, user_id: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ machinery around a reader, never a reported number).
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -27,10 +28,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+import httpx
 import pytest
-from support.live_server import CHEAP, REPO, LiveServer
+import seam_echo_backend  # noqa: F401  (registers reader.backend=echo for the in-process memory)
+from support.live_server import CHEAP, DEMO, REPO, LiveServer
 
+from memfit_gpu.config import load_config
+from memfit_gpu.live import Memory
 from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
+from memfit_gpu.serve.engine import Refused, ServedMemory
 from memfit_gpu.serve.keys import KeyRing, new_key
 from memfit_gpu.store import RecordLog
 
@@ -72,7 +78,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hostile")
     keys_file = root / "keys.jsonl"
     keys = {user: new_key(keys_file, [user], name=user) for user in ("u1", "u2", "u3", "u4")}
-    server = LiveServer(root / "memory", keys_file, [*SLOW, "serve.batch_window_ms=300", "serve.read_timeout_s=2"])
+    server = LiveServer(root / "memory", keys_file, [*SLOW, "serve.batch_window_ms=300", "serve.read_timeout_s=2",
+                                                     "serve.max_in_flight_per_key=2", "serve.max_turns_per_user=50"])
     os.environ["MEMFIT_TEST_ECHO_PREFIX"] = "Question date:"  # the echo reader answers with that line
     try:
         server.start()
@@ -153,8 +160,8 @@ def _concurrently(*calls: Any) -> list[tuple[int, Any]]:
 def test_a_poisoned_request_fails_alone_and_says_which_field(served) -> None:
     """A request that passed validation but failed inside the batched call (a lone surrogate in a turn id,
     a session id, a date text, an image caption or a query; a query of 70,000 known tokens) failed every
-    request batched with it, with its error; now it is refused alone, naming its field, and the others of
-    its batch get their own results."""
+    request batched with it, with its error; now it is refused alone, naming its field (the long query:
+    the request's word limit, before any batch), and the others of its batch get their own results."""
     server, keys = served
     poisons = [
         ("POST", "/turns", add_body(turn("u1", 50, turn_id="\ud800")), "turns.0.turn_id"),
@@ -162,7 +169,7 @@ def test_a_poisoned_request_fails_alone_and_says_which_field(served) -> None:
         ("POST", "/turns", add_body(turn("u1", 52, date_text="\ud83d")), "turns.0.date_text"),
         ("POST", "/turns", add_body(turn("u1", 53, images=[{"caption": "a \udc00 dog"}])), "turns.0.images.0.caption"),
         ("POST", "/search", json.dumps({"queries": ["lantern \ud800"]}), "queries.0"),
-        ("POST", "/search", json.dumps({"queries": ["lantern harbor " * 35_000]}), "queries[0]"),
+        ("POST", "/search", json.dumps({"queries": ["lantern harbor " * 35_000]}), "serve.max_query_words_per_request"),
     ]
     for n, (method, tail, body, field) in enumerate(poisons):
         good_add = add_body(turn("u2", 100 + n))
@@ -246,6 +253,66 @@ def test_one_users_answers_do_not_stall_another_users_searches(served) -> None:
     assert status == 200 and answered >= 8.0
     before = [t for t in done if t < answered - 0.5]
     assert len(before) >= 2 and before[0] < 5.0, (done, answered)
+
+
+def test_one_key_takes_a_bounded_share_of_the_server(served) -> None:
+    """A probe held the one worker for 5.9 s with one request (64 queries of 5,400 words, k=100), could keep
+    64 such requests in flight from one key and could add turns until the disk was full for everyone. Now a
+    request's queries hold at most serve.max_query_words_per_request words together (422), a key has at most
+    serve.max_in_flight_per_key requests being served (2 here; 429 with Retry-After, other keys served
+    meanwhile), and a user at most serve.max_turns_per_user turns (50 here; 507, nothing of the add stored)."""
+    server, keys = served
+    url = f"http://127.0.0.1:{server.port}"
+    heavy = json.dumps({"queries": [" ".join(["lantern"] * 100)] * 41, "k": 100})  # 4,100 words
+    status, reply = call(server, "POST", "/v1/users/u2/search", keys["u2"], heavy)
+    assert status == 422 and reply["detail"] == ("4100 words of queries in one request; at most "
+                                                 "serve.max_query_words_per_request=4096"), reply
+    light = json.dumps({"queries": [" ".join(["lantern"] * 100)] * 40, "k": 100})  # 4,000 words
+    assert call(server, "POST", "/v1/users/u2/search", keys["u2"], light)[0] == 200
+    slow = json.dumps({"questions": ["Who lit the lantern by the harbor today, SLOWLY?"]})  # asked nowhere else
+    with ThreadPoolExecutor(2) as pool:
+        answers = [pool.submit(call, server, "POST", "/v1/users/u1/answer", keys["u1"], slow) for _ in range(2)]
+        time.sleep(1.0)  # both are being served (generating for 8 s)
+        third = httpx.post(f"{url}/v1/users/u1/search", json={"queries": ["lantern"]}, timeout=30,
+                           headers={"Authorization": f"Bearer {keys['u1']}"})
+        assert third.status_code == 429 and third.headers["retry-after"] == "1", third.text
+        assert third.json()["detail"] == ("key 'u1' has 2 requests being served; at most "
+                                          "serve.max_in_flight_per_key=2")
+        other = call(server, "POST", "/v1/users/u2/search", keys["u2"], json.dumps({"queries": ["lantern"]}))
+        assert other[0] == 200 and not any(a.done() for a in answers)  # another key, meanwhile
+        assert [a.result()[0] for a in answers] == [200, 200]
+    assert call(server, "POST", "/v1/users/u1/search", keys["u1"], json.dumps({"queries": ["lantern"]}))[0] == 200
+    assert call(server, "POST", "/v1/users/u4/turns", keys["u4"], add_body(*(turn("u4", n) for n in range(50))))[0] == 200
+    status, reply = call(server, "POST", "/v1/users/u4/turns", keys["u4"], add_body(turn("u4", 50), turn("u4", 51)))
+    assert status == 507 and reply["detail"] == ("user 'u4' would hold 52 turns (deleted ones count until "
+                                                 "compaction); at most 50: serve.max_turns_per_user"), reply
+    assert call(server, "POST", "/v1/users/u4/turns", keys["u4"], add_body(turn("u4", 0)))[0] == 200  # a retry: stored
+    assert len(call(server, "GET", "/v1/users/u4/turns", keys["u4"])[1]["turns"]) == 50
+
+
+def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: Path) -> None:
+    """One client filling the disk stopped every user's adds; now adds stop while the store's disk has less
+    than serve.min_free_disk_mb free (here more than any disk has: 507 naming the setting), and searches and
+    deletes, which need no new space, are served."""
+    cfg = load_config(DEMO, [*CHEAP, "serve.min_free_disk_mb=1000000000"])
+    memory = Memory.open(tmp_path / "memory", cfg)
+    memory.add("u1", [turn("u1", 0), turn("u1", 1)])  # the Python API has no serve.* limit
+    served = ServedMemory(memory, cfg)
+
+    async def requests() -> None:
+        served.start()
+        try:
+            with pytest.raises(Refused) as refused:
+                await served.add("u1", [turn("u1", 2)])
+            assert refused.value.status == 507 and "adds stop below serve.min_free_disk_mb=1,000,000,000" in \
+                refused.value.message
+            assert sorted(h.turn_ids[0] for h in (await served.search("u1", ["lantern"], 2))[0]) == ["u1-0", "u1-1"]
+            assert (await served.delete("u1", ["u1-0"]))["episodes"] == 1
+        finally:
+            assert await served.stop() is None
+
+    asyncio.run(requests())
+    assert [t["turn_id"] for t in Memory.open(tmp_path / "memory", cfg).turns("u1")] == ["u1-1"]
 
 
 def test_stalled_connections_are_closed(served) -> None:
