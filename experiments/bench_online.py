@@ -306,9 +306,9 @@ async def closed_loop(url: str, key: str, user_queries: list[tuple[str, str]], c
             "throughput_rps": round(requests / wall, 2), **percentiles(latencies)}, results
 
 
-def batch_sizes(url: str) -> dict[str, float]:
-    """The search batcher's batch-size histogram so far (/metrics): count and mean."""
-    text = httpx.get(url + "/metrics", timeout=30).text
+def batch_sizes(url: str, key: str) -> dict[str, float]:
+    """The search batcher's batch-size histogram so far (/metrics, an admin key's): count and mean."""
+    text = httpx.get(url + "/metrics", timeout=30, headers={"Authorization": f"Bearer {key}"}).text
     total = count = 0.0
     for line in text.splitlines():
         if line.startswith('memfit_batch_size_sum{op="search"}'):
@@ -338,12 +338,12 @@ def concurrency(batched_url: str, key: str, keys: Path, folder: Path, root: Path
     with served(copy, config, keys, [*overrides, "serve.max_batch=1"], root / "unbatched.log") as unbatched_url:
         for clients in tqdm(client_counts, desc="concurrency", unit="level", leave=False):
             n = max(requests, 2 * clients)
-            before = batch_sizes(batched_url)
+            before = batch_sizes(batched_url, key)
             row: dict[str, Any] = {"clients": clients}
             found = {}
             for name, url in (("batched", batched_url), ("unbatched", unbatched_url)):
                 row[name], found[name] = asyncio.run(closed_loop(url, key, user_queries, clients, n))
-            after = batch_sizes(batched_url)
+            after = batch_sizes(batched_url, key)
             batches = after["batches"] - before["batches"]
             row["batched"]["mean_batch"] = round((after["searches"] - before["searches"]) / batches, 2) if batches else None
             b, u = row["batched"], row["unbatched"]
@@ -356,7 +356,7 @@ def concurrency(batched_url: str, key: str, keys: Path, folder: Path, root: Path
                     identical["identical"] += same_hits(found["batched"][query], found["unbatched"][query])
                     identical["max_score_diff"] = max(identical["max_score_diff"],
                                                       score_gap(found["batched"][query], found["unbatched"][query]))
-        sizes = batch_sizes(batched_url)
+        sizes = batch_sizes(batched_url, key)
     single = {name: next((lv[name]["p95_ms"] for lv in levels if lv["clients"] == 1), None)
               for name in ("batched", "unbatched")}
     for lv in levels:
@@ -392,7 +392,7 @@ def run_method(method: str, plan: list[tuple[str, list[tuple[dict[str, Any], lis
     finally:
         memory.close()
     keys = root / f"keys-{method}.jsonl"
-    key = new_key(keys, [*users, WARMUP_USER], name=method)
+    key = new_key(keys, [*users, WARMUP_USER], name=method, admin=True)  # admin: it reads /metrics too
     with ExitStack() as stack:
         # the HTTP server never loads the reader (no answer calls): it times adds and searches only
         url = stack.enter_context(served(root / f"{method}-http", config, keys, [*overrides, f"method={method}"],

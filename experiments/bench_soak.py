@@ -52,13 +52,13 @@ def server_pid(log_path: Path) -> int:
     raise RuntimeError(f"no server pid in {log_path}")
 
 
-def sample(pid: int, url: str, folder: Path, done: int) -> dict[str, Any]:
+def sample(pid: int, url: str, key: str, folder: Path, done: int) -> dict[str, Any]:
     status = Path(f"/proc/{pid}/status").read_text()
     rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
     ledger = folder / "ledger.json"
     return {"requests": done, "rss_mib": round(rss_kib / 1024, 1), "open_files": len(os.listdir(f"/proc/{pid}/fd")),
             "ledger_bytes": ledger.stat().st_size if ledger.exists() else 0,
-            "metrics_bytes": len(httpx.get(url + "/metrics", timeout=30).content)}
+            "metrics_bytes": len(httpx.get(url + "/metrics", timeout=30, headers={"Authorization": f"Bearer {key}"}).content)}
 
 
 async def soak(url: str, key: str, plan: list[tuple[int, str, dict[str, Any]]], clients: int, every: int,
@@ -134,13 +134,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as folder:
         root = Path(folder)
         keys = root / "keys.jsonl"
-        key = new_key(keys, users, name="soak")
+        key = new_key(keys, users, name="soak", admin=True)  # admin: it reads /metrics too
         with served(root / "memory", args.config, keys, overrides, root / "server.log") as url:
             pid = server_pid(root / "server.log")
-            samples.append(sample(pid, url, root / "memory", 0))
+            samples.append(sample(pid, url, key, root / "memory", 0))
             started = time.perf_counter()
             timings = asyncio.run(soak(url, key, plan, args.clients, args.sample,
-                                       lambda done: samples.append(sample(pid, url, root / "memory", done))))
+                                       lambda done: samples.append(sample(pid, url, key, root / "memory", done))))
             seconds = time.perf_counter() - started
         # The store grows with every add, so RSS cannot stay where it started: what the served memory should
         # hold after the soak is what a fresh server holds over the same memory. The soak's server stops (its
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             warm = [(n, "search", {"user": u, "queries": [questions[n]], "k": 10}) for n, u in enumerate(users)]
             warm.append((len(users), "answer", {"user": users[0], "questions": [f"{questions[0]} (fresh)"], "k": 5}))
             asyncio.run(soak(url, key, warm, args.clients, len(warm) + 1, lambda done: None))
-            fresh = sample(pid, url, root / "memory", len(timings))
+            fresh = sample(pid, url, key, root / "memory", len(timings))
             # the soak's last window again at the same concurrency on the same memory: what the grown memory
             # itself costs a request, apart from anything the soak's server accumulated
             again = asyncio.run(soak(url, key, end_window, args.clients, len(end_window) + 1, lambda done: None))

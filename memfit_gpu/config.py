@@ -393,6 +393,9 @@ class ServeConfig:
     max_in_flight_per_key: int = 32  # requests of one API key served at once; more get 429 (Retry-After)
     max_turns_per_user: int = 200_000  # turns a user holds (deleted ones until compaction); an add past it gets 507
     min_free_disk_mb: int = 1024  # adds get 507 below this much free disk, so deletes and compaction still work
+    # /metrics counts every user's activity (turns added, requests per route): an admin key's unless opened
+    # here for a scraper that sends none (on a network only the operator reaches)
+    open_metrics: bool = False
     drain_timeout_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish, then the store closes
     # A stalled client holds a connection: its request's headers, and then its body, must each arrive
     # within this many seconds (headers: the connection is closed; body: 408)

@@ -14,7 +14,7 @@ DIR is the memory's folder (created when missing): its store (every turn verbati
 indexes), the reader's cache and ledger. One process serves a folder (DIR/.lock). The method is the
 config's `method` (memfit, plain, naive_rag, lightmem_slm). Per user: POST /v1/users/U/turns adds turns
 (durable when the reply comes), /search returns ranked hits with their stage scores, /answer makes one
-reader call per question, /delete and DELETE /v1/users/U forget; /healthz, /metrics (Prometheus).
+reader call per question, /delete and DELETE /v1/users/U forget; /healthz, /metrics (Prometheus; an admin key).
 
 Every /v1 request needs a key of the keys file (Authorization: Bearer KEY), bound to the user ids it may
 touch: a missing or unknown key is 401, another user's path 403, and neither reads anything. Concurrent

@@ -13,6 +13,7 @@ Routes (OpenAPI at /docs and /openapi.json; every /v1 route needs an API key, se
                                          users, each bound to the key)
     GET    /healthz                      liveness (no key)
     GET    /metrics                      Prometheus: request latency histograms per route, batch sizes, turns
+                                         (admin keys only, unless serve.open_metrics)
 
 Before any body is read, a request's key is checked (401 missing or unknown, 403 a user the key is not
 bound to, 422 a user id outside names.USER_ID_RULE, 429 with Retry-After when the key already has
@@ -68,8 +69,8 @@ from memfit_gpu.serve.schemas import AddIn, AnswerIn, ConsolidateIn, DeleteIn, S
 log = logging.getLogger(__name__)
 
 _USER_PATH = re.compile(r"^/v1/users/([^/]+)(?:/|$)")
-_ADMIN_PATHS = ("/v1/compact", "/v1/consolidate")
-_OPEN_PATHS = ("/healthz", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+_ADMIN_PATHS = ("/v1/compact", "/v1/consolidate", "/metrics")
+_OPEN_PATHS = ("/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -111,9 +112,10 @@ class Guard:
     flight (429) before the app reads anything; the request's latency into the metrics."""
 
     def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics, read_timeout_s: float = 30.0,
-                 max_in_flight_per_key: int = 32) -> None:
+                 max_in_flight_per_key: int = 32, open_metrics: bool = False) -> None:
         self.app, self.keys, self.max_body, self.metrics = app, keys, max_body_bytes, metrics
         self.read_timeout_s = read_timeout_s
+        self.open_metrics = open_metrics
         self.max_in_flight_per_key = max_in_flight_per_key
         self.key_in_flight: collections.Counter[str] = collections.Counter()  # per key name (one event loop)
 
@@ -180,7 +182,9 @@ class Guard:
 
     def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
         path = scope["path"]
-        if not (path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/")):
+        if path == "/metrics" and self.open_metrics:
+            return None
+        if not (path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/") or path == "/metrics"):
             return None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         presented = headers.get("x-api-key")
@@ -200,7 +204,7 @@ class Guard:
             if not key.may(user.group(1)):
                 return _error(403, f"key {key.name!r} is not bound to user {user.group(1)!r}")
         elif path in _ADMIN_PATHS and not key.admin:
-            return _error(403, f"key {key.name!r} is not an admin key ({path} touches the whole store)")
+            return _error(403, f"key {key.name!r} is not an admin key ({path} is about the whole store)")
         return None
 
     async def _body(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[bytes, bool]:
@@ -336,7 +340,7 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"consolidated": await served.consolidate(user_ids)}
 
     guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s,
-                    cfg.serve.max_in_flight_per_key)
+                    cfg.serve.max_in_flight_per_key, cfg.serve.open_metrics)
     guarded.state = app.state  # the server reads app.state.shutdown_error after it stops
     return guarded  # type: ignore[return-value]
 

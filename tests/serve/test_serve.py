@@ -172,18 +172,21 @@ def test_randomized_keys_and_users_find_no_other_users_turns(served) -> None:
                                    headers=auth(key)).status_code == 403
 
 
-def metric(client: httpx.Client, name: str, **labels: str) -> float:
+def metric(client: httpx.Client, admin: str, name: str, **labels: str) -> float:
     wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", headers=auth(admin)).text.splitlines():
         if line.startswith(f"{name}{{{wanted}}}") or (not labels and line.startswith(name + " ")):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 
 def test_concurrent_searches_and_adds_are_batched_and_metered(served) -> None:
-    _, client, keys, _, _ = served
-    searches_before = metric(client, "memfit_batch_size_count", op="search")
-    adds_before = metric(client, "memfit_batch_size_count", op="add")
+    _, client, keys, _, admin = served
+    # /metrics counts every user's activity: an admin key's only
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=auth(keys["user00"])).status_code == 403
+    searches_before = metric(client, admin, "memfit_batch_size_count", op="search")
+    adds_before = metric(client, admin, "memfit_batch_size_count", op="add")
     barrier = threading.Barrier(16)
 
     def search(i: int) -> int:
@@ -194,7 +197,7 @@ def test_concurrent_searches_and_adds_are_batched_and_metered(served) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(search, range(16))) == {200}
-    searches = metric(client, "memfit_batch_size_count", op="search") - searches_before
+    searches = metric(client, admin, "memfit_batch_size_count", op="search") - searches_before
     assert 1 <= searches < 16  # 16 concurrent searches, fewer batched retrievals
     barrier = threading.Barrier(16)
 
@@ -207,16 +210,16 @@ def test_concurrent_searches_and_adds_are_batched_and_metered(served) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         assert set(pool.map(add, range(16))) == {200}
-    adds = metric(client, "memfit_batch_size_count", op="add") - adds_before
+    adds = metric(client, admin, "memfit_batch_size_count", op="add") - adds_before
     assert 1 <= adds < 16  # each batch is one log append and one encoder pass (Memory.add_batch)
-    assert metric(client, "memfit_turns_added_total") >= 16 + 4 * len(USERS)
-    text = client.get("/metrics").text
+    assert metric(client, admin, "memfit_turns_added_total") >= 16 + 4 * len(USERS)
+    text = client.get("/metrics", headers=auth(admin)).text
     assert 'memfit_request_seconds_bucket{le="0.05",method="POST",route="/v1/users/{user_id}/search",status="200"}' in text
     # a client's own method names make no series of their own (the label set stays bounded): the HTTP parser
     # refuses them, and a method that reached the app would be counted as "other"
     statuses = {client.request(f"FETCH{n}", "/v1/users/user01/search", headers=auth(keys["user01"])).status_code
                 for n in range(20)}
-    assert statuses <= {400, 405} and "FETCH" not in client.get("/metrics").text
+    assert statuses <= {400, 405} and "FETCH" not in client.get("/metrics", headers=auth(admin)).text
 
 
 def test_answers_are_one_reader_call_per_question(served) -> None:
