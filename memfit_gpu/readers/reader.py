@@ -2,10 +2,10 @@
 
 `make_reader` builds the configured backend (registry.py) and wraps it, so every caller (summaries,
 answers, judge) gets caching, resumability and accounting for free. The backend's model (weights, vLLM
-engines) loads with the first request the cache cannot serve: a rerun the cache serves entirely loads none. Each group of responses the backend
-returns (a server's: each response as it arrives) is committed to the cache together with the ledger
-entries that account for it, before anything else happens to it; `load_ledger` rebuilds a resumed run's
-ledger from those entries.
+engines) loads with the first request the cache cannot serve: a rerun the cache serves entirely loads
+none. Each group of responses the backend returns (a server's: each response as it arrives) is committed
+to the cache together with the ledger entries that account for it, before anything else happens to it;
+`load_ledger` rebuilds a resumed run's ledger from those entries.
 """
 
 from __future__ import annotations
