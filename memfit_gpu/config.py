@@ -390,7 +390,9 @@ class ServeConfig:
     max_k: int = 100  # search k above this gets 422
     # What one client may take of a server that every user shares (one worker thread runs every search and add):
     max_query_words_per_request: int = 4096  # words over a request's queries (or questions); more get 422
-    max_in_flight_per_key: int = 32  # requests of one API key served at once; more get 429 (Retry-After)
+    # requests of one API key served at once, more get 429 (Retry-After): one batch's worth (max_batch), so one
+    # key alone is never more than a batch ahead of the others
+    max_in_flight_per_key: int = 64
     max_turns_per_user: int = 200_000  # turns a user holds (deleted ones until compaction); an add past it gets 507
     min_free_disk_mb: int = 1024  # adds get 507 below this much free disk, so deletes and compaction still work
     # /metrics counts every user's activity (turns added, requests per route): an admin key's unless opened

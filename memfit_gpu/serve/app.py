@@ -112,7 +112,7 @@ class Guard:
     flight (429) before the app reads anything; the request's latency into the metrics."""
 
     def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics, read_timeout_s: float = 30.0,
-                 max_in_flight_per_key: int = 32, open_metrics: bool = False) -> None:
+                 max_in_flight_per_key: int = 64, open_metrics: bool = False) -> None:
         self.app, self.keys, self.max_body, self.metrics = app, keys, max_body_bytes, metrics
         self.read_timeout_s = read_timeout_s
         self.open_metrics = open_metrics
