@@ -270,9 +270,13 @@ class Memory:
             method: the method to run (default: the config's `method`); any registered live method.
             overrides: dot-list overrides on a YAML config (rerank.backend=none).
         Raises:
-            ConfigError: the method is not live, or a bad config value.
+            ConfigError: the method is not live, or a bad config value; or `path` is a run directory.
             DirectoryBusyError: another process has this memory open.
         """
+        if (Path(path) / "config.yaml").is_file():  # a live memory's folder has none: `memfit run` writes it
+            raise ConfigError(f"{path}: a run directory (config.yaml inside), a finished experiment whose packs and "
+                              "predictions were made from its store as it is: not opened as a live memory (open a new "
+                              "folder; `memfit store import` adds an own-data file to it)")
         if isinstance(config, MemFitConfig):
             if overrides:
                 raise ConfigError("overrides apply to a YAML config; pass a MemFitConfig already overridden")

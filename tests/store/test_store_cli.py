@@ -107,6 +107,18 @@ def test_delete_refuses_a_run_directory_that_is_held(run_dir: Path, capsys):
     assert (run_dir / "store" / "log.jsonl").read_bytes() == before
 
 
+def test_import_into_a_run_directory_is_refused_and_changes_nothing(run_dir: Path, capsys):
+    """`store import` opened a run directory as a live memory and appended to its store (a finished
+    experiment's); a run directory is no live memory's folder for any command now."""
+    before = (run_dir / "store" / "log.jsonl").read_bytes()
+    line = _error(capsys, ["store", "import", str(run_dir), str(REPO / "configs" / "data" / "example.jsonl"),
+                           "--config", str(run_dir / "config.yaml")])
+    assert line.endswith(f"{run_dir}: a run directory (config.yaml inside), a finished experiment whose packs and "
+                         "predictions were made from its store as it is: not opened as a live memory (open a new "
+                         "folder; `memfit store import` adds an own-data file to it)")
+    assert (run_dir / "store" / "log.jsonl").read_bytes() == before
+
+
 def test_delete_of_an_unknown_turn_is_a_one_line_error_and_changes_nothing(run_dir: Path, capsys):
     before = (run_dir / "store" / "log.jsonl").read_bytes()
     line = _error(capsys, ["store", "delete", str(run_dir), "--memory", "conv-a", "--turn", "D1:1", "--turn", "D9:9"])
