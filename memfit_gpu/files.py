@@ -39,6 +39,10 @@ STORAGE_ADVICE: dict[int, str] = {
     errno.EPERM: "give this user write permission there (or use another directory)",
     errno.EROFS: "the file system is read-only: remount it writable or use another directory",
     errno.EIO: "the disk reported an I/O error: check it (dmesg) before trusting the directory",
+    # a path given where the other kind of thing is
+    errno.EISDIR: "it is a folder: give the path of a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: give another path",
+    errno.EEXIST: "a file is in the way of a folder there: give another path or move the file",
 }
 RESUME = "then rerun the same command: what was written before is kept"
 
@@ -62,7 +66,8 @@ def storage_error(path: str | Path, exc: OSError, doing: str = "writing") -> Sto
     if advice is None:
         return None
     code = errno.errorcode.get(exc.errno or -1, exc.errno)
-    return StorageError(path, f"{path}: {doing} failed: {exc.strerror or exc} ({code}); {advice}, {RESUME}", exc.errno)
+    then = "" if exc.errno in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST) else f", {RESUME}"  # another path, not a rerun
+    return StorageError(path, f"{path}: {doing} failed: {exc.strerror or exc} ({code}); {advice}{then}", exc.errno)
 
 
 @contextmanager

@@ -17,15 +17,10 @@ themselves. The package's exception classes are imported when an exception is al
 from __future__ import annotations
 
 import argparse
-import errno
 
 EXIT_UNFINISHED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-# OSErrors that are the machine's state, not a bug: a full disk or quota, no permission, a read-only or
-# failing file system (memfit_gpu.files.STORAGE_ADVICE says what to do about each).
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS,
-                            errno.EIO})
 
 
 class UsageError(Exception):
@@ -69,10 +64,11 @@ def unfinished_errors(args: argparse.Namespace) -> tuple[type[BaseException], ..
 
 def storage_line(exc: BaseException) -> str | None:
     """The one line for an OSError that is the machine's state (full disk, permission, read-only, I/O
-    error) raised where no file was named yet; None for any other exception."""
-    from memfit_gpu.files import StorageError, storage_error
+    error) or a path of the wrong kind (a folder given for a file, or the reverse), raised where no file was
+    named yet; None for any other exception (memfit_gpu.files.STORAGE_ADVICE lists them and what to do)."""
+    from memfit_gpu.files import STORAGE_ADVICE, StorageError, storage_error
 
-    if isinstance(exc, StorageError) or not isinstance(exc, OSError) or exc.errno not in STORAGE_ERRNOS:
+    if isinstance(exc, StorageError) or not isinstance(exc, OSError) or exc.errno not in STORAGE_ADVICE:
         return None  # a StorageError names its file already (a user error)
     error = storage_error(exc.filename or "a file of this command", exc, "writing or reading")
     return None if error is None else str(error)

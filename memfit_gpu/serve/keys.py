@@ -59,8 +59,12 @@ class KeyRing:
         if not path.is_file():
             raise FileNotFoundError(f"keys file {path} not found (make one with `memfit keys new --keys {path} "
                                     "--user USER_ID`)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start}): a keys file is JSON Lines") from None
         keys = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -80,7 +84,13 @@ class KeyRing:
                 raise DataError(str(path), f"line {number}", "users", bad)
             if sha in {k.sha256 for k in keys}:
                 raise DataError(str(path), f"line {number}", "sha256", "the same key is listed twice")
-            keys.append(ApiKey(str(raw.get("name") or f"key{number}"), sha, frozenset(users), bool(raw.get("admin", False))))
+            admin = raw.get("admin", False)
+            if not isinstance(admin, bool):  # "false" is a truthy string: never read a key as admin by accident
+                raise DataError(str(path), f"line {number}", "admin", "must be true or false (a JSON boolean)")
+            name = raw.get("name")
+            if name is not None and not isinstance(name, str):
+                raise DataError(str(path), f"line {number}", "name", "must be a string")
+            keys.append(ApiKey(name or f"key{number}", sha, frozenset(users), admin))
         if not keys:
             raise DataError(str(path), None, None, "holds no key: every request would be refused")
         return cls(keys)
@@ -106,9 +116,11 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
     # read, add, replace under a lock of the file's own: concurrent `memfit keys new` each add their key
     with exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys new` is adding a key",
                    wait_s=60.0):
-        existing = KeyRing.load(path).keys if path.is_file() and path.read_text(encoding="utf-8").strip() else []
+        raw = path.read_bytes() if path.is_file() else b""
+        existing = KeyRing.load(path).keys if raw.strip() else []  # checked: a bad file is refused, not rewritten
+        text = raw.decode("utf-8")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         entry = ApiKey(name or f"key{len(existing) + 1}", digest(key), frozenset(users), admin)
-        lines = [json.dumps(k.to_json()) for k in [*existing, entry]]
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        kept = text.rstrip("\n") + "\n" if text.strip() else ""  # the other keys' lines as they were, byte for byte
+        atomic_write_text(path, kept + json.dumps(entry.to_json()) + "\n")
     return key

@@ -1,0 +1,59 @@
+"""serve/keys.py: the keys file is read strictly (a bad line names the file, the line and the field) and
+`memfit keys new` adds its line without rewriting the others."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memfit_gpu.cli import main
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.serve.keys import KeyRing, new_key
+
+SHA = "a" * 64
+
+
+def _line(**fields: object) -> str:
+    return json.dumps({"name": "ro", "sha256": SHA, "users": ["alice"], **fields})
+
+
+@pytest.mark.parametrize(("fields", "field", "reason"), [
+    ({"admin": "false"}, "admin", "must be true or false (a JSON boolean)"),  # a truthy string: read as admin
+    ({"admin": 1}, "admin", "must be true or false (a JSON boolean)"),
+    ({"name": 7}, "name", "must be a string"),
+])
+def test_a_key_whose_admin_or_name_has_the_wrong_type_is_refused(tmp_path: Path, capsys, fields: dict[str, object],
+                                                                 field: str, reason: str) -> None:
+    keys = tmp_path / "keys.jsonl"
+    keys.write_text(_line().replace(SHA, "b" * 64) + "\n" + _line(**fields) + "\n")
+    before = keys.read_bytes()
+    with pytest.raises(DataError) as refused:
+        KeyRing.load(keys)
+    assert (refused.value.item, refused.value.field) == ("line 2", field) and reason in str(refused.value)
+    assert main(["keys", "new", "--keys", str(keys), "--user", "bob"]) == 2
+    assert "line 2" in capsys.readouterr().err and keys.read_bytes() == before  # refused, not rewritten
+
+
+def test_keys_new_keeps_the_other_lines_as_they_were(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.jsonl"
+    first = _line(admin=False, comment="read-only key of the dashboard")
+    keys.write_text(first + "\n")
+    new_key(keys, ["bob"], name="bob")
+    lines = keys.read_text().splitlines()
+    assert lines[0] == first and json.loads(lines[1])["users"] == ["bob"]
+    assert [(k.name, k.admin) for k in KeyRing.load(keys).keys] == [("ro", False), ("bob", False)]
+
+
+def test_a_keys_file_that_is_not_utf8_or_is_a_folder_is_one_line(tmp_path: Path, capsys) -> None:
+    keys = tmp_path / "keys.jsonl"
+    keys.write_bytes(b"\xff\n")
+    with pytest.raises(DataError, match=r"not UTF-8 text \(byte 0\)"):
+        KeyRing.load(keys)
+    assert main(["keys", "new", "--keys", str(keys), "--user", "bob"]) == 2
+    assert capsys.readouterr().err.strip().endswith("not UTF-8 text (byte 0): a keys file is JSON Lines")
+    assert main(["keys", "new", "--keys", str(tmp_path), "--user", "bob"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"memfit keys: error: {tmp_path}: writing failed: Is a directory (EISDIR); it is a folder: give "
+                   "the path of a file"]
