@@ -103,6 +103,7 @@ class RunInputs:
     plan: Plan | None = None  # the device plan (preflight.check_can_start); None: not planned yet
     # the benchmark as read from `files` (all of it: data.* selects from it), for the plan and then the run
     benchmark: Benchmark | None = None
+    selected: Benchmark | None = None  # what data.* selects from it: the questions the run makes packs for
 
     @property
     def protocol(self) -> str | None:
@@ -119,12 +120,13 @@ class RunInputs:
         """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
         return self.prompts.judge_kind if self.prompts is not None else None
 
-    def with_plan(self, plan: Plan, benchmark: Benchmark) -> RunInputs:
-        """The inputs with the device plan, made for `benchmark` as read from `files`: `placed` has index.device
-        where it put retrieval, and the encoders are recorded on that device (where their dtype resolves)."""
+    def with_plan(self, plan: Plan, benchmark: Benchmark, selected: Benchmark) -> RunInputs:
+        """The inputs with the device plan, made for `benchmark` as read from `files` (`selected`: what data.*
+        selects from it): `placed` has index.device where it put retrieval, and the encoders are recorded on
+        that device (where their dtype resolves)."""
         device = plan.placed(self.cfg).index.device
         models = tuple(replace(u, device=device) if u.dtype is not None else u for u in self.models)
-        return replace(self, plan=plan, models=models, benchmark=benchmark)
+        return replace(self, plan=plan, models=models, benchmark=benchmark, selected=selected)
 
 
 def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool = False) -> RunInputs:

@@ -14,7 +14,6 @@ from typing import Any
 
 from memfit_gpu import provenance
 from memfit_gpu.config import ConfigError, to_dict
-from memfit_gpu.data import select_from_config
 from memfit_gpu.methods.base import MethodRun, StageClock
 from memfit_gpu.methods.packs import questions_of, write_packs
 from memfit_gpu.methods.registry import method_entry
@@ -39,8 +38,8 @@ def retrieve_with_method(inputs: RunInputs, out: Path, store_path: str | Path | 
                           "use `memfit run`, which makes and accounts for them")
     clock = StageClock()
     with clock.stage("load"):
-        assert inputs.benchmark is not None, "inputs not checked by preflight (it reads the benchmark)"
-        benchmark = select_from_config(inputs.benchmark, cfg.data)
+        benchmark = inputs.selected  # what data.* selects (preflight read the benchmark and selected it)
+        assert benchmark is not None, "inputs not checked by preflight (it reads the benchmark)"
         out.mkdir(parents=True, exist_ok=True)
         # what made these packs (no reader, judge or prompts: retrieval alone), before the packs themselves
         provenance.write(out, collect(inputs, benchmark, command="memfit retrieve"))

@@ -36,7 +36,6 @@ from typing import Any
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data import select_from_config
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.files import atomic_write_text, read_jsonl
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
@@ -118,12 +117,9 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
     cfg, placed, prompts = inputs.cfg, inputs.placed, inputs.prompts
     assert prompts is not None, "a run's inputs resolved without readers"
     with timer.stage("load"):
-        bench = inputs.benchmark  # read once, for the device plan (preflight)
-        assert bench is not None, "a run's inputs not checked by preflight"
-        selected = select_from_config(bench, cfg.data)
-        questions = questions_of(selected)
-        if not questions:
-            raise RunError(f"no questions selected from {bench.source} (data.* settings leave none)")
+        bench, selected = inputs.benchmark, inputs.selected  # read and selected once, by preflight (the device plan)
+        assert bench is not None and selected is not None, "a run's inputs not checked by preflight"
+        questions = questions_of(selected)  # preflight refused a selection without any
         log.info("run: %s, %d memories, %d questions -> %s", bench.name, len(selected.memories), len(questions), out)
         # before any LLM call: what makes this run's numbers, compared on every resume
         record = collect(inputs, selected)  # the encoders' dtype as resolved where the plan put them

@@ -31,7 +31,7 @@ import logging
 from pathlib import Path
 
 from memfit_gpu.config import ConfigError
-from memfit_gpu.data import read_benchmark
+from memfit_gpu.data import read_benchmark, select_from_config
 from memfit_gpu.data.fetch import files_for
 from memfit_gpu.devices import visible_devices
 from memfit_gpu.digests import file_sha256
@@ -116,6 +116,14 @@ def _planned(inputs: RunInputs) -> RunInputs:
     record: the run reads it once); ConfigError naming the key to change when it does not fit."""
     cfg = inputs.cfg
     benchmark = read_benchmark(cfg.data.benchmark, inputs.files)
+    selected = select_from_config(benchmark, cfg.data)
+    if not any(memory.questions for memory in selected.memories):  # before config.yaml: the directory stays free
+        data = cfg.data
+        categories = sorted({str(q.category) for memory in benchmark.memories for q in memory.questions})
+        raise ConfigError(f"{benchmark.source}: data.include_categories={data.include_categories}, "
+                          f"data.exclude_categories={data.exclude_categories}, data.limit_memories="
+                          f"{data.limit_memories} and data.limit_questions={data.limit_questions} select no question "
+                          f"(its questions' categories: {', '.join(categories) or 'none'})")
     plan = make_plan(cfg, workload=benchmark_workload(cfg, benchmark, inputs.files), readers=inputs.readers)
     plan.check()
-    return inputs.with_plan(plan, benchmark)
+    return inputs.with_plan(plan, benchmark, selected)

@@ -101,6 +101,10 @@ def test_corrected_rerun_in_the_same_directory_finishes(tmp_path: Path, capsys: 
     out = tmp_path / "r"
     few = ["data.limit_questions=1", "reader.max_new_tokens=4"]
     _refused(out, ["pack.k=-1", *few], capsys)
+    # a selection without questions (LoCoMo's categories are numbers) was refused after config.yaml was written
+    line = _refused(out, ["data.include_categories=[multi-hop]", *few], capsys)
+    assert line.endswith("data.include_categories=['multi-hop'], data.exclude_categories=['5'], data.limit_memories=1 "
+                         "and data.limit_questions=1 select no question (its questions' categories: 1, 2, 3, 4, 5)")
     _refused(out, ["rerank.backend=cross-encoder", "rerank.model=memfit-tests/no-such-reranker", *few], capsys)
     # corrected, and with a prompt bound that cuts: the prediction row records what was cut
     assert main(["run", "--config", SMOKE, "--out", str(out), "--quiet", "pack.k=3", "reader.max_prompt_chars=1200",
