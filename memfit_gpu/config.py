@@ -744,15 +744,22 @@ def _check_together(cfg: MemFitConfig, source: str) -> None:
                           f"naive_rag.chunk_tokens={cfg.naive_rag.chunk_tokens} (each chunk must move the window on)")
 
 
-def _base_of(data: Any, path: Path) -> Any:
+def _base_of(data: Any, path: Path, chain: tuple[Path, ...]) -> Any:
     """Resolve `defaults: other.yaml` (one base file, relative to this one) before merging."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config is a mapping of keys (reader:, pack:, ...), not a {type(data).__name__}")
     if not isinstance(data, dict) or "defaults" not in data:
         return OmegaConf.create(data or {})
     base_name = data.pop("defaults")
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{path}: defaults must name one base file (e.g. defaults: memfit.yaml), not {base_name!r}")
     base_path = (path.parent / base_name).resolve()
-    if not base_path.exists():
-        raise ConfigError(f"{path}: defaults points at {base_name}, which does not exist ({base_path})")
-    return OmegaConf.merge(_load_yaml_tree(base_path), OmegaConf.create(data))
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: defaults points at {base_name}, which is not a file ({base_path})")
+    if base_path in chain:
+        raise ConfigError(f"{path}: defaults: {base_name} leads back to a file already read "
+                          f"({' -> '.join(p.name for p in (*chain, base_path))})")
+    return OmegaConf.merge(_load_yaml_tree(base_path, chain), OmegaConf.create(data))
 
 
 # Top-level keys that older versions wrote into config.yaml but that never changed a result: dropped on
@@ -760,16 +767,20 @@ def _base_of(data: Any, path: Path) -> Any:
 _RETIRED_KEYS = {"seed": "reader.seed (sampling) and eval.seed (bootstrap); the top-level seed was read by nothing"}
 
 
-def _load_yaml_tree(path: Path) -> Any:
+def _load_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> Any:
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder, not a config file (e.g. configs/memfit.yaml)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): a config is a YAML file") from None
     if isinstance(data, dict):
         for key in _RETIRED_KEYS.keys() & data.keys():
             log.warning("%s: ignoring retired key %r: see %s", path, key, _RETIRED_KEYS[key])
             del data[key]
-    return _base_of(data, path)
+    return _base_of(data, path, (*chain, path.resolve()))
 
 
 def _leaf_keys(cls: Any = MemFitConfig, prefix: str = "") -> list[str]:
@@ -814,7 +825,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"override {bad[0]!r} is not key=value (e.g. retrieve.scan_top_k=30)")
         if overrides:
             source = f"{source} + overrides {list(overrides)}"
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            try:
+                dotlist = OmegaConf.from_dotlist(list(overrides))
+            except yaml.YAMLError as exc:  # a value OmegaConf reads as YAML: `eval.metrics=[f1`
+                raise ConfigError(f"{source}: a value is not valid YAML: {str(exc).splitlines()[0]}") from None
+            merged = OmegaConf.merge(merged, dotlist)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)

@@ -54,6 +54,30 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     assert "bad.yaml" in str(err.value) and "retrieve.scan_top" in str(err.value)
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"- a\n", "bad.yaml: a config is a mapping of keys (reader:, pack:, ...), not a list"),
+    (b"defaults: 3\n", "bad.yaml: defaults must name one base file (e.g. defaults: memfit.yaml), not 3"),
+    (b"defaults: bad.yaml\n", "bad.yaml: defaults: bad.yaml leads back to a file already read (bad.yaml -> bad.yaml)"),
+    (b"defaults: .\n", "bad.yaml: defaults points at ., which is not a file"),
+    (b"\xff\n", "bad.yaml: not UTF-8 text (byte 0): a config is a YAML file"),
+])
+def test_a_config_file_of_the_wrong_shape_is_one_error_naming_it(tmp_path, content, message):
+    """A list, a `defaults:` that is no file name or leads back to itself, and bytes that are not UTF-8 were
+    tracebacks (TypeError, RecursionError, UnicodeDecodeError)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert message in str(err.value)
+    with pytest.raises(ConfigError, match="a folder, not a config file"):
+        load_config(tmp_path)
+
+
+def test_an_override_that_is_not_yaml_is_one_error():
+    with pytest.raises(ConfigError, match=r"overrides \['eval.metrics=\[f1'\]: a value is not valid YAML"):
+        load_config(REPO / "configs" / "memfit.yaml", ["eval.metrics=[f1"])
+
+
 def test_a_retired_key_in_a_saved_config_is_dropped_with_a_pointer(tmp_path, caplog):
     """Run directories started before the top-level `seed` (read by nothing) was retired keep resuming: the
     key is dropped with a warning saying where seeds live; as an override it is unknown, with the hint."""

@@ -56,8 +56,13 @@ class StageTimer(StageClock):
 
     @classmethod
     def load(cls, path: Path) -> StageTimer:
-        seconds = json.loads(path.read_text()) if path.exists() else {}
-        return cls(path, {k: float(v) for k, v in seconds.items()})
+        """The stage times of earlier invocations; RunError for a file memfit did not write (damaged)."""
+        try:
+            seconds = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            return cls(path, {str(k): float(v) for k, v in seconds.items()})
+        except (ValueError, TypeError, AttributeError) as exc:  # not JSON, not UTF-8, not {stage: seconds}
+            raise RunError(f"{path}: not the stage times memfit writes ({type(exc).__name__}: {exc}); delete it to "
+                           "resume (only the earlier invocations' stage times are lost, no result)") from None
 
     def _save(self) -> None:
         if sys.exc_info()[0] is not None:
