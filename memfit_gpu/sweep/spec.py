@@ -57,6 +57,30 @@ class SlurmSettings:
     additional: dict[str, Any] = field(default_factory=dict)  # extra sbatch options: account, qos, ...
 
 
+# The least each whole-number slurm setting takes (gpus_per_task 0: a CPU-only point).
+_SLURM_AT_LEAST = {"gpus_per_task": 0, "cpus_per_task": 1, "timeout_min": 1, "array_parallelism": 1, "max_requeue": 0}
+
+
+def _slurm_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with a sweep file's `slurm.<key>` value (None: nothing), by SlurmSettings' field types."""
+    if key == "partition":
+        return None if value is None or isinstance(value, str) else "must be a partition name (a string)"
+    if key in _SLURM_AT_LEAST:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be a whole number"
+        return None if value >= _SLURM_AT_LEAST[key] else f"must be >= {_SLURM_AT_LEAST[key]}"
+    if key == "mem_gb":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "must be a number of GB"
+        return None if value > 0 else "must be > 0"
+    if key == "setup":
+        ok = isinstance(value, list) and all(isinstance(line, str) for line in value)
+        return None if ok else "must be a list of shell lines (setup: [module load cuda])"
+    if key == "additional":
+        return None if isinstance(value, dict) else "must be a mapping of sbatch options (additional: {account: x})"
+    return None
+
+
 @dataclass
 class SweepPoint:
     point_id: str
@@ -217,6 +241,10 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     bad = sorted(set(slurm_data) - allowed)
     if bad:
         raise SweepError(f"{path}: unknown slurm key(s) {bad}; allowed: {', '.join(sorted(allowed))}")
+    for key, value in slurm_data.items():
+        problem = _slurm_value_problem(key, value)
+        if problem is not None:
+            raise SweepError(f"{path}: slurm.{key}={value!r}: {problem}")
     slurm = SlurmSettings(**slurm_data)
 
     command = data.get("command") or DEFAULT_COMMAND

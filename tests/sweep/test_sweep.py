@@ -107,6 +107,13 @@ slurm: {partition: debug, gpus_per_task: 0, cpus_per_task: 1, mem_gb: 2, timeout
         ("config: BASE\ngrid: {pack.kk: [5]}\n", "point kk=5: .*pack.kk"),
         ("config: BASE\ngrid: {pack.k: [five]}\n", "point k=five: .*pack.k"),
         ("config: BASE\nslurm: {gpus: 1}\n", "unknown slurm key\\(s\\) \\['gpus'\\]"),
+        # the slurm block's values were not checked: a TypeError or ValueError when the sbatch file was written
+        ("config: BASE\nslurm: {mem_gb: lots}\n", "slurm.mem_gb='lots': must be a number of GB"),
+        ("config: BASE\nslurm: {timeout_min: 2h}\n", "slurm.timeout_min='2h': must be a whole number"),
+        ("config: BASE\nslurm: {gpus_per_task: one}\n", "slurm.gpus_per_task='one': must be a whole number"),
+        ("config: BASE\nslurm: {cpus_per_task: 0}\n", "slurm.cpus_per_task=0: must be >= 1"),
+        ("config: BASE\nslurm: {additional: [a]}\n", "slurm.additional=\\['a'\\]: must be a mapping of sbatch"),
+        ("config: BASE\nslurm: {setup: module load x}\n", "slurm.setup='module load x': must be a list of shell"),
         ("config: BASE\ncommand: [memfit, run]\n", "command must contain \\{config\\}"),
     ],
 )
