@@ -340,6 +340,21 @@ def test_validate_reports_every_problem_with_line_and_field(tmp_path: Path, caps
     assert capsys.readouterr().out.strip() == f"ok: {EXAMPLE}: 2 memories, 17 turns, 8 questions, 0 warning(s)"
 
 
+def test_sessions_out_of_time_order_are_a_warning_naming_both(tmp_path: Path) -> None:
+    """Sessions are the conversation in file order; one dated before an earlier one passed silently."""
+    record = {"user_id": "u1", "sessions": [
+        {"timestamp": "2023-03-05T10:00:00", "turns": [{"speaker": "A", "text": "first"}]},
+        {"timestamp": "2023-03-02T10:00:00", "turns": [{"speaker": "A", "text": "second"}]},
+        {"timestamp": "2023-03-06T10:00:00", "turns": [{"speaker": "A", "text": "third"}]}]}
+    path = tmp_path / "order.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    _, report = read(path)
+    assert report.errors == []
+    assert report.warnings == [f"{path}, item line 1 (user 'u1'), field 'sessions[1].timestamp': 2023-03-02T10:00:00 "
+                               "is before sessions[0]'s 2023-03-05T10:00:00: sessions are read in file order as the "
+                               "conversation's order; list them in time order (or fix the timestamp)"]
+
+
 def test_the_example_file_loads_as_documented() -> None:
     bench = load_benchmark("jsonl", EXAMPLE)
     alice, bob = bench.memories

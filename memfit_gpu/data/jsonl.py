@@ -196,6 +196,7 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
     line.item = f"{line.item} (user {user!r})"
     memory = Memory(user, speakers=line.texts(record, "speakers", ""))
     turn_ids: dict[str, str] = {}
+    latest: tuple[int, datetime] | None = None  # the latest session timestamp so far: (session index, when)
     for s, raw in enumerate(line.objects(record, "sessions", "", required=True)):
         where = f"sessions[{s}]."
         line.keys(raw, SESSION_KEYS, where)
@@ -203,6 +204,14 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
         stamp = line.timestamp(raw, "timestamp", where, required=False) or ""
         written = line.text(raw, "date_text", where, required=False)
         session = Session(session_id, written if written is not None else (date_text(stamp) if stamp else ""), stamp)
+        if stamp:  # sessions are the conversation in file order (the store, neighbours and segments follow it)
+            when = datetime.fromisoformat(stamp)
+            if latest is not None and when < latest[1]:
+                line.report.warn(line.item, f"{where}timestamp", f"{stamp} is before sessions[{latest[0]}]'s "
+                                 f"{latest[1].isoformat()}: sessions are read in file order as the conversation's "
+                                 "order; list them in time order (or fix the timestamp)")
+            if latest is None or when >= latest[1]:
+                latest = (s, when)
         turns = line.objects(raw, "turns", where, required=True)
         if not turns:
             line.report.warn(line.item, f"{where}turns", "a session without turns")
