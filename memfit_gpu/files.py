@@ -25,6 +25,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from memfit_gpu import faults
 from memfit_gpu.data.schema import DataError
 
@@ -132,6 +134,43 @@ def _remove_stale_temporaries(path: Path) -> None:
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:
     """`data` as JSON (non-JSON values through `str`), replaced in one step."""
     atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
+
+
+def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
+    """A JSON object file memfit writes whole (metrics.json, ledger.json, timings.json): DataError naming the
+    file when it is not UTF-8 JSON holding an object, or when one of `fields` (name -> type) is missing or of
+    another type. FileNotFoundError when it does not exist."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise DataError(str(path), None, None, f"expected a JSON object, got {type(data).__name__}")
+    for name, kind in (fields or {}).items():
+        value = data.get(name)
+        if value is None or isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise DataError(str(path), None, name, "missing" if value is None else f"expected {names}, got "
+                                                                                  f"{type(value).__name__}")
+    return data
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping file memfit writes whole (a run's config.yaml): DataError naming the file when it is not
+    UTF-8 YAML holding a mapping. FileNotFoundError when it does not exist."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise DataError(str(path), None, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise DataError(str(path), None, None, f"expected a mapping of keys, got {type(data).__name__}")
+    return data
 
 
 def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:

@@ -18,13 +18,11 @@ One row per run directory, from what the run wrote:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from memfit_gpu.files import read_json_object, read_yaml_mapping
 from memfit_gpu.readers.ledger import Ledger, load_prices
 
 COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
@@ -38,13 +36,10 @@ class EfficiencyError(FileNotFoundError):
     """A run directory that is not a finished run (the CLI prints it on one line, exit code 2)."""
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise EfficiencyError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return read_json_object(path, fields)  # DataError naming the file: damaged
 
 
 def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
@@ -79,12 +74,12 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
     run = Path(run_dir)
     if not (run / "DONE").is_file():
         raise EfficiencyError(f"{run} has no DONE: not a finished memfit run")
-    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else None
-    if not isinstance(config, dict):
-        raise EfficiencyError(f"{run / 'config.yaml'} is missing or not a mapping: not a memfit run directory")
-    metrics = _json(run / "metrics.json")
+    if not (run / "config.yaml").is_file():
+        raise EfficiencyError(f"{run / 'config.yaml'} is missing: not a memfit run directory")
+    config = read_yaml_mapping(run / "config.yaml")
+    metrics = _json(run / "metrics.json", {"questions": int})
     return efficiency_values(str(run), config, _json(run / "ledger.json"), _json(run / "timings.json"),
-                             int(metrics["questions"]), price)
+                             metrics["questions"], price)
 
 
 def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,

@@ -44,9 +44,11 @@ from typing import Any
 import yaml
 
 from memfit_gpu import render
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
+from memfit_gpu.files import read_json_object
 from memfit_gpu.readers.ledger import Ledger, load_prices
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
@@ -126,12 +128,9 @@ class Run:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TablesError(f"{path}: not valid JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise TablesError(f"{path}: expected a JSON object")
-    return data
+        return read_json_object(path)
+    except DataError as exc:  # damaged: named
+        raise TablesError(str(exc)) from None
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:

@@ -8,17 +8,15 @@ refused, naming the file.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memfit_gpu import provenance
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
-from memfit_gpu.files import read_jsonl
+from memfit_gpu.files import read_json_object, read_jsonl, read_yaml_mapping
 
 
 class ReportError(ValueError):
@@ -57,13 +55,13 @@ class RunFiles:
                                  price)
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise ReportError(f"{path} does not exist: {path.parent} is not a scored memfit run (memfit run writes it)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return read_json_object(path, fields)
+    except DataError as exc:  # damaged: named
+        raise ReportError(str(exc)) from None
 
 
 def read_run(path: str | Path, label: str) -> RunFiles:
@@ -72,10 +70,13 @@ def read_run(path: str | Path, label: str) -> RunFiles:
     if not run.is_dir():
         raise ReportError(f"{run} is not a directory (give memfit run's --out directories)")
     config_path = run / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
-    if not isinstance(config, dict):
-        raise ReportError(f"{config_path} is missing or not a mapping: {run} is not a memfit run directory")
-    metrics = _json(run / "metrics.json")
+    if not config_path.is_file():
+        raise ReportError(f"{config_path} is missing: {run} is not a memfit run directory")
+    try:
+        config = read_yaml_mapping(config_path)
+    except DataError as exc:
+        raise ReportError(str(exc)) from None
+    metrics = _json(run / "metrics.json", {"questions": int, "average": dict})
     packs_path = run / "packs.jsonl"
     if not packs_path.is_file():
         raise ReportError(f"{packs_path} does not exist: {run} is not a memfit run directory")

@@ -16,7 +16,7 @@ import datasets
 import numpy as np
 
 from memfit_gpu import provenance
-from memfit_gpu.files import read_jsonl
+from memfit_gpu.files import read_json_object, read_jsonl
 from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.render import csv_text, markdown_table
 from memfit_gpu.sweep.spec import SweepError
@@ -60,7 +60,7 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
         row.update({k: point.overrides.get(k) for k in keys})
         row["status"] = PointState.DONE.value if (point_dir / "DONE").exists() else point.state.value
         metrics_path = point_dir / "metrics.json"
-        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else None
+        metrics = read_json_object(metrics_path) if metrics_path.exists() else None
         if metrics is not None:
             variant = metrics.get("metric_variant", "paper")
             row["metric"] = variant
@@ -207,7 +207,7 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
         point_dir = sweep_dir / "points" / point.point_id
         if not (point_dir / "DONE").exists():
             continue
-        metrics = json.loads((point_dir / "metrics.json").read_text())
+        metrics = read_json_object(point_dir / "metrics.json")
         group = json.dumps([point.overrides.get(k) for k in others], default=str)
         entry = groups.setdefault(group, {"keys": {k: point.overrides.get(k) for k in others}, "by": [], "values": []})
         entry["by"].append(point.overrides.get(key))

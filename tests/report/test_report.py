@@ -180,8 +180,21 @@ def test_the_latency_percentiles_of_a_bench_online_json(tmp_path: Path) -> None:
 def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html")]) == 2
-    assert "config.yaml is missing or not a mapping" in capsys.readouterr().err
+    assert "config.yaml is missing: " in capsys.readouterr().err
     run = write_run(tmp_path / "a", _questions(3, 2, "t"))
+    # damaged files a run wrote whole: one line naming the file (and the field), no traceback
+    damaged = [("config.yaml", b"pack: [", "config.yaml: not valid YAML ("),
+               ("metrics.json", b"{}", "metrics.json, field 'questions': missing"),
+               ("metrics.json", b"[]", "metrics.json: expected a JSON object, got list"),
+               ("ledger.json", b"\xff", "ledger.json: not UTF-8 text (byte 0)")]
+    for name, content, message in damaged:
+        kept = (run / name).read_bytes()
+        (run / name).write_bytes(content)
+        for command in (["report", str(run), "--out", str(tmp_path / "r.html")], ["efficiency", str(run)]):
+            assert main(command) == 2, (name, content, command)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and message in err[0], (command, err)
+        (run / name).write_bytes(kept)
     (run / "metrics.json").unlink()
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
     assert f"{run / 'metrics.json'} does not exist" in capsys.readouterr().err
