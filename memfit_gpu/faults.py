@@ -21,7 +21,8 @@ store.snapshot.staged (a snapshot's files written, not yet renamed into place), 
 store.encode (before the store encodes texts; its count is the number of texts) (store/episodes.py);
 reader.load (readers/reader.py: before a reader's backend loads its model, which it does only for a request
 its response cache cannot serve; no write, a mark that tells a test which runs loaded a model);
-compact.built (the compacted store durable beside the old one), compact.retired (the old store renamed
+compact.pending (live/memory.py: the users whose cached replies the compaction drops, recorded before the store
+is rewritten), compact.built (the compacted store durable beside the old one), compact.retired (the old store renamed
 aside), compact.swapped (the new store in its place), compact.removed (the old one deleted)
 (store/episodes.py, `memfit store compact`); reader.commit (readers/reader.py: a group of responses and
 their call records committed to cache.sqlite, before the ledger.json that reports them);

@@ -44,7 +44,7 @@ STORAGE_ADVICE: dict[int, str] = {
     # a path given where the other kind of thing is
     errno.EISDIR: "it is a folder: give the path of a file",
     errno.ENOTDIR: "a part of the path is a file, not a folder: give another path",
-    errno.EEXIST: "a file is in the way of a folder there: give another path or move the file",
+    errno.EEXIST: "something of that name is already there: give another path or move it",
 }
 RESUME = "then rerun the same command: what was written before is kept"
 

@@ -41,14 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memfit_gpu import render
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
-from memfit_gpu.files import read_json_object
+from memfit_gpu.files import read_json_object, read_yaml_mapping
 from memfit_gpu.readers.ledger import Ledger, load_prices
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
@@ -143,7 +141,10 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     for name in ("config.yaml", "metrics.json"):
         if not (path / name).is_file():
             raise TablesError(f"{path}: DONE but no {name}")
-    config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+    try:
+        config = read_yaml_mapping(path / "config.yaml")
+    except DataError as exc:  # damaged: named
+        raise TablesError(str(exc)) from None
     metrics = _read_json(path / "metrics.json")
     ledger = _read_json(path / "ledger.json") if (path / "ledger.json").is_file() else None
     return Run(path, label or path.name, config, metrics, ledger)

@@ -25,6 +25,7 @@ all in one batch. Work that is not on the query path (MemFit's segment summaries
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +42,7 @@ from memfit_gpu.data.jsonl import date_text, memory_json
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
 from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
+from memfit_gpu.files import write_json_atomic
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.locks import exclusive, lock_path
@@ -65,6 +67,12 @@ LIVE_SESSION = "live"  # the session of a turn given without timestamp or sessio
 # A query is a question, not a document: BM25's exact scoring takes up to 65,536 known tokens a query and
 # PRF adds its terms to it, so a longer query is refused before it reaches a batch.
 MAX_QUERY_TOKENS = 8192
+# What `memfit run` writes beside its config.yaml (from its first stage on) and a live memory never does: a
+# folder with config.yaml and one of these is a run directory, a finished or resumable experiment
+RUN_MARKERS = ("timings.json", "provenance.json", "packs.jsonl", "DONE")
+# The users whose cached replies a compaction must drop, written before the store is rewritten and removed once
+# cache.sqlite is: a compaction stopped between the two finishes dropping them when the memory is next opened
+FORGET_PENDING = "forget.pending.json"
 
 
 class UnknownUserError(KeyError):
@@ -132,6 +140,7 @@ class PreparedAnswers:
     users: list[str]
     results: list[Any]
     calls: list[tuple[int, Question, list[Hit], dict[str, Any]]]
+    compactions: int = 0  # Memory's compaction count when the packs were read
 
 
 @dataclass
@@ -245,6 +254,11 @@ class Memory:
         self.ledger = (Ledger.load(self.ledger_path, per_question=False) if self.ledger_path.exists()
                        else Ledger(per_question=False))
         self._reader: Reader | None = None
+        # compactions so far, and per user the compaction count at which its cached replies were last dropped: a
+        # reply to a request prepared before that (its prompt may quote a deleted turn) is dropped again
+        self._compactions = 0
+        self._forgotten_at: dict[str, int] = {}
+        self._finish_pending_forget()
         self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))
         self.method: LiveMethod = self.entry.make()  # type: ignore[assignment]
         self.run = self._method_run([])
@@ -273,7 +287,7 @@ class Memory:
             ConfigError: the method is not live, or a bad config value; or `path` is a run directory.
             DirectoryBusyError: another process has this memory open.
         """
-        if (Path(path) / "config.yaml").is_file():  # a live memory's folder has none: `memfit run` writes it
+        if (Path(path) / "config.yaml").is_file() and any((Path(path) / name).exists() for name in RUN_MARKERS):
             raise ConfigError(f"{path}: a run directory (config.yaml inside), a finished experiment whose packs and "
                               "predictions were made from its store as it is: not opened as a live memory (open a new "
                               "folder; `memfit store import` adds an own-data file to it)")
@@ -512,6 +526,14 @@ class Memory:
         counts). A user some of whose turns were deleted loses every cached response (answers and summaries
         may quote those turns; they are asked again when needed), not its call records."""
         with self.holding():
+            pending = self.path / FORGET_PENDING
+            rows = self.store.memory_idx[self.store.deleted]
+            purged = [self.store.memory_ids[m] for m in np.unique(rows).tolist()]
+            if purged:  # before the store is rewritten: a kill after it still drops their replies (on open)
+                live = set(self.store.memory_idx[~self.store.deleted].tolist())
+                erased = [u for u in purged if self.store.memory_of(u) not in live]
+                write_json_atomic(pending, {"erase": erased, "responses_of": purged})
+                faults.point("compact.pending")
             counts = self.store.compact()
             erased, purged = self.store.erased, self.store.purged
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
@@ -519,7 +541,28 @@ class Memory:
             counts["users_erased"] = len(erased)
             counts["users_with_deleted_turns"] = len(purged)
             counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased, purged).items()})
+            self._compactions += 1
+            self._forgotten_at.update(dict.fromkeys(purged, self._compactions))
+            pending.unlink(missing_ok=True)
             return counts
+
+    def _finish_pending_forget(self) -> None:
+        """Drop the cached replies a compaction stopped before dropping (FORGET_PENDING), then its record."""
+        pending = self.path / FORGET_PENDING
+        if not pending.exists():
+            return
+        record = json.loads(pending.read_text(encoding="utf-8"))
+        log.warning("memfit live: %s: finishing the last compaction's erasure of %d user(s)' cached replies",
+                    self.path, len(record["responses_of"]))
+        self._forget(record["erase"], record["responses_of"])
+        pending.unlink()
+
+    def _forget_stale(self, users: Sequence[str], compactions: int) -> None:
+        """Drop again the cached replies of the users that a compaction erased after `compactions` (the count
+        when a request was prepared: its reply, committed since, may quote a deleted turn). Holds the memory."""
+        stale = sorted({u for u in users if self._forgotten_at.get(u, 0) > compactions})
+        if stale:
+            self._forget([], stale)
 
     def _forget(self, users: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
         """Every cached response and call record of `users`, and the cached responses of `responses_of`,
@@ -527,7 +570,7 @@ class Memory:
         if not users and not responses_of:
             return {"responses": 0, "calls": 0}
         if self._reader is not None and self._reader.cache is not None:
-            dropped = self._reader.cache.forget(users, responses_of)
+            dropped = self._reader.forget(users, responses_of)  # no commit of its meanwhile
         elif (self.path / "cache.sqlite").exists():
             cache = ResponseCache(self.path / "cache.sqlite")
             try:
@@ -549,12 +592,14 @@ class Memory:
                 users = [u for u in users if u in self.store.memory_ids]
                 for user in users:
                     self._new_turns[user] = 0
+                compactions = self._compactions
             if not users:
                 return {}
             counts = self.method.consolidate(self.run, users, self.holding)
             with self.holding():
                 self.store.snapshot()
                 self._since_snapshot = 0
+                self._forget_stale(users, compactions)
             return counts
 
     def _consolidate_forever(self) -> None:
@@ -730,12 +775,13 @@ class Memory:
         search does; nothing of the reader is needed yet)."""
         with self.holding():
             out, found = self._read_requests(requests)
+            compactions = self._compactions
         calls = []
         for i, packs in found.items():
             user, question_date = requests[i][0], requests[i][3] if len(requests[i]) > 3 else None
             for text, (row, hits) in zip(requests[i][1], packs, strict=True):
                 calls.append((i, query(user, text, question_date=question_date), hits[:requests[i][2]], row))
-        return PreparedAnswers([r[0] for r in requests], out, calls)
+        return PreparedAnswers([r[0] for r in requests], out, calls, compactions)
 
     def finish_answers(self, prepared: PreparedAnswers) -> list[list[Answer] | BaseException]:
         """The generating half of `answer_batch`: the answer calls (the run's own builder: the prompt
@@ -752,6 +798,7 @@ class Memory:
         responses = self.reader().generate(requests)
         with self.holding():
             self.ledger.save(self.ledger_path)
+            self._forget_stale([prepared.users[i] for i, _, _, _ in prepared.calls], prepared.compactions)
         for (i, question, hits, _), response in zip(prepared.calls, responses, strict=True):
             cleaned = clean_answer(response.text)
             if not isinstance(out[i], list):

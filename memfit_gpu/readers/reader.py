@@ -204,6 +204,12 @@ class Reader:
         response's, so a resumed run's ledger has it, then applied."""
         self._commit_entries(backend, [self.ledger.entry(role, key, response, backend, owner=owner)])
 
+    def forget(self, owners: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
+        """`ResponseCache.forget` while no call of this reader commits (a live memory compacting beside an
+        answer being generated): the rows dropped."""
+        with self._busy:
+            return self.cache.forget(owners, responses_of) if self.cache is not None else {"responses": 0, "calls": 0}
+
     def close(self) -> None:
         self.backend.close()
         if self.cache is not None:

@@ -117,7 +117,7 @@ class Guard:
         self.read_timeout_s = read_timeout_s
         self.open_metrics = open_metrics
         self.max_in_flight_per_key = max_in_flight_per_key
-        self.key_in_flight: collections.Counter[str] = collections.Counter()  # per key name (one event loop)
+        self.key_in_flight: collections.Counter[str] = collections.Counter()  # per key hash (one event loop)
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -138,12 +138,12 @@ class Guard:
             refusal = self._refusal(scope)
             key: ApiKey | None = scope.get("memfit.key")
             if refusal is None and key is not None:
-                if self.key_in_flight[key.name] >= self.max_in_flight_per_key:
-                    refusal = _error(429, f"key {key.name!r} has {self.key_in_flight[key.name]} requests being served; "
+                if self.key_in_flight[key.sha256] >= self.max_in_flight_per_key:
+                    refusal = _error(429, f"key {key.name!r} has {self.key_in_flight[key.sha256]} requests being served; "
                                           f"at most serve.max_in_flight_per_key={self.max_in_flight_per_key}",
                                      headers={"retry-after": "1"})
                 else:
-                    holder = key.name
+                    holder = key.sha256
                     self.key_in_flight[holder] += 1
             body = b""
             if refusal is None:

@@ -90,7 +90,10 @@ class KeyRing:
             name = raw.get("name")
             if name is not None and not isinstance(name, str):
                 raise DataError(str(path), f"line {number}", "name", "must be a string")
-            keys.append(ApiKey(name or f"key{number}", sha, frozenset(users), admin))
+            name = name or f"key{number}"
+            if name in {k.name for k in keys}:  # names appear in errors and logs: each names one key
+                raise DataError(str(path), f"line {number}", "name", f"{name!r} is the name of another key too")
+            keys.append(ApiKey(name, sha, frozenset(users), admin))
         if not keys:
             raise DataError(str(path), None, None, "holds no key: every request would be refused")
         return cls(keys)
@@ -120,7 +123,13 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
         existing = KeyRing.load(path).keys if raw.strip() else []  # checked: a bad file is refused, not rewritten
         text = raw.decode("utf-8")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        entry = ApiKey(name or f"key{len(existing) + 1}", digest(key), frozenset(users), admin)
+        taken = {k.name for k in existing}
+        if name is not None and name in taken:
+            raise DataError(str(path), None, "name", f"{name!r} is the name of another key in it")
+        number = len(existing) + 1
+        while name is None and f"key{number}" in taken:  # a key removed by hand leaves a gap in the numbers
+            number += 1
+        entry = ApiKey(name or f"key{number}", digest(key), frozenset(users), admin)
         kept = text.rstrip("\n") + "\n" if text.strip() else ""  # the other keys' lines as they were, byte for byte
         atomic_write_text(path, kept + json.dumps(entry.to_json()) + "\n")
     return key

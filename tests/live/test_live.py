@@ -141,6 +141,12 @@ def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
             Memory.open(tmp_path / "m3", config=DEMO, overrides=[*CHEAP, f"lightmem.noise.{key}=0.5"],
                         method="lightmem_slm")
     Memory.open(tmp_path / "m3", config=DEMO, overrides=[*CHEAP, "lightmem.noise.seed=3"]).close()
+    # an operator's own config.yaml in a live memory's folder is no run directory (no timings.json, no DONE, ...)
+    (tmp_path / "m3" / "config.yaml").write_text(DEMO.read_text())
+    Memory.open(tmp_path / "m3", config=DEMO, overrides=CHEAP).close()
+    (tmp_path / "m3" / "timings.json").write_text("{}")
+    with pytest.raises(ConfigError, match="m3: a run directory"):
+        Memory.open(tmp_path / "m3", config=DEMO, overrides=CHEAP)
 
 
 def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_path: Path, conv_turns) -> None:

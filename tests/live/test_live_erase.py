@@ -116,6 +116,49 @@ def test_deleting_some_turns_then_compact_leaves_no_byte_of_them(tmp_path: Path,
     assert files_holding(folder, ["zanzibar4417"]) == {}
 
 
+PIN = {"speaker": "Ann", "text": "My bank PIN is zanzibar4417.", "turn_id": "pin", "timestamp": "2024-02-01T10:00:00"}
+
+
+def test_an_answer_read_before_a_compaction_leaves_no_byte_of_a_deleted_turn(tmp_path: Path) -> None:
+    """A server reads an answer's pack, then generates beside the memory: a delete and a compaction can come in
+    between, and the reply (quoting the deleted turn) was committed to cache.sqlite after the compaction had
+    dropped the user's replies, for good. Now the reply of a request read before a compaction is dropped again."""
+    folder = tmp_path / "memory"
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        memory.add(ERASED, [PIN, *turns(ERASED)])
+        prepared = memory.prepare_answers([(ERASED, ["What is my bank PIN?"], 5)])
+        memory.delete(ERASED, ["pin"])
+        assert memory.compact()["users_with_deleted_turns"] == 1
+        (answer,) = memory.finish_answers(prepared)[0]
+        assert "zanzibar4417" in answer.raw_output  # read before the delete: it quotes the turn, once
+        assert files_holding(folder, ["zanzibar4417"]) == {}
+    assert files_holding(folder, ["zanzibar4417"]) == {}
+
+
+def test_a_compaction_stopped_before_the_cache_is_cleaned_finishes_on_the_next_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The users whose replies a compaction drops are recorded before the store is rewritten: stopped after the
+    store's swap (a kill, a full disk), the next open drops them, then the record."""
+    folder = tmp_path / "memory"
+    memory = Memory.open(folder, DEMO, overrides=OVERRIDES)
+    memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
+    assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
+    memory.delete(ERASED, ["pin"])
+
+    def stopped(*_: object) -> None:
+        raise OSError("stopped here")
+
+    monkeypatch.setattr(Memory, "_forget", stopped)
+    with pytest.raises(OSError, match="stopped here"):
+        memory.compact()
+    monkeypatch.undo()
+    memory.close()
+    assert "zanzibar4417" in str(files_holding(folder, ["zanzibar4417"]))  # in cache.sqlite still
+    assert json.loads((folder / "forget.pending.json").read_text()) == {"erase": [], "responses_of": [ERASED]}
+    Memory.open(folder, DEMO, overrides=OVERRIDES).close()
+    assert files_holding(folder, ["zanzibar4417"]) == {} and not (folder / "forget.pending.json").exists()
+
+
 def test_two_users_never_share_a_cached_reply(tmp_path: Path) -> None:
     """The same turns and the same question for two users: two reader calls, one cached reply each (a user
     cannot time whether another asked the same, and erasing one user's replies leaves none of them behind)."""

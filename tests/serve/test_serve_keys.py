@@ -57,3 +57,21 @@ def test_a_keys_file_that_is_not_utf8_or_is_a_folder_is_one_line(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"memfit keys: error: {tmp_path}: writing failed: Is a directory (EISDIR); it is a folder: give "
                    "the path of a file"]
+
+
+def test_each_name_names_one_key(tmp_path: Path) -> None:
+    """The server counts a key's requests in flight by the key itself, and errors name keys: a second key of
+    the same name is refused, and `keys new` numbers past a key removed by hand instead of repeating a name."""
+    keys = tmp_path / "keys.jsonl"
+    for user in ("alice", "bob", "carol"):
+        new_key(keys, [user])
+    lines = keys.read_text().splitlines()
+    keys.write_text("\n".join([lines[0], lines[2]]) + "\n")  # key2 revoked by hand: key1, key3 are left
+    new_key(keys, ["dave"])
+    assert [k.name for k in KeyRing.load(keys).keys] == ["key1", "key3", "key4"]
+    with pytest.raises(DataError, match="'key1' is the name of another key in it"):
+        new_key(keys, ["erin"], name="key1")
+    keys.write_text(keys.read_text() + _line(name="key3") + "\n")
+    with pytest.raises(DataError) as refused:
+        KeyRing.load(keys)
+    assert (refused.value.item, refused.value.field) == ("line 4", "name")

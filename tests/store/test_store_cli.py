@@ -110,6 +110,7 @@ def test_delete_refuses_a_run_directory_that_is_held(run_dir: Path, capsys):
 def test_import_into_a_run_directory_is_refused_and_changes_nothing(run_dir: Path, capsys):
     """`store import` opened a run directory as a live memory and appended to its store (a finished
     experiment's); a run directory is no live memory's folder for any command now."""
+    (run_dir / "timings.json").write_text('{"load": 0.5, "build": 3.0}')  # as `memfit run` leaves it after a stage
     before = (run_dir / "store" / "log.jsonl").read_bytes()
     line = _error(capsys, ["store", "import", str(run_dir), str(REPO / "configs" / "data" / "example.jsonl"),
                            "--config", str(run_dir / "config.yaml")])
