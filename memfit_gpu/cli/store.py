@@ -138,9 +138,13 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
 
 
 def _memory_folder(path: Path) -> bool:
-    """A live memory's folder (Memory.open): its store in DIR/store, no config.yaml, its lock DIR/.lock."""
-    return not (path / "config.yaml").is_file() and ((path / "store" / "log.jsonl").is_file()
-                                                     and (path / LIVE_LOCK).is_file())
+    """A live memory's folder (Memory.open): its store in DIR/store (or a compaction of it killed between the
+    swap's two renames), no config.yaml, its lock DIR/.lock."""
+    from memfit_gpu.store.compaction import interrupted
+
+    store = path / "store"
+    return not (path / "config.yaml").is_file() and ((store / "log.jsonl").is_file() or interrupted(store)) \
+        and (path / LIVE_LOCK).is_file()
 
 
 def _lock_of(store: Path, run_dir: Path | None) -> Path:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ from support.env import memfit_env
 from support.files import files_holding
 from support.live_server import DEMO, LiveServer
 
+from memfit_gpu.faults import parse_trace
 from memfit_gpu.live import Memory
 from memfit_gpu.serve.keys import new_key
 
@@ -157,6 +160,47 @@ def test_a_compaction_stopped_before_the_cache_is_cleaned_finishes_on_the_next_o
     assert json.loads((folder / "forget.pending.json").read_text()) == {"erase": [], "responses_of": [ERASED]}
     Memory.open(folder, DEMO, overrides=OVERRIDES).close()
     assert files_holding(folder, ["zanzibar4417"]) == {} and not (folder / "forget.pending.json").exists()
+
+
+def test_a_live_compaction_killed_at_each_durable_write_still_leaves_no_byte_of_the_turn(tmp_path: Path) -> None:
+    """`memfit store compact` of a live memory's folder, SIGKILLed at each durable write it crosses (the record
+    of whom to forget, the new store's writes, the swap's steps), then the same command again: the deleted
+    turn's text is in no file, and the other user's turns are all there."""
+    folder = tmp_path / "memory"
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
+        assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
+        memory.delete(ERASED, ["pin"])
+    config = tmp_path / "config.yaml"
+    config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store", "compact"]
+    reference = tmp_path / "reference"
+    shutil.copytree(folder, reference)
+    trace = tmp_path / "compact.trace"
+    done = subprocess.run([*cli, str(reference), "--config", str(config)], capture_output=True, text=True, cwd=REPO,
+                          env=memfit_env(plugins="seam_echo_backend", MEMFIT_FAULT_TRACE=str(trace)), timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, int] = {}
+    points = []
+    for name, _ in parse_trace(trace):
+        seen[name] = seen.get(name, 0) + 1
+        if name not in ("store.encode", "reader.load"):  # marks, not durable writes
+            points.append(f"{name}:{seen[name]}")
+    assert points[0] == "compact.pending:1" and "compact.removed:1" in points, points
+    for point in points:
+        killed_dir = tmp_path / point.replace(":", "-")
+        shutil.copytree(folder, killed_dir)
+        killed = subprocess.run([*cli, str(killed_dir), "--config", str(config)], capture_output=True, text=True,
+                                cwd=REPO, env=memfit_env(plugins="seam_echo_backend", MEMFIT_FAULT=point), timeout=300)
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
+        again = subprocess.run([*cli, str(killed_dir), "--config", str(config)], capture_output=True, text=True,
+                               cwd=REPO, env=memfit_env(plugins="seam_echo_backend"), timeout=300)
+        assert again.returncode == 0, (point, again.stderr[-2000:])
+        assert files_holding(killed_dir, ["zanzibar4417"]) == {}, point
+        assert not (killed_dir / "forget.pending.json").exists(), point
+        with Memory.open(killed_dir, DEMO, overrides=OVERRIDES) as memory:
+            assert len(memory.turns(ERASED)) == 40 and len(memory.turns(KEPT)) == 40, point
+        shutil.rmtree(killed_dir)
 
 
 def test_two_users_never_share_a_cached_reply(tmp_path: Path) -> None:
