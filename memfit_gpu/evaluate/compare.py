@@ -60,6 +60,11 @@ def read_predictions(run: str | Path) -> tuple[Path, dict[str, dict[str, Any]], 
                 raise PredictionsError(f"{path}:{number}: question {qid}: field 'category' missing")
             if not row.get("evaluated", True):
                 continue
+            scores = row.get("scores")
+            if scores is not None and not (isinstance(scores, dict)
+                                           and all(isinstance(metrics, dict) for metrics in scores.values())):
+                raise PredictionsError(f"{path}:{number}: question {qid}: field 'scores' must map each metric "
+                                       "variant to its metrics ({\"paper\": {\"f1\": 0.5, ...}})")
             if qid in rows:
                 warnings.append(f"{path}:{number}: question {qid} appears again; the later line is used")
             row["_line"] = number

@@ -36,10 +36,11 @@ class EfficiencyError(FileNotFoundError):
     """A run directory that is not a finished run (the CLI prints it on one line, exit code 2)."""
 
 
-def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
+          values: type | tuple[type, ...] | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
-    return read_json_object(path, fields)  # DataError naming the file: damaged
+    return read_json_object(path, fields, values)  # DataError naming the file: damaged
 
 
 def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
@@ -78,8 +79,8 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
         raise EfficiencyError(f"{run / 'config.yaml'} is missing: not a memfit run directory")
     config = read_yaml_mapping(run / "config.yaml")
     metrics = _json(run / "metrics.json", {"questions": int})
-    return efficiency_values(str(run), config, _json(run / "ledger.json"), _json(run / "timings.json"),
-                             metrics["questions"], price)
+    timings = _json(run / "timings.json", values=(int, float))
+    return efficiency_values(str(run), config, _json(run / "ledger.json"), timings, metrics["questions"], price)
 
 
 def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,

@@ -55,11 +55,12 @@ class RunFiles:
                                  price)
 
 
-def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
+          values: type | tuple[type, ...] | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise ReportError(f"{path} does not exist: {path.parent} is not a scored memfit run (memfit run writes it)")
     try:
-        return read_json_object(path, fields)
+        return read_json_object(path, fields, values)
     except DataError as exc:  # damaged: named
         raise ReportError(str(exc)) from None
 
@@ -93,7 +94,7 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         record = provenance.read(run)
     except provenance.ProvenanceError as exc:
         raise ReportError(str(exc)) from None
-    timings = _json(run / "timings.json") if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
+    timings = _json(run / "timings.json", values=(int, float)) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
     depths = _json(run / "depths.json") if (run / "depths.json").is_file() else None
     return RunFiles(run, label, config, metrics, record, _json(run / "ledger.json"),
                     {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
-from memfit_gpu.files import atomic_write_text
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.files import atomic_write_text, read_json_object
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import StageClock
@@ -58,11 +59,11 @@ class StageTimer(StageClock):
     def load(cls, path: Path) -> StageTimer:
         """The stage times of earlier invocations; RunError for a file memfit did not write (damaged)."""
         try:
-            seconds = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-            return cls(path, {str(k): float(v) for k, v in seconds.items()})
-        except (ValueError, TypeError, AttributeError) as exc:  # not JSON, not UTF-8, not {stage: seconds}
-            raise RunError(f"{path}: not the stage times memfit writes ({type(exc).__name__}: {exc}); delete it to "
-                           "resume (only the earlier invocations' stage times are lost, no result)") from None
+            seconds = read_json_object(path, values=(int, float)) if path.exists() else {}
+        except DataError as exc:  # not JSON, not UTF-8, not {stage: seconds}
+            raise RunError(f"{exc}: not the stage times memfit writes; delete it to resume (only the earlier "
+                           "invocations' stage times are lost, no result)") from None
+        return cls(path, {k: float(v) for k, v in seconds.items()})
 
     def _save(self) -> None:
         if sys.exc_info()[0] is not None:

@@ -186,7 +186,8 @@ def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     damaged = [("config.yaml", b"pack: [", "config.yaml: not valid YAML ("),
                ("metrics.json", b"{}", "metrics.json, field 'questions': missing"),
                ("metrics.json", b"[]", "metrics.json: expected a JSON object, got list"),
-               ("ledger.json", b"\xff", "ledger.json: not UTF-8 text (byte 0)")]
+               ("ledger.json", b"\xff", "ledger.json: not UTF-8 text (byte 0)"),
+               ("timings.json", b'{"build": "x"}', "timings.json, field 'build': expected a number, got 'x'")]
     for name, content, message in damaged:
         kept = (run / name).read_bytes()
         (run / name).write_bytes(content)
@@ -195,6 +196,12 @@ def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and message in err[0], (command, err)
         (run / name).write_bytes(kept)
+    kept = (run / "predictions.jsonl").read_text()
+    first = json.loads(kept.splitlines()[0])
+    (run / "predictions.jsonl").write_text(json.dumps({**first, "scores": "x"}) + "\n" + kept.split("\n", 1)[1])
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    assert "predictions.jsonl:1: question " in capsys.readouterr().err
+    (run / "predictions.jsonl").write_text(kept)
     (run / "metrics.json").unlink()
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
     assert f"{run / 'metrics.json'} does not exist" in capsys.readouterr().err

@@ -26,5 +26,6 @@ def test_a_damaged_timings_file_is_a_run_error_naming_it(tmp_path: Path, content
     path.write_bytes(content)
     with pytest.raises(RunError) as refused:
         StageTimer.load(path)
-    assert str(refused.value).startswith(f"{path}: not the stage times memfit writes (")
-    assert str(refused.value).endswith("delete it to resume (only the earlier invocations' stage times are lost, no result)")
+    assert str(refused.value).startswith(f"{path}")
+    assert str(refused.value).endswith(": not the stage times memfit writes; delete it to resume (only the earlier "
+                                       "invocations' stage times are lost, no result)")
