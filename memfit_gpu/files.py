@@ -143,14 +143,7 @@ def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]
     another type, or (`values`) when any value is not of that type (timings.json: numbers). FileNotFoundError
     when it does not exist. A JSON true or false is no number here."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(str(path), None, None, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise DataError(str(path), None, None, f"expected a JSON object, got {type(data).__name__}")
+    data = _read_mapping(path, json.loads, "JSON", "a JSON object")
     for name, kind in (fields or {}).items():
         value = data.get(name)
         if value is None or isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
@@ -166,15 +159,19 @@ def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """A YAML mapping file memfit writes whole (a run's config.yaml): DataError naming the file when it is not
     UTF-8 YAML holding a mapping. FileNotFoundError when it does not exist."""
-    path = Path(path)
+    return _read_mapping(Path(path), yaml.safe_load, "YAML", "a mapping of keys")
+
+
+def _read_mapping(path: Path, parse: Any, language: str, shape: str) -> dict[str, Any]:
+    """`parse` of the file's UTF-8 text, which must be a mapping: DataError naming the file otherwise."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise DataError(str(path), None, None, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise DataError(str(path), None, None, f"not valid {language} ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise DataError(str(path), None, None, f"expected a mapping of keys, got {type(data).__name__}")
+        raise DataError(str(path), None, None, f"expected {shape}, got {type(data).__name__}")
     return data
 
 
