@@ -258,8 +258,8 @@ class Memory:
         # reply to a request prepared before that (its prompt may quote a deleted turn) is dropped again
         self._compactions = 0
         self._forgotten_at: dict[str, int] = {}
+        self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))  # finishes a killed compaction
         self._finish_pending_forget()
-        self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))
         self.method: LiveMethod = self.entry.make()  # type: ignore[assignment]
         self.run = self._method_run([])
         self.method.attach(self.run, self.store)
@@ -527,15 +527,12 @@ class Memory:
         may quote those turns; they are asked again when needed), not its call records."""
         with self.holding():
             pending = self.path / FORGET_PENDING
-            rows = self.store.memory_idx[self.store.deleted]
-            purged = [self.store.memory_ids[m] for m in np.unique(rows).tolist()]
+            purged = self.store.memories_with_deleted_turns()
             if purged:  # before the store is rewritten: a kill after it still drops their replies (on open)
-                live = set(self.store.memory_idx[~self.store.deleted].tolist())
-                erased = [u for u in purged if self.store.memory_of(u) not in live]
-                write_json_atomic(pending, {"erase": erased, "responses_of": purged})
+                write_json_atomic(pending, {"responses_of": purged})
                 faults.point("compact.pending")
             counts = self.store.compact()
-            erased, purged = self.store.erased, self.store.purged
+            erased = self.store.erased
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
             self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
             counts["users_erased"] = len(erased)
@@ -547,14 +544,15 @@ class Memory:
             return counts
 
     def _finish_pending_forget(self) -> None:
-        """Drop the cached replies a compaction stopped before dropping (FORGET_PENDING), then its record."""
+        """Drop the cached replies a compaction stopped before dropping (FORGET_PENDING), then its record: every
+        reply of those users, and every call record of those the store no longer holds (erased)."""
         pending = self.path / FORGET_PENDING
         if not pending.exists():
             return
-        record = json.loads(pending.read_text(encoding="utf-8"))
+        users = json.loads(pending.read_text(encoding="utf-8"))["responses_of"]
         log.warning("memfit live: %s: finishing the last compaction's erasure of %d user(s)' cached replies",
-                    self.path, len(record["responses_of"]))
-        self._forget(record["erase"], record["responses_of"])
+                    self.path, len(users))
+        self._forget([u for u in users if u not in self.store.memory_ids], users)
         pending.unlink()
 
     def _forget_stale(self, users: Sequence[str], compactions: int) -> None:

@@ -90,7 +90,6 @@ class EpisodeStore:
         self.path = Path(path) if path is not None else None
         self.last_timings: dict[str, float] = {}
         self.erased: list[str] = []  # after compact(): the memories it removed (nothing was left of them)
-        self.purged: list[str] = []  # after compact(): the memories whose deleted turns it removed (erased too)
         self.generation = next(GENERATIONS)  # a new number after every write batch
 
         self.columns = StoreColumns()  # the metadata of every record applied (store/columns.py)
@@ -787,6 +786,10 @@ class EpisodeStore:
                 vectors[where] = dense.vectors([sources[i][1] for i in where])
         return records, torch.from_numpy(vectors)
 
+    def memories_with_deleted_turns(self) -> list[str]:
+        """The memories some deleted turn of which is still in the log (`compact` removes them)."""
+        return [self.memory_ids[m] for m in np.unique(self.memory_idx[self.deleted]).tolist()]
+
     def compact(self) -> dict[str, int]:
         """Rewrite the store on disk without its deleted episodes and retired summaries, for users who
         must really forget: afterwards their text and vectors are nowhere under the store folder.
@@ -810,7 +813,6 @@ class EpisodeStore:
         records, vectors = self._compacted()
         kept = {r["id"] for r in records if r.get("t") == "memory"}
         self.erased = [m for m in self.memory_ids if m not in kept]  # memories nothing is left of
-        self.purged = [self.memory_ids[m] for m in np.unique(self.memory_idx[self.deleted]).tolist()]
         new, _ = compaction.compaction_dirs(self.path)
         if new.exists():
             shutil.rmtree(new)

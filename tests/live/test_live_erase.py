@@ -157,7 +157,7 @@ def test_a_compaction_stopped_before_the_cache_is_cleaned_finishes_on_the_next_o
     monkeypatch.undo()
     memory.close()
     assert "zanzibar4417" in str(files_holding(folder, ["zanzibar4417"]))  # in cache.sqlite still
-    assert json.loads((folder / "forget.pending.json").read_text()) == {"erase": [], "responses_of": [ERASED]}
+    assert json.loads((folder / "forget.pending.json").read_text()) == {"responses_of": [ERASED]}
     Memory.open(folder, DEMO, overrides=OVERRIDES).close()
     assert files_holding(folder, ["zanzibar4417"]) == {} and not (folder / "forget.pending.json").exists()
 
