@@ -137,11 +137,11 @@ def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> No
 
 
 def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]] | None = None,
-                     values: type | tuple[type, ...] | None = None) -> dict[str, Any]:
+                     numbers: bool = False) -> dict[str, Any]:
     """A JSON object file memfit writes whole (metrics.json, ledger.json, timings.json): DataError naming the
     file when it is not UTF-8 JSON holding an object, when one of `fields` (name -> type) is missing or of
-    another type, or (`values`) when any value is not of that type (timings.json: numbers). FileNotFoundError
-    when it does not exist. A JSON true or false is no number here."""
+    another type, or (`numbers`) when any value is not a number (timings.json). FileNotFoundError when it
+    does not exist. A JSON true or false is no number here."""
     path = Path(path)
     data = _read_mapping(path, json.loads, "JSON", "a JSON object")
     for name, kind in (fields or {}).items():
@@ -150,8 +150,8 @@ def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]
             names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise DataError(str(path), None, name, "missing" if value is None else f"expected {names}, got "
                                                                                   f"{type(value).__name__}")
-    for name, value in data.items() if values is not None else ():
-        if isinstance(value, bool) and values is not bool or not isinstance(value, values):
+    for name, value in data.items() if numbers else ():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise DataError(str(path), None, name, f"expected a number, got {value!r:.40}")
     return data
 

@@ -37,10 +37,10 @@ class EfficiencyError(FileNotFoundError):
 
 
 def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
-          values: type | tuple[type, ...] | None = None) -> dict[str, Any]:
+          numbers: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
-    return read_json_object(path, fields, values)  # DataError naming the file: damaged
+    return read_json_object(path, fields, numbers)  # DataError naming the file: damaged
 
 
 def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
@@ -79,7 +79,7 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
         raise EfficiencyError(f"{run / 'config.yaml'} is missing: not a memfit run directory")
     config = read_yaml_mapping(run / "config.yaml")
     metrics = _json(run / "metrics.json", {"questions": int})
-    timings = _json(run / "timings.json", values=(int, float))
+    timings = _json(run / "timings.json", numbers=True)
     return efficiency_values(str(run), config, _json(run / "ledger.json"), timings, metrics["questions"], price)
 
 

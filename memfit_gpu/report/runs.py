@@ -56,11 +56,11 @@ class RunFiles:
 
 
 def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
-          values: type | tuple[type, ...] | None = None) -> dict[str, Any]:
+          numbers: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise ReportError(f"{path} does not exist: {path.parent} is not a scored memfit run (memfit run writes it)")
     try:
-        return read_json_object(path, fields, values)
+        return read_json_object(path, fields, numbers)
     except DataError as exc:  # damaged: named
         raise ReportError(str(exc)) from None
 
@@ -94,7 +94,7 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         record = provenance.read(run)
     except provenance.ProvenanceError as exc:
         raise ReportError(str(exc)) from None
-    timings = _json(run / "timings.json", values=(int, float)) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
+    timings = _json(run / "timings.json", numbers=True) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
     depths = _json(run / "depths.json") if (run / "depths.json").is_file() else None
     return RunFiles(run, label, config, metrics, record, _json(run / "ledger.json"),
                     {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings)

@@ -59,7 +59,7 @@ class StageTimer(StageClock):
     def load(cls, path: Path) -> StageTimer:
         """The stage times of earlier invocations; RunError for a file memfit did not write (damaged)."""
         try:
-            seconds = read_json_object(path, values=(int, float)) if path.exists() else {}
+            seconds = read_json_object(path, numbers=True) if path.exists() else {}
         except DataError as exc:  # not JSON, not UTF-8, not {stage: seconds}
             raise RunError(f"{exc}: not the stage times memfit writes; delete it to resume (only the earlier "
                            "invocations' stage times are lost, no result)") from None
