@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 
 _USER_PATH = re.compile(r"^/v1/users/([^/]+)(?:/|$)")
 _ADMIN_PATHS = ("/v1/compact", "/v1/consolidate", "/metrics")
-_OPEN_PATHS = ("/healthz", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -182,9 +181,9 @@ class Guard:
 
     def _refusal(self, scope: dict[str, Any]) -> JSONResponse | None:
         path = scope["path"]
-        if path == "/metrics" and self.open_metrics:
-            return None
-        if not (path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/") or path == "/metrics"):
+        keyed = path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/") or (
+            path == "/metrics" and not self.open_metrics)
+        if not keyed:  # /healthz, /docs, /openapi.json (and /metrics with serve.open_metrics)
             return None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         presented = headers.get("x-api-key")
