@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -300,12 +300,35 @@ def _how_to_get(kind: str, name: str) -> str:
     return "\n".join(lines)
 
 
+# The weights a run's inputs found (run/inputs.py, while the record is in force): resolve() of the same kind and
+# name returns them instead of searching again, so the weights that load are the ones provenance.json hashed.
+_pinned: dict[tuple[str, str], ResolvedModel] = {}
+
+
+@contextlib.contextmanager
+def pinned(found: Iterable[tuple[str, ResolvedModel]]) -> Iterator[None]:
+    """Within: `resolve(kind, resolved.name)` returns `resolved` for each (kind, resolved) in `found`, without
+    searching or logging again. Scopes nest; the table is replaced whole, so a thread that loads a model
+    meanwhile reads one table or the other."""
+    global _pinned
+    before = _pinned
+    _pinned = {**before, **{(kind, resolved.name): resolved for kind, resolved in found}}
+    try:
+        yield
+    finally:
+        _pinned = before
+
+
 def resolve(kind: str, name: str) -> ResolvedModel:
-    """Find weights for `name` (a hub id, alias or local path) of the given kind; log what was chosen."""
+    """Find weights for `name` (a hub id, alias or local path) of the given kind; log what was chosen. Within
+    `pinned`, the weights found before."""
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
     if not name:
         raise ValueError(f"empty model name for kind {kind!r}")
+    found = _pinned.get((kind, name))
+    if found is not None:
+        return found
     looked: list[str] = []
     resolved = _resolve(kind, name, looked)
     if resolved is None:

@@ -66,6 +66,30 @@ def test_local_folder_wins(minilm_path: Path, empty_hf_cache: Path) -> None:
     assert Path(resolved.path) == minilm_path.resolve()
 
 
+def test_pinned_weights_are_returned_without_a_second_search(minilm_path: Path, empty_hf_cache: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's inputs pin the weights they found (RunInputs.in_force): a stage that loads the same kind and name
+    gets them, whatever the caches hold meanwhile; another kind or name, and the same one after the scope, is
+    searched as always."""
+    found = resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2")
+    elsewhere = ResolvedModel(found.name, str(minilm_path), "local", "pinned by the test")
+    searches: list[tuple[str, str]] = []
+    search = models._resolve
+    monkeypatch.setattr(models, "_resolve", lambda kind, name, looked: searches.append((kind, name)) or
+                        search(kind, name, looked))
+    with models.pinned([("encoder", elsewhere)]):
+        assert resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2") is elsewhere
+        with models.pinned([("reader", found)]):  # scopes nest
+            assert resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2") is elsewhere
+        assert searches == []
+        assert resolve("cross-encoder", str(minilm_path)).source == "local"  # another kind: searched
+        with pytest.raises(MissingWeightsError):
+            resolve("encoder", "no-such-owner/no-such-model")
+    assert resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2") == found
+    assert searches == [("cross-encoder", str(minilm_path)), ("encoder", "no-such-owner/no-such-model"),
+                        ("encoder", "sentence-transformers/all-MiniLM-L6-v2")]
+
+
 def test_missing_cross_encoder_says_where_and_how(empty_hf_cache: Path) -> None:
     name = "cross-encoder/ms-marco-MiniLM-L-6-v2"
     with pytest.raises(MissingWeightsError) as info:

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from memfit_gpu.config import JudgeConfig, ReaderConfig
+from memfit_gpu.config import JudgeConfig, MemFitConfig, ReaderConfig
 from memfit_gpu.quoting import reply_start
 from memfit_gpu.readers.prompts import JUDGE_KINDS
 
@@ -86,6 +86,14 @@ def reader_config_for_judge(judge: JudgeConfig, reader: ReaderConfig) -> ReaderC
     return replace(reader, backend=judge.backend, model=judge.model,
                    base_urls=list(judge.base_urls) or list(reader.base_urls),
                    max_new_tokens=judge.max_new_tokens, temperature=0.0, images="none", instances=reader.instances)
+
+
+def judge_settings(cfg: MemFitConfig, force: bool = False) -> ReaderConfig | None:
+    """The judge's reader settings when eval.judge.enabled, or `force` (`memfit judge-audit` judges whatever the
+    setting says); None: no judge. A run derives them once, into its inputs (run/inputs.py RunInputs.judge)."""
+    if not (cfg.eval.judge.enabled or force):
+        return None
+    return reader_config_for_judge(cfg.eval.judge, cfg.reader)
 
 
 def is_empty_prediction(prediction: str | None) -> bool:

@@ -13,7 +13,6 @@ import torch
 
 from memfit_gpu.config import ConfigError, MemFitConfig, ReaderConfig
 from memfit_gpu.devices import parse_dtype, reader_dtype, resolve_dtype, visible_devices
-from memfit_gpu.evaluate.judge import reader_config_for_judge
 from memfit_gpu.index.encoders.batching import Workers, default_batch_tokens
 from memfit_gpu.plan.model_size import ModelSize, model_size
 from memfit_gpu.plan.node import Gpu, Node, describe_node
@@ -193,8 +192,8 @@ def _span(gpus: Sequence[int]) -> str:
 class _Builder:
     """Collects the parts of one plan."""
 
-    def __init__(self, cfg: MemFitConfig, node: Node, workload: Workload, readers: bool):
-        self.cfg, self.node, self.w, self.readers = cfg, node, workload, readers
+    def __init__(self, cfg: MemFitConfig, node: Node, workload: Workload, readers: bool, judge: ReaderConfig | None):
+        self.cfg, self.node, self.w, self.readers, self.judge = cfg, node, workload, readers, judge
         self.parts: list[Part] = []
         self.notes: list[str] = []
         self.problems: list[Problem] = []
@@ -226,8 +225,8 @@ class _Builder:
         if not self.readers:
             return
         roles: list[tuple[str, str, ReaderConfig]] = [("reader", "reader", self.cfg.reader)]
-        if self.cfg.eval.judge.enabled:
-            roles.append(("judge", "eval.judge", reader_config_for_judge(self.cfg.eval.judge, self.cfg.reader)))
+        if self.judge is not None:
+            roles.append(("judge", "eval.judge", self.judge))
         for role, key, reader in roles:
             how = backend_entry(reader.backend).plan  # the backend's registry entry says how it is planned
             if how == "server":
@@ -489,12 +488,13 @@ class _Builder:
 
 
 def make_plan(cfg: MemFitConfig, node: Node | None = None, workload: Workload | None = None, readers: bool = True,
-              config_name: str = "") -> Plan:
+              config_name: str = "", judge: ReaderConfig | None = None) -> Plan:
     """Where every part of `cfg`'s run lives on `node` (default: this machine) and what it takes; readers=False
-    plans retrieval alone (`memfit retrieve`)."""
+    plans retrieval alone (`memfit retrieve`). `judge`: the judge's reader settings, derived once by the caller
+    (a run's RunInputs.judge; `memfit plan`: evaluate/judge.judge_settings); None: no judge."""
     node = node if node is not None else describe_node()
     workload = workload if workload is not None else estimate_workload(cfg)
-    builder = _Builder(cfg, node, workload, readers)
+    builder = _Builder(cfg, node, workload, readers, judge)
     builder.reader_parts()
     devices, spec = builder.retrieval_devices()
     builder.retrieval_parts(devices)

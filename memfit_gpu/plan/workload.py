@@ -160,14 +160,14 @@ def estimate_workload(cfg: MemFitConfig, sample_episodes: int = SAMPLE_EPISODES,
         files = resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split)
     except DataNotFoundError:
         return _workload_from_shape(cfg, "no benchmark file found", seed)
-    return benchmark_workload(cfg, read_benchmark(cfg.data.benchmark, files), files, sample_episodes, seed)
+    bench = read_benchmark(cfg.data.benchmark, files)
+    return benchmark_workload(cfg, bench, select_from_config(bench, cfg.data), files, sample_episodes, seed)
 
 
-def benchmark_workload(cfg: MemFitConfig, bench: Benchmark, files: Sequence[Path],
+def benchmark_workload(cfg: MemFitConfig, bench: Benchmark, selected: Benchmark, files: Sequence[Path],
                        sample_episodes: int = SAMPLE_EPISODES, seed: int = 0) -> Workload:
-    """The workload counted from `bench`, read from `files` (a run's inputs: read once for the plan and the
-    run); data.* selects the memories and questions as the run will."""
-    selected = select_from_config(bench, cfg.data)
+    """The workload counted from `bench`, read from `files`, and `selected`, the memories and questions data.*
+    selects from it (a run's inputs: read and selected once, for the plan and the run)."""
     where = str(files[0]) if len(files) == 1 else f"{len(files)} files in {files[0].parent}"
     return workload_of(cfg, selected.memories, sum(len(m.questions) for m in selected.memories),
                        sum(len(s.turns) for m in bench.memories for s in m.sessions), f"benchmark file {where}",

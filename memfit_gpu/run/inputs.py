@@ -1,6 +1,7 @@
 """A run's inputs: the benchmark files, the models its configuration loads, its prompt files and its judge.
 
     inputs = resolve_inputs(cfg)        what a run of cfg reads, resolved once (RunInputs)
+    with inputs.in_force(): ...         the stages load the weights it found (no second search)
     inputs = check_can_start(inputs)    preflight.py: each of them is usable here; the device plan added
     collect(inputs, benchmark)          the run's provenance record (provenance.py: what each field means)
     judge_record(inputs)                the judge part of it (also what `memfit judge-audit` records)
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,9 @@ from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.stats import quirk_counts
 from memfit_gpu.devices import resolve_dtype, visible_devices
 from memfit_gpu.digests import file_sha256, text_sha256
-from memfit_gpu.evaluate.judge import reader_config_for_judge
+from memfit_gpu.evaluate.judge import judge_settings
 from memfit_gpu.methods.registry import method_entry
-from memfit_gpu.models import ResolvedModel, origin, resolve
+from memfit_gpu.models import ResolvedModel, origin, pinned, resolve
 from memfit_gpu.plan import Plan
 from memfit_gpu.readers.prompts import (
     BEAM_FILES,
@@ -57,16 +60,26 @@ class ModelUse:
     resolved: ResolvedModel | None = None  # its weights as models.resolve found them (resolve_inputs); None: not yet
 
 
-def with_weights(use: ModelUse) -> ModelUse:
-    """`use` with its weights found (models.resolve; MissingWeightsError says where it looked); a server's model
-    (weights=False) as it is."""
-    return replace(use, resolved=resolve(use.kind, use.name)) if use.weights else use
+def with_weights(uses: Iterable[ModelUse]) -> tuple[ModelUse, ...]:
+    """`uses` with their weights found (models.resolve; MissingWeightsError says where it looked), each kind and
+    name searched once (a judge that is the reader's model shares its weights); a server's model (weights=False)
+    as it is."""
+    found: dict[tuple[str, str], ResolvedModel] = {}
+    out = []
+    for use in uses:
+        if use.weights:
+            key = (use.kind, use.name)
+            if key not in found:
+                found[key] = resolve(use.kind, use.name)
+            use = replace(use, resolved=found[key])
+        out.append(use)
+    return tuple(out)
 
 
 def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = True,
                judge: ReaderConfig | None = None) -> list[ModelUse]:
     """The models `cfg` loads: the encoder, the cross-encoder (rerank.backend=cross-encoder) and, with
-    readers, the reader and the judge (`judge`: its reader settings, evaluate/judge.reader_config_for_judge;
+    readers, the reader and the judge (`judge`: its reader settings, evaluate/judge.judge_settings;
     None: no judge); a reader whose backend loads no weights (its registry entry: a server) is listed with
     weights=False. The encoders carry the dtype they compute in on index.device."""
     uses = []
@@ -120,6 +133,14 @@ class RunInputs:
         """The judge's prompt kind: paper | longmemeval | memgallery | beam; None: no judge."""
         return self.prompts.judge_kind if self.prompts is not None else None
 
+    @contextmanager
+    def in_force(self) -> Iterator[None]:
+        """While a run works from this record, the stages that load a model by name get the weights it found
+        (models.pinned): what loads is what provenance.json records, whatever the caches hold meanwhile. (Prompt
+        files are read once per process already: readers/prompts.load_prompt.)"""
+        with pinned((use.kind, use.resolved) for use in self.models if use.resolved is not None):
+            yield
+
     def with_plan(self, plan: Plan, benchmark: Benchmark, selected: Benchmark) -> RunInputs:
         """The inputs with the device plan, made for `benchmark` as read from `files` (`selected`: what data.*
         selects from it): `placed` has index.device where it put retrieval, and the encoders are recorded on
@@ -139,13 +160,12 @@ def resolve_inputs(cfg: MemFitConfig, *, readers: bool = True, judge_alone: bool
         ConfigError, PromptError: the prompts cannot be found (BenchmarkPrompts.find), e.g. BEAM's judge for
             another benchmark.
     """
-    judged = readers and (cfg.eval.judge.enabled or judge_alone)
+    judge_reader = judge_settings(cfg, force=judge_alone) if readers else None
     files = tuple(resolve_data_path(cfg.data.benchmark, cfg.data.path, cfg.data.split))
     prompts = (BenchmarkPrompts.find(cfg.reader.protocol, cfg.data.benchmark, files[0],
-                                     cfg.eval.judge.prompt if judged else None) if readers else None)
-    judge_reader = reader_config_for_judge(cfg.eval.judge, cfg.reader) if judged else None
+                                     cfg.eval.judge.prompt if judge_reader is not None else None) if readers else None)
     uses = model_uses(cfg, retrieval=not judge_alone, readers=readers, judge=judge_reader)
-    models = tuple(with_weights(u) for u in uses if not judge_alone or u.role == "judge")
+    models = with_weights(u for u in uses if not judge_alone or u.role == "judge")
     return RunInputs(cfg=cfg, files=files, models=models, readers=readers, prompts=prompts, judge=judge_reader)
 
 

@@ -270,6 +270,12 @@ def audit(run_dir: str | Path, overrides: Sequence[str] = (), seed: int | None =
 
 def _audit_locked(run_dir: Path, cfg: MemFitConfig, seed: int, runs_own: bool, progress: bool) -> dict[str, Any]:
     inputs = resolve_inputs(cfg, judge_alone=True)  # the judge the audit runs, whether the run had one or not
+    with inputs.in_force():  # the judge loads the weights the report records
+        return _audit(run_dir, inputs, seed, runs_own, progress)
+
+
+def _audit(run_dir: Path, inputs: RunInputs, seed: int, runs_own: bool, progress: bool) -> dict[str, Any]:
+    cfg = inputs.cfg
     bench = read_benchmark(cfg.data.benchmark, inputs.files)
     selected = select_from_config(bench, cfg.data)
     _check_data(run_dir, inputs, selected)

@@ -47,10 +47,11 @@ def retrieve_with_method(inputs: RunInputs, out: Path, store_path: str | Path | 
     run = MethodRun(inputs.placed, None, benchmark, benchmark.memories, questions_of(benchmark), progress=True,
                     stage=clock.stage, store_path=None if store_path is None else Path(store_path))
     try:
-        with clock.stage("build"):
-            method.write(run)
-        with clock.stage("retrieve"):
-            rows, diagnostics = method.read(run)
+        with inputs.in_force():  # the encoders load the weights provenance.json recorded
+            with clock.stage("build"):
+                method.write(run)
+            with clock.stage("retrieve"):
+                rows, diagnostics = method.read(run)
     finally:
         method.close()
     diagnostics["timings"] = {f"{name}_s": seconds for name, seconds in clock.seconds.items()}

@@ -74,10 +74,12 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
         # what the run reads, resolved once, then checked and planned: retrieval where the device plan put it
         # (index.device=auto: off the vLLM engines' GPUs); preflight, provenance and the stages read the record.
         # Before config.yaml: a run refused here leaves the directory free for the corrected one.
-        inputs = check_can_start(resolve_inputs(cfg))
-        # config.yaml keeps the configuration as given, so a resume on another node plans again
-        record_config(cfg, out)
-        return _run_locked(inputs, out, progress, allow_provenance_change)
+        inputs = resolve_inputs(cfg)
+        with inputs.in_force():  # the weights found here are the ones every stage loads
+            inputs = check_can_start(inputs)
+            # config.yaml keeps the configuration as given, so a resume on another node plans again
+            record_config(cfg, out)
+            return _run_locked(inputs, out, progress, allow_provenance_change)
 
 
 def _run_locked(inputs: RunInputs, out: Path, progress: bool, allow_provenance_change: bool) -> dict[str, Any]:

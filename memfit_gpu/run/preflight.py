@@ -56,17 +56,17 @@ def check_can_start(inputs: RunInputs) -> RunInputs:
     except RuntimeError as exc:
         raise ConfigError(f"index.device={cfg.index.device!r} cannot be used here: {exc} "
                           "(index.device=auto takes every visible GPU, else the CPU)") from None
-    if not inputs.readers:
-        return _planned(inputs)
-    check_growth(cfg)
-    check_depths(cfg)
-    template = load_prompt(cfg.reader.prompt)
-    if len(template) >= cfg.reader.max_prompt_chars:
-        raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
-                          f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
-    check_beam_prompts(inputs)
+    if inputs.readers:
+        check_growth(cfg)
+        check_depths(cfg)
+        template = load_prompt(cfg.reader.prompt)
+        if len(template) >= cfg.reader.max_prompt_chars:
+            raise ConfigError(f"reader.max_prompt_chars={cfg.reader.max_prompt_chars} leaves no room for excerpts: "
+                              f"the answer prompt {cfg.reader.prompt} alone holds {len(template):,} characters")
+        check_beam_prompts(inputs)
     planned = _planned(inputs)
-    _check_readers(inputs)
+    if inputs.readers:  # the servers last: the slowest check
+        _check_readers(inputs)
     return planned
 
 
@@ -124,6 +124,7 @@ def _planned(inputs: RunInputs) -> RunInputs:
                           f"data.exclude_categories={data.exclude_categories}, data.limit_memories="
                           f"{data.limit_memories} and data.limit_questions={data.limit_questions} select no question "
                           f"(its questions' categories: {', '.join(categories) or 'none'})")
-    plan = make_plan(cfg, workload=benchmark_workload(cfg, benchmark, inputs.files), readers=inputs.readers)
+    plan = make_plan(cfg, workload=benchmark_workload(cfg, benchmark, selected, inputs.files), readers=inputs.readers,
+                     judge=inputs.judge)
     plan.check()
     return inputs.with_plan(plan, benchmark, selected)

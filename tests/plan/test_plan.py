@@ -3,6 +3,7 @@ BM25 / vector byte constants calibrated against real structures built from LoCoM
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from support.env import memfit_env
 
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
 from memfit_gpu.data import load_benchmark
+from memfit_gpu.evaluate.judge import judge_settings
 from memfit_gpu.plan import (
     GIB,
     Gpu,
@@ -164,8 +166,9 @@ def test_vllm_reader_and_retrieval_on_a_small_gpu_are_refused_naming_the_key(loc
 def test_a_vllm_judge_is_a_second_claim(locomo_path: Path):
     cfg = load_config(LME_S, [f"data.path={locomo_path}", "data.benchmark=locomo", "data.split=null",
                               "eval.judge.backend=vllm", "eval.judge.model=Qwen/Qwen3-8B"])
-    refused = make_plan(cfg, node(4, 96))
+    refused = make_plan(cfg, node(4, 96), judge=judge_settings(cfg))  # the run's inputs pass RunInputs.judge
     assert refused.engine_gpus["judge"] == refused.engine_gpus["reader"]
+    assert "judge" not in make_plan(cfg, node(4, 96)).engine_gpus  # the plan plans the judge it is given only
     assert not refused.fits and "vLLM judge engines claim 86.4 GiB" in refused.problems[0].message
     assert "eval.judge.backend=openai" in refused.problems[0].message
 
@@ -200,6 +203,17 @@ def test_memfit_plan_exits_2_with_the_key(locomo_path: Path, shared_data: Path):
                            "--gpu-mem-gib", "96", "--host-mem-gib", "64", "reader.backend=vllm"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert fits.returncode == 0 and "verdict: fits" in fits.stdout and "index.device -> cuda:1" in fits.stdout
+
+
+def test_memfit_plan_plans_the_judge_when_it_is_on(capsys: pytest.CaptureFixture[str]):
+    """`memfit plan` derives the judge's settings from the configuration (a run passes its inputs' own)."""
+    from memfit_gpu.cli import main
+
+    asked = ["plan", "--config", str(SMOKE), "--gpus", "2", "--gpu-mem-gib", "96", "--host-mem-gib", "64", "--json",
+             "reader.backend=vllm", "reader.gpu_memory_utilization=0.4", "eval.judge.backend=vllm"]
+    for judged, engines in (("false", ["reader"]), ("true", ["reader", "judge"])):
+        assert main([*asked, f"eval.judge.enabled={judged}"]) == 0
+        assert list(json.loads(capsys.readouterr().out)["engine_gpus"]) == engines
 
 
 def test_memfit_run_is_refused_in_preflight_and_leaves_no_config(tmp_path: Path, shared_data: Path,

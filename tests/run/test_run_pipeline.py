@@ -13,16 +13,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.calls import CallCounter
 from support.data import write_small_locomo
 from support.env import memfit_env
 
-from memfit_gpu import provenance
+from memfit_gpu import data as data_package
+from memfit_gpu import models, provenance
 from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import DataError
+from memfit_gpu.evaluate import judge as judge_module
 from memfit_gpu.files import read_jsonl
+from memfit_gpu.plan import build as plan_build
+from memfit_gpu.plan import node as plan_node
+from memfit_gpu.readers.prompts import BenchmarkPrompts
 from memfit_gpu.run.directory import RunError, run_lock
 from memfit_gpu.run.pipeline import run
 
@@ -342,7 +348,9 @@ def test_profile_reports_every_stage_and_the_scaling_curve(smoke_run: Path, tmp_
 @pytest.mark.slow
 def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch):
     """eval.judge.enabled: one judge call per non-empty answer (role judge in the ledger), verdicts in
-    predictions.jsonl and metrics.json. SmolLM2 cannot follow the judge format: an unreadable reply is WRONG."""
+    predictions.jsonl and metrics.json. SmolLM2 cannot follow the judge format: an unreadable reply is WRONG.
+    The run derives each of its inputs once (run/inputs.py): the data files, the benchmark read and selected,
+    the judge's settings, the prompts, each model's weights (the judge's are the reader's) and the device plan."""
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
     # conv-26's first three sessions (58 real turns) with its first two questions: the verdicts, the ledger and
     # the audit do not depend on the store's size
@@ -350,7 +358,19 @@ def test_judged_run_records_a_verdict_per_answer(tmp_path: Path, shared_data: Pa
     cfg = load_config(SMOKE, ["data.limit_questions=2", "eval.judge.enabled=true", "eval.judge.max_new_tokens=24",
                               f"data.path={data}"])
     out = tmp_path / "judged"
+    calls = CallCounter(monkeypatch)
+    for owner, name in ((data_package, "resolve_data_path"), (data_package, "read_benchmark"),
+                        (data_package, "select_from_config"), (judge_module, "reader_config_for_judge"),
+                        (BenchmarkPrompts, "find"), (plan_build, "make_plan"), (plan_node, "describe_node")):
+        calls.watch(owner, name)
+    calls.watch(models, "_resolve", key=lambda kind, name, looked: f"{kind} {name}")  # the search for weights
     metrics = run(cfg, out, progress=False)
+    assert dict(calls.counts) == {
+        "memfit_gpu.data.resolve_data_path": 1, "memfit_gpu.data.read_benchmark": 1,
+        "memfit_gpu.data.select_from_config": 1, "memfit_gpu.evaluate.judge.reader_config_for_judge": 1,
+        "BenchmarkPrompts.find": 1, "memfit_gpu.plan.build.make_plan": 1, "memfit_gpu.plan.node.describe_node": 1,
+        "memfit_gpu.models._resolve[encoder sentence-transformers/all-MiniLM-L6-v2]": 1,
+        f"memfit_gpu.models._resolve[reader {cfg.reader.model}]": 1}
     rows = read_jsonl(out / "predictions.jsonl")
     assert len(rows) == 2
     for row in rows:

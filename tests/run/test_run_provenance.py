@@ -227,11 +227,11 @@ def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minil
     cfg = load_config(SMOKE, ["index.device=cpu", "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
     for amx, want in ((True, "float32"), (False, "float32")):
         monkeypatch.setattr("torch.cpu._is_amx_tile_supported", lambda v=amx: v)
-        records = {u.role: model_record(with_weights(u)) for u in model_uses(cfg, readers=False)}
+        records = {u.role: model_record(u) for u in with_weights(model_uses(cfg, readers=False))}
         assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == (want, want)
     explicit = load_config(SMOKE, ["index.device=cpu", "index.dtype=float32", "rerank.dtype=bf16",
                                    "rerank.backend=cross-encoder", f"rerank.model={minilm_path}"])
-    records = {u.role: model_record(with_weights(u)) for u in model_uses(explicit, readers=False)}
+    records = {u.role: model_record(u) for u in with_weights(model_uses(explicit, readers=False))}
     assert (records["encoder"]["dtype"], records["cross_encoder"]["dtype"]) == ("float32", "bfloat16")
     # this machine's record (auto: float32) resumes a record without the field; a bf16 one does not
     assert record["models"]["encoder"]["dtype"] == "float32"
