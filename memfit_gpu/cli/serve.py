@@ -12,7 +12,7 @@ Serve one live memory (memfit_gpu.Memory) over HTTP with FastAPI on uvicorn; Ope
 
 DIR is the memory's folder (created when missing): its store (every turn verbatim, BM25 and dense
 indexes), the reader's cache and ledger. One process serves a folder (DIR/.lock). The method is the
-config's `method` (memfit, plain, naive_rag, lightmem_slm). Per user: POST /v1/users/U/turns adds turns
+config's `method` (memfit, plain, naive_rag, lightmem_slm, mem0). Per user: POST /v1/users/U/turns adds turns
 (durable when the reply comes), /search returns ranked hits with their stage scores, /answer makes one
 reader call per question, /delete and DELETE /v1/users/U forget; /healthz, /metrics (Prometheus; an admin key).
 

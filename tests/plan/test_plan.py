@@ -4,6 +4,8 @@ BM25 / vector byte constants calibrated against real structures built from LoCoM
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -214,6 +216,24 @@ def test_memfit_plan_plans_the_judge_when_it_is_on(capsys: pytest.CaptureFixture
     for judged, engines in (("false", ["reader"]), ("true", ["reader", "judge"])):
         assert main([*asked, f"eval.judge.enabled={judged}"]) == 0
         assert list(json.loads(capsys.readouterr().out)["engine_gpus"]) == engines
+
+
+def test_the_plans_in_the_gpu_server_guide_are_what_memfit_plan_prints(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]):
+    """docs/how-to/gpu-server.md shows `memfit plan` with its output: each is what the command prints now (no
+    benchmark file, as on the machine that printed them: the published shape)."""
+    from memfit_gpu.cli import main
+
+    monkeypatch.delenv("MEMFIT_DATA_DIR", raising=False)
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "cache"))  # an empty fetch cache
+    guide = (REPO / "docs" / "how-to" / "gpu-server.md").read_text()
+    shown = re.findall(r"```\n\$ memfit (plan [^\n]+)\n(.*?)```", guide, flags=re.S)
+    assert len(shown) == 2
+    monkeypatch.chdir(REPO)
+    for command, printed in shown:
+        assert main(shlex.split(command)) == 0
+        assert capsys.readouterr().out == printed, command
 
 
 def test_memfit_run_is_refused_in_preflight_and_leaves_no_config(tmp_path: Path, shared_data: Path,
