@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Change a persistent episode store (SPEC write path 5, user-initiated deletion).
 
-DIR is a run directory (its config.yaml says where the store is: DIR/store unless store.path is set),
-a live memory's folder (memfit_gpu.Memory, `memfit serve --store`: DIR/store) or a store folder
-(log.jsonl inside; --config is needed unless its parent is a run directory). The config gives the
+DIR is a run directory (config.yaml and what `memfit run` writes beside it from its first stage on; its
+config.yaml says where the store is: DIR/store unless store.path is set), a live memory's folder
+(memfit_gpu.Memory, `memfit serve --store`: DIR/store and DIR/.lock, with --config; a config.yaml of
+your own in it does not make it a run directory) or a store folder (log.jsonl inside; --config is
+needed unless its parent is a run directory). The config gives the
 encoder and index settings the store was built with, and the reader for summaries. Every command holds
 the directory's lock (DIR/.lock, the lock `memfit run`, `memfit serve` and Memory.open hold): a
 directory in use is refused.
@@ -111,10 +113,11 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
     compaction was killed counts as there (even between the swap's two renames, when its folder is
     missing): opening it under the lock finishes or undoes the compaction."""
     from memfit_gpu.config import ConfigError, load_config
+    from memfit_gpu.run.directory import is_run_directory
     from memfit_gpu.store.compaction import interrupted
 
     path = Path(directory)
-    if (path / "config.yaml").is_file():
+    if is_run_directory(path):
         cfg = load_config(config or path / "config.yaml")
         store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
         run_dir: Path | None = path
@@ -125,25 +128,32 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         store, run_dir = path / "store", None
     elif (path / "log.jsonl").is_file() or interrupted(path):
         store = path
-        run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
+        run_dir = path.parent if is_run_directory(path.parent) else None
         if config is None and run_dir is None:
             raise ConfigError(f"{path}: a store folder outside a run directory needs --config (the encoder and "
                               f"index settings it was built with)")
         cfg = load_config(config or path.parent / "config.yaml")
     else:
-        raise FileNotFoundError(f"{path}: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
+        raise FileNotFoundError(f"{path}: {_NOT_A_TARGET}")
     if not (store / "log.jsonl").is_file() and not interrupted(store):
         raise FileNotFoundError(f"{store / 'log.jsonl'}: no store there (was the run's build stage reached?)")
     return Target(store=store, run_dir=run_dir, lock=_lock_of(store, run_dir), cfg=cfg)
 
 
+# What a DIR that is none of the three lacks
+_NOT_A_TARGET = ("neither a run directory (config.yaml and timings.json, provenance.json, packs.jsonl or DONE), a "
+                 "live memory's folder (store/ and .lock) nor a store folder (log.jsonl)")
+
+
 def _memory_folder(path: Path) -> bool:
     """A live memory's folder (Memory.open): its store in DIR/store (or a compaction of it killed between the
-    swap's two renames), no config.yaml, its lock DIR/.lock."""
+    swap's two renames), its lock DIR/.lock, and no run directory (a config.yaml of the operator's own may be
+    there: run/directory.is_run_directory)."""
+    from memfit_gpu.run.directory import is_run_directory
     from memfit_gpu.store.compaction import interrupted
 
     store = path / "store"
-    return not (path / "config.yaml").is_file() and ((store / "log.jsonl").is_file() or interrupted(store)) \
+    return not is_run_directory(path) and ((store / "log.jsonl").is_file() or interrupted(store)) \
         and (path / LIVE_LOCK).is_file()
 
 
@@ -158,10 +168,11 @@ def _lock_of(store: Path, run_dir: Path | None) -> Path:
 
 
 def repair_command(args: argparse.Namespace) -> int:
+    from memfit_gpu.run.directory import is_run_directory
     from memfit_gpu.store.repair import repair_store
 
     path = Path(args.dir)
-    if (path / "config.yaml").is_file():
+    if is_run_directory(path):
         from memfit_gpu.config import load_config
 
         cfg = load_config(path / "config.yaml")
@@ -170,9 +181,9 @@ def repair_command(args: argparse.Namespace) -> int:
         store, run_dir = path / "store", None
     else:
         store = path
-        run_dir = path.parent if (path.parent / "config.yaml").is_file() else None
+        run_dir = path.parent if is_run_directory(path.parent) else None
     if not (store / "log.jsonl").is_file():
-        raise FileNotFoundError(f"{path}: neither a run directory, a live memory nor a store folder (log.jsonl)")
+        raise FileNotFoundError(f"{path}: {_NOT_A_TARGET}")
     with locked(_lock_of(store, run_dir)):
         report = repair_store(store, dry_run=args.dry_run)
     if not report.dropped:

@@ -56,6 +56,7 @@ from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import BenchmarkPrompts
 from memfit_gpu.readers.reader import Reader, make_reader
 from memfit_gpu.readers.types import Request, owner_of
+from memfit_gpu.run.directory import is_run_directory
 from memfit_gpu.store.episodes import EpisodeStore
 from memfit_gpu.store.text import episode_body
 
@@ -67,9 +68,6 @@ LIVE_SESSION = "live"  # the session of a turn given without timestamp or sessio
 # A query is a question, not a document: BM25's exact scoring takes up to 65,536 known tokens a query and
 # PRF adds its terms to it, so a longer query is refused before it reaches a batch.
 MAX_QUERY_TOKENS = 8192
-# What `memfit run` writes beside its config.yaml (from its first stage on) and a live memory never does: a
-# folder with config.yaml and one of these is a run directory, a finished or resumable experiment
-RUN_MARKERS = ("timings.json", "provenance.json", "packs.jsonl", "DONE")
 # The users whose cached replies a compaction must drop, written before the store is rewritten and removed once
 # cache.sqlite is: a compaction stopped between the two finishes dropping them when the memory is next opened
 FORGET_PENDING = "forget.pending.json"
@@ -287,7 +285,7 @@ class Memory:
             ConfigError: the method is not live, or a bad config value; or `path` is a run directory.
             DirectoryBusyError: another process has this memory open.
         """
-        if (Path(path) / "config.yaml").is_file() and any((Path(path) / name).exists() for name in RUN_MARKERS):
+        if is_run_directory(path):
             raise ConfigError(f"{path}: a run directory (config.yaml inside), a finished experiment whose packs and "
                               "predictions were made from its store as it is: not opened as a live memory (open a new "
                               "folder; `memfit store import` adds an own-data file to it)")

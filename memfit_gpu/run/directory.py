@@ -3,6 +3,7 @@ each stage.
 
     with run_lock(out): ...          one process writes a directory at a time (an exclusive lock on DIR/.lock)
     record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
+    is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
     StageTimer.load(DIR/timings.json)   wall time per stage, accumulated across resumed invocations
 
 What a run directory holds: docs/concepts/design.md "Run directory"; the stages that fill it: pipeline.py.
@@ -28,8 +29,21 @@ from memfit_gpu.methods.base import StageClock
 log = logging.getLogger(__name__)
 
 
+# What `memfit run` writes beside its config.yaml from its first stage on (provenance.json before any store or
+# answer), and a live memory never does
+RUN_MARKERS = ("timings.json", "provenance.json", "packs.jsonl", "DONE")
+
+
 class RunError(RuntimeError):
     """A run directory that cannot be resumed as asked."""
+
+
+def is_run_directory(path: str | Path) -> bool:
+    """Whether `path` is a run directory: its config.yaml and one of RUN_MARKERS, a finished or resumable
+    experiment. A config.yaml alone is not one: an operator may keep the config a live memory is served with
+    in its folder. The one test of it, for `Memory.open` and `memfit store`."""
+    folder = Path(path)
+    return (folder / "config.yaml").is_file() and any((folder / name).exists() for name in RUN_MARKERS)
 
 
 @contextmanager

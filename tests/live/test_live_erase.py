@@ -216,14 +216,17 @@ def test_two_users_never_share_a_cached_reply(tmp_path: Path) -> None:
         assert (memory.ledger.roles["answer"].calls, memory.ledger.roles["answer"].cached) == (2, 1)
 
 
-def test_the_store_commands_erase_a_live_users_every_byte_too(tmp_path: Path) -> None:
-    """`memfit store delete` of every turn, then `memfit store compact`, on a live memory's folder."""
+@pytest.mark.parametrize("config_inside", [False, True], ids=["config-elsewhere", "config-in-the-folder"])
+def test_the_store_commands_erase_a_live_users_every_byte_too(tmp_path: Path, config_inside: bool) -> None:
+    """`memfit store delete` of every turn, then `memfit store compact`, on a live memory's folder; also where the
+    operator keeps the config the memory is served with in its folder (config.yaml, which Memory.open allows):
+    it is still a live memory's folder, compacted as Memory.compact does it, not a run directory's store."""
     folder = tmp_path / "memory"
     with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
         memory.add([ERASED, KEPT], [turns(ERASED), turns(KEPT)])
         memory.consolidate()
         memory.answer(ERASED, ["What is the vault code?"])
-    config = tmp_path / "config.yaml"
+    config = (folder if config_inside else tmp_path) / "config.yaml"
     config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
     env = memfit_env(plugins="seam_echo_backend")
     cli = [sys.executable, "-m", "memfit_gpu.cli", "store"]

@@ -43,11 +43,13 @@ def _bullets(prompts: list[str]) -> list[str]:
 @pytest.fixture
 def run_dir(tmp_path: Path, bi_encoder) -> Path:
     """A run directory as `memfit run` leaves it up to its store: config.yaml (smoke, with summaries, the
-    SmolLM2 reader) and store/ with one memory and its summary."""
+    SmolLM2 reader), timings.json (written from the first stage on, before any store) and store/ with one
+    memory and its summary."""
     cfg = load_config(REPO / "configs" / "smoke.yaml", ["summary.enabled=true", "summary.max_new_tokens=40"])
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(to_yaml(cfg))
+    (run / "timings.json").write_text('{"load": 0.5}')
     store = EpisodeStore(run / "store", cfg, bi_encoder)
     store.add_memories(_memories(), progress=False)
     assert store.build_summaries(_bullets, progress=False) == 1
@@ -145,7 +147,7 @@ def test_compact_leaves_no_trace_of_the_deleted_turn(run_dir: Path, bi_encoder, 
             f"records") in capsys.readouterr().out
     for needle in (text, body, vector, summary):
         assert _files_containing(run_dir / "store", needle) == []
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "store"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "store", "timings.json"]
     store = _reopen(run_dir, bi_encoder)
     assert store.size == 4 and store.turn_id.tolist() == ["D1:1", "D1:3", "D2:1", "D2:2"]
 
@@ -160,7 +162,9 @@ def test_a_store_folder_outside_a_run_directory_needs_its_config(run_dir: Path, 
     assert main(["store", "compact", str(bare), "--config", str(run_dir / "config.yaml")]) == 0
     assert (bare.parent / ".store.lock").exists()  # the lock of a bare store lies beside it
     line = _error(capsys, ["store", "compact", str(tmp_path / "nothing")])
-    assert line.endswith("nothing: neither a run directory (config.yaml) nor a store folder (log.jsonl)")
+    assert line.endswith("nothing: neither a run directory (config.yaml and timings.json, provenance.json, "
+                         "packs.jsonl or DONE), a live memory's folder (store/ and .lock) nor a store folder "
+                         "(log.jsonl)")
     line = _error(capsys, ["store", "compact", str(run_dir)])  # its store has moved away
     assert line.endswith(f"{run_dir / 'store' / 'log.jsonl'}: no store there (was the run's build stage reached?)")
 
@@ -248,4 +252,4 @@ def test_compact_killed_at_each_step_then_rerun_gives_the_undisturbed_store(run_
             store.close()
         assert main(["store", "compact", str(run)]) == 0, (point, capsys.readouterr().err)
         assert _store_state(run, bi_encoder) == want, point
-        assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "store"], point
+        assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "store", "timings.json"], point
