@@ -4,6 +4,7 @@ each stage.
     with run_lock(out): ...          one process writes a directory at a time (an exclusive lock on DIR/.lock)
     record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
     is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
+    refuse_foreign(out)              a folder holding a store that is no run directory (a live memory's): refused
     StageTimer.load(DIR/timings.json)   wall time per stage, accumulated across resumed invocations
 
 What a run directory holds: docs/concepts/design.md "Run directory"; the stages that fill it: pipeline.py.
@@ -38,10 +39,22 @@ class RunError(RuntimeError):
     """A run directory that cannot be resumed as asked."""
 
 
+def refuse_foreign(out: Path) -> None:
+    """RunError when `out` holds a store (DIR/store) but is no run directory (is_run_directory): a live memory's
+    folder (Memory.open, `memfit serve --store`), whose users' store and cached replies the run would write into,
+    and which Memory.open would then refuse as a run directory. A run writes config.yaml and provenance.json
+    before its store, so its own directory, killed anywhere, is never refused; a response cache copied into a
+    new directory (to serve a run's calls again) is no store and is used."""
+    if (out / "store").exists() and not is_run_directory(out):
+        raise RunError(f"{out} holds a store (store/) but is no run directory (config.yaml with timings.json, "
+                       "provenance.json, packs.jsonl or DONE): a live memory's folder? A run would write into its "
+                       "users' store and cache; use a new --out directory")
+
+
 def is_run_directory(path: str | Path) -> bool:
     """Whether `path` is a run directory: its config.yaml and one of RUN_MARKERS, a finished or resumable
     experiment. A config.yaml alone is not one: an operator may keep the config a live memory is served with
-    in its folder. The one test of it, for `Memory.open` and `memfit store`."""
+    in its folder. The one test of it, for `Memory.open`, `memfit store` and `memfit run`'s --out."""
     folder = Path(path)
     return (folder / "config.yaml").is_file() and any((folder / name).exists() for name in RUN_MARKERS)
 

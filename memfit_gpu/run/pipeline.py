@@ -47,7 +47,7 @@ from memfit_gpu.readers.reader import Reader, load_ledger, make_reader
 from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
 from memfit_gpu.run.answer import Answering, RunJudge, answer_questions
 from memfit_gpu.run.depths import run_depths
-from memfit_gpu.run.directory import RunError, StageTimer, record_config, run_lock
+from memfit_gpu.run.directory import RunError, StageTimer, record_config, refuse_foreign, run_lock
 from memfit_gpu.run.growth import run_growth
 from memfit_gpu.run.inputs import RunInputs, collect, resolve_inputs
 from memfit_gpu.run.preflight import check_can_start
@@ -67,6 +67,7 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with run_lock(out):
+        refuse_foreign(out)  # a live memory's folder: its users' store is no experiment's
         if (out / "DONE").exists():
             record_config(cfg, out)
             log.info("%s is finished (DONE exists): nothing to do", out)
