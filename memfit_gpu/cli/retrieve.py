@@ -43,12 +43,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--benchmark", required=True,
                         help="a registered benchmark: locomo, longmemeval, memgallery, jsonl (your own file), ...")
     parser.add_argument("--data", help="benchmark file or folder (default: data.path, $MEMFIT_DATA_DIR, the cache)")
-    parser.add_argument("--out", required=True, help="output directory (packs.jsonl, diagnostics.json)")
+    parser.add_argument("--out", required=True,
+                        help="output directory (packs.jsonl, diagnostics.json, provenance.json; held while written); "
+                             "a run directory or a live memory's folder is refused")
     parser.add_argument("--limit-memories", type=int, help="first N memories only")
     parser.add_argument("--limit-questions", type=int, help="first N questions per memory only")
     parser.add_argument("--store", help="existing EpisodeStore directory to read (keeps its summaries)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, user_errors=user_errors)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Exit code 2, one line: an --out that is a run directory or a live memory's folder, or busy."""
+    from memfit_gpu.run.directory import RunError
+
+    return (RunError,)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ each stage.
     record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
     is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
     refuse_foreign(out)              a folder holding a store that is no run directory (a live memory's): refused
+    refuse_for_retrieval(out)        `memfit retrieve` writes into no run directory and no live memory's folder
     StageTimer.load(DIR/timings.json)   wall time per stage, accumulated across resumed invocations
 
 What a run directory holds: docs/concepts/design.md "Run directory"; the stages that fill it: pipeline.py.
@@ -49,6 +50,17 @@ def refuse_foreign(out: Path) -> None:
         raise RunError(f"{out} holds a store (store/) but is no run directory (config.yaml with timings.json, "
                        "provenance.json, packs.jsonl or DONE): a live memory's folder? A run would write into its "
                        "users' store and cache; use a new --out directory")
+
+
+def refuse_for_retrieval(out: Path) -> None:
+    """RunError when `memfit retrieve --out` names a folder a run or a live memory writes: one with config.yaml
+    (a run directory, finished or started: its packs.jsonl and provenance.json are the run's, which a resume
+    reuses) or a store (a live memory's folder). `memfit retrieve`'s own folder holds neither and is
+    overwritten by the next retrieval into it."""
+    if (out / "config.yaml").exists() or (out / "store").exists():
+        what = "a run directory (config.yaml)" if (out / "config.yaml").exists() else "a live memory's folder (store/)"
+        raise RunError(f"{out} is {what}: `memfit retrieve` would replace its packs.jsonl, diagnostics.json and "
+                       "provenance.json; use a new --out directory")
 
 
 def is_run_directory(path: str | Path) -> bool:

@@ -57,6 +57,33 @@ def test_retrieve_writes_packs_and_diagnostics(tmp_path, locomo_path, capsys) ->
     assert record["data"]["files"]["locomo10.json"]["sha256"] == hashlib.sha256(locomo_path.read_bytes()).hexdigest()
 
 
+def test_retrieve_into_a_run_directory_or_a_live_memory_is_refused_and_changes_nothing(tmp_path, locomo_path,
+                                                                                         capsys) -> None:
+    """`memfit retrieve --out` replaced a run's packs.jsonl, diagnostics.json and provenance.json (a finished
+    run's report then showed packs its predictions were not made from; a started run's resume reused them), and
+    wrote beside a live memory's store. Both are refused, one line, exit 2; the folder of an earlier retrieval
+    is written again."""
+    args = ["retrieve", "--config", "configs/memfit.yaml", "--benchmark", "locomo", "--data", str(locomo_path),
+            "--limit-memories", "1", "--limit-questions", "2", "rerank.backend=none"]
+    run_dir, memory = tmp_path / "run", tmp_path / "memory"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("name: started\n")  # a run that has written its config.yaml
+    (run_dir / "packs.jsonl").write_text("{}\n")
+    (memory / "store").mkdir(parents=True)
+    (memory / "store" / "log.jsonl").write_text("")
+    for out, what in ((run_dir, "a run directory (config.yaml)"), (memory, "a live memory's folder (store/)")):
+        before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+        assert main([*args, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"memfit retrieve: error: {out} is {what}: `memfit retrieve` would replace its packs.jsonl, "
+                       "diagnostics.json and provenance.json; use a new --out directory"]
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    again = tmp_path / "again"
+    for _ in range(2):
+        assert main([*args, "--out", str(again)]) == 0
+    assert sorted(p.name for p in again.iterdir()) == [".lock", "diagnostics.json", "packs.jsonl", "provenance.json"]
+
+
 def test_retrieve_without_cross_encoder_weights_fails_clearly(tmp_path, locomo_path, capsys) -> None:
     if _cross_encoder_available():
         pytest.fail("cross-encoder weights are present here: this test expects an offline machine without them")
