@@ -257,10 +257,14 @@ class Memory:
         self._compactions = 0
         self._forgotten_at: dict[str, int] = {}
         self.store = EpisodeStore(path / "store", cfg, load_bi_encoder(cfg.index))  # finishes a killed compaction
-        self._finish_pending_forget()
         self.method: LiveMethod = self.entry.make()  # type: ignore[assignment]
         self.run = self._method_run([])
         self.method.attach(self.run, self.store)
+        if (path / FORGET_PENDING).exists():
+            # a compaction stopped after the store's rows were renumbered may have stopped before the method's
+            # files followed them (LightMem's notes name rows): following again is the same on either side
+            self.method.compact(self.run, self.store)
+        self._finish_pending_forget()
         self._new_turns: dict[str, int] = {}  # per user: turns added since its last consolidation
         self._since_snapshot = 0
         self._closed = False
@@ -533,6 +537,7 @@ class Memory:
             erased = self.store.erased
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
             self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
+            faults.point("compact.method")
             counts["users_erased"] = len(erased)
             counts["users_with_deleted_turns"] = len(purged)
             counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased, purged).items()})

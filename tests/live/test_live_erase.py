@@ -203,6 +203,35 @@ def test_a_live_compaction_killed_at_each_durable_write_still_leaves_no_byte_of_
         shutil.rmtree(killed_dir)
 
 
+def test_a_lightmem_compaction_killed_after_the_store_swap_is_followed_on_the_next_open(tmp_path: Path) -> None:
+    """LightMem's notes name store rows. A compaction SIGKILLed after the store's rows were renumbered
+    (`compact.removed`), before the notes followed them, left notes naming other turns (another user's, past
+    the end): the next open now lets the method follow, to the notes an uninterrupted compaction writes."""
+    folder = tmp_path / "memory"
+    with Memory.open(folder, DEMO, overrides=OVERRIDES, method="lightmem_slm") as memory:
+        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])  # the PIN is row 0: every row moves
+        assert memory.consolidate()["mtm_entries"] > 0
+        memory.delete(ERASED, ["pin"])
+    config = tmp_path / "config.yaml"
+    config.write_text(f"defaults: {DEMO}\nmethod: lightmem_slm\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store", "compact"]
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    shutil.copytree(folder, reference)
+    shutil.copytree(folder, killed)
+    done = subprocess.run([*cli, str(reference), "--config", str(config)], capture_output=True, text=True, cwd=REPO,
+                          env=memfit_env(plugins="seam_echo_backend"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    cut = subprocess.run([*cli, str(killed), "--config", str(config)], capture_output=True, text=True, cwd=REPO,
+                         env=memfit_env(plugins="seam_echo_backend", MEMFIT_FAULT="compact.removed"), timeout=300)
+    assert cut.returncode == -signal.SIGKILL, cut.stderr[-2000:]
+    notes = "lightmem/log.jsonl"
+    assert (killed / notes).read_bytes() == (folder / notes).read_bytes()  # the old rows, on a renumbered store
+    with Memory.open(killed, DEMO, overrides=OVERRIDES, method="lightmem_slm") as memory:
+        assert len(memory.turns(ERASED)) == 40 and len(memory.turns(KEPT)) == 40
+    assert (killed / notes).read_bytes() == (reference / notes).read_bytes()
+    assert files_holding(killed, ["zanzibar4417"]) == {} and not (killed / "forget.pending.json").exists()
+
+
 def test_two_users_never_share_a_cached_reply(tmp_path: Path) -> None:
     """The same turns and the same question for two users: two reader calls, one cached reply each (a user
     cannot time whether another asked the same, and erasing one user's replies leaves none of them behind)."""
