@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.store.columns import RecordRefused
@@ -130,28 +131,54 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
         position += len(batch)
     if dry_run or first_change is None:
         return report
+    # Every step leaves a store that opens as the old one or the repaired one, so a kill anywhere is undone by
+    # the same command again: the dropped records and the new log beside the old; the snapshots past the first
+    # change removed (an index the next open rebuilds from the log), the old log linked to its backup name, then
+    # the new log renamed over it in one step (never a moment without a log, which opens as an empty store).
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    backup = store / f"log.jsonl.before-repair-{stamp}"
-    dropped_file = store / f"dropped-{stamp}.jsonl"
+    backup = _unused(store / f"log.jsonl.before-repair-{stamp}")
+    dropped_file = _unused(store / f"dropped-{stamp}.jsonl")
     atomic_write_text(dropped_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dropped_records))
+    faults.point("repair.dropped")
     staged = store / "log.jsonl.repair"
     with open(staged, "wb") as handle:
         for record in [header, *(r for batch in kept for r in batch)]:
             handle.write(encode_record(record))
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(path, backup)  # the old log kept whole, then the new one in its place
+    faults.point("repair.staged")
+    snapshots = store / "snapshots"
+    if snapshots.is_dir():
+        for folder in sorted(snapshots.iterdir()):
+            if folder.is_dir() and folder.name.isdigit() and int(folder.name) > first_change:
+                shutil.rmtree(folder)
+                report.snapshots_removed += 1
+                faults.point("repair.snapshot")
+    try:
+        os.link(path, backup)  # the old log whole under its backup name, and still in place
+    except OSError:  # a file system without hard links
+        shutil.copy2(path, backup)
+    _fsync_folder(store)
+    faults.point("repair.backup")
     os.replace(staged, path)
-    directory = os.open(store, os.O_RDONLY)
+    _fsync_folder(store)
+    faults.point("repair.log")
+    report.backup, report.dropped_file = str(backup), str(dropped_file)
+    return report
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or `path` with -2, -3, ... where a repair killed within the same second left it."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _fsync_folder(folder: Path) -> None:
+    directory = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:
         os.close(directory)
-    snapshots = store / "snapshots"
-    if snapshots.is_dir():
-        for folder in snapshots.iterdir():
-            if folder.is_dir() and folder.name.isdigit() and int(folder.name) > first_change:
-                shutil.rmtree(folder)
-                report.snapshots_removed += 1
-    report.backup, report.dropped_file = str(backup), str(dropped_file)
-    return report

@@ -64,7 +64,15 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> Opened
     compaction.finish_compaction(path)
     path.mkdir(parents=True, exist_ok=True)
     clear_staging(snapshots)  # a snapshot interrupted while being written
-    record_log = RecordLog(path / "log.jsonl", fsync=cfg.store.fsync)
+    log_path = path / "log.jsonl"
+    if (not log_path.exists() or not log_path.stat().st_size) and snapshots.is_dir() \
+            and any(p.name.isdigit() for p in snapshots.iterdir()):
+        # a store with snapshots of its records has a log: without it the store would open empty
+        raise StoreCorruptError(str(log_path), None, None,
+                                "missing or empty, while snapshots/ holds snapshots of its records: the store's log "
+                                "was moved or deleted (one named log.jsonl.before-repair-* is the log as it was before "
+                                "a repair: rename it back); nothing was opened or written")
+    record_log = RecordLog(log_path, fsync=cfg.store.fsync)
     if not len(record_log):
         record_log.append([{"t": "header", "format": LOG_FORMAT, "encoder": cfg.index.encoder, "dim": dim}])
         return OpenedLog(record_log, commits=True, created=True)

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,11 +23,12 @@ from typing import Any
 
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+from support.env import memfit_env
 
 from memfit_gpu.config import ConfigError
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.faults import TRACE_ENV
+from memfit_gpu.faults import TRACE_ENV, parse_trace
 from memfit_gpu.live import Memory, TurnConflictError, UnknownUserError, live_methods
 from memfit_gpu.locks import DirectoryBusyError
 from memfit_gpu.methods.common import mtm_windows
@@ -34,6 +36,7 @@ from memfit_gpu.methods.naive_rag import chunk_history
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import RecordLog
+from memfit_gpu.store.log import StoreCorruptError
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -415,11 +418,9 @@ def test_queries_are_checked_before_they_reach_a_batch(tmp_path: Path) -> None:
                 memory.search("u1", queries, k=k)
 
 
-def test_a_log_that_older_code_left_unopenable_is_named_and_repaired(tmp_path: Path) -> None:
-    """Older code logged a live add of 64 speakers before refusing it: replay stopped with a traceback
-    and every user lost the memory. Now the open names the record and `memfit store repair` drops that
-    batch (keeping its memory record, which later batches name), leaving every other turn as it was."""
-    folder = tmp_path / "m"
+def _unopenable_as_older_code_left_it(folder: Path) -> None:
+    """A live memory whose log holds what older code logged before refusing it: a live add of 64 speakers (a
+    memory record and 64 episodes), then two turns of later adds, one of them naming that memory."""
     with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
         memory.add("u1", [{"speaker": "Ann", "text": "I keep bees.", "turn_id": "a1"}])
     log = RecordLog(folder / "store" / "log.jsonl", fsync=True)
@@ -435,6 +436,21 @@ def test_a_log_that_older_code_left_unopenable_is_named_and_repaired(tmp_path: P
     log.append([*refused, {"t": "commit", "records": len(refused)}, *later, {"t": "commit", "records": 2}])
     log.close()
     assert header["t"] == "header"
+
+
+def _repaired_as_expected(folder: Path) -> None:
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        assert [t["text"] for t in memory.turns("u1")] == ["I keep bees.", "more bees"]
+        assert [t["text"] for t in memory.turns("u2")] == ["acknowledged"]
+        assert memory.search("u2", ["acknowledged"], k=1)[0][0].text == "acknowledged"
+
+
+def test_a_log_that_older_code_left_unopenable_is_named_and_repaired(tmp_path: Path) -> None:
+    """Older code logged a live add of 64 speakers before refusing it: replay stopped with a traceback
+    and every user lost the memory. Now the open names the record and `memfit store repair` drops that
+    batch (keeping its memory record, which later batches name), leaving every other turn as it was."""
+    folder = tmp_path / "m"
+    _unopenable_as_older_code_left_it(folder)
     with pytest.raises(DataError, match=r"record \d+ \(episode\).*would have 64 speakers|more than 63 speakers") as info:
         Memory.open(folder, DEMO, overrides=CHEAP)
     assert f"memfit store repair {folder / 'store'}" in str(info.value)
@@ -446,9 +462,60 @@ def test_a_log_that_older_code_left_unopenable_is_named_and_repaired(tmp_path: P
     assert len(list((folder / "store").glob("log.jsonl.before-repair-*"))) == 1
     dropped = [json.loads(line) for f in (folder / "store").glob("dropped-*.jsonl") for line in f.read_text().splitlines()]
     assert len([r for r in dropped if r["t"] == "episode"]) == 64
-    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
-        assert [t["text"] for t in memory.turns("u1")] == ["I keep bees.", "more bees"]
-        assert [t["text"] for t in memory.turns("u2")] == ["acknowledged"]
-        assert memory.search("u2", ["acknowledged"], k=1)[0][0].text == "acknowledged"
+    _repaired_as_expected(folder)
     again = subprocess.run(cli, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert "nothing to repair" in again.stdout
+
+
+def test_a_store_whose_log_is_gone_is_refused_not_opened_empty(tmp_path: Path) -> None:
+    """A store folder with snapshots but no log (moved away, or lost between two renames of an older repair)
+    opened as an empty memory, and the next add started a new log. It is refused now, the folder unchanged."""
+    folder = tmp_path / "m"
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees."}])
+    store = folder / "store"
+    assert any(p.name.isdigit() for p in (store / "snapshots").iterdir())
+    (store / "log.jsonl").rename(store / "log.jsonl.before-repair-x")
+    before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    for _ in range(2):
+        with pytest.raises(StoreCorruptError, match=r"log\.jsonl: missing or empty, while snapshots/"):
+            Memory.open(folder, DEMO, overrides=CHEAP)
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == before
+        (store / "log.jsonl").touch()  # an empty log is no log either
+        before = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    (store / "log.jsonl.before-repair-x").replace(store / "log.jsonl")
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        assert memory.users() == ["u1"]
+
+
+def test_a_repair_killed_at_each_durable_write_is_finished_by_the_same_command(tmp_path: Path) -> None:
+    """`memfit store repair` SIGKILLed at each durable write it crosses, then run again: the memory opens
+    repaired. (It had renamed the old log away before renaming the new one in: a kill between left no log,
+    which opens as an empty memory.)"""
+    folder = tmp_path / "m"
+    _unopenable_as_older_code_left_it(folder)
+    cli = [sys.executable, "-m", "memfit_gpu.cli", "store", "repair"]
+    reference, trace = tmp_path / "reference", tmp_path / "repair.trace"
+    shutil.copytree(folder, reference)
+    done = subprocess.run([*cli, str(reference)], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env=memfit_env(MEMFIT_FAULT_TRACE=str(trace)))
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, int] = {}
+    points = []
+    for name, _ in parse_trace(trace):
+        seen[name] = seen.get(name, 0) + 1
+        points.append(f"{name}:{seen[name]}")
+    assert [p.split(":")[0] for p in points if p.startswith("repair.")][-3:] == [
+        "repair.staged", "repair.backup", "repair.log"], points
+    for point in points:
+        killed_dir = tmp_path / point.replace(":", "-")
+        shutil.copytree(folder, killed_dir)
+        killed = subprocess.run([*cli, str(killed_dir)], capture_output=True, text=True, cwd=REPO, timeout=300,
+                                env=memfit_env(MEMFIT_FAULT=point))
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
+        assert (killed_dir / "store" / "log.jsonl").is_file(), point
+        again = subprocess.run([*cli, str(killed_dir)], capture_output=True, text=True, cwd=REPO, timeout=300,
+                               env=memfit_env())
+        assert again.returncode == 0, (point, again.stderr[-2000:])
+        _repaired_as_expected(killed_dir)
+        shutil.rmtree(killed_dir)
