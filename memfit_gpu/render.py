@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from tabulate import tabulate
@@ -64,9 +63,3 @@ def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     writer.writerows(["" if cell is None else cell for cell in row] for row in rows)
     return buffer.getvalue()
 
-
-def write_csv(path: str | Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Path:
-    """`csv_text` written to `path` (UTF-8); returns the path."""
-    path = Path(path)
-    path.write_text(csv_text(header, rows), encoding="utf-8")
-    return path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 DESCRIPTION = """\
 One row per finished run directory (any method: memfit, plain, naive_rag, full_context, lightmem_slm),
@@ -36,11 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.evaluate.efficiency import COLUMNS, efficiency_table
+    from memfit_gpu.files import atomic_write_text
     from memfit_gpu.render import csv_text, markdown_table
 
     rows = efficiency_table(args.runs, args.price_model, args.prices)
     cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]
     print(markdown_table(COLUMNS, cells, align=["left"] * 3 + ["right"] * (len(COLUMNS) - 3)), end="")
     if args.csv:
-        Path(args.csv).write_text(csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
+        atomic_write_text(args.csv, csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
     return 0

@@ -46,7 +46,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
-from memfit_gpu.files import read_json_object, read_yaml_mapping
+from memfit_gpu.files import atomic_write_text, read_json_object, read_yaml_mapping
 from memfit_gpu.readers.ledger import Ledger, load_prices
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
@@ -250,10 +250,11 @@ class Table:
         return "\n".join(lines) + "\n"
 
     def write_csv(self, path: Path) -> Path:
-        return render.write_csv(path, [c.name for c in self.columns],
-                                [[None if v is None else FORMATS[c.kind][1](v) for c, v in zip(self.columns, row,
-                                                                                                strict=True)]
-                                 for row in self.rows])
+        atomic_write_text(path, render.csv_text(
+            [c.name for c in self.columns],
+            [[None if v is None else FORMATS[c.kind][1](v) for c, v in zip(self.columns, row, strict=True)]
+             for row in self.rows]))
+        return path
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -707,8 +708,8 @@ def write_tables(tables: Sequence[Table], out: str | Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     files = []
     for table in tables:
-        (out / f"{table.key}.md").write_text(table.markdown(), encoding="utf-8")
+        atomic_write_text(out / f"{table.key}.md", table.markdown())
         table.write_csv(out / f"{table.key}.csv")
         files += [str(out / f"{table.key}.md"), str(out / f"{table.key}.csv")]
-    (out / "tables.md").write_text("\n".join(t.markdown() for t in tables), encoding="utf-8")
+    atomic_write_text(out / "tables.md", "\n".join(t.markdown() for t in tables))
     return files + [str(out / "tables.md")]

@@ -20,6 +20,7 @@ from memfit_gpu.data.registry import benchmark_spec, find_spec
 from memfit_gpu.data.spec import AVERAGING_RULES
 from memfit_gpu.evaluate.metrics import VARIANTS
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci
+from memfit_gpu.files import atomic_write_text
 
 # The categories' names, the averaging rule and the title are each benchmark's (data/spec.py BenchmarkSpec).
 LOCOMO_CATEGORIES: dict[str, str] = dict(benchmark_spec("locomo").categories)
@@ -330,4 +331,5 @@ def write_csv(metrics: Mapping[str, Any], path: str | Path) -> Path:
         row += [f"{block['text'][m]:.6f}" for m in metrics.get("text_metric_names") or []]
         rows.append(row)
     header += list(metrics.get("text_metric_names") or [])
-    return render.write_csv(path, header, rows)
+    atomic_write_text(path, render.csv_text(header, rows))
+    return Path(path)

@@ -35,6 +35,7 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.devices import first_device, gpu_count
+from memfit_gpu.files import atomic_write_text
 from memfit_gpu.index.factory import dense_index, lexical_index
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import hybrid_topk_triton
@@ -369,7 +370,7 @@ def profile(cfg: MemFitConfig, out_dir: str | Path, sizes: tuple[int, ...] = DEF
         "memfit_gpu_memory": memfit_memory,
         "run_dir": str(run_dir),
     }
-    (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "profile.json", json.dumps(result, indent=2) + "\n")
     plot(result, out / "profile.png")
     if cfg.tracking.wandb.enabled:
         tracker = Tracker.start(cfg, out)

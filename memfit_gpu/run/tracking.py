@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.config import MemFitConfig, to_dict
+from memfit_gpu.files import atomic_write_text
 from memfit_gpu.mappings import flatten
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def run_id_for(run_dir: str | Path) -> str:
     slug = re.sub(r"[^A-Za-z0-9_-]+", "-", run_dir.resolve().name).strip("-")[:40] or "run"
     run_id = f"{slug}-{hashlib.sha1(resolved.encode()).hexdigest()[:12]}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    stored.write_text(run_id + "\n")
+    atomic_write_text(stored, run_id + "\n")
     return run_id
 
 
