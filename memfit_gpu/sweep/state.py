@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from memfit_gpu import faults
 from memfit_gpu.files import write_json_atomic
 from memfit_gpu.locks import held, lock_path
 from memfit_gpu.sweep.spec import SweepError, SweepPoint, SweepSpec, point_overrides
@@ -234,6 +235,7 @@ class SweepState:
                 "points": [p.to_dict() for p in self.points.values()],
             },
         )
+        faults.point("sweep.state")
 
 
 def state_after_stop(point_id: str, reason: str, rc: int | None, starts: int, retries: int, log_path: str,

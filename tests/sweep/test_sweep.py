@@ -499,3 +499,46 @@ command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
     record = json.loads((out / "sweep.json").read_text())["points"][0]
     assert record["state"] == "done"
     assert [job["state"] for job in record["jobs"]] == ["CANCELLED", "COMPLETED"]
+
+
+def test_a_local_sweep_killed_at_each_save_of_its_record_finishes_every_point_once(tmp_path: Path,
+                                                                                    shared_data: Path) -> None:
+    """`memfit sweep --launcher local` SIGKILLed right after each write of sweep.json, then the same command: every
+    point DONE and recorded done, a point that was DONE before the kill not started again, none started more than
+    once more (a point killed with its driver resumes). The points' command stands in for `memfit run`."""
+    import signal
+    import subprocess
+
+    from memfit_gpu.faults import parse_trace
+
+    script = ("import pathlib, sys; out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
+              "with open(out.parent.parent / 'starts.log', 'a') as f: f.write(out.name + '\\n')\n"
+              "(out / 'DONE').write_text('done')")
+    path = write_sweep(tmp_path, f"""
+name: killed
+config: BASE
+grid: {{pack.k: [5, 10]}}
+command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
+""")
+
+    def sweep(out: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher",
+                               "local", "--out", str(out)], env=memfit_env(shared_data, **extra),
+                              capture_output=True, text=True, timeout=300)
+
+    trace = tmp_path / "sweep.trace"
+    assert sweep(tmp_path / "reference", MEMFIT_FAULT_TRACE=str(trace)).returncode == 0
+    saves = [name for name, _ in parse_trace(trace)]
+    assert set(saves) == {"sweep.state"} and len(saves) >= 5, saves  # the start, each point's start and end
+    for n in range(1, len(saves) + 1):
+        out = tmp_path / f"killed-{n}"
+        killed = sweep(out, MEMFIT_FAULT=f"sweep.state:{n}")
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
+        done_before = {p.parent.name for p in (out / "points").glob("*/DONE")}
+        again = sweep(out)
+        assert again.returncode == 0, (n, again.stderr[-2000:])
+        record = json.loads((out / "sweep.json").read_text())
+        assert record["state"] == "done" and [p["state"] for p in record["points"]] == ["done", "done"], n
+        starts = (out / "starts.log").read_text().split()
+        assert {p: starts.count(p) for p in done_before} == dict.fromkeys(done_before, 1), (n, starts)
+        assert sorted(set(starts)) == ["k=10", "k=5"] and all(starts.count(p) <= 2 for p in starts), (n, starts)
