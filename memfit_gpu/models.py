@@ -250,6 +250,10 @@ def _converted_from_gguf(name: str, gguf: Path, origin: str) -> ResolvedModel:
         if target.is_dir() and _marker_matches(target, gguf):
             return ResolvedModel(name, str(target), "converted-gguf",
                                  f"cached conversion of {gguf} ({origin}), made by another process meanwhile")
+        # a conversion SIGKILLed (no `finally` ran) left its temporary or stale folder, a model's size each; under
+        # the lock nothing else writes them
+        for left in [*target.parent.glob(f".{target.name}.tmp-*"), *target.parent.glob(f".{target.name}.stale-*")]:
+            shutil.rmtree(left, ignore_errors=True)
         return _convert_gguf_to(name, gguf, origin, target)
 
 

@@ -141,6 +141,13 @@ def test_killed_conversion_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.
     folder = tmp_path / "cache" / "models"
     # neither the target nor the temporary folder survives; the conversion's lock file stays (it holds nothing)
     assert [p.name for p in folder.iterdir()] == [".org--tiny--tiny-bf16.lock"]
+    # a SIGKILL runs no `finally`: what it left is removed by the next conversion of the same model, under its lock
+    for left in (".org--tiny--tiny-bf16.tmp-x1y2", ".org--tiny--tiny-bf16.stale-4242"):
+        (folder / left).mkdir()
+        (folder / left / "model.safetensors").write_bytes(b"a model's size")
+    with pytest.raises(KeyboardInterrupt):
+        models._converted_from_gguf("org/tiny", gguf, "test")
+    assert [p.name for p in folder.iterdir()] == [".org--tiny--tiny-bf16.lock"]
 
 
 def test_processes_converting_at_once_convert_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
