@@ -193,6 +193,9 @@ def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise DataError(str(path), f"line {number}", None, f"not valid JSON ({exc.msg})") from None
+            except UnicodeDecodeError as exc:  # json.loads decodes the bytes first
+                raise DataError(str(path), f"line {number}", None, f"not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
     if good_end < len(data) and repair:
         log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
         with open(path, "r+b") as handle:

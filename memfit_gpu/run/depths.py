@@ -32,10 +32,11 @@ import numpy as np
 from memfit_gpu import faults, render
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.evaluate.tables import summarize
-from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
+from memfit_gpu.files import append_jsonl, atomic_write_text
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
 from memfit_gpu.run.answer import Answering
+from memfit_gpu.run.directory import whole_groups
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def run_depths(out: Path, run: MethodRun, packs: dict[str, dict[str, Any]], answ
     packs: the run's packs.jsonl rows by question id (at pack.k)."""
     cfg = run.cfg
     path = out / ROWS
-    rows = read_jsonl(path)
+    rows = whole_groups(path, "depth", "k")
     done = {int(r["k"]) for r in rows if r.get("t") == "depth"}
     todo = [k for k in cfg.eval.pack_cutoffs if k not in done]
     if todo:

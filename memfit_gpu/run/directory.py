@@ -6,6 +6,7 @@ each stage.
     is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
     refuse_foreign(out)              a folder holding a store that is no run directory (a live memory's): refused
     refuse_for_retrieval(out)        `memfit retrieve` writes into no run directory and no live memory's folder
+    whole_groups(path, head, key)    growth.jsonl / depths.jsonl without a group a kill cut short
     StageTimer.load(DIR/timings.json)   wall time per stage, accumulated across resumed invocations
 
 What a run directory holds: docs/concepts/design.md "Run directory"; the stages that fill it: pipeline.py.
@@ -16,14 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.files import atomic_write_text, read_json_object
+from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import StageClock
@@ -114,6 +117,25 @@ class StageTimer(StageClock):
             return
         atomic_write_text(self.path, json.dumps(self.seconds, indent=2))
         faults.point("timings")
+
+
+def whole_groups(path: Path, head: str, key: str) -> list[dict[str, Any]]:
+    """The rows of an append-only file of groups (growth.jsonl's points, depths.jsonl's depths), each appended in
+    one write: a row {"t": head, key: ..., "questions": n}, then n rows {"t": "question", key: ...}. A group that
+    a killed writer or a full disk cut short (its torn last line dropped by read_jsonl: fewer rows than its head
+    says, or rows without their head) is taken out of the file, rewritten whole, so that it is made again rather
+    than counted as done over fewer questions."""
+    rows = read_jsonl(path)
+    heads = {row[key]: row["questions"] for row in rows if row.get("t") == head}
+    found = Counter(row[key] for row in rows if row.get("t") == "question")
+    cut = sorted({k for k, n in heads.items() if found.get(k, 0) != n} | {k for k in found if k not in heads})
+    if cut:
+        log.warning("%s: %s %s cut short by a killed run or a full disk (fewer rows than it counts): made again",
+                    path, key, ", ".join(map(str, cut)))
+        rows = [row for row in rows if row.get(key) not in cut]
+        atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        faults.point(f"{path.name}.whole")
+    return rows
 
 
 def record_config(cfg: MemFitConfig, out: Path) -> None:

@@ -34,11 +34,12 @@ import numpy as np
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.data.schema import Memory, Question
-from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
+from memfit_gpu.files import append_jsonl, atomic_write_text
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
 from memfit_gpu.run.answer import Answering
+from memfit_gpu.run.directory import whole_groups
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def run_growth(out: Path, run: MethodRun, answering: Answering) -> dict[str, Any
     """Score every growth point not yet in DIR/growth.jsonl (module doc); returns growth.json's content."""
     cfg = run.cfg
     path = out / "growth.jsonl"
-    rows = read_jsonl(path)
+    rows = whole_groups(path, "point", "point")
     done = {int(r["point"]) for r in rows if r.get("t") == "point"}
     points = list(cfg.eval.growth_points)
     turns = growth_turns(run.memories, points, cfg.lightmem.mtm_window_turns)

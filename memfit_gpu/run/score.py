@@ -34,6 +34,29 @@ def _beam_references(questions: list[Question]) -> dict[str, bool]:
     return references
 
 
+def _check_row(path: Path, row: dict[str, Any], question: Question, variant: str, judged: bool) -> None:
+    """RunError naming the question and the field when a predictions row does not say what the answer stage
+    wrote for `question` (its category and whether it is scored, as the benchmark says; its scores numbers; a
+    verdict true or false): the table would be built from it as it is, with other numbers and no error."""
+    problem: tuple[str, str] | None = None
+    scores = row.get("scores")
+    table = scores.get(variant) if isinstance(scores, dict) else None
+    verdict = row.get("judge").get("verdict") if isinstance(row.get("judge"), dict) else None
+    if row.get("category") != question.category:
+        problem = "category", f"{row.get('category')!r}, where the benchmark says {question.category!r}"
+    elif row.get("evaluated", True) != question.evaluated:
+        problem = "evaluated", f"{row.get('evaluated')!r}, where the benchmark says {question.evaluated!r}"
+    elif not (isinstance(table, dict) and all(isinstance(table.get(m), (int, float)) and not isinstance(
+            table.get(m), bool) for m in ("f1", "bleu1"))):
+        problem = f"scores.{variant}", f"{table!r}, not its f1 and bleu1 numbers"
+    elif judged and question.evaluated and not isinstance(verdict, bool):
+        problem = "judge.verdict", f"{verdict!r}, not true or false"
+    if problem is not None:
+        field, what = problem
+        raise RunError(f"{path}: question {question.question_id}, field {field}: {what}; the row was edited or "
+                       "damaged: delete the row and run the same command, which answers it again from the cache")
+
+
 def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Question], ledger: Ledger,
            timings: dict[str, float], record: dict[str, Any], text_settings: dict[str, Any] | None = None) -> dict[str, Any]:
     cfg = inputs.cfg
@@ -51,6 +74,8 @@ def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Qu
     except LedgerCheckError as exc:
         raise RunError(f"{out / 'ledger.json'}: {exc}") from None
     ordered = [by_id[q.question_id] for q in questions]
+    for q, row in zip(questions, ordered, strict=True):
+        _check_row(out / "predictions.jsonl", row, q, cfg.eval.table_metric, inputs.judge is not None)
     metrics = summarize(ordered, variant=cfg.eval.table_metric, judge=inputs.judge is not None, benchmark=bench.name,
                         n_boot=cfg.eval.bootstrap_samples, seed=cfg.eval.seed)
     metrics["name"] = cfg.name

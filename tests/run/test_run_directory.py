@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.config import load_config
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.files import read_jsonl
 from memfit_gpu.live import Memory
-from memfit_gpu.run.directory import RunError, StageTimer
+from memfit_gpu.run.directory import RunError, StageTimer, whole_groups
 from memfit_gpu.run.pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,3 +64,38 @@ def test_a_run_into_a_live_memorys_folder_is_refused_and_changes_nothing(tmp_pat
         assert (folder / "store" / "log.jsonl").read_bytes() == log
     with Memory.open(folder, config=DEMO, overrides=CHEAP) as memory:
         assert memory.users() == ["alice"]
+
+
+def _lines(rows: list[dict]) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def test_a_group_cut_short_is_taken_out_of_its_file_to_be_made_again(tmp_path: Path) -> None:
+    """growth.jsonl and depths.jsonl append each point (depth) whole: its head row, then a row per question. A kill
+    or a full disk in the middle of that write left the head and some rows: the point counted as done and its
+    scores were averaged over the rows left. Such a group is taken out of the file now, and made again."""
+    path = tmp_path / "growth.jsonl"
+
+    def question(point: int, qid: str) -> dict:
+        return {"t": "question", "point": point, "question_id": qid, "scores": {"paper": {"f1": 1.0}}}
+
+    whole = [{"t": "point", "point": 1, "questions": 2}, question(1, "a"), question(1, "b")]
+    cut = [{"t": "point", "point": 2, "questions": 3}, question(2, "a"), question(2, "b")]
+    path.write_text(_lines(whole + cut) + '{"t": "question", "point": 2, "questi')  # the third row torn
+    assert whole_groups(path, "point", "point") == whole
+    assert path.read_text() == _lines(whole)  # rewritten whole: point 2 is made again by the rerun
+    path.write_text(_lines([*whole, question(3, "a")]))  # rows whose head was lost
+    assert whole_groups(path, "point", "point") == whole and path.read_text() == _lines(whole)
+    empty = [{"t": "depth", "k": 5, "questions": 0}]  # a depth with no question is whole
+    depths = tmp_path / "depths.jsonl"
+    depths.write_text(_lines(empty))
+    before = depths.stat().st_mtime_ns
+    assert whole_groups(depths, "depth", "k") == empty and depths.stat().st_mtime_ns == before
+    assert whole_groups(tmp_path / "missing.jsonl", "depth", "k") == []
+
+
+def test_a_line_that_is_not_utf8_is_a_data_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "predictions.jsonl"
+    path.write_bytes(b'{"question_id": "q1"}\n{"prediction": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"predictions\.jsonl, item line 2: not UTF-8 text \(invalid "):
+        read_jsonl(path)

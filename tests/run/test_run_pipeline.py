@@ -203,6 +203,33 @@ def test_answers_come_from_the_cache_when_predictions_are_lost(smoke_run: Path, 
     assert [p["prediction"] for p in read_jsonl(copy / "predictions.jsonl")] == old
 
 
+@pytest.mark.slow
+def test_a_predictions_row_that_says_other_than_its_question_is_refused_when_scoring(
+        smoke_run: Path, tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch):
+    """The table is built from predictions.jsonl as it is: a row whose category was lost counted as a category
+    of its own, one whose score was a string stopped with a traceback. Scoring checks each row against its
+    question now, naming the question and the field."""
+    import shutil
+
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    rows = read_jsonl(smoke_run / "predictions.jsonl")
+    qid = rows[1]["question_id"]
+    for field, damage, said in (("category", None, "None, where the benchmark says"),
+                                ("evaluated", False, "False, where the benchmark says True"),
+                                ("scores", {"paper": {"f1": "1.0", "bleu1": 0.5}}, "scores.paper: {'f1': '1.0'")):
+        copy = tmp_path / field
+        shutil.copytree(smoke_run, copy)
+        for name in ("DONE", "metrics.json", "results.md"):
+            (copy / name).unlink()
+        damaged = [{**row, field: damage} if row["question_id"] == qid else row for row in rows]
+        (copy / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in damaged))
+        with pytest.raises(RunError) as info:
+            run(load_config(SMOKE), copy, progress=False)
+        assert str(info.value).startswith(f"{copy / 'predictions.jsonl'}: question {qid}, field "), str(info.value)
+        assert said in str(info.value) and "delete the row" in str(info.value)
+        assert not (copy / "metrics.json").exists()
+
+
 def test_resuming_with_another_configuration_is_refused(tmp_path: Path, shared_data: Path,
                                                         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))  # a run checks it can start before comparing configs
