@@ -25,7 +25,6 @@ all in one batch. Work that is not on the query path (MemFit's segment summaries
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,7 +41,7 @@ from memfit_gpu.data.jsonl import date_text, memory_json
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
 from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
-from memfit_gpu.files import write_json_atomic
+from memfit_gpu.files import read_json_object, write_json_atomic
 from memfit_gpu.index.encoders import load_bi_encoder
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.locks import exclusive, lock_path
@@ -552,7 +551,9 @@ class Memory:
         pending = self.path / FORGET_PENDING
         if not pending.exists():
             return
-        users = json.loads(pending.read_text(encoding="utf-8"))["responses_of"]
+        users = read_json_object(pending, fields={"responses_of": list})["responses_of"]
+        if not all(isinstance(user, str) for user in users):  # erasing other names would leave theirs behind
+            raise DataError(str(pending), None, "responses_of", "expected a list of user ids; nothing was dropped")
         log.warning("memfit live: %s: finishing the last compaction's erasure of %d user(s)' cached replies",
                     self.path, len(users))
         self._forget([u for u in users if u not in self.store.memory_ids], users)

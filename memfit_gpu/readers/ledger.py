@@ -25,14 +25,15 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from memfit_gpu.files import atomic_write_text
+from memfit_gpu.data.schema import DataError
+from memfit_gpu.files import atomic_write_text, read_json_object
 from memfit_gpu.readers.registry import is_local
 from memfit_gpu.readers.types import PHASES, ROLE_PHASES, ROLES, Response
 
@@ -263,8 +264,32 @@ class Ledger:
     @classmethod
     def load(cls, path: str | Path, per_question: bool = True) -> Ledger:
         """A ledger.json read back; per_question=False (a live memory) keeps its counts and drops any
-        answer keys an older file holds."""
-        return cls.from_dict(json.loads(Path(path).read_text()), per_question)
+        answer keys an older file holds. DataError naming the file and the field when it is not a ledger
+        (check_ledger): read as it is, it would count zero calls, or stop with a traceback."""
+        data = read_json_object(path, fields={"roles": dict})
+        check_ledger(data, str(path))
+        return cls.from_dict(data, per_question)
+
+
+def check_ledger(data: Mapping[str, Any], source: str) -> None:
+    """DataError naming `source` and the field when `data`'s roles or models are not what Ledger.to_json writes:
+    a mapping per role (model) of RoleStats (ModelStats) fields, each count a number."""
+    for section, kind in (("roles", RoleStats), ("models", ModelStats)):
+        entries = data.get(section, {})
+        if not isinstance(entries, dict):
+            raise DataError(source, None, section, f"expected a mapping, got {type(entries).__name__}")
+        known = {f.name: f.type for f in fields(kind)}
+        for name, stats in entries.items():
+            if not isinstance(stats, dict):
+                raise DataError(source, None, f"{section}.{name}", f"expected a mapping, got {type(stats).__name__}")
+            for key, value in stats.items():
+                if key not in known:
+                    raise DataError(source, None, f"{section}.{name}.{key}", "not a field of a ledger")
+                text = known[key] == "str"
+                if (not isinstance(value, str)) if text else (isinstance(value, bool) or not isinstance(
+                        value, (int, float))):
+                    raise DataError(source, None, f"{section}.{name}.{key}",
+                                    f"expected {'text' if text else 'a number'}, got {value!r:.40}")
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, dict[str, float]]:

@@ -10,7 +10,6 @@ to the cache together with the ledger entries that account for it, before anythi
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -20,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from memfit_gpu import faults
+from memfit_gpu.files import read_json_object
 from memfit_gpu.readers.cache import ResponseCache, request_key
-from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.ledger import Ledger, check_ledger
 from memfit_gpu.readers.registry import make_backend
 from memfit_gpu.readers.types import Backend, PromptTokenLimit, ReaderError, Request, Response
 
@@ -228,13 +228,14 @@ def load_ledger(run_dir: str | Path) -> Ledger:
 
     ledger.json, the report the last save left, gives the wall time per role; its counts are the base
     only while the cache holds no entries (a directory an older memfit wrote, or one whose damaged cache
-    was deleted), and are then kept in the cache. Raises json.JSONDecodeError for a ledger.json that is
-    not JSON, TypeError for one that is not a ledger."""
+    was deleted), and are then kept in the cache. Raises DataError naming ledger.json and the field when it
+    is not a ledger (not UTF-8 JSON, not an object, roles or counts of another shape: readers/ledger.py
+    check_ledger)."""
     run_dir = Path(run_dir)
     report_path = run_dir / "ledger.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else None
-    if report is not None and not isinstance(report, dict):
-        raise TypeError(f"{report_path} holds a {type(report).__name__}, not a ledger")
+    report = read_json_object(report_path) if report_path.exists() else None
+    if report is not None:
+        check_ledger(report, str(report_path))
     cache = ResponseCache(run_dir / "cache.sqlite")
     try:
         base = cache.ledger_base()

@@ -32,7 +32,7 @@ import numpy as np
 from memfit_gpu import faults, render
 from memfit_gpu.config import ConfigError, MemFitConfig
 from memfit_gpu.evaluate.tables import summarize
-from memfit_gpu.files import append_jsonl, atomic_write_text
+from memfit_gpu.files import append_jsonl, atomic_write_text, read_json_object
 from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.registry import make_method, method_entry, methods_with
 from memfit_gpu.run.answer import Answering
@@ -75,7 +75,7 @@ def run_depths(out: Path, run: MethodRun, packs: dict[str, dict[str, Any]], answ
                 method.write(run)  # the one write: already stored, so it asks for nothing and encodes nothing
             for k in todo:
                 if k == cfg.pack.k:
-                    made, diagnostics = ranked, json.loads((out / "diagnostics.json").read_text())
+                    made, diagnostics = ranked, read_json_object(out / "diagnostics.json")
                 else:
                     made, diagnostics = method.read_depth(run, ranked, k)  # type: ignore[attr-defined]
                 new = _score_depth(run, answering, k, made, diagnostics)

@@ -28,7 +28,6 @@ asks only those again.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -36,8 +35,9 @@ from typing import Any
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate import text_metrics
-from memfit_gpu.files import atomic_write_text, read_jsonl
+from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
 from memfit_gpu.index.encoders import TextEncoder, load_bi_encoder
 from memfit_gpu.methods.answers import answer_requests
 from memfit_gpu.methods.base import MethodRun
@@ -71,7 +71,7 @@ def run(cfg: MemFitConfig, out_dir: str | Path, progress: bool = True,
         if (out / "DONE").exists():
             record_config(cfg, out)
             log.info("%s is finished (DONE exists): nothing to do", out)
-            return json.loads((out / "metrics.json").read_text())
+            return read_json_object(out / "metrics.json")  # DataError naming it when damaged
         # what the run reads, resolved once, then checked and planned: retrieval where the device plan put it
         # (index.device=auto: off the vLLM engines' GPUs); preflight, provenance and the stages read the record.
         # Before config.yaml: a run refused here leaves the directory free for the corrected one.
@@ -139,8 +139,9 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
     ledger_path = out / "ledger.json"
     try:
         ledger = load_ledger(out)  # from the entries cache.sqlite committed with the responses
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise RunError(f"{ledger_path}: not a ledger memfit wrote ({exc})") from None
+    except DataError as exc:  # names ledger.json and the field
+        raise RunError(f"{exc}: not a ledger memfit wrote (delete it: the counts are rebuilt from cache.sqlite)") \
+            from None
     reader: Reader | None = None
 
     def get_reader() -> Reader:

@@ -18,7 +18,7 @@ from memfit_gpu import faults, provenance
 from memfit_gpu.data import Benchmark, Question
 from memfit_gpu.evaluate import beam as beam_scoring
 from memfit_gpu.evaluate.tables import render_markdown, summarize
-from memfit_gpu.files import atomic_write_text, read_jsonl
+from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
 from memfit_gpu.methods.packs import DIAGNOSTICS
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError
 from memfit_gpu.run.depths import render_depths
@@ -83,7 +83,7 @@ def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Qu
     metrics["method"] = cfg.method
     metrics["questions"] = len(questions)
     metrics["metric_variant"] = cfg.eval.table_metric
-    metrics["retrieval"] = json.loads((out / DIAGNOSTICS).read_text())
+    metrics["retrieval"] = read_json_object(out / DIAGNOSTICS)  # DataError naming it when damaged
     # what ranked the candidates, as the method recorded it (a method without a reranker: backend none)
     metrics["reranker"] = metrics["retrieval"].get("reranker", {"backend": "none"})
     metrics["timings"] = dict(timings)
@@ -91,9 +91,9 @@ def score_run(inputs: RunInputs, out: Path, bench: Benchmark, questions: list[Qu
     if cfg.eval.text_metrics and text_settings is not None:
         metrics["text_metrics"] = text_settings
     if (out / "growth.json").is_file():
-        metrics["growth"] = json.loads((out / "growth.json").read_text())
+        metrics["growth"] = read_json_object(out / "growth.json")
     if cfg.eval.pack_cutoffs:
-        metrics["depths"] = json.loads((out / "depths.json").read_text())
+        metrics["depths"] = read_json_object(out / "depths.json")
     if inputs.judge_kind == "beam":
         # BEAM's per-ability table (its paper's layout), from the rubric scores; memfit's table follows it
         metrics["beam"] = beam_scoring.summary(ordered, cfg.eval.table_metric, _beam_references(questions))

@@ -25,6 +25,7 @@ from support.env import memfit_env
 from support.files import files_holding
 from support.live_server import DEMO, LiveServer
 
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.faults import parse_trace
 from memfit_gpu.live import Memory
 from memfit_gpu.serve.keys import new_key
@@ -160,6 +161,28 @@ def test_a_compaction_stopped_before_the_cache_is_cleaned_finishes_on_the_next_o
     assert json.loads((folder / "forget.pending.json").read_text()) == {"responses_of": [ERASED]}
     Memory.open(folder, DEMO, overrides=OVERRIDES).close()
     assert files_holding(folder, ["zanzibar4417"]) == {} and not (folder / "forget.pending.json").exists()
+
+
+def test_a_damaged_record_of_whom_to_forget_is_refused_not_skipped(tmp_path: Path) -> None:
+    """forget.pending.json names the users whose cached replies a stopped compaction must still drop. Damaged to a
+    string, its characters were taken for user ids, nothing was dropped and the record was removed: the erasure
+    was skipped. Now the memory is refused, naming the file, which stays for the erasure once it is mended."""
+    folder = tmp_path / "memory"
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
+        assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
+        memory.delete(ERASED, ["pin"])
+    pending = folder / "forget.pending.json"
+    cases = [(json.dumps({"responses_of": ERASED}), "responses_of"), ('{"responses_of": [7]}', "responses_of"),
+             ("{}", "responses_of"), ('{"responses_of": [', None)]
+    for damaged, field in cases:
+        pending.write_text(damaged)
+        with pytest.raises(DataError, match=rf"forget\.pending\.json{', field ' + repr(field) if field else ''}"):
+            Memory.open(folder, DEMO, overrides=OVERRIDES)
+        assert pending.read_text() == damaged
+    pending.write_text(json.dumps({"responses_of": [ERASED]}))  # mended: the erasure finishes on open
+    Memory.open(folder, DEMO, overrides=OVERRIDES).close()
+    assert not pending.exists()
 
 
 def test_a_live_compaction_killed_at_each_durable_write_still_leaves_no_byte_of_the_turn(tmp_path: Path) -> None:

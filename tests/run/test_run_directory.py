@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import load_config
+from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.live import Memory
@@ -99,3 +99,15 @@ def test_a_line_that_is_not_utf8_is_a_data_error_naming_it(tmp_path: Path) -> No
     path.write_bytes(b'{"question_id": "q1"}\n{"prediction": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"predictions\.jsonl, item line 2: not UTF-8 text \(invalid "):
         read_jsonl(path)
+
+
+def test_a_finished_run_with_damaged_metrics_is_a_data_error_naming_the_file(tmp_path: Path) -> None:
+    """A finished run (DONE) is only reported: its metrics.json damaged was a JSON traceback."""
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = load_config(SMOKE)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    (out / "DONE").write_text("2026-12-07T10:00:00\n")
+    (out / "metrics.json").write_text('{"questions": 6, "overall"')
+    with pytest.raises(DataError, match=rf"^{out / 'metrics.json'}: not valid JSON"):
+        run(cfg, out, progress=False)
