@@ -30,6 +30,7 @@ from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.store.columns import RecordRefused
+from memfit_gpu.store.compaction import fsync_dir
 from memfit_gpu.store.episodes import EpisodeStore
 from memfit_gpu.store.log import RecordLog, encode_record
 from memfit_gpu.store.replay import LOG_FORMAT
@@ -158,10 +159,10 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
         os.link(path, backup)  # the old log whole under its backup name, and still in place
     except OSError:  # a file system without hard links
         shutil.copy2(path, backup)
-    _fsync_folder(store)
+    fsync_dir(store)
     faults.point("repair.backup")
     os.replace(staged, path)
-    _fsync_folder(store)
+    fsync_dir(store)
     faults.point("repair.log")
     report.backup, report.dropped_file = str(backup), str(dropped_file)
     return report
@@ -175,10 +176,3 @@ def _unused(path: Path) -> Path:
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate
 
-
-def _fsync_folder(folder: Path) -> None:
-    directory = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -163,15 +163,20 @@ def test_a_compaction_stopped_before_the_cache_is_cleaned_finishes_on_the_next_o
     assert files_holding(folder, ["zanzibar4417"]) == {} and not (folder / "forget.pending.json").exists()
 
 
+def _pin_answered_then_deleted(folder: Path) -> None:
+    """A memory of two users whose cached answer quotes the PIN turn, which is then deleted (not compacted)."""
+    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
+        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
+        assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
+        memory.delete(ERASED, ["pin"])
+
+
 def test_a_damaged_record_of_whom_to_forget_is_refused_not_skipped(tmp_path: Path) -> None:
     """forget.pending.json names the users whose cached replies a stopped compaction must still drop. Damaged to a
     string, its characters were taken for user ids, nothing was dropped and the record was removed: the erasure
     was skipped. Now the memory is refused, naming the file, which stays for the erasure once it is mended."""
     folder = tmp_path / "memory"
-    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
-        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
-        assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
-        memory.delete(ERASED, ["pin"])
+    _pin_answered_then_deleted(folder)
     pending = folder / "forget.pending.json"
     cases = [(json.dumps({"responses_of": ERASED}), "responses_of"), ('{"responses_of": [7]}', "responses_of"),
              ("{}", "responses_of"), ('{"responses_of": [', None)]
@@ -190,10 +195,7 @@ def test_a_live_compaction_killed_at_each_durable_write_still_leaves_no_byte_of_
     of whom to forget, the new store's writes, the swap's steps), then the same command again: the deleted
     turn's text is in no file, and the other user's turns are all there."""
     folder = tmp_path / "memory"
-    with Memory.open(folder, DEMO, overrides=OVERRIDES) as memory:
-        memory.add([ERASED, KEPT], [[PIN, *turns(ERASED)], turns(KEPT)])
-        assert "zanzibar4417" in memory.answer(ERASED, ["What is my bank PIN?"])[0].raw_output
-        memory.delete(ERASED, ["pin"])
+    _pin_answered_then_deleted(folder)
     config = tmp_path / "config.yaml"
     config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\n")
     cli = [sys.executable, "-m", "memfit_gpu.cli", "store", "compact"]
