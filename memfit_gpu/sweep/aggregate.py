@@ -197,7 +197,8 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
     sample standard deviation (ddof 1) over a group's points.
 
     Returns (group columns, metric names, rows): a row holds the group's key values, `by` (the values it
-    covers), `points`, and per metric `(mean, std)` (std None for a single point)."""
+    covers), `points`, and per metric `(mean, std)` (std None for a single point; None when one of the
+    group's points lacks the metric, e.g. a judge off there, rather than a mean over the others)."""
     sweep_dir = Path(sweep_dir)
     record = read_sweep_record(sweep_dir / "sweep.json")
     key = _by_key(list(record.sweep_keys), by, sweep_dir / "sweep.json")
@@ -219,9 +220,10 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
     for entry in groups.values():
         row: dict[str, Any] = {**entry["keys"], key: entry["by"], "points": len(entry["values"])}
         for name in names:
+            # only over every point of the group: a mean of some of them is another quantity than `points` says
             seen = [v[name] for v in entry["values"] if name in v]
             row[name] = ((float(np.mean(seen)), float(np.std(seen, ddof=1)) if len(seen) > 1 else None)
-                         if seen else None)
+                         if seen and len(seen) == len(entry["values"]) else None)
         rows.append(row)
     return [*others, key, "points"], names, rows
 

@@ -148,13 +148,16 @@ def read_sweep_record(path: str | Path) -> SweepRecord:
     if not path.is_file():
         raise SweepError(f"{path.parent}: no sweep.json (not a sweep directory)")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SweepError(f"{path}: not valid JSON ({exc}); move it away to start over") from None
     if not isinstance(data, dict):
         raise SweepError(f"{path}: expected a JSON object")
     where = str(path)
-    points = [_point(p, f"{path}: points[{i}]") for i, p in enumerate(_field(data, "points", list, [], where))]
+    # every sweep has points and SweepState.save writes them all: none is damage (aggregate would print nothing)
+    points = [_point(p, f"{path}: points[{i}]") for i, p in enumerate(_field(data, "points", list, _REQUIRED, where))]
+    if not points:
+        raise SweepError(f"{path}: field 'points' is empty; a sweep.json memfit wrote lists every point of its sweep")
     submissions = []
     for i, item in enumerate(_field(data, "submissions", list, [], where)):
         at = f"{path}: submissions[{i}]"

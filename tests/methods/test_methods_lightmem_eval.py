@@ -285,6 +285,13 @@ def test_aggregate_by_seed_gives_mean_and_std_per_group(tmp_path: Path):
                                                               "30.00 ± 8.66", "60.00 ± 17.32", "60.00 ± 17.32"]
     with pytest.raises(ValueError, match="--by temperature names no sweep key"):
         aggregate_by(tmp_path, "temperature")
+    # a point without a metric (its judge off, a category it did not select): the group's cell is empty, not a
+    # mean over the others under "3 points"
+    seed2 = tmp_path / "points" / "lightmem_slm-seed2" / "metrics.json"
+    seed2.write_text(json.dumps({**json.loads(seed2.read_text()), "by_category": {}}))
+    _, _, rows = aggregate_by(tmp_path, "seed")
+    assert rows[1]["f1 1"] is None and rows[1]["f1"] == pytest.approx((0.6, math.sqrt(0.03)))
+    assert rows[0]["f1 1"] == pytest.approx((0.3, math.sqrt(0.02)))
 
 
 # ------------------------------------------------------------------------------------ data and configs

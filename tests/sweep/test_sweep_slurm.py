@@ -55,9 +55,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, small_data_dir: Path
     assert started.returncode == 0, f"local-cluster.sh start failed:\n{started.stdout}\n{started.stderr}"
     ours = "already running" not in started.stderr
     env["SLURM_CONF"] = os.path.join(state_dir, "slurm.conf")
-    assert subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                          timeout=30).stdout.split() == ["idle"]
-    try:
+    try:  # a cluster this fixture started is stopped whatever fails, this check included
+        queue = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, timeout=30).stdout
+        assert subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                              timeout=30).stdout.split() == ["idle"], f"the cluster's node is busy:\n{queue}"
         yield env
     finally:
         if ours:
@@ -102,25 +103,36 @@ def _squeue_state(task_id: str, env: dict[str, str]) -> tuple[str, str]:
 
 def _interrupt(point: str, task_id: str, env: dict[str, str]) -> None:
     """k=5: cancelled (the sweep must resubmit it). k=10: submitit's timeout/preemption signal (USR2),
-    which requeues the same task in place; SLURM holds a requeued task ~2 min (BeginTime), so the test
-    releases it early as an administrator would. Not within the second of the requeue: slurmd revokes
+    which requeues the same task in place (released by `_Release`)."""
+    signal = [] if point == "k=5" else ["--signal=USR2"]
+    subprocess.run(["scancel", *signal, task_id], env=env, check=True, timeout=30)
+
+
+class _Release:
+    """A task requeued by USR2: SLURM holds it ~2 min (BeginTime), so the test releases it early as an
+    administrator would, without waiting on it (the other point is watched meanwhile: it may reach and pass
+    its mid-run moment within the seconds this takes). Not within the second of the requeue: slurmd revokes
     the killed task's job credential with a one-second timestamp, and a restart allocated in that same
     second is refused ("Killing non-startable batch job: Job credential revoked"), a real failure the
     sweep then handles by resubmitting, which is not the in-place path this test is about."""
-    if point == "k=5":
-        subprocess.run(["scancel", task_id], env=env, check=True, timeout=30)
-        return
-    subprocess.run(["scancel", "--signal=USR2", task_id], env=env, check=True, timeout=30)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        state, reason = _squeue_state(task_id, env)
+
+    def __init__(self, task_id: str, env: dict[str, str]) -> None:
+        self.task_id, self.env = task_id, env
+        self.deadline, self.held_since = time.monotonic() + 120, None
+
+    def done(self) -> bool:
+        """True once released; AssertionError when the task was not requeued in time."""
+        now = time.monotonic()
+        state, reason = _squeue_state(self.task_id, self.env)
         if state in ("PENDING", "REQUEUED") and reason == "BeginTime":
-            time.sleep(CREDENTIAL_REVOKE_S)
-            subprocess.run(["scontrol", "update", f"JobId={task_id}", "StartTime=now"], env=env, check=True,
-                           timeout=30)
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"task {task_id} was not requeued after USR2 (state {_squeue_state(task_id, env)})")
+            self.held_since = self.held_since if self.held_since is not None else now
+            if now - self.held_since >= CREDENTIAL_REVOKE_S:
+                subprocess.run(["scontrol", "update", f"JobId={self.task_id}", "StartTime=now"], env=self.env,
+                               check=True, timeout=30)
+                return True
+        elif now > self.deadline:
+            raise AssertionError(f"task {self.task_id} was not requeued after USR2 (state {state}, {reason})")
+        return False
 
 
 def _mid_run(point_dir: Path, point: str) -> bool:
@@ -140,6 +152,7 @@ def cancelled_sweep(slurm_cluster: dict[str, str], tmp_path_factory: pytest.Temp
     out = tmp_path_factory.mktemp("sweep-slurm") / "smoke"
     log_path = out.parent / "sweep.log"
     interrupted: dict[str, str] = {}
+    releases: list[_Release] = []
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
             [*MEMFIT, "sweep", "--config", str(SMOKE_SWEEP), "--launcher", "slurm", "--out", str(out),
@@ -148,7 +161,7 @@ def cancelled_sweep(slurm_cluster: dict[str, str], tmp_path_factory: pytest.Temp
         )
         deadline = time.monotonic() + SWEEP_TIMEOUT_S
         try:
-            while len(interrupted) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            while (len(interrupted) < 2 or releases) and time.monotonic() < deadline and proc.poll() is None:
                 for point in ("k=5", "k=10"):
                     if point in interrupted or (out / "points" / point / "DONE").exists():
                         continue
@@ -156,6 +169,9 @@ def cancelled_sweep(slurm_cluster: dict[str, str], tmp_path_factory: pytest.Temp
                         record = next(p for p in _sweep_json(out)["points"] if p["id"] == point)
                         interrupted[point] = record["jobs"][-1]["job_id"]
                         _interrupt(point, interrupted[point], slurm_cluster)
+                        if point == "k=10":
+                            releases.append(_Release(interrupted[point], slurm_cluster))
+                releases = [r for r in releases if not r.done()]
                 time.sleep(0.25)
             rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
