@@ -81,7 +81,7 @@ from tqdm import tqdm  # noqa: E402
 from memfit_gpu.data import load_benchmark, select_questions  # noqa: E402
 from memfit_gpu.data.schema import Memory as Conversation  # noqa: E402
 from memfit_gpu.data.schema import Question, written_turn_id  # noqa: E402
-from memfit_gpu.files import atomic_write_text  # noqa: E402
+from memfit_gpu.files import write_output  # noqa: E402
 from memfit_gpu.live.memory import Memory  # noqa: E402
 from memfit_gpu.methods.registry import method_entry  # noqa: E402
 from memfit_gpu.serve.keys import new_key  # noqa: E402
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     if args.json_out:
-        atomic_write_text(args.json_out, json.dumps(result, indent=1) + "\n")
+        write_output(args.json_out, json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return result
 

@@ -131,6 +131,18 @@ def _remove_stale_temporaries(path: Path) -> None:
 
 
 
+def write_output(path: str | Path, text: str) -> None:
+    """A file the user names (`--csv`, `--md`, `--json-out`): replaced in one step (atomic_write_text) where it is a
+    regular file or new, through a symlink to what it names; written in place where it is something else
+    (/dev/stdout, a pipe), which cannot be replaced."""
+    path = Path(path)
+    if path.exists() and not path.resolve().is_file():
+        with storage_errors(path), open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    atomic_write_text(path.resolve(), text)
+
+
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:
     """`data` as JSON (non-JSON values through `str`), replaced in one step."""
     atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -306,21 +307,30 @@ def _how_to_get(kind: str, name: str) -> str:
 
 # The weights a run's inputs found (run/inputs.py, while the record is in force): resolve() of the same kind and
 # name returns them instead of searching again, so the weights that load are the ones provenance.json hashed.
-_pinned: dict[tuple[str, str], ResolvedModel] = {}
+# Per (kind, name) the pins of the scopes open now, newest last: scopes nest, and overlap in threads (two runs in
+# one process), each leaving with its own pins only. A process-wide table, not a context variable: the run's
+# judge thread and the threads it starts must see the pins too.
+_pinned: dict[tuple[str, str], list[ResolvedModel]] = {}
+_pinning = threading.Lock()
 
 
 @contextlib.contextmanager
 def pinned(found: Iterable[tuple[str, ResolvedModel]]) -> Iterator[None]:
     """Within: `resolve(kind, resolved.name)` returns `resolved` for each (kind, resolved) in `found`, without
-    searching or logging again. Scopes nest; the table is replaced whole, so a thread that loads a model
-    meanwhile reads one table or the other."""
-    global _pinned
-    before = _pinned
-    _pinned = {**before, **{(kind, resolved.name): resolved for kind, resolved in found}}
+    searching or logging again."""
+    mine = [((kind, resolved.name), resolved) for kind, resolved in found]
+    with _pinning:
+        for key, resolved in mine:
+            _pinned.setdefault(key, []).append(resolved)
     try:
         yield
     finally:
-        _pinned = before
+        with _pinning:
+            for key, resolved in mine:
+                stack = _pinned[key]
+                del stack[max(i for i, r in enumerate(stack) if r is resolved)]
+                if not stack:
+                    del _pinned[key]
 
 
 def resolve(kind: str, name: str) -> ResolvedModel:
@@ -330,7 +340,9 @@ def resolve(kind: str, name: str) -> ResolvedModel:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
     if not name:
         raise ValueError(f"empty model name for kind {kind!r}")
-    found = _pinned.get((kind, name))
+    with _pinning:
+        stack = _pinned.get((kind, name))
+        found = stack[-1] if stack else None
     if found is not None:
         return found
     looked: list[str] = []

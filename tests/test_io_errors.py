@@ -17,7 +17,7 @@ from memfit_gpu import faults
 from memfit_gpu.cli import main
 from memfit_gpu.cli.errors import storage_line
 from memfit_gpu.faults import IO_FAULT_ENV
-from memfit_gpu.files import StorageError, append_jsonl, atomic_write_text, temporaries
+from memfit_gpu.files import StorageError, append_jsonl, atomic_write_text, temporaries, write_output
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.types import Response
@@ -173,3 +173,18 @@ def test_a_really_full_disk_at_the_cache_says_the_disk_is_full(tmp_path: Path) -
     assert line.startswith(f"{folder}/cache.sqlite: opening failed (disk I/O error: its file system is full); "
                            "free space on its file system, then rerun the same command"), line
     assert "dmesg" not in line
+
+
+def test_an_output_the_user_names_is_written_whole_or_in_place_where_it_cannot_be_replaced(tmp_path: Path) -> None:
+    """`--csv`, `--md`, `--json-out`: a regular file is replaced in one step; a symlink keeps pointing at the file
+    it names, which gets the text; /dev/null (or /dev/stdout, a pipe) is written in place, not replaced."""
+    target = tmp_path / "real.csv"
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    write_output(link, "a,b\n")
+    assert link.is_symlink() and target.read_text() == "a,b\n"
+    write_output(tmp_path / "new.csv", "c\n")
+    assert (tmp_path / "new.csv").read_text() == "c\n"
+    write_output("/dev/null", "d\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "new.csv", "real.csv"]  # no temporary left

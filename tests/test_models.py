@@ -88,6 +88,15 @@ def test_pinned_weights_are_returned_without_a_second_search(minilm_path: Path, 
     assert resolve("encoder", "sentence-transformers/all-MiniLM-L6-v2") == found
     assert searches == [("cross-encoder", str(minilm_path)), ("encoder", "no-such-owner/no-such-model"),
                         ("encoder", "sentence-transformers/all-MiniLM-L6-v2")]
+    # two runs' scopes overlapping (threads): the one that leaves first takes only its own pin away
+    other = ResolvedModel(found.name, str(minilm_path), "local", "the other run's")
+    first, second = models.pinned([("encoder", elsewhere)]), models.pinned([("encoder", other)])
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert resolve("encoder", found.name) is other
+    second.__exit__(None, None, None)
+    assert models._pinned == {}
 
 
 def test_missing_cross_encoder_says_where_and_how(empty_hf_cache: Path) -> None:

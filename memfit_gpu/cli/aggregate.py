@@ -17,7 +17,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    from memfit_gpu.files import atomic_write_text
+    from memfit_gpu.files import write_output
     from memfit_gpu.sweep.aggregate import (
         aggregate,
         aggregate_by,
@@ -41,8 +41,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     markdown += ("\n" + "\n".join(drift) + "\n") if drift else ""
     md_path = Path(args.md) if args.md else sweep_dir / f"{stem}.md"
     csv_path = Path(args.csv) if args.csv else sweep_dir / f"{stem}.csv"
-    atomic_write_text(md_path, markdown)
-    atomic_write_text(csv_path, csv)
+    write_output(md_path, markdown)
+    write_output(csv_path, csv)
     print(markdown, end="")
     log.info("wrote %s and %s", md_path, csv_path)
     if args.parquet:

@@ -35,12 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from memfit_gpu.evaluate.efficiency import COLUMNS, efficiency_table
-    from memfit_gpu.files import atomic_write_text
+    from memfit_gpu.files import write_output
     from memfit_gpu.render import csv_text, markdown_table
 
     rows = efficiency_table(args.runs, args.price_model, args.prices)
     cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]
     print(markdown_table(COLUMNS, cells, align=["left"] * 3 + ["right"] * (len(COLUMNS) - 3)), end="")
     if args.csv:
-        atomic_write_text(args.csv, csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
+        write_output(args.csv, csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
     return 0

@@ -42,7 +42,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def command(args: argparse.Namespace) -> int:
     from memfit_gpu.cli.errors import EXIT_USER_ERROR, UsageError
     from memfit_gpu.config import load_config
-    from memfit_gpu.evaluate.judge import judge_settings
     from memfit_gpu.plan import described_node, make_plan, render
 
     for flag, value in (("--gpus", args.gpus), ("--gpu-mem-gib", args.gpu_mem_gib), ("--host-mem-gib", args.host_mem_gib)):
@@ -51,7 +50,7 @@ def command(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     faiss_gpu = None if args.faiss == "auto" else args.faiss == "gpu"
     node = described_node(args.gpus, args.gpu_mem_gib, args.host_mem_gib, faiss_gpu)
-    plan = make_plan(cfg, node, readers=not args.retrieval_only, config_name=str(args.config), judge=judge_settings(cfg))
+    plan = make_plan(cfg, node, readers=not args.retrieval_only, config_name=str(args.config))
     print(json.dumps(plan.to_dict(), indent=2) if args.json else render(plan))
     if plan.fits:
         return 0

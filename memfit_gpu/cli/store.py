@@ -113,12 +113,12 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
     compaction was killed counts as there (even between the swap's two renames, when its folder is
     missing): opening it under the lock finishes or undoes the compaction."""
     from memfit_gpu.config import ConfigError, load_config
-    from memfit_gpu.run.directory import is_run_directory
+    from memfit_gpu.run.directory import is_run_directory, run_config
     from memfit_gpu.store.compaction import interrupted
 
     path = Path(directory)
     if is_run_directory(path):
-        cfg = load_config(config or path / "config.yaml")
+        cfg = load_config(config) if config else run_config(path)
         store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
         run_dir: Path | None = path
     elif _memory_folder(path):
@@ -132,7 +132,7 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         if config is None and run_dir is None:
             raise ConfigError(f"{path}: a store folder outside a run directory needs --config (the encoder and "
                               f"index settings it was built with)")
-        cfg = load_config(config or path.parent / "config.yaml")
+        cfg = load_config(config) if config else run_config(path.parent)
     else:
         raise FileNotFoundError(f"{path}: {_NOT_A_TARGET}")
     if not (store / "log.jsonl").is_file() and not interrupted(store):
@@ -168,14 +168,13 @@ def _lock_of(store: Path, run_dir: Path | None) -> Path:
 
 
 def repair_command(args: argparse.Namespace) -> int:
-    from memfit_gpu.run.directory import is_run_directory
+    from memfit_gpu.run.directory import is_run_directory, run_config
     from memfit_gpu.store.repair import repair_store
 
     path = Path(args.dir)
     if is_run_directory(path):
-        from memfit_gpu.config import load_config
 
-        cfg = load_config(path / "config.yaml")
+        cfg = run_config(path)
         store, run_dir = (Path(cfg.store.path) if cfg.store.path is not None else path / "store"), path
     elif _memory_folder(path):
         store, run_dir = path / "store", None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.files import read_json_object, read_yaml_mapping
-from memfit_gpu.readers.ledger import Ledger, load_prices
+from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
 
 COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
            "write_output_tokens", "read_input_tokens", "read_output_tokens", "cached", "build_s",
@@ -41,6 +41,12 @@ def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
     if not path.is_file():
         raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
     return read_json_object(path, fields, numbers)  # DataError naming the file: damaged
+
+
+def _ledger(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
+    return read_ledger(path)  # DataError naming the file and the field: not a ledger
 
 
 def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
@@ -80,7 +86,7 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
     config = read_yaml_mapping(run / "config.yaml")
     metrics = _json(run / "metrics.json", {"questions": int})
     timings = _json(run / "timings.json", numbers=True)
-    return efficiency_values(str(run), config, _json(run / "ledger.json"), timings, metrics["questions"], price)
+    return efficiency_values(str(run), config, _ledger(run / "ledger.json"), timings, metrics["questions"], price)
 
 
 def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,

@@ -47,7 +47,7 @@ from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
 from memfit_gpu.files import atomic_write_text, read_json_object, read_yaml_mapping
-from memfit_gpu.readers.ledger import Ledger, load_prices
+from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
 
@@ -146,7 +146,10 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     except DataError as exc:  # damaged: named
         raise TablesError(str(exc)) from None
     metrics = _read_json(path / "metrics.json")
-    ledger = _read_json(path / "ledger.json") if (path / "ledger.json").is_file() else None
+    try:
+        ledger = read_ledger(path / "ledger.json") if (path / "ledger.json").is_file() else None
+    except DataError as exc:  # not a ledger: named with its field
+        raise TablesError(str(exc)) from None
     return Run(path, label or path.name, config, metrics, ledger)
 
 

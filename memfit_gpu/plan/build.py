@@ -13,6 +13,7 @@ import torch
 
 from memfit_gpu.config import ConfigError, MemFitConfig, ReaderConfig
 from memfit_gpu.devices import parse_dtype, reader_dtype, resolve_dtype, visible_devices
+from memfit_gpu.evaluate.judge import judge_settings
 from memfit_gpu.index.encoders.batching import Workers, default_batch_tokens
 from memfit_gpu.plan.model_size import ModelSize, model_size
 from memfit_gpu.plan.node import Gpu, Node, describe_node
@@ -488,13 +489,14 @@ class _Builder:
 
 
 def make_plan(cfg: MemFitConfig, node: Node | None = None, workload: Workload | None = None, readers: bool = True,
-              config_name: str = "", judge: ReaderConfig | None = None) -> Plan:
+              config_name: str = "", judge: ReaderConfig | None | str = "from config") -> Plan:
     """Where every part of `cfg`'s run lives on `node` (default: this machine) and what it takes; readers=False
-    plans retrieval alone (`memfit retrieve`). `judge`: the judge's reader settings, derived once by the caller
-    (a run's RunInputs.judge; `memfit plan`: evaluate/judge.judge_settings); None: no judge."""
+    plans retrieval alone (`memfit retrieve`). `judge`: the judge's reader settings (a run passes its inputs',
+    derived once: RunInputs.judge; None: no judge); by default derived from `cfg` (evaluate/judge.judge_settings)."""
     node = node if node is not None else describe_node()
     workload = workload if workload is not None else estimate_workload(cfg)
-    builder = _Builder(cfg, node, workload, readers, judge)
+    judged = judge_settings(cfg) if isinstance(judge, str) else judge
+    builder = _Builder(cfg, node, workload, readers, judged)
     builder.reader_parts()
     devices, spec = builder.retrieval_devices()
     builder.retrieval_parts(devices)

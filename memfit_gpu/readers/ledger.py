@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -250,7 +250,9 @@ class Ledger:
         atomic_write_text(path, self.to_json(prices_path))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], per_question: bool = True) -> Ledger:
+    def from_dict(cls, data: dict[str, Any], per_question: bool = True, source: str = "ledger") -> Ledger:
+        """A ledger from what to_json wrote; DataError naming `source` (its file) and the field otherwise."""
+        check_ledger(data, source)
         ledger = cls(per_question=per_question)
         for role, stats in data.get("roles", {}).items():
             ledger.roles[role] = RoleStats(**stats)
@@ -266,14 +268,30 @@ class Ledger:
         """A ledger.json read back; per_question=False (a live memory) keeps its counts and drops any
         answer keys an older file holds. DataError naming the file and the field when it is not a ledger
         (check_ledger): read as it is, it would count zero calls, or stop with a traceback."""
-        data = read_json_object(path, fields={"roles": dict})
-        check_ledger(data, str(path))
-        return cls.from_dict(data, per_question)
+        return cls.from_dict(read_ledger(path), per_question, str(path))
+
+
+def read_ledger(path: str | Path) -> dict[str, Any]:
+    """A ledger.json's content, checked (check_ledger; its `roles` required): what efficiency, the report and the
+    tables read, and Ledger.load builds on. DataError naming the file and the field otherwise."""
+    data = read_json_object(path, fields={"roles": dict})
+    check_ledger(data, str(path))
+    return data
 
 
 def check_ledger(data: Mapping[str, Any], source: str) -> None:
-    """DataError naming `source` and the field when `data`'s roles or models are not what Ledger.to_json writes:
-    a mapping per role (model) of RoleStats (ModelStats) fields, each count a number."""
+    """DataError naming `source` and the field when `data` is not what Ledger.to_json writes: per role (model) a
+    mapping of RoleStats (ModelStats) fields, each count a number (a model's backend and model named), the answer
+    keys a list of ids, the role phases a mapping of names."""
+    if not isinstance(data, Mapping):
+        raise DataError(source, None, None, f"expected a ledger (a mapping), got {type(data).__name__}")
+    for section, kind in (("answer_keys", list), ("role_phases", dict)):
+        if not isinstance(data.get(section, kind()), kind):
+            raise DataError(source, None, section, f"expected a {kind.__name__}, got {type(data[section]).__name__}")
+    if not all(isinstance(k, str) for k in data.get("answer_keys", [])):
+        raise DataError(source, None, "answer_keys", "expected question ids (text)")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.get("role_phases", {}).items()):
+        raise DataError(source, None, "role_phases", "expected role names and phase names (text)")
     for section, kind in (("roles", RoleStats), ("models", ModelStats)):
         entries = data.get(section, {})
         if not isinstance(entries, dict):
@@ -282,6 +300,9 @@ def check_ledger(data: Mapping[str, Any], source: str) -> None:
         for name, stats in entries.items():
             if not isinstance(stats, dict):
                 raise DataError(source, None, f"{section}.{name}", f"expected a mapping, got {type(stats).__name__}")
+            missing = [f.name for f in fields(kind) if f.default is MISSING and f.name not in stats]
+            if missing:
+                raise DataError(source, None, f"{section}.{name}.{missing[0]}", "missing")
             for key, value in stats.items():
                 if key not in known:
                     raise DataError(source, None, f"{section}.{name}.{key}", "not a field of a ledger")

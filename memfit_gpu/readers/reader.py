@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from memfit_gpu import faults
-from memfit_gpu.files import read_json_object
 from memfit_gpu.readers.cache import ResponseCache, request_key
-from memfit_gpu.readers.ledger import Ledger, check_ledger
+from memfit_gpu.readers.ledger import Ledger, read_ledger
 from memfit_gpu.readers.registry import make_backend
 from memfit_gpu.readers.types import Backend, PromptTokenLimit, ReaderError, Request, Response
 
@@ -233,9 +232,7 @@ def load_ledger(run_dir: str | Path) -> Ledger:
     check_ledger)."""
     run_dir = Path(run_dir)
     report_path = run_dir / "ledger.json"
-    report = read_json_object(report_path) if report_path.exists() else None
-    if report is not None:
-        check_ledger(report, str(report_path))
+    report = read_ledger(report_path) if report_path.exists() else None
     cache = ResponseCache(run_dir / "cache.sqlite")
     try:
         base = cache.ledger_base()

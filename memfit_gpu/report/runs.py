@@ -17,6 +17,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.files import read_json_object, read_jsonl, read_yaml_mapping
+from memfit_gpu.readers.ledger import read_ledger
 
 
 class ReportError(ValueError):
@@ -96,7 +97,12 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         raise ReportError(str(exc)) from None
     timings = _json(run / "timings.json", numbers=True) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
     depths = _json(run / "depths.json") if (run / "depths.json").is_file() else None
-    return RunFiles(run, label, config, metrics, record, _json(run / "ledger.json"),
+    _json(run / "ledger.json")  # there, and JSON
+    try:
+        ledger = read_ledger(run / "ledger.json")
+    except DataError as exc:  # not a ledger: named with its field
+        raise ReportError(str(exc)) from None
+    return RunFiles(run, label, config, metrics, record, ledger,
                     {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings)
 
 

@@ -3,6 +3,7 @@ each stage.
 
     with run_lock(out): ...          one process writes a directory at a time (an exclusive lock on DIR/.lock)
     record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
+    run_config(out)                  that configuration read back (an emptied config.yaml is no default one)
     is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
     refuse_foreign(out)              a folder holding a store that is no run directory (a live memory's): refused
     refuse_for_retrieval(out)        `memfit retrieve` writes into no run directory and no live memory's folder
@@ -18,7 +19,7 @@ import json
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
+from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl, read_yaml_mapping
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import StageClock
@@ -61,7 +62,8 @@ def refuse_for_retrieval(out: Path) -> None:
     reuses) or a store (a live memory's folder). `memfit retrieve`'s own folder holds neither and is
     overwritten by the next retrieval into it."""
     if (out / "config.yaml").exists() or (out / "store").exists():
-        what = "a run directory (config.yaml)" if (out / "config.yaml").exists() else "a live memory's folder (store/)"
+        what = ("a run directory (config.yaml: a run finished or started there)" if is_run_directory(out) or not
+                (out / "store").exists() else "a live memory's folder (store/)")
         raise RunError(f"{out} is {what}: `memfit retrieve` would replace its packs.jsonl, diagnostics.json and "
                        "provenance.json; use a new --out directory")
 
@@ -126,6 +128,11 @@ def whole_groups(path: Path, head: str, key: str) -> list[dict[str, Any]]:
     says, or rows without their head) is taken out of the file, rewritten whole, so that it is made again rather
     than counted as done over fewer questions."""
     rows = read_jsonl(path)
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or (row.get("t") in (head, "question") and key not in row) or (
+                row.get("t") == head and not isinstance(row.get("questions"), int)):
+            raise DataError(str(path), f"row {number}", key, "not a row memfit writes (an object naming its "
+                            f"{key}): the file is damaged; delete it to make every {head} again")
     heads = {row[key]: row["questions"] for row in rows if row.get("t") == head}
     found = Counter(row[key] for row in rows if row.get("t") == "question")
     cut = sorted({k for k, n in heads.items() if found.get(k, 0) != n} | {k for k in found if k not in heads})
@@ -138,6 +145,14 @@ def whole_groups(path: Path, head: str, key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def run_config(out: Path, overrides: Sequence[str] = ()) -> MemFitConfig:
+    """The configuration a run directory was started with (its config.yaml, which record_config writes whole,
+    every section): DataError naming the file when it is not a YAML mapping (emptied or damaged), which
+    load_config alone would read as the defaults."""
+    read_yaml_mapping(out / "config.yaml")
+    return load_config(out / "config.yaml", overrides)
+
+
 def record_config(cfg: MemFitConfig, out: Path) -> None:
     """A resumed run must have the configuration it started with: anything else mixes two runs."""
     resolved = out / "config.yaml"
@@ -146,7 +161,7 @@ def record_config(cfg: MemFitConfig, out: Path) -> None:
         atomic_write_text(resolved, text)
         faults.point("config")
         return
-    before = load_config(resolved)
+    before = run_config(out)
     if before != cfg:
         flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
         diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu import faults, provenance
-from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import Question, read_benchmark, select_from_config
 from memfit_gpu.evaluate.beam import BeamItem, BeamJudge
 from memfit_gpu.evaluate.judge import (
@@ -60,6 +60,7 @@ from memfit_gpu.readers.prompts import build_judge_messages
 from memfit_gpu.readers.reader import make_reader
 from memfit_gpu.readers.types import Request, Response
 from memfit_gpu.render import markdown_table
+from memfit_gpu.run.directory import run_config
 from memfit_gpu.run.inputs import RunInputs, data_record, judge_record, model_record, resolve_inputs
 from memfit_gpu.run.preflight import check_judge_can_start
 
@@ -259,7 +260,7 @@ def audit(run_dir: str | Path, overrides: Sequence[str] = (), seed: int | None =
     for name in ("config.yaml", "predictions.jsonl", "DONE"):
         if not (run_dir / name).is_file():
             raise AuditError(f"{run_dir} is not a finished run (no {name}): finish it with `memfit run` first")
-    cfg = load_config(run_dir / "config.yaml", _judge_overrides(overrides))
+    cfg = run_config(run_dir, _judge_overrides(overrides))  # an emptied config.yaml is an error, not the defaults
     seed = cfg.eval.seed if seed is None else seed
     try:
         with exclusive(lock_path(run_dir), "wait for it to end", lock_wait_s()):

@@ -168,9 +168,10 @@ def test_vllm_reader_and_retrieval_on_a_small_gpu_are_refused_naming_the_key(loc
 def test_a_vllm_judge_is_a_second_claim(locomo_path: Path):
     cfg = load_config(LME_S, [f"data.path={locomo_path}", "data.benchmark=locomo", "data.split=null",
                               "eval.judge.backend=vllm", "eval.judge.model=Qwen/Qwen3-8B"])
-    refused = make_plan(cfg, node(4, 96), judge=judge_settings(cfg))  # the run's inputs pass RunInputs.judge
+    refused = make_plan(cfg, node(4, 96))  # the judge's settings derived from cfg
     assert refused.engine_gpus["judge"] == refused.engine_gpus["reader"]
-    assert "judge" not in make_plan(cfg, node(4, 96)).engine_gpus  # the plan plans the judge it is given only
+    assert make_plan(cfg, node(4, 96), judge=judge_settings(cfg)).engine_gpus == refused.engine_gpus  # a run's
+    assert "judge" not in make_plan(cfg, node(4, 96), judge=None).engine_gpus  # the plan plans the judge given
     assert not refused.fits and "vLLM judge engines claim 86.4 GiB" in refused.problems[0].message
     assert "eval.judge.backend=openai" in refused.problems[0].message
 

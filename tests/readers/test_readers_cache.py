@@ -18,7 +18,7 @@ from memfit_gpu.config import ReaderConfig
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import temporaries
 from memfit_gpu.readers.cache import ResponseCache, request_key
-from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices
+from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices, read_ledger
 from memfit_gpu.readers.reader import Reader
 from memfit_gpu.readers.types import Backend, Request, Response
 
@@ -108,14 +108,20 @@ def test_ledger_counts_per_role() -> None:
     (b'{"roles": {"answer": {"calls": true}}}', "'roles.answer.calls'", "expected a number, got True"),
     (b'{"roles": {"answer": {"cals": 12}}}', "'roles.answer.cals'", "not a field of a ledger"),
     (b'{"roles": {}, "models": {"m": {"backend": 1, "model": "x"}}}', "'models.m.backend'", "expected text"),
+    (b'{"roles": {}, "models": {"m": {"model": "x", "calls": 2}}}', "'models.m.backend'", "missing"),
+    (b'{"roles": {}, "answer_keys": 5}', "'answer_keys'", "expected a list, got int"),
     (b'{"roles": {"answer": {"calls": 1}}}\xff', None, "not UTF-8"),
 ])
 def test_a_ledger_that_is_not_one_is_a_data_error_naming_the_field(tmp_path: Path, content: bytes, field: str | None,
                                                                    reason: str) -> None:
-    """ledger.json read back (efficiency, report, tables, a live memory, the judge audit, a resumed run): a file
-    of another shape counted zero calls (a missing role), or stopped with a traceback."""
+    """ledger.json read back (`read_ledger`: efficiency, report, tables; Ledger.load: a live memory, the judge audit;
+    a resumed run's load_ledger): a file of another shape counted zero calls (a missing role), or stopped with a
+    traceback."""
     path = tmp_path / "ledger.json"
     path.write_bytes(content)
+    for read in (read_ledger, Ledger.load):
+        with pytest.raises(DataError):
+            read(path)
     with pytest.raises(DataError) as info:
         Ledger.load(path)
     message = str(info.value)

@@ -71,7 +71,7 @@ def test_retrieve_into_a_run_directory_or_a_live_memory_is_refused_and_changes_n
     (run_dir / "packs.jsonl").write_text("{}\n")
     (memory / "store").mkdir(parents=True)
     (memory / "store" / "log.jsonl").write_text("")
-    for out, what in ((run_dir, "a run directory (config.yaml)"), (memory, "a live memory's folder (store/)")):
+    for out, what in ((run_dir, "a run directory (config.yaml: a run finished or started there)"), (memory, "a live memory's folder (store/)")):
         before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
         assert main([*args, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()

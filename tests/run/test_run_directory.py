@@ -111,3 +111,23 @@ def test_a_finished_run_with_damaged_metrics_is_a_data_error_naming_the_file(tmp
     (out / "metrics.json").write_text('{"questions": 6, "overall"')
     with pytest.raises(DataError, match=rf"^{out / 'metrics.json'}: not valid JSON"):
         run(cfg, out, progress=False)
+
+
+def test_an_emptied_config_yaml_is_an_error_naming_it_not_the_defaults(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run directory's config.yaml holds every section (record_config). Emptied, load_config read it as the
+    defaults: a resume was refused as "another configuration", the judge audit ran the default judge."""
+    from memfit_gpu.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    for name, text in (("config.yaml", ""), ("DONE", "x\n"), ("predictions.jsonl", "{}\n"), ("timings.json", "{}")):
+        (out / name).write_text(text)
+    with pytest.raises(DataError, match=rf"^{out / 'config.yaml'}: expected a mapping of keys, got NoneType"):
+        run(load_config(SMOKE), out, progress=False)
+    for command in (["judge-audit", "--quiet", str(out)], ["store", "compact", str(out)]):
+        capsys.readouterr()
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip().endswith(f"{out / 'config.yaml'}: expected a mapping of keys, got "
+                                                        "NoneType"), command
+    assert (out / "config.yaml").read_text() == ""
