@@ -449,6 +449,17 @@ def test_a_slurm_task_lets_its_run_wait_for_the_task_it_replaces(tmp_path: Path,
 
 
 @pytest.mark.slow
+def _one_point_sweep(tmp_path: Path, name: str, script: str) -> Path:
+    """A sweep file of one point (pack.k=5) whose command is `python -c script CONFIG OUT`: a stand-in for
+    `memfit run` that tests of the driver control."""
+    return write_sweep(tmp_path, f"""
+name: {name}
+config: BASE
+grid: {{pack.k: [5]}}
+command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
+""")
+
+
 def test_a_killed_local_sweep_takes_its_points_with_it_and_the_next_start_corrects_the_record(
         tmp_path: Path, shared_data: Path) -> None:
     """A SIGKILLed local sweep used to leave its point's `memfit run` running unsupervised (ppid 1) and
@@ -463,12 +474,7 @@ def test_a_killed_local_sweep_takes_its_points_with_it_and_the_next_start_correc
               "started = out / 'started'\n"
               "if started.exists(): (out / 'DONE').write_text('done')\n"
               "else: started.write_text('1'); time.sleep(120)")
-    path = write_sweep(tmp_path, f"""
-name: orphans
-config: BASE
-grid: {{pack.k: [5]}}
-command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
-""")
+    path = _one_point_sweep(tmp_path, "orphans", script)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher", "local",
                "--out", str(out)]
@@ -519,12 +525,7 @@ def test_a_local_sweep_killed_at_each_save_of_its_record_finishes_every_point_on
     script = ("import pathlib, sys; out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
               "with open(out.parent.parent / 'starts.log', 'a') as f: f.write(out.name + '\\n')\n"
               "(out / 'DONE').write_text('done')")
-    path = write_sweep(tmp_path, f"""
-name: killed
-config: BASE
-grid: {{pack.k: [5]}}
-command: ["{{python}}", "-c", {json.dumps(script)}, "{{config}}", "{{out}}"]
-""")
+    path = _one_point_sweep(tmp_path, "killed", script)
 
     def sweep(out: Path, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "memfit_gpu.cli", "sweep", "--config", str(path), "--launcher",
