@@ -20,7 +20,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,16 @@ def write_output(path: str | Path, text: str) -> None:
     atomic_write_text(path.resolve(), text)
 
 
+def jsonl_text(rows: Iterable[dict[str, Any]]) -> str:
+    """Rows as JSON Lines, one object a line, as every JSONL file memfit writes holds them."""
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+    """A JSONL file replaced in one step (jsonl_text, atomic_write_text)."""
+    atomic_write_text(path, jsonl_text(rows))
+
+
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:
     """`data` as JSON (non-JSON values through `str`), replaced in one step."""
     atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
@@ -217,7 +227,7 @@ def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
 
 def append_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
     """Append rows, one JSON object per line, in one write, fsynced before returning."""
-    payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    payload = jsonl_text(rows)
     with storage_errors(path), open(path, "a", encoding="utf-8") as handle:
         faults.io_fault(path)
         handle.write(payload)

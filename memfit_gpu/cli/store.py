@@ -173,7 +173,6 @@ def repair_command(args: argparse.Namespace) -> int:
 
     path = Path(args.dir)
     if is_run_directory(path):
-
         cfg = run_config(path)
         store, run_dir = (Path(cfg.store.path) if cfg.store.path is not None else path / "store"), path
     elif _memory_folder(path):

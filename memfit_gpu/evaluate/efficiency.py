@@ -18,7 +18,7 @@ One row per run directory, from what the run wrote:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,13 @@ class EfficiencyError(FileNotFoundError):
     """A run directory that is not a finished run (the CLI prints it on one line, exit code 2)."""
 
 
-def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
-          numbers: bool = False) -> dict[str, Any]:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None, numbers: bool = False,
+          read: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """read_json_object of a file a finished run has (or `read`: read_ledger); DataError naming the file and the
+    field when it is damaged."""
     if not path.is_file():
         raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
-    return read_json_object(path, fields, numbers)  # DataError naming the file: damaged
-
-
-def _ledger(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise EfficiencyError(f"{path} does not exist: {path.parent} is not a finished memfit run")
-    return read_ledger(path)  # DataError naming the file and the field: not a ledger
+    return read(path) if read is not None else read_json_object(path, fields, numbers)
 
 
 def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str, Any], timings: dict[str, Any],
@@ -86,7 +82,7 @@ def efficiency_row(run_dir: str | Path, price: dict[str, float] | None = None) -
     config = read_yaml_mapping(run / "config.yaml")
     metrics = _json(run / "metrics.json", {"questions": int})
     timings = _json(run / "timings.json", numbers=True)
-    return efficiency_values(str(run), config, _ledger(run / "ledger.json"), timings, metrics["questions"], price)
+    return efficiency_values(str(run), config, _json(run / "ledger.json", read=read_ledger), timings, metrics["questions"], price)
 
 
 def efficiency_table(run_dirs: Sequence[str | Path], price_model: str | None = DEFAULT_PRICE_MODEL,

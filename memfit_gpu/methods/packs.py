@@ -22,7 +22,7 @@ from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.data.schema import Benchmark, Question
-from memfit_gpu.files import atomic_write_text, read_jsonl
+from memfit_gpu.files import atomic_write_text, read_jsonl, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def write_packs(out: Path, rows: Sequence[dict[str, Any]], diagnostics: dict[str
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / DIAGNOSTICS, json.dumps(diagnostics, indent=2) + "\n")
     faults.point("diagnostics")
-    atomic_write_text(out / PACKS, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    write_jsonl_atomic(out / PACKS, rows)
     faults.point("packs")
     return {row["question_id"]: row for row in rows}
 

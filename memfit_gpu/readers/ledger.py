@@ -268,7 +268,7 @@ class Ledger:
         """A ledger.json read back; per_question=False (a live memory) keeps its counts and drops any
         answer keys an older file holds. DataError naming the file and the field when it is not a ledger
         (check_ledger): read as it is, it would count zero calls, or stop with a traceback."""
-        return cls.from_dict(read_ledger(path), per_question, str(path))
+        return cls.from_dict(read_json_object(path, fields={"roles": dict}), per_question, str(path))  # checks it
 
 
 def read_ledger(path: str | Path) -> dict[str, Any]:

@@ -8,6 +8,7 @@ refused, naming the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,13 +57,14 @@ class RunFiles:
                                  price)
 
 
-def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None,
-          numbers: bool = False) -> dict[str, Any]:
+def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None, numbers: bool = False,
+          read: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """read_json_object of a file a scored run has (or `read`: read_ledger), ReportError naming it otherwise."""
     if not path.is_file():
         raise ReportError(f"{path} does not exist: {path.parent} is not a scored memfit run (memfit run writes it)")
     try:
-        return read_json_object(path, fields, numbers)
-    except DataError as exc:  # damaged: named
+        return read(path) if read is not None else read_json_object(path, fields, numbers)
+    except DataError as exc:  # damaged, or (read_ledger) not a ledger: named with its field
         raise ReportError(str(exc)) from None
 
 
@@ -97,12 +99,7 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         raise ReportError(str(exc)) from None
     timings = _json(run / "timings.json", numbers=True) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
     depths = _json(run / "depths.json") if (run / "depths.json").is_file() else None
-    _json(run / "ledger.json")  # there, and JSON
-    try:
-        ledger = read_ledger(run / "ledger.json")
-    except DataError as exc:  # not a ledger: named with its field
-        raise ReportError(str(exc)) from None
-    return RunFiles(run, label, config, metrics, record, ledger,
+    return RunFiles(run, label, config, metrics, record, _json(run / "ledger.json", read=read_ledger),
                     {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings)
 
 

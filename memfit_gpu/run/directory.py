@@ -27,7 +27,13 @@ from typing import Any
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl, read_yaml_mapping
+from memfit_gpu.files import (
+    atomic_write_text,
+    read_json_object,
+    read_jsonl,
+    read_yaml_mapping,
+    write_jsonl_atomic,
+)
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import StageClock
@@ -140,7 +146,7 @@ def whole_groups(path: Path, head: str, key: str) -> list[dict[str, Any]]:
         log.warning("%s: %s %s cut short by a killed run or a full disk (fewer rows than it counts): made again",
                     path, key, ", ".join(map(str, cut)))
         rows = [row for row in rows if row.get(key) not in cut]
-        atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        write_jsonl_atomic(path, rows)
         faults.point(f"{path.name}.whole")
     return rows
 

@@ -15,7 +15,6 @@ are removed (the next open replays from the last snapshot still valid, re-encodi
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -28,7 +27,7 @@ import torch
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.files import atomic_write_text
+from memfit_gpu.files import write_jsonl_atomic
 from memfit_gpu.store.columns import RecordRefused
 from memfit_gpu.store.compaction import fsync_dir
 from memfit_gpu.store.episodes import EpisodeStore
@@ -139,7 +138,7 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
     stamp = time.strftime("%Y%m%dT%H%M%S")
     backup = _unused(store / f"log.jsonl.before-repair-{stamp}")
     dropped_file = _unused(store / f"dropped-{stamp}.jsonl")
-    atomic_write_text(dropped_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dropped_records))
+    write_jsonl_atomic(dropped_file, dropped_records)
     faults.point("repair.dropped")
     staged = store / "log.jsonl.repair"
     with open(staged, "wb") as handle:

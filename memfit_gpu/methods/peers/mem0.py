@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -59,7 +58,7 @@ from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.data.schema import DataError, Memory, Session
-from memfit_gpu.files import append_jsonl, atomic_write_text, read_jsonl
+from memfit_gpu.files import append_jsonl, read_jsonl, write_jsonl_atomic
 from memfit_gpu.index.encoders.backends import load_bi_encoder
 from memfit_gpu.methods.base import Hit, MethodRun
 from memfit_gpu.methods.packs import pack_row
@@ -214,7 +213,7 @@ class Marks:
 
     def rewrite(self) -> None:
         """The file again with only the batches mem0 holds (no retired line names a deleted turn)."""
-        atomic_write_text(self.path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.batches.values()))
+        write_jsonl_atomic(self.path, self.batches.values())
 
 
 class Mem0Method:
