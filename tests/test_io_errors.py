@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -188,3 +189,105 @@ def test_an_output_the_user_names_is_written_whole_or_in_place_where_it_cannot_b
     assert (tmp_path / "new.csv").read_text() == "c\n"
     write_output("/dev/null", "d\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "new.csv", "real.csv"]  # no temporary left
+
+
+@pytest.mark.parametrize(("table", "change"), [
+    ("responses", "UPDATE responses SET text = 'answer 7 changed' WHERE key = 'key0007'"),
+    ("responses", "UPDATE responses SET output_tokens = 6 WHERE key = 'key0007'"),
+    ("responses", "UPDATE responses SET owner = 'someone else' WHERE key = 'key0007'"),
+    ("calls", "UPDATE calls SET input_tokens = 31 WHERE seq = 8"),
+    ("calls", "UPDATE calls SET served = 'cached' WHERE seq = 8"),
+])
+def test_a_row_changed_on_disk_is_the_damaged_error_not_another_answer(tmp_path: Path, table: str,
+                                                                       change: str) -> None:
+    """SQLite checks its pages, not what a row holds: a response changed in place (a flipped bit, an edit
+    by hand) used to be served as the run's answer, a call record counted as it read."""
+    path = tmp_path / "cache.sqlite"
+    _filled_cache(path)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute(change).rowcount == 1
+    damaged = path.read_bytes()
+    with pytest.raises(StorageError) as info:
+        _use(path)
+    message = str(info.value)
+    what = "the cached response under key key0007" if table == "responses" else "a call record"
+    assert message.startswith(f"{path}: damaged ({what} does not match its digest: changed on disk or by hand)")
+    assert "deleting it is safe" in message and "\n" not in message
+    assert path.read_bytes() == damaged  # left as it was
+
+
+def test_a_changed_ledger_base_is_the_damaged_error(tmp_path: Path) -> None:
+    path = tmp_path / "cache.sqlite"
+    cache = ResponseCache(path)
+    cache.set_ledger_base({"roles": {"answer": {"calls": 3}}})
+    assert cache.ledger_base() == {"roles": {"answer": {"calls": 3}}}
+    cache.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("""UPDATE ledger_base SET ledger = '{"roles": {"answer": {"calls": 30}}}'""")
+    cache = ResponseCache(path)
+    try:
+        with pytest.raises(StorageError, match=r"damaged \(the ledger base does not match its digest"):
+            cache.ledger_base()
+    finally:
+        cache.close()
+
+
+def test_a_cache_written_before_digests_gets_them_and_reads_as_it_was(tmp_path: Path) -> None:
+    """A file an older memfit wrote (no digest column) is read as it was, and from then on a changed row is
+    the damaged error. Values SQLite stores in another type than given (an int in a REAL column, a bool)
+    are digested as stored, so a sound row never reads as changed."""
+    path = tmp_path / "cache.sqlite"
+    _filled_cache(path)
+    with sqlite3.connect(path) as conn:  # as an older memfit left it
+        for table in ("responses", "calls", "ledger_base"):
+            conn.execute(f"DROP INDEX {table}_undigested")
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN digest")
+        before = conn.execute("SELECT * FROM responses ORDER BY key").fetchall()
+    cache = ResponseCache(path)
+    try:
+        found = cache.get_many(["key0003"])
+        assert found["key0003"].text == "answer 3 " * 20 and len(cache.entries()) == 200
+        entry = Ledger().entry("answer", "q-int", Response("y", 1, 1, 0, False, "m", True), "openai")
+        entry.update(latency_s=0, gpu_seconds=1, tokens_estimated=True)  # stored as 0.0, 1.0 and 1
+        cache.commit("openai", [("int-key", "answer", Response("y", 1, 1, 0, False, "m", True))], [entry])
+    finally:
+        cache.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM responses WHERE digest IS NULL").fetchone()[0] == 0
+        assert conn.execute("SELECT COUNT(*) FROM calls WHERE digest IS NULL").fetchone()[0] == 0
+        after = conn.execute(f"SELECT {', '.join(c[1] for c in conn.execute('PRAGMA table_info(responses)'))} "
+                             "FROM responses WHERE key != 'int-key' ORDER BY key").fetchall()
+    assert [row[:-1] for row in after] == before
+    cache = ResponseCache(path)
+    try:
+        assert cache.get_many(["int-key"])["int-key"].text == "y" and len(cache.entries()) == 201
+    finally:
+        cache.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE responses SET text = 'answer 3 changed' WHERE key = 'key0003'")
+    cache = ResponseCache(path)
+    try:
+        with pytest.raises(StorageError, match="key key0003 does not match its digest"):
+            cache.get_many(["key0003"])
+    finally:
+        cache.close()
+
+
+def test_a_run_whose_cached_answer_was_changed_exits_2_naming_the_cache(
+        smoke_run_dir: tuple[Path, str], tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys) -> None:
+    """Resumed after its answers were lost, the run reads them from its cache: a changed one used to
+    become the run's prediction, scored as if the reader had said it."""
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(shared_data))
+    out = tmp_path / "smoke"
+    shutil.copytree(smoke_run_dir[0], out)
+    for name in ("DONE", "ledger.json", "metrics.json", "predictions.jsonl"):
+        (out / name).unlink()
+    with sqlite3.connect(out / "cache.sqlite") as conn:
+        assert conn.execute("UPDATE responses SET text = text || ' (changed)' "
+                            "WHERE rowid = (SELECT MAX(rowid) FROM responses WHERE role = 'answer')").rowcount == 1
+    code = main(["run", "--config", str(REPO / "configs" / "smoke.yaml"), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith(f"memfit run: error: {out / 'cache.sqlite'}: damaged (the cached response under key ")
+    assert "does not match its digest" in err[-1] and not (out / "predictions.jsonl").exists()

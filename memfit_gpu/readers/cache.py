@@ -12,7 +12,10 @@ without a cached response (asked again next time).
 
 A damaged file (not a database, malformed pages), a full disk or a read-only one is a `StorageError`
 naming the file and what to do: the cache holds nothing the run cannot make again, so deleting a
-damaged one is safe.
+damaged one is safe. SQLite checks its pages but not what a row holds, so every response and call record
+carries a sha256 of its own values (`digest`), checked whenever it is read: a row changed on disk or by
+hand is that same error, never a different answer or count. A file written before rows carried a digest
+gets one for each row when first opened (its rows are taken as they were).
 """
 
 from __future__ import annotations
@@ -48,9 +51,13 @@ CREATE TABLE IF NOT EXISTS responses (
     tokens_estimated INTEGER NOT NULL,
     created REAL NOT NULL,
     notes TEXT NOT NULL DEFAULT '{}',
-    owner TEXT
+    owner TEXT,
+    digest TEXT
 )
 """
+# What a response row's digest covers, in this order (every column but the digest itself).
+_RESPONSE_FIELDS = ("key", "backend", "model", "role", "text", "input_tokens", "output_tokens", "latency_s",
+                    "tokens_estimated", "created", "notes", "owner")
 # Ledger entries (readers/ledger.py ENTRY_FIELDS), in commit order.
 _CALLS = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -68,11 +75,16 @@ CREATE TABLE IF NOT EXISTS calls (
     gpu_seconds REAL NOT NULL,
     error TEXT,
     created REAL NOT NULL,
-    owner TEXT
+    owner TEXT,
+    digest TEXT
 )
 """
 # A ledger.json written before this file held entries (Ledger.rebuilt's base), kept once taken.
-_BASE = "CREATE TABLE IF NOT EXISTS ledger_base (id INTEGER PRIMARY KEY CHECK (id = 1), ledger TEXT NOT NULL)"
+_BASE = ("CREATE TABLE IF NOT EXISTS ledger_base (id INTEGER PRIMARY KEY CHECK (id = 1), ledger TEXT NOT NULL, "
+         "digest TEXT)")
+# Each table's columns that its rows' digest covers. A row is digested as SQLite stored it (read back in
+# the transaction that wrote it), so a column's type affinity never makes a sound row look changed.
+_DIGESTED = {"responses": _RESPONSE_FIELDS, "calls": ENTRY_FIELDS, "ledger_base": ("ledger",)}
 # SQLite's result codes (sqlite3.Error.sqlite_errorname) -> the errno whose advice applies.
 _SQLITE_ERRNO = {"SQLITE_FULL": errno.ENOSPC, "SQLITE_READONLY": errno.EROFS, "SQLITE_PERM": errno.EACCES,
                  "SQLITE_CANTOPEN": errno.EACCES, "SQLITE_IOERR": errno.EIO}
@@ -93,6 +105,12 @@ def image_fingerprint(image: str) -> str:
     if not is_remote(image) and path.is_file():
         return "sha256:" + file_sha256(path)
     return image
+
+
+def row_digest(values: Sequence[Any]) -> str:
+    """sha256 over a row's values as stored (text, integers, floats, NULLs), in a fixed column order."""
+    blob = json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def _marks(values: Sequence[str]) -> str:
@@ -144,7 +162,15 @@ class ResponseCache:
                 for table in ("responses", "calls"):  # a cache written before rows named their owner
                     if "owner" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
                         self._conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+                for table in _DIGESTED:  # a cache written before rows carried their digest
+                    if "digest" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
+                        self._conn.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT")
+                    # Rows wait for their digest only inside the transaction that writes them.
+                    self._conn.execute(f"CREATE INDEX IF NOT EXISTS {table}_undigested ON {table}(digest) "
+                                       "WHERE digest IS NULL")
                 self._conn.commit()
+                with self._conn:
+                    self._seal()
             except BaseException:
                 self._conn.close()
                 raise
@@ -167,10 +193,7 @@ class ResponseCache:
         text = str(exc)
         files = f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
         if name.startswith(_DAMAGED) or "malformed" in text or "not a database" in text:
-            return StorageError(self.path, (
-                f"{self.path}: damaged ({text}); it holds only this run's response cache and call records, so "
-                f"deleting it is safe: remove {files} and rerun the same command (the reader is asked again for "
-                "what it held: a greedy reader gives the same answers, and ledger.json's counts are kept)"))
+            return self._damaged(text)
         code = next((c for prefix, c in _SQLITE_ERRNO.items() if name.startswith(prefix)), None)
         if code is None and "disk is full" in text:
             code = errno.ENOSPC
@@ -185,6 +208,31 @@ class ResponseCache:
             return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice} {RESUME}", code)
         return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice}, {RESUME}", code)
 
+    def _damaged(self, what: str) -> StorageError:
+        files = f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
+        return StorageError(self.path, (
+            f"{self.path}: damaged ({what}); it holds only this run's response cache and call records, so "
+            f"deleting it is safe: remove {files} and rerun the same command (the reader is asked again for "
+            "what it held: a greedy reader gives the same answers, and ledger.json's counts are kept)"))
+
+    def _seal(self) -> None:
+        """Give every row without a digest its digest, over its values as stored; call inside the
+        transaction that wrote the rows (and once on opening a file written before digests)."""
+        for table, fields in _DIGESTED.items():
+            rows = self._conn.execute(
+                f"SELECT rowid, {', '.join(fields)} FROM {table} WHERE digest IS NULL").fetchall()
+            self._conn.executemany(f"UPDATE {table} SET digest = ? WHERE rowid = ?",
+                                   [(row_digest(row[1:]), row[0]) for row in rows])
+
+    def _checked(self, table: str, row: Sequence[Any]) -> Sequence[Any]:
+        """`row` (the table's digested fields, then its digest) without the digest, once it matches."""
+        values, digest = row[:-1], row[-1]
+        if digest is not None and digest != row_digest(values):
+            what = (f"the cached response under key {values[0]}" if table == "responses"
+                    else "a call record" if table == "calls" else "the ledger base")
+            raise self._damaged(f"{what} does not match its digest: changed on disk or by hand")
+        return values
+
     def get_many(self, keys: Sequence[str]) -> dict[str, Response]:
         found: dict[str, Response] = {}
         unique = list(dict.fromkeys(keys))
@@ -193,11 +241,13 @@ class ResponseCache:
             for i in range(0, len(unique), 500):
                 part = unique[i:i + 500]
                 rows = self._conn.execute(
-                    "SELECT key, text, input_tokens, output_tokens, latency_s, tokens_estimated, model, notes "
+                    f"SELECT {', '.join(_RESPONSE_FIELDS)}, digest "
                     f"FROM responses WHERE key IN ({','.join('?' * len(part))})", part
                 ).fetchall()
-                for key, text, n_in, n_out, latency, estimated, model, notes in rows:
-                    found[key] = Response(text, n_in, n_out, latency, True, model, bool(estimated), json.loads(notes))
+                for row in rows:
+                    r = dict(zip(_RESPONSE_FIELDS, self._checked("responses", row), strict=True))
+                    found[r["key"]] = Response(r["text"], r["input_tokens"], r["output_tokens"], r["latency_s"],
+                                               True, r["model"], bool(r["tokens_estimated"]), json.loads(r["notes"]))
         return found
 
     def commit(self, backend: str, rows: Sequence[tuple[str, str, Response]],
@@ -221,6 +271,7 @@ class ResponseCache:
                 f"INSERT INTO calls ({', '.join(ENTRY_FIELDS)}) VALUES ({','.join('?' * len(ENTRY_FIELDS))})",
                 [tuple(entry.get(name) for name in ENTRY_FIELDS) for entry in entries],
             )
+            self._seal()
 
     def forget(self, owners: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
         """Drop every cached response and call record of the users `owners` (Request.owner), and the cached
@@ -247,17 +298,18 @@ class ResponseCache:
     def entries(self) -> list[dict[str, Any]]:
         """Every ledger entry, in commit order."""
         with self._guard("reading"):
-            rows = self._conn.execute(f"SELECT {', '.join(ENTRY_FIELDS)} FROM calls ORDER BY seq").fetchall()
-        return [dict(zip(ENTRY_FIELDS, row, strict=True)) for row in rows]
+            rows = self._conn.execute(f"SELECT {', '.join(ENTRY_FIELDS)}, digest FROM calls ORDER BY seq").fetchall()
+        return [dict(zip(ENTRY_FIELDS, self._checked("calls", row), strict=True)) for row in rows]
 
     def ledger_base(self) -> dict[str, Any] | None:
         with self._guard("reading"):
-            row = self._conn.execute("SELECT ledger FROM ledger_base WHERE id = 1").fetchone()
-        return None if row is None else json.loads(row[0])
+            row = self._conn.execute("SELECT ledger, digest FROM ledger_base WHERE id = 1").fetchone()
+        return None if row is None else json.loads(self._checked("ledger_base", row)[0])
 
     def set_ledger_base(self, ledger: dict[str, Any]) -> None:
         with self._guard("writing"), self._conn:
             self._conn.execute("INSERT OR REPLACE INTO ledger_base (id, ledger) VALUES (1, ?)", (json.dumps(ledger),))
+            self._seal()
 
     def __len__(self) -> int:
         with self._guard("reading"):
