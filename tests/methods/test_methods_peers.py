@@ -29,10 +29,11 @@ from support.files import files_holding
 
 from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.faults import FAULT_ENV
-from memfit_gpu.files import read_jsonl
+from memfit_gpu.files import read_jsonl, write_jsonl_atomic
 from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
-from memfit_gpu.methods.peers.mem0 import memory_class, memory_config
+from memfit_gpu.methods.peers.mem0 import memory_class, memory_config, user_id
 from memfit_gpu.methods.registry import method_entry
 from memfit_gpu.readers.reader import load_ledger, make_reader
 from memfit_gpu.readers.registry import ENCODER_BACKEND, is_local
@@ -210,7 +211,7 @@ def test_mem0_run_killed_after_an_add_resumes_to_the_same_memories_and_predictio
     assert ledger["mem0_embed_read"]["calls"] >= 2  # each question embedded once per speaker searched
     assert json.loads((out / "provenance.json").read_text())["packages"]["mem0ai"] == "2.2.1"
     stored = diagnostics["memories_per_user"]
-    assert set(stored) == {"Caroline_conv-26", "Melanie_conv-26"}
+    assert set(stored) == {"conv-26/Caroline", "conv-26/Melanie"}
 
     # the same run uninterrupted, from the same response cache: every call a cache hit, the same memories
     reference = tmp_path / "reference"
@@ -292,7 +293,7 @@ def test_a_live_mem0_is_fed_as_turns_come_forgets_deleted_turns_and_erases_a_use
         # per user: 2 speakers x one batch of 2 turns per add call; the victim's 4 turns in one call = 2 batches
         marks = read_jsonl(folder / "mem0" / "added.jsonl")
         assert sorted((m["user"], tuple(m["turns"])) for m in marks) == sorted(
-            [(f"{s}_{u}", t) for u in (victim, keeper) for s in ("Ann", "Bob") for t in (("t0", "t1"), ("t2", "t3"))])
+            [(f"{u}/{s}", t) for u in (victim, keeper) for s in ("Ann", "Bob") for t in (("t0", "t1"), ("t2", "t3"))])
         assert ledger["roles"]["mem0_write"]["calls"] == 8
         hits = memory.search(keeper, ["Where does the lantern glow?"], k=10)[0]
         assert hits and {h.kind for h in hits} == {"memory"}
@@ -319,6 +320,37 @@ def test_a_live_mem0_is_fed_as_turns_come_forgets_deleted_turns_and_erases_a_use
         assert _same_hits(memory.search(keeper, ["Where does the lantern glow?"], k=10)[0], hits)
     finally:
         memory.close()
+
+
+def test_two_live_users_never_share_a_mem0_user_whatever_their_ids_and_speakers(tmp_path: Path) -> None:
+    """mem0's users were `<speaker>_<memory id>`: user `a` adding a turn as speaker `user_x` wrote into and
+    read from user `x_a`'s speaker `user` (one mem0 memory), and a speaker's name with a space was refused
+    by mem0. Now every (memory, speaker) pair is its own mem0 user; a mark of the old naming is refused."""
+    import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+
+    from memfit_gpu.live import Memory
+
+    assert user_id("x_a", "user") != user_id("a", "user_x")
+    assert user_id("a/b", "c") != user_id("a", "b/c") and user_id("m", "Dr Who") == "m/Dr%20Who"
+    overrides = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=manual", "mem0.batch_size=4"]
+    folder = tmp_path / "memory"
+    memory = Memory.open(folder, DEMO, method="mem0", overrides=overrides)
+    try:
+        memory.add("x_a", [{"speaker": "user", "text": "My bank PIN is 4471 and my doctor is Dr Zhivago."}])
+        memory.add("a", [{"speaker": "user_x", "text": "What do you know? Your new PIN is 0000."},
+                         {"speaker": "Dr Who", "text": "The TARDIS is parked on Baker Street."}])
+        seen_by_a = [h.text for h in memory.search("a", ["bank PIN doctor"], k=10)[0]]
+        seen_by_victim = [h.text for h in memory.search("x_a", ["what do you know PIN"], k=10)[0]]
+        assert seen_by_a and all("0000" in text or "TARDIS" in text for text in seen_by_a)
+        assert seen_by_victim and all("4471" in text for text in seen_by_victim)
+        marks = read_jsonl(folder / "mem0" / "added.jsonl")  # a speaker named with a space is fed too
+        assert sorted(m["user"] for m in marks) == ["a/Dr%20Who", "a/user_x", "x_a/user"]
+    finally:
+        memory.close()
+    old = [{**m, "user": m["user"].split("/")[1] + "_" + m["memory"]} for m in marks]  # as an older memfit named them
+    write_jsonl_atomic(folder / "mem0" / "added.jsonl", old)
+    with pytest.raises(DataError, match=r"added.jsonl, item line 1, field 'user': mem0 user 'user_x_a' has an older memfit's naming"):
+        Memory.open(folder, DEMO, method="mem0", overrides=overrides)
 
 
 def test_bench_peers_puts_every_live_method_over_memfit_in_the_same_run() -> None:

@@ -9,7 +9,9 @@ chat calls are in the response cache and the ledger under `mem0_write` / `mem0_r
 embedded on-disk Qdrant and its history SQLite, both in DIR/mem0/; its telemetry is off.
 
 Write, as mem0's LoCoMo evaluation feeds it (its repository's evaluation/src/memzero/add.py): one mem0
-user per speaker of a conversation (`<speaker>_<memory id>`); for each session and each speaker, the
+user per speaker of a conversation (named `<memory id>/<speaker>`, each percent-encoded, where the
+evaluation wrote `<speaker>_<index>`: the name enters no prompt, and two users of a live memory must never
+name one mem0 user); for each session and each speaker, the
 session's turns as chat messages "<speaker>: <text>", the speaker's own as `user` and the others' as
 `assistant`, added `mem0.batch_size` messages per `add` call, with the session's date as metadata
 `timestamp`. mem0's own extraction prompt is used (the evaluation's hosted-platform custom instructions are
@@ -55,6 +57,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from memfit_gpu import faults
 from memfit_gpu.data.schema import DataError, Memory, Session
@@ -124,8 +127,12 @@ def speakers_of(memory: Memory) -> list[str]:
 
 
 def user_id(memory_id: str, speaker: str) -> str:
-    """The mem0 user of one speaker of one conversation (mem0's evaluation: `<speaker>_<index>`)."""
-    return f"{speaker}_{memory_id}"
+    """The mem0 user of one speaker of one conversation: `<memory id>/<speaker>`, each percent-encoded, so
+    no two (memory, speaker) pairs name one mem0 user and the name holds no whitespace (which mem0 refuses).
+    mem0's evaluation wrote `<speaker>_<index>`; in a live memory, where ids and speakers are anyone's
+    text, `{speaker}_{memory id}` gave user `x_a`'s speaker `user` and user `a`'s speaker `user_x` one mem0
+    memory: each read the other's facts and wrote into them."""
+    return f"{quote(memory_id, safe='')}/{quote(speaker, safe='')}"
 
 
 def session_messages(session: Session, speaker: str) -> list[dict[str, str]]:
@@ -191,6 +198,11 @@ class Marks:
             elif not isinstance(row.get("turns"), list) or "user" not in row:
                 raise DataError(str(path), f"line {number}", "turns",
                                 "a mark without its turns (written by an older memfit): run in a new directory")
+            elif not str(row["user"]).startswith(quote(str(row.get("memory")), safe="") + "/"):
+                raise DataError(str(path), f"line {number}", "user", (
+                    f"mem0 user {row['user']!r} has an older memfit's naming (`<speaker>_<memory id>`, "
+                    "which two users of a live memory could share): run in a new directory, or for a live "
+                    "memory export its users (memfit store export) into a new one"))
             else:
                 self.batches[row["batch"]] = row
 
