@@ -16,7 +16,7 @@ import numpy as np
 
 from memfit_gpu.data.schema import Memory, Question, Turn
 from memfit_gpu.retrieve.batched import RetrievalResult
-from memfit_gpu.retrieve.dates import format_date
+from memfit_gpu.retrieve.dates import recorded_date
 from memfit_gpu.retrieve.diagnostics import compute_diagnostics
 from memfit_gpu.retrieve.pack import Pack
 from memfit_gpu.store import episode_text
@@ -70,8 +70,7 @@ class TurnTable:
 
     def recorded(self, row: int) -> str:
         """The turn's date as excerpts print it (ReadView.recorded)."""
-        when = self.ep_time[row].astype(object)
-        return "unknown date" if when is None else format_date(when.date())
+        return recorded_date(self.ep_time[row])
 
 
 def pack_json(rows: Sequence[int], selected: Sequence[int], turn_ids: Sequence[str]) -> dict[str, Any]:

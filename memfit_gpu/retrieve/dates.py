@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import Any
 
 from memfit_gpu.months import MONTH_NAMES, MONTH_NUMBER
 from memfit_gpu.names import mentioned, mentions, normalise
@@ -129,6 +130,13 @@ _RELATIVE_RE = re.compile(
 def format_date(day: date) -> str:
     """8 May 2023 (no leading zero, full month name)."""
     return f"{day.day} {MONTH_NAMES[day.month - 1].capitalize()} {day.year}"
+
+
+def recorded_date(when: Any) -> str:
+    """A stored time (numpy datetime64) as excerpts print its day: "8 May 2023", or "unknown date" for a
+    turn or summary stored without one (NaT)."""
+    day = when.astype(object)
+    return "unknown date" if day is None else format_date(day.date())
 
 
 def format_month(year: int, month: int) -> str:

@@ -24,7 +24,7 @@ from memfit_gpu.index.factory import dense_index, lexical_index
 from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize_many
 from memfit_gpu.names import MAX_SPEAKERS, mentions, normalise
-from memfit_gpu.retrieve.dates import format_date
+from memfit_gpu.retrieve.dates import recorded_date
 from memfit_gpu.store.episodes import EpisodeStore
 from memfit_gpu.store.text import episode_text
 
@@ -351,8 +351,7 @@ class ReadView:
         day = self._ep_day[row]
         text = self._day_text.get(day)
         if text is None:
-            when = self.ep_time[row].astype(object)
-            text = self._day_text[day] = "unknown date" if when is None else format_date(when.date())
+            text = self._day_text[day] = recorded_date(self.ep_time[row])
         return text
 
     @cached_property
@@ -364,4 +363,5 @@ class ReadView:
         return {}
 
     def summary_date(self, srow: int) -> str:
-        return format_date(self.sm_recorded[srow].astype(object).date())
+        """The summary's "as of" date as excerpts print it ("unknown date" when its turns had none)."""
+        return recorded_date(self.sm_recorded[srow])

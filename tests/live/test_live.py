@@ -309,6 +309,21 @@ def test_memfit_summarises_closed_segments_off_the_query_path(tmp_path: Path, co
     assert ledger.roles["summary"].calls == len(summaries)
 
 
+def test_summaries_of_turns_without_a_timestamp_are_read_as_of_an_unknown_date(tmp_path: Path, conv_turns) -> None:
+    """A turn may come without a timestamp (its excerpt says "unknown date"); a summary of such turns has
+    none either, and every search or answer whose pack held one failed (AttributeError on NaT's date)."""
+    undated = [{k: v for k, v in turn.items() if k not in ("timestamp", "date_text")} for turn in conv_turns]
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add(["u", "w"], [undated, conv_turns[:5]])
+        assert memory.consolidate(["u"])["summaries"] > 0
+        view = ReadView.from_store(memory.store)
+        assert {view.summary_date(s) for s in range(len(memory.store.summaries))} == {"unknown date"}
+        hits = memory.search("u", ["Caroline support group"], k=40)[0]
+        assert any(h.kind == "summary" for h in hits)
+        answer = memory.answer("u", ["When did Caroline go to the support group?"], k=40)[0]
+        assert answer.error is None and any(h.kind == "summary" for h in answer.hits)
+
+
 def test_lightmem_notes_follow_the_turns_deletions_and_compaction(tmp_path: Path, conv_turns) -> None:
     overrides = [*CHEAP, "lightmem.mtm_window_turns=6", "lightmem.consolidate_every=2"]
     with Memory.open(tmp_path / "m", config=DEMO, overrides=overrides, method="lightmem_slm") as memory:
