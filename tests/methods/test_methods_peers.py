@@ -81,7 +81,7 @@ def test_a_real_mem0_memory_on_the_endpoint_has_every_request_in_the_ledger_once
     mem0_memory = memory_class(tmp_path / "home")
     with PeerEndpoint(logic) as endpoint:
         memory = mem0_memory.from_config(memory_config(endpoint.base_url, reader.model, ENCODER, bi_encoder.dim,
-                                                       tmp_path / "mem0", 0.0, 8))
+                                                       tmp_path / "mem0", 0.0, 8, api_key=endpoint.api_key))
         try:
             with logic.serve("write", "conv-26", "batch-1"):
                 # infer=False: mem0 stores each message as it is (one embedding request each, no LLM call)
@@ -91,7 +91,7 @@ def test_a_real_mem0_memory_on_the_endpoint_has_every_request_in_the_ledger_once
             with logic.serve("read", "conv-26", "q0"):
                 found = memory.search("When did Caroline go to the support group?", top_k=5,
                                       filters={"user_id": "Caroline_conv-26"})
-                client = openai.OpenAI(base_url=endpoint.base_url, api_key="memfit-local")
+                client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key)
                 reply = client.chat.completions.create(model=reader.model, max_tokens=4, temperature=0,
                                                        messages=[{"role": "user", "content": "Say yes."}])
                 again = client.chat.completions.create(model=reader.model, max_tokens=4, temperature=0,
@@ -129,8 +129,9 @@ def test_a_real_mem0_memory_on_the_endpoint_has_every_request_in_the_ledger_once
     assert (phases["write"].calls, phases["read"].calls, phases["read"].cached, phases["embed"].calls) == (0, 1, 1, 3)
 
 
-def _post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+def _post(url: str, body: bytes, key: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, json.loads(answer.read())
@@ -157,11 +158,24 @@ def test_the_endpoint_refuses_what_it_cannot_serve_by_name(tmp_path: Path, bi_en
             "route": ("/completions", b"{}", 404, "no route"),
         }
         for name, (route, body, status, words) in cases.items():
-            code, answer = _post(base + route, body)
+            code, answer = _post(base + route, body, endpoint.api_key)
             assert code == status, (name, answer)
             assert words in answer["error"]["message"], (name, answer)
-        with urllib.request.urlopen(base + "/models", timeout=30) as answer:
+        # Another process or user of the machine: without the endpoint's key (or with another) nothing is
+        # served, so nobody spends the run's reader or adds to its ledger.
+        good = json.dumps({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 2}).encode()
+        for key in (None, "memfit-local", endpoint.api_key[:-1]):
+            for route in ("/chat/completions", "/embeddings"):
+                code, answer = _post(base + route, good if route == "/chat/completions" else b'{"input": "x"}', key)
+                assert code == 401 and "needs its bearer key" in answer["error"]["message"], (key, route, answer)
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(base + "/models", timeout=30)
+        listing = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {endpoint.api_key}"})
+        with urllib.request.urlopen(listing, timeout=30) as answer:
             assert [m["id"] for m in json.loads(answer.read())["data"]] == [reader.model, ENCODER]
+        other = PeerEndpoint(logic)
+        other.close()
+        assert other.api_key != endpoint.api_key  # made afresh per endpoint
     reader.close()
     # nothing was accounted for the refused requests
     assert all(stats.calls == 0 for stats in reader.ledger.roles.values())
@@ -345,6 +359,8 @@ def test_two_live_users_never_share_a_mem0_user_whatever_their_ids_and_speakers(
         assert seen_by_victim and all("4471" in text for text in seen_by_victim)
         marks = read_jsonl(folder / "mem0" / "added.jsonl")  # a speaker named with a space is fed too
         assert sorted(m["user"] for m in marks) == ["a/Dr%20Who", "a/user_x", "x_a/user"]
+        key = memory.method.endpoint.api_key  # mem0's endpoint's key is written nowhere
+        assert len(key) >= 40 and files_holding(folder, [key]) == {}
     finally:
         memory.close()
     old = [{**m, "user": m["user"].split("/")[1] + "_" + m["memory"]} for m in marks]  # as an older memfit named them

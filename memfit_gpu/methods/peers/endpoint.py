@@ -8,7 +8,10 @@ bi-encoder, accounted in the same ledger (`mem0_embed_write` / `mem0_embed_read`
 So what a peer costs is counted exactly like MemFit's own calls, by the same code.
 
 The server binds 127.0.0.1 on a port the system picks, runs in a daemon thread of the run's process and
-serves one request at a time (the reader serves one batch at a time anyway). Routes:
+serves one request at a time (the reader serves one batch at a time anyway). Every request must carry the
+endpoint's own key (`Authorization: Bearer <PeerEndpoint.api_key>`, made afresh per endpoint and never
+written down; the peer is configured with it): another process or user of the machine cannot spend the
+run's reader (a paid API key), add calls to its ledger, or have a call recorded as a live memory's user's. Routes:
 `POST /v1/chat/completions`, `POST /v1/embeddings`, `GET /v1/models`. The logic (`EndpointLogic`) is apart
 from the HTTP skin (`PeerEndpoint`), as in vLLM's entrypoints.
 
@@ -21,7 +24,9 @@ mode (the schema itself is not enforced) and counted under `served["json_schema_
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -186,7 +191,17 @@ class EndpointLogic:
 
 class _Handler(BaseHTTPRequestHandler):
     logic: EndpointLogic  # set on the subclass the endpoint makes
+    api_key: str  # likewise: the bearer key every request must carry
     protocol_version = "HTTP/1.1"
+
+    def _refused(self) -> bool:
+        """Answers 401 (and says so) unless the request carries the endpoint's key."""
+        given = self.headers.get("Authorization") or ""
+        if hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            return False
+        self.close_connection = True  # its body, if any, is left unread
+        self._error(401, "this endpoint serves its run's peer system only: a request needs its bearer key")
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # the ledger records every call; no access log
@@ -204,12 +219,16 @@ class _Handler(BaseHTTPRequestHandler):
                                       else "server_error", "code": status}})
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        if self._refused():
+            return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._send(200, self.logic.models())
         else:
             self._error(404, f"no route GET {self.path}")
 
     def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        if self._refused():
+            return
         route = self.path.split("?")[0].rstrip("/").removeprefix("/v1")
         handlers = {"/chat/completions": self.logic.chat, "/embeddings": self.logic.embeddings}
         if route not in handlers:
@@ -234,11 +253,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 class PeerEndpoint:
     """The HTTP skin: `start()` serves `logic` on 127.0.0.1:<free port> and returns the base URL (ending
-    in /v1); `close()` stops it. A context manager."""
+    in /v1); `close()` stops it. A context manager. `api_key`: the key its clients must send."""
 
     def __init__(self, logic: EndpointLogic) -> None:
         self.logic = logic
-        handler = type("PeerHandler", (_Handler,), {"logic": logic})
+        self.api_key = secrets.token_urlsafe(32)
+        handler = type("PeerHandler", (_Handler,), {"logic": logic, "api_key": self.api_key})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None

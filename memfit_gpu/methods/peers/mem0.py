@@ -100,15 +100,15 @@ def memory_class(home: Path) -> Any:
 
 
 def memory_config(base_url: str, llm_model: str, encoder: str, dims: int, folder: Path, temperature: float,
-                  max_tokens: int) -> dict[str, Any]:
-    """mem0's configuration: its LLM and embedder are "OpenAI" at `base_url` (the run's endpoint), its
-    vector store an embedded Qdrant on disk and its history SQLite, both in `folder`."""
+                  max_tokens: int, *, api_key: str) -> dict[str, Any]:
+    """mem0's configuration: its LLM and embedder are "OpenAI" at `base_url` (the run's endpoint, whose
+    `api_key` they send), its vector store an embedded Qdrant on disk and its history SQLite, both in `folder`."""
     return {
         "llm": {"provider": "openai", "config": {
-            "model": llm_model, "openai_base_url": base_url, "api_key": "memfit-local",
+            "model": llm_model, "openai_base_url": base_url, "api_key": api_key,
             "temperature": temperature, "max_tokens": max_tokens}},
         "embedder": {"provider": "openai", "config": {
-            "model": encoder, "openai_base_url": base_url, "api_key": "memfit-local", "embedding_dims": dims}},
+            "model": encoder, "openai_base_url": base_url, "api_key": api_key, "embedding_dims": dims}},
         "vector_store": {"provider": "qdrant", "config": {
             "collection_name": COLLECTION, "path": str(folder / "qdrant"), "on_disk": True,
             "embedding_model_dims": dims}},
@@ -280,8 +280,9 @@ class Mem0Method:
                 self._levels[name] = logging.getLogger(name).level
                 logging.getLogger(name).setLevel(logging.WARNING)
         assert self.logic is not None
+        assert self.endpoint is not None
         config = memory_config(self._base_url, self.logic.reader.model, cfg.index.encoder, int(self.encoder.dim),
-                               folder, cfg.mem0.temperature, cfg.mem0.max_tokens)
+                               folder, cfg.mem0.temperature, cfg.mem0.max_tokens, api_key=self.endpoint.api_key)
         self.memory = memory_class(folder / "home").from_config(config)
 
     def _close_memory(self) -> None:
