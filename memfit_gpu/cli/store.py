@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-LIVE_LOCK = ".lock"  # memfit_gpu.locks.LOCK_FILE: Memory.open's lock on its folder
-
 if TYPE_CHECKING:
     from memfit_gpu.config import MemFitConfig
     from memfit_gpu.readers.reader import Reader
@@ -113,7 +111,7 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
     compaction was killed counts as there (even between the swap's two renames, when its folder is
     missing): opening it under the lock finishes or undoes the compaction."""
     from memfit_gpu.config import ConfigError, load_config
-    from memfit_gpu.run.directory import is_run_directory, run_config
+    from memfit_gpu.run.directory import is_memory_folder, is_run_directory, run_config
     from memfit_gpu.store.compaction import interrupted
 
     path = Path(directory)
@@ -121,7 +119,7 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
         cfg = load_config(config) if config else run_config(path)
         store = Path(cfg.store.path) if cfg.store.path is not None else path / "store"
         run_dir: Path | None = path
-    elif _memory_folder(path):
+    elif is_memory_folder(path):
         if config is None:
             raise ConfigError(f"{path}: a live memory's folder needs --config (the config it is served with)")
         cfg = load_config(config)
@@ -145,37 +143,27 @@ _NOT_A_TARGET = ("neither a run directory (config.yaml and timings.json, provena
                  "live memory's folder (store/ and .lock) nor a store folder (log.jsonl)")
 
 
-def _memory_folder(path: Path) -> bool:
-    """A live memory's folder (Memory.open): its store in DIR/store (or a compaction of it killed between the
-    swap's two renames), its lock DIR/.lock, and no run directory (a config.yaml of the operator's own may be
-    there: run/directory.is_run_directory)."""
-    from memfit_gpu.run.directory import is_run_directory
-    from memfit_gpu.store.compaction import interrupted
-
-    store = path / "store"
-    return not is_run_directory(path) and ((store / "log.jsonl").is_file() or interrupted(store)) \
-        and (path / LIVE_LOCK).is_file()
-
-
 def _lock_of(store: Path, run_dir: Path | None) -> Path:
     """The lock that keeps other writers out of `store`: its run directory's, its live memory's (a store
     folder `store` beside a memory's .lock), else one beside the store folder."""
+    from memfit_gpu.locks import LOCK_FILE
+
     if run_dir is not None:
         return run_dir / ".lock"
-    if store.name == "store" and (store.parent / LIVE_LOCK).is_file():
-        return store.parent / LIVE_LOCK
+    if store.name == "store" and (store.parent / LOCK_FILE).is_file():
+        return store.parent / LOCK_FILE
     return store.parent / f".{store.name}.lock"
 
 
 def repair_command(args: argparse.Namespace) -> int:
-    from memfit_gpu.run.directory import is_run_directory, run_config
+    from memfit_gpu.run.directory import is_memory_folder, is_run_directory, run_config
     from memfit_gpu.store.repair import repair_store
 
     path = Path(args.dir)
     if is_run_directory(path):
         cfg = run_config(path)
         store, run_dir = (Path(cfg.store.path) if cfg.store.path is not None else path / "store"), path
-    elif _memory_folder(path):
+    elif is_memory_folder(path):
         store, run_dir = path / "store", None
     else:
         store = path
@@ -211,9 +199,10 @@ def export_command(args: argparse.Namespace) -> int:
     from memfit_gpu.config import load_config
     from memfit_gpu.files import atomic_write_text
     from memfit_gpu.live.memory import Memory
+    from memfit_gpu.run.directory import is_memory_folder
 
     folder = Path(args.dir)
-    if not _memory_folder(folder):
+    if not is_memory_folder(folder):
         raise FileNotFoundError(f"{folder}: not a live memory's folder (store/log.jsonl and .lock inside)")
     with Memory.open(folder, load_config(args.config)) as memory:
         line = memory.export(args.user, summaries=args.summaries)
@@ -317,9 +306,10 @@ def delete_command(args: argparse.Namespace) -> int:
 
 def compact_command(args: argparse.Namespace) -> int:
     from memfit_gpu.live.memory import Memory
+    from memfit_gpu.run.directory import is_memory_folder
 
     target = resolve_target(args.dir, args.config)
-    if target.run_dir is None and _memory_folder(target.store.parent):
+    if target.run_dir is None and is_memory_folder(target.store.parent):
         # a live memory: compacted as Memory.compact does it (under the memory's own lock), so the method's
         # files follow and the users nothing is left of leave the reader's cache too
         with Memory.open(target.store.parent, target.cfg) as memory:

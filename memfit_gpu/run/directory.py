@@ -5,6 +5,7 @@ each stage.
     record_config(cfg, out)          DIR/config.yaml written once; a resume with another configuration is refused
     run_config(out)                  that configuration read back (an emptied config.yaml is no default one)
     is_run_directory(path)           config.yaml and something `memfit run` writes (RUN_MARKERS)
+    is_memory_folder(path)           a live memory's folder: DIR/store and DIR/.lock, and no run directory
     refuse_foreign(out)              a folder holding a store that is no run directory (a live memory's): refused
     refuse_for_retrieval(out)        `memfit retrieve` writes into no run directory and no live memory's folder
     whole_groups(path, head, key)    growth.jsonl / depths.jsonl without a group a kill cut short
@@ -34,9 +35,10 @@ from memfit_gpu.files import (
     read_yaml_mapping,
     write_jsonl_atomic,
 )
-from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
+from memfit_gpu.locks import LOCK_FILE, DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.mappings import flatten
 from memfit_gpu.methods.base import StageClock
+from memfit_gpu.store.compaction import interrupted
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,10 @@ def refuse_foreign(out: Path) -> None:
     before its store, so its own directory, killed anywhere, is never refused; a response cache copied into a
     new directory (to serve a run's calls again) is no store and is used."""
     if (out / "store").exists() and not is_run_directory(out):
-        raise RunError(f"{out} holds a store (store/) but is no run directory (config.yaml with timings.json, "
-                       "provenance.json, packs.jsonl or DONE): a live memory's folder? A run would write into its "
-                       "users' store and cache; use a new --out directory")
+        what = "a live memory's folder" if is_memory_folder(out) else "no run directory"
+        raise RunError(f"{out} holds a store (store/) but is {what} (a run directory has config.yaml with "
+                       "timings.json, provenance.json, packs.jsonl or DONE): a run would write into that store and "
+                       "its cache; use a new --out directory")
 
 
 def refuse_for_retrieval(out: Path) -> None:
@@ -68,8 +71,9 @@ def refuse_for_retrieval(out: Path) -> None:
     reuses) or a store (a live memory's folder). `memfit retrieve`'s own folder holds neither and is
     overwritten by the next retrieval into it."""
     if (out / "config.yaml").exists() or (out / "store").exists():
-        what = ("a run directory (config.yaml: a run finished or started there)" if is_run_directory(out) or not
-                (out / "store").exists() else "a live memory's folder (store/)")
+        what = ("a live memory's folder (store/ and .lock)" if is_memory_folder(out) else
+                "a run directory (config.yaml: a run finished or started there)" if (out / "config.yaml").exists()
+                else "a folder holding a store (store/)")
         raise RunError(f"{out} is {what}: `memfit retrieve` would replace its packs.jsonl, diagnostics.json and "
                        "provenance.json; use a new --out directory")
 
@@ -80,6 +84,17 @@ def is_run_directory(path: str | Path) -> bool:
     in its folder. The one test of it, for `Memory.open`, `memfit store` and `memfit run`'s --out."""
     folder = Path(path)
     return (folder / "config.yaml").is_file() and any((folder / name).exists() for name in RUN_MARKERS)
+
+
+def is_memory_folder(path: str | Path) -> bool:
+    """Whether `path` is a live memory's folder (Memory.open, `memfit serve --store`): its store in DIR/store
+    (or a compaction of it killed between the swap's two renames), its lock DIR/.lock, and no run directory
+    (a config.yaml of the operator's own may be there). The one test of it, for `memfit store` and the
+    refusals of `memfit run` and `memfit retrieve`."""
+    folder = Path(path)
+    store = folder / "store"
+    return not is_run_directory(folder) and ((store / "log.jsonl").is_file() or interrupted(store)) \
+        and (folder / LOCK_FILE).is_file()
 
 
 @contextmanager

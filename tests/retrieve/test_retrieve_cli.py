@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,12 @@ def test_retrieve_into_a_run_directory_or_a_live_memory_is_refused_and_changes_n
     (run_dir / "packs.jsonl").write_text("{}\n")
     (memory / "store").mkdir(parents=True)
     (memory / "store" / "log.jsonl").write_text("")
-    for out, what in ((run_dir, "a run directory (config.yaml: a run finished or started there)"), (memory, "a live memory's folder (store/)")):
+    stored = tmp_path / "stored"  # a store's folder of no live memory (no .lock)
+    shutil.copytree(memory, stored)
+    (memory / ".lock").write_text("")
+    for out, what in ((run_dir, "a run directory (config.yaml: a run finished or started there)"),
+                      (memory, "a live memory's folder (store/ and .lock)"),
+                      (stored, "a folder holding a store (store/)")):
         before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
         assert main([*args, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -58,7 +58,7 @@ def test_a_run_into_a_live_memorys_folder_is_refused_and_changes_nothing(tmp_pat
         if operator_config:
             (folder / "config.yaml").write_text(DEMO.read_text())
             before = sorted(p.name for p in folder.rglob("*"))
-        with pytest.raises(RunError, match=rf"^{folder} holds a store \(store/\) but is no run directory"):
+        with pytest.raises(RunError, match=rf"^{folder} holds a store \(store/\) but is a live memory's folder"):
             run(load_config(SMOKE), folder, progress=False)
         assert sorted(p.name for p in folder.rglob("*")) == before
         assert (folder / "store" / "log.jsonl").read_bytes() == log
