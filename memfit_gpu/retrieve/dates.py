@@ -153,8 +153,19 @@ def _number(token: str) -> int:
     return int(token) if token.isdigit() else _NUMBER_WORDS[token]
 
 
-def resolve_phrase(match: re.Match[str], anchor: date) -> str:
-    """The resolved value for one relative-date phrase (without parentheses)."""
+def resolve_phrase(match: re.Match[str], anchor: date) -> str | None:
+    """The resolved value for one relative-date phrase (without parentheses); None when it falls outside the
+    calendar's years 1 to 9999 ("1000000 days ago", "yesterday" on 1 January of year 1): the phrase is then
+    left as written, never an error that fails every read quoting the turn."""
+    try:
+        value = _resolve(match, anchor)
+    except (OverflowError, ValueError):  # a day before 1 January 1 or after 9999, or a count past C's int
+        return None
+    year = int(value.rsplit(" ", 1)[-1])  # every value ends with its year: "8 May 2023", "May 2023", "2023"
+    return value if 1 <= year <= 9999 else None
+
+
+def _resolve(match: re.Match[str], anchor: date) -> str:
     groups = match.groupdict()
     if groups["yesterday"]:
         return format_date(anchor - timedelta(days=1))
@@ -183,7 +194,11 @@ def resolve_relative_dates(text: str, anchor: date | datetime) -> str:
     """Append the resolved date in parentheses after every relative-date phrase of `text`."""
     if isinstance(anchor, datetime):
         anchor = anchor.date()
-    return _RELATIVE_RE.sub(lambda m: f"{m.group(0)} ({resolve_phrase(m, anchor)})", text)
+    def resolved(match: re.Match[str]) -> str:
+        value = resolve_phrase(match, anchor)
+        return match.group(0) if value is None else f"{match.group(0)} ({value})"
+
+    return _RELATIVE_RE.sub(resolved, text)
 
 
 def resolve_many(texts: Sequence[str], anchors: Sequence[date | datetime]) -> list[str]:

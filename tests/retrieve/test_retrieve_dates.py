@@ -65,6 +65,23 @@ def test_non_phrases_untouched() -> None:
     assert resolve_relative_dates(text, MON) == text
 
 
+@pytest.mark.parametrize(("text", "anchor"), [
+    ("The fossil formed 1000000 days ago.", MON),  # before 1 January of year 1: OverflowError
+    ("That was 99999999999 days ago.", MON),  # past C's int: OverflowError
+    ("1000000 years ago", MON),  # a year before 1
+    ("5000000 months ago", MON),
+    ("I met him yesterday.", date(1, 1, 1)),
+    ("We move next year.", date(9999, 6, 1)),
+    ("last month", date(1, 1, 5)),
+])
+def test_a_phrase_outside_the_calendar_is_left_as_written(text: str, anchor: date) -> None:
+    """Such a turn's excerpt raised OverflowError in every search or answer that quoted it (a 500 from
+    `memfit serve`, a failed run), until the turn was deleted."""
+    assert resolve_relative_dates(text, anchor) == text
+    # the phrases beside it are resolved as ever
+    assert resolve_relative_dates("1000000 days ago and 3 days ago", MON) == "1000000 days ago and 3 days ago (5 May 2023)"
+
+
 def test_several_phrases_and_batch() -> None:
     out = resolve_many(["yesterday and last year", "no dates"], [MON, SUN_NEW_YEAR])
     assert out == ["yesterday (7 May 2023) and last year (2022)", "no dates"]
