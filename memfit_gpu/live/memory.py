@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -447,9 +447,10 @@ class Memory:
             plan.speakers[user] = set(self.store.memory_speakers[self.store.memory_of(user)]) if known else set()
         speakers = set(plan.speakers[user])
         count = plan.counts[user]
+        given = {(user, turn.turn_id) for turn, _ in turns if turn.turn_id}  # an automatic id takes none of them
         for position, (turn, session) in enumerate(turns):
             if not turn.turn_id:
-                turn = replace(turn, turn_id=self._next_turn_id(user, count, plan.planned, mine_planned))
+                turn = replace(turn, turn_id=self._next_turn_id(user, count, plan.planned, mine_planned, given))
             key = (user, turn.turn_id)
             words = (turn.speaker, episode_body(turn))  # as the store keeps it: image captions first
             earlier = plan.planned.get(key) or mine_planned.get(key)
@@ -480,7 +481,7 @@ class Memory:
         fresh.extend(mine)
         return out
 
-    def _next_turn_id(self, user: str, count: int, *taken: dict[tuple[str, str], Any]) -> str:
+    def _next_turn_id(self, user: str, count: int, *taken: Container[tuple[str, str]]) -> str:
         n = count + 1
         while any((user, f"t{n}") in t for t in taken) or (
                 user in self.store.memory_ids and self.store.has_turn(user, f"t{n}") is not None):

@@ -109,6 +109,14 @@ def test_an_add_is_stored_once_however_often_it_is_retried(tmp_path: Path, conv_
         with pytest.raises(TurnConflictError, match="turn 'D1:1': that turn id is already stored with other words"):
             memory.add("u", [{**conv_turns[0], "text": "something else"}, conv_turns[10]])
         assert len(memory.turns("u")) == 6  # nothing of the refused add was stored
+        # an automatic id never takes one the same add names for a later turn: "second" names t7, so "first"
+        # gets t8 (it took t7, and "second" was refused as a conflict with a turn "already stored")
+        named = memory.add("u", [{"speaker": "Ann", "text": "first"}, {"speaker": "Ann", "text": "second", "turn_id": "t7"},
+                                 {"speaker": "Ann", "text": "third"}])
+        assert [(a.turn_id, a.duplicate) for a in named] == [("t8", False), ("t7", False), ("t9", False)]
+        same = memory.add("v", [{"speaker": "Ann", "text": "ok"}, {"speaker": "Ann", "text": "ok", "turn_id": "t1"}])
+        assert [(a.turn_id, a.duplicate) for a in same] == [("t2", False), ("t1", False)]  # two turns, not one
+        assert [t["text"] for t in memory.turns("v")] == ["ok", "ok"]
 
 
 BAD_TURNS = [
