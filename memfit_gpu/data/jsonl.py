@@ -225,11 +225,13 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
             turn_ids.setdefault(turn_id, at.rstrip("."))
             own_stamp = line.timestamp(turn_raw, "timestamp", at, required=False)
             own_text = line.text(turn_raw, "date_text", at, required=False)
-            turn_stamp = own_stamp or session.timestamp
+            undated = "timestamp" in turn_raw and turn_raw["timestamp"] is None  # null: no date, not the session's
+            turn_stamp = "" if undated else own_stamp or session.timestamp
+            inherited = "" if undated else date_text(own_stamp) if own_stamp else session.date_text
             session.turns.append(Turn(
                 turn_id=turn_id, speaker=line.text(turn_raw, "speaker", at, nonempty=True) or "",
                 text=line.text(turn_raw, "text", at) or "", timestamp=turn_stamp,
-                date_text=own_text if own_text is not None else (date_text(own_stamp) if own_stamp else session.date_text),
+                date_text=own_text if own_text is not None else inherited,
                 images=[_image(line, image, f"{at}images[{i}].", folder)
                         for i, image in enumerate(line.objects(turn_raw, "images", at, required=False))]))
         memory.sessions.append(session)
@@ -361,6 +363,8 @@ def memory_json(memory: Memory) -> dict[str, Any]:
                 row["images"] = [_image_json(i) for i in turn.images]
             if turn.timestamp and turn.timestamp != session.timestamp:
                 row["timestamp"] = turn.timestamp
+            elif not turn.timestamp and session.timestamp:
+                row["timestamp"] = None  # undated in a dated session (omitted, it would take the session's)
             if turn.date_text != session.date_text:
                 row["date_text"] = turn.date_text
             turns.append(row)
