@@ -361,6 +361,15 @@ def test_two_live_users_never_share_a_mem0_user_whatever_their_ids_and_speakers(
         assert sorted(m["user"] for m in marks) == ["a/Dr%20Who", "a/user_x", "x_a/user"]
         key = memory.method.endpoint.api_key  # mem0's endpoint's key is written nowhere
         assert len(key) >= 40 and files_holding(folder, [key]) == {}
+        # A speaker whose every turn is gone has no mem0 user any more: until compaction the store still
+        # listed it, and mem0 was fed the new turns again as its view (a second hit, gone after compact).
+        memory.delete_user("x_a")
+        memory.add("x_a", [{"speaker": "Carol", "text": "I play the violin."}])
+        before = [(h.text, h.turn_ids) for h in memory.search("x_a", ["violin"], k=10)[0]]
+        assert before == [("user: Carol: I play the violin.", ["t2"])]
+        assert [m["user"] for m in memory.method.marks.batches.values() if m["memory"] == "x_a"] == ["x_a/Carol"]
+        memory.compact()
+        assert [(h.text, h.turn_ids) for h in memory.search("x_a", ["violin"], k=10)[0]] == before
     finally:
         memory.close()
     old = [{**m, "user": m["user"].split("/")[1] + "_" + m["memory"]} for m in marks]  # as an older memfit named them

@@ -117,13 +117,11 @@ def memory_config(base_url: str, llm_model: str, encoder: str, dims: int, folder
 
 
 def speakers_of(memory: Memory) -> list[str]:
-    """The conversation's speakers: the loader's list, else the turns' speakers in order of appearance."""
-    found = list(memory.speakers)
-    for session in memory.sessions:
-        for turn in session.turns:
-            if turn.speaker not in found:
-                found.append(turn.speaker)
-    return found
+    """The conversation's speakers who have a turn: in the loader's order, then the others in order of
+    appearance. A live memory's speaker whose every turn was deleted is none (until `compact` the store still
+    lists it): mem0 would be fed the others' turns again as that speaker's view and searched there."""
+    speaking = list(dict.fromkeys(turn.speaker for session in memory.sessions for turn in session.turns))
+    return [s for s in memory.speakers if s in speaking] + [s for s in speaking if s not in memory.speakers]
 
 
 def user_id(memory_id: str, speaker: str) -> str:
@@ -424,8 +422,11 @@ class Mem0Method:
 
     # ---- read -------------------------------------------------------------------------------------------
     def _speakers(self, run: MethodRun, memory_id: str) -> list[str]:
+        """The speakers whose mem0 users a question searches (speakers_of)."""
         if self.store is not None:
-            return list(self.store.memory_speakers[self.store.memory_of(memory_id)])
+            memory = self.store.memory_of(memory_id)
+            speaking = set(self.store.speaker_id[self.store.memory_rows(memory)].tolist())
+            return [s for i, s in enumerate(self.store.memory_speakers[memory]) if i in speaking]
         return speakers_of(next(m for m in run.memories if m.memory_id == memory_id))
 
     def read(self, run: MethodRun) -> tuple[list[dict[str, Any]], dict[str, Any]]:
