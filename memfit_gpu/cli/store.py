@@ -14,7 +14,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,6 +143,13 @@ _NOT_A_TARGET = ("neither a run directory (config.yaml and timings.json, provena
                  "live memory's folder (store/ and .lock) nor a store folder (log.jsonl)")
 
 
+def one_shot(cfg: MemFitConfig) -> MemFitConfig:
+    """The config a store command opens a live memory with: no background consolidation (a command that
+    exports, imports or compacts starts no LLM work; the turns it leaves waiting are taken up where the
+    memory is next opened to serve)."""
+    return replace(cfg, live=replace(cfg.live, consolidate="manual"))
+
+
 def _lock_of(store: Path, run_dir: Path | None) -> Path:
     """The lock that keeps other writers out of `store`: its run directory's, its live memory's (a store
     folder `store` beside a memory's .lock), else one beside the store folder."""
@@ -204,7 +211,7 @@ def export_command(args: argparse.Namespace) -> int:
     folder = Path(args.dir)
     if not is_memory_folder(folder):
         raise FileNotFoundError(f"{folder}: not a live memory's folder (store/log.jsonl and .lock inside)")
-    with Memory.open(folder, load_config(args.config)) as memory:
+    with Memory.open(folder, one_shot(load_config(args.config))) as memory:
         line = memory.export(args.user, summaries=args.summaries)
     atomic_write_text(args.out, json.dumps(line, ensure_ascii=False) + "\n")
     turns = sum(len(s["turns"]) for s in line["sessions"])
@@ -223,7 +230,7 @@ def import_command(args: argparse.Namespace) -> int:
     if report.errors:
         raise DataError(args.file, None, None, f"{len(report.errors)} problem(s); the first: {report.errors[0]} "
                                                f"(memfit data validate {args.file} lists them all)")
-    with Memory.open(args.dir, load_config(args.config)) as memory:
+    with Memory.open(args.dir, one_shot(load_config(args.config))) as memory:
         counts = memory.import_memories(bench.memories)
     print(f"memfit store import: {args.file} -> {args.dir}: {counts['users']} user(s), {counts['turns']} turn(s) "
           f"stored, {counts['duplicates']} already there, {counts['summaries']} summary(ies)")
@@ -312,7 +319,7 @@ def compact_command(args: argparse.Namespace) -> int:
     if target.run_dir is None and is_memory_folder(target.store.parent):
         # a live memory: compacted as Memory.compact does it (under the memory's own lock), so the method's
         # files follow and the users nothing is left of leave the reader's cache too
-        with Memory.open(target.store.parent, target.cfg) as memory:
+        with Memory.open(target.store.parent, one_shot(target.cfg)) as memory:
             counts = memory.compact()
     else:
         with locked(target.lock):

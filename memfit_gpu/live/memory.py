@@ -264,7 +264,9 @@ class Memory:
             # files followed them (LightMem's notes name rows): following again is the same on either side
             self.method.compact(self.run, self.store)
         self._finish_pending_forget()
-        self._new_turns: dict[str, int] = {}  # per user: turns added since its last consolidation
+        # per user: its turns no consolidation has taken up yet (added since, or before this open)
+        self._new_turns: dict[str, int] = {
+            u: n for u, n in self.method.unconsolidated(list(self.store.memory_ids)).items() if n}
         self._since_snapshot = 0
         self._closed = False
         self._wake = threading.Event()
@@ -273,6 +275,7 @@ class Memory:
         if cfg.live.consolidate == "background":
             self._worker = threading.Thread(target=self._consolidate_forever, name="memfit-consolidate", daemon=True)
             self._worker.start()
+            self._wake_if_due()
 
     # --------------------------------------------------------------------------------------- opening
     @classmethod
@@ -430,8 +433,7 @@ class Memory:
                 if self._since_snapshot >= self.cfg.live.snapshot_after_turns:
                     self.store.snapshot()
                     self._since_snapshot = 0
-                if any(n >= self.cfg.live.consolidate_after_turns for n in self._new_turns.values()):
-                    self._wake.set()
+                self._wake_if_due()
             return outcome
 
     def _plan_add(self, user: str, turns: list[tuple[Turn, str | None]], fresh: list[_NewTurn],
@@ -533,11 +535,19 @@ class Memory:
             if purged:  # before the store is rewritten: a kill after it still drops their replies (on open)
                 write_json_atomic(pending, {"responses_of": purged})
                 faults.point("compact.pending")
+            waiting = self.method.unconsolidated([u for u in purged if u in self.store.memory_ids])
             counts = self.store.compact()
             erased = self.store.erased
             self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
             self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
             faults.point("compact.method")
+            # what the method dropped with the deleted turns (LightMem: the users' notes, whose windows moved)
+            # is made again by the next consolidation, whatever live.consolidate_after_turns says
+            present = [u for u in purged if u in self.store.memory_ids]
+            for user, n in self.method.unconsolidated(present).items():
+                if n > waiting.get(user, 0):
+                    self._new_turns[user] = max(n, self._new_turns.get(user, 0), self.cfg.live.consolidate_after_turns)
+            self._wake_if_due()
             counts["users_erased"] = len(erased)
             counts["users_with_deleted_turns"] = len(purged)
             counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased, purged).items()})
@@ -588,7 +598,8 @@ class Memory:
     def consolidate(self, user_ids: Sequence[str] | None = None) -> dict[str, int]:
         """The write-time work of the method that stays off the query path (MemFit: segment summaries of
         the new turns; lightmem_slm: MTM notes and LTM consolidation), for the given users (default: those
-        with new turns). Its LLM calls do not hold the memory; searches go on meanwhile."""
+        with turns waiting, also turns added before this memory was opened: LiveMethod.unconsolidated).
+        Its LLM calls do not hold the memory; searches go on meanwhile."""
         with self._consolidating:
             with self.holding():
                 users = list(user_ids) if user_ids is not None else [u for u, n in self._new_turns.items() if n]
@@ -605,6 +616,12 @@ class Memory:
                 self._forget_stale(users, compactions)
             return counts
 
+    def _wake_if_due(self) -> None:
+        """Wake the background consolidation when a user has live.consolidate_after_turns turns waiting."""
+        if self._worker is not None and any(
+                n >= self.cfg.live.consolidate_after_turns for n in self._new_turns.values()):
+            self._wake.set()
+
     def _consolidate_forever(self) -> None:
         while True:
             self._wake.wait()
@@ -616,6 +633,10 @@ class Memory:
                 if ready:  # on a thread of its own that then ends (devices.in_fresh_thread says why)
                     in_fresh_thread(self.consolidate, ready)
             except BaseException as exc:  # noqa: BLE001  (kept for the owner; the worker must not die silently)
+                if self._closed:  # closed meanwhile: the next open finds those turns waiting (unconsolidated)
+                    log.info("memfit live: %s closed during a background consolidation; it is taken up on the "
+                             "next open", self.path)
+                    return
                 log.exception("memfit live: background consolidation failed")
                 self.consolidation_error = exc
 

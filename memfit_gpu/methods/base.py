@@ -158,6 +158,12 @@ class LiveMethod(Method, Protocol):
     def consolidate(self, run: MethodRun, memory_ids: list[str],
                     holding: Callable[[], contextlib.AbstractContextManager[Any]]) -> dict[str, int]: ...
 
+    def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
+        """Per memory, its live turns that no consolidation has taken up yet (0 or absent: none); a live
+        memory reads it on opening and after a compaction, so turns added before a close, and notes a
+        compaction dropped, are consolidated like new turns."""
+        ...
+
     def compact(self, run: MethodRun, store: EpisodeStore) -> None: ...
 
 

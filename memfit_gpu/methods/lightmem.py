@@ -546,6 +546,15 @@ class LightMem:
                 self._log_ltm(ltm_jobs, ltm_responses)
         return {"mtm_entries": len(jobs), "ltm_batches": len(ltm_jobs)}
 
+    def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
+        """The live turns that no MTM entry covers (a compaction drops a user's entries: all of them)."""
+        assert self.memlog is not None
+        out = {}
+        for user in memory_ids:
+            noted = {r for entry in self.memlog.user(user).mtm.values() for r in entry["rows"]}
+            out[user] = sum(1 for r in self._user_rows(user, live=True) if r not in noted)
+        return out
+
     def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """After the store's compaction (rows renumbered, deleted turns gone): the log is rewritten with
         each kept MTM entry's rows renumbered; every record of a user that lost turns goes (its windows

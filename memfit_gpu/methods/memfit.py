@@ -207,6 +207,13 @@ class MemFit:
             run.account("summaries.ledger")  # before the store logs them, as in write
             return {"summaries": self.store.commit_summaries(records)}
 
+    def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
+        """The live turns after the last one a live summary covers (what closed_segment_jobs segments)."""
+        assert self.store is not None and self.cfg is not None
+        if not self.cfg.summary.enabled:
+            return {}
+        return {m: len(self.store.unsummarised_rows(self.store.memory_of(m))) for m in memory_ids}
+
     def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """Nothing of MemFit's own to rewrite: the compacted store is all."""
         self.attach(run, store)

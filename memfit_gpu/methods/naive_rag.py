@@ -160,6 +160,9 @@ class NaiveRAG:
     def consolidate(self, run: MethodRun, memory_ids: list[str], holding: Any) -> dict[str, int]:
         return {}  # nothing is written off the query path
 
+    def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
+        return {}
+
     def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """The store's rows were renumbered: chunk it all again."""
         self.attach(run, store)

@@ -649,6 +649,13 @@ class EpisodeStore:
         log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
         return built
 
+    def unsummarised_rows(self, memory: int) -> np.ndarray:
+        """A memory's live rows after the last one any live summary covers, in conversation order."""
+        live = self.memory_rows(memory)
+        covered = max((int(self.summaries.members[s].max()) for s in self.summaries.live_rows(memory)
+                       if len(self.summaries.members[s])), default=-1)
+        return live[live > covered]
+
     def closed_segment_jobs(self, memory_ids: Sequence[str] | None = None) -> list[SummaryJob]:
         """What a live memory summarises next (memfit_gpu.Memory.consolidate): per memory, the live turns
         after the last one any live summary covers are segmented with TextTiling (as build_summaries
@@ -661,12 +668,8 @@ class EpisodeStore:
         wanted = range(len(self.memory_ids)) if memory_ids is None else [self.memory_of(m) for m in memory_ids]
         memories, tails = [], []
         for memory in wanted:
-            live = self.memory_rows(memory)
-            summaries = self.summaries.live_rows(memory)
-            covered = max((int(self.summaries.members[s].max()) for s in summaries if len(self.summaries.members[s])),
-                          default=-1)
-            tail = live[live > covered]
-            room = self.cfg.summary.max_summaries - len(summaries)
+            tail = self.unsummarised_rows(memory)
+            room = self.cfg.summary.max_summaries - len(self.summaries.live_rows(memory))
             if len(tail) >= 2 * self.cfg.summary.min_segment and room > 0:
                 memories.append((memory, room))
                 tails.append(tail)

@@ -352,6 +352,47 @@ def test_lightmem_notes_follow_the_turns_deletions_and_compaction(tmp_path: Path
         assert memory.search("b", ["What did Melanie say?"], k=3)[0]
 
 
+def _until(done: Any, memory: Memory) -> None:
+    """Wait (up to 120 s) for the background consolidation to make `done()` true."""
+    for _ in range(1200):
+        assert memory.consolidation_error is None
+        if done():
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError("the background consolidation did not finish in 120 s")
+
+
+def test_notes_a_compaction_drops_are_made_again_in_the_background(tmp_path: Path, conv_turns) -> None:
+    """LightMem's compaction drops the notes of a user who lost a turn (its windows moved). Nothing woke the
+    background consolidation for them: searches read the last turns only until 64 more turns came."""
+    overrides = ["rerank.backend=none", "reader.backend=echo", "live.consolidate=background",
+                 "live.consolidate_after_turns=20", "lightmem.mtm_window_turns=6", "lightmem.consolidate_every=2"]
+    sessions = [t["session_id"] for t in conv_turns[:20]]
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=overrides, method="lightmem_slm") as memory:
+        notes = lambda: memory.method.memlog.user("a").mtm  # noqa: E731
+        memory.add("a", conv_turns[:20])
+        _until(lambda: len(notes()) == len(mtm_windows(sessions, 6, final=False)), memory)
+        memory.delete("a", [conv_turns[0]["turn_id"]])
+        memory.compact()  # 19 turns left: under live.consolidate_after_turns, yet made again
+        _until(lambda: len(notes()) == len(mtm_windows(sessions[1:], 6, final=False)), memory)
+        assert {h.kind for h in memory.search("a", ["What did Caroline talk about?"], k=10)[0]} >= {"mtm"}
+
+
+def test_turns_added_before_a_close_are_consolidated_after_the_next_open(tmp_path: Path, conv_turns) -> None:
+    """A reopened memory forgot which turns were waiting: consolidate() did nothing, and the background
+    consolidation waited for live.consolidate_after_turns more."""
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u", conv_turns)
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        assert memory.consolidate()["summaries"] > 0
+        summaries = len(memory.store.summaries)
+    with Memory.open(tmp_path / "b", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u", conv_turns)
+    background = ["rerank.backend=none", "reader.backend=echo", "live.consolidate_after_turns=30"]
+    with Memory.open(tmp_path / "b", config=DEMO, overrides=background) as memory:
+        _until(lambda: len(memory.store.summaries) == summaries, memory)
+
+
 def test_threads_add_and_search_at_once(tmp_path: Path, conv_turns) -> None:
     errors: list[BaseException] = []
     with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:

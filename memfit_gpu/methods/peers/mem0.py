@@ -398,6 +398,9 @@ class Mem0Method:
                     holding: Callable[[], contextlib.AbstractContextManager[Any]]) -> dict[str, int]:
         return {}  # mem0 writes its memories in `add` (its LLM calls are on the write path)
 
+    def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
+        return {}
+
     def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """The store was compacted (a deleted user's every byte leaves it): mem0's files follow. Its two
         SQLite files (the history and the embedded Qdrant's points) are rewritten without the free pages that
