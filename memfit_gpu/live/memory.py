@@ -187,6 +187,8 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
             raise DataError(source, item, "timestamp", f"{stamp!r} has a UTC offset: give local time without one")
         stamp = when.isoformat()
     images = []
+    if not isinstance(raw.get("images") or [], (list, tuple)):
+        raise DataError(source, item, "images", f"a list of images, got {type(raw['images']).__name__}")
     for n, image in enumerate(raw.get("images") or []):
         if not isinstance(image, Mapping) or not isinstance(image.get("caption"), str) or set(image) - set(IMAGE_FIELDS):
             raise DataError(source, item, f"images[{n}]", f"an image is an object with a caption and optionally "
@@ -219,6 +221,26 @@ def _check_queries(texts: Sequence[Any], k: int) -> None:
         if len(text) > MAX_QUERY_TOKENS and len(tokenize(text)) > MAX_QUERY_TOKENS:
             raise ValueError(f"queries[{n}]: {len(tokenize(text)):,} words; a query has at most "
                              f"{MAX_QUERY_TOKENS:,} (live.memory.MAX_QUERY_TOKENS)")
+
+
+def _check_question_date(value: Any) -> None:
+    """An answer request's question_date: free text the prompt quotes as the current date."""
+    if not isinstance(value, str):
+        raise ValueError(f"question_date: a string (the current date as the prompt writes it), got "
+                         f"{type(value).__name__}")
+    problem = encoding_problem(value)
+    if problem is not None:
+        raise ValueError(f"question_date: {problem}")
+
+
+def _names(values: Any, what: str) -> list[str]:
+    """A list of ids (turn ids, user ids): one string given alone is refused, not read letter by letter."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{what} must be a list of strings, got {type(values).__name__} {values!r:.40}")
+    for n, value in enumerate(values):
+        if not isinstance(value, str):
+            raise TypeError(f"{what}[{n}] must be a string, got {type(value).__name__}")
+    return list(values)
 
 
 def _as_batch(user_ids: str | Sequence[str], items: Sequence[Any], what: str) -> list[tuple[str, Any]]:
@@ -495,6 +517,7 @@ class Memory:
         is retired and rebuilt over the rest with the reader. Their text leaves the disk with `compact()`."""
         with self.holding():
             self._live_rows(user_id)
+            turn_ids = _names(turn_ids, "delete: turn_ids")
             if not turn_ids:
                 raise ValueError(f"delete: no turn ids given for user {user_id!r}")
             try:
@@ -602,7 +625,8 @@ class Memory:
         Its LLM calls do not hold the memory; searches go on meanwhile."""
         with self._consolidating:
             with self.holding():
-                users = list(user_ids) if user_ids is not None else [u for u, n in self._new_turns.items() if n]
+                users = (_names(user_ids, "consolidate: user_ids") if user_ids is not None
+                         else [u for u, n in self._new_turns.items() if n])
                 users = [u for u in users if u in self.store.memory_ids]
                 for user in users:
                     self._new_turns[user] = 0
@@ -724,10 +748,12 @@ class Memory:
     def _admit(self, requests: Sequence[tuple[Any, ...]]) -> tuple[list[int], list[Any]]:
         """Which requests of a batch can be read, and the error of each one that cannot."""
         ok, refused = [], []
-        for i, (user, texts, k, *_) in enumerate(requests):
+        for i, (user, texts, k, *rest) in enumerate(requests):
             try:
                 self._live_rows(user)
                 _check_queries(texts, k)
+                if rest and rest[0] is not None:
+                    _check_question_date(rest[0])
                 ok.append(i)
                 refused.append(None)
             except (UnknownUserError, ValueError) as exc:

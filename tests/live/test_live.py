@@ -126,6 +126,7 @@ BAD_TURNS = [
     ({"speaker": "Ann", "text": "hi", "timestamp": "yesterday"}, "timestamp", "is not an ISO 8601"),
     ({"speaker": "Ann", "text": "hi", "timestamp": "2023-05-08T13:56:00+02:00"}, "timestamp", "UTC offset"),
     ({"speaker": "Ann", "text": "hi", "mood": "good"}, "mood", "unknown field"),
+    ({"speaker": "Ann", "text": "hi", "images": 5}, "images", "a list of images, got int"),
 ]
 
 
@@ -480,6 +481,17 @@ def test_queries_are_checked_before_they_reach_a_batch(tmp_path: Path) -> None:
                                     (["bees"], True, "an integer >= 1"), (["bees"], 2.0, "an integer >= 1")]:
             with pytest.raises(ValueError, match=message):
                 memory.search("u1", queries, k=k)
+        # an answer's question_date is quoted by its prompt: text, and text the cache can encode
+        for date, message in [("\ud800", "question_date: holds a lone surrogate"), (20240302, "got int")]:
+            assert isinstance(memory.answer_batch([("u1", ["bees?"], 3, date)])[0], ValueError)
+            with pytest.raises(ValueError, match=message):
+                memory.answer("u1", ["bees?"], question_date=date)
+        # one id given where a list is asked for was read letter by letter ("t1" as "t", "1")
+        with pytest.raises(TypeError, match=r"delete: turn_ids must be a list of strings, got str 't1'"):
+            memory.delete("u1", "t1")
+        with pytest.raises(TypeError, match=r"consolidate: user_ids must be a list of strings, got str 'u1'"):
+            memory.consolidate("u1")
+        assert len(memory.turns("u1")) == 1
 
 
 def _unopenable_as_older_code_left_it(folder: Path) -> None:
