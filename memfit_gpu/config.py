@@ -40,7 +40,9 @@ class DataConfig:
     limit_memories: Optional[int] = None  # first N memories only: smoke runs and demos
     limit_questions: Optional[int] = None  # first N questions per memory: smoke runs and demos
     include_categories: Optional[list[str]] = None  # None = the benchmark's evaluated set
-    exclude_categories: list[str] = field(default_factory=lambda: ["5"])  # LoCoMo adversarial is not scored (SPEC Evaluation)
+    # None = the benchmark's evaluated set (LoCoMo: not category 5, adversarial; SPEC Evaluation); a list: every
+    # other category, each scored ([] scores LoCoMo's category 5 against its adversarial answer)
+    exclude_categories: Optional[list[str]] = None
 
 
 @dataclass

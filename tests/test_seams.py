@@ -312,7 +312,7 @@ BROKEN = [
 def test_validate_reports_every_problem_with_line_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text("\n".join(json.dumps(m) for m in BROKEN) + "\nnot json\n")
-    _, report = read(broken)
+    benchmark, report = read(broken)
     assert report.errors == [
         f"{broken}, item line 1 (user 'u1'), field 'sessions[0].timestamp': '2024-13-01' is not an ISO 8601 date or "
         "time (e.g. 2024-03-02 or 2024-03-02T10:00:00)",
@@ -329,15 +329,18 @@ def test_validate_reports_every_problem_with_line_and_field(tmp_path: Path, caps
                                "this memory: S1:9 (kept; diagnostics count it as unmatched)"]
     assert main(["data", "validate", str(broken)]) == 2
     out, err = capsys.readouterr()
-    assert out.splitlines() == [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
-    assert err.strip() == f"memfit data: error: {broken}: 7 error(s), 1 warning(s) (listed above)"
+    # the file's warnings, then the quirks a run would handle (the missing gold answer: left unscored)
+    assert benchmark.problems == [*report.warnings, "jsonl u1: the gold answer is empty for 1 question (u1:q0): "
+                                                    "excluded from scoring"]
+    assert out.splitlines() == [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in benchmark.problems]
+    assert err.strip() == f"memfit data: error: {broken}: 7 error(s), 2 warning(s) (listed above)"
     # loading names the first problem and how many more there are
     with pytest.raises(DataError, match=r"broken.jsonl, item line 1 \(user 'u1'\), field 'sessions\[0\].timestamp': "
                                         r"'2024-13-01' is not an ISO 8601 .* \(and 6 more problems: `memfit data "
                                         r"validate .*broken.jsonl` lists them\)"):
         load_benchmark("jsonl", broken)
     assert main(["data", "validate", str(EXAMPLE)]) == 0
-    assert capsys.readouterr().out.strip() == f"ok: {EXAMPLE}: 2 memories, 17 turns, 8 questions, 0 warning(s)"
+    assert capsys.readouterr().out.strip() == f"ok: {EXAMPLE}: 2 memories, 17 turns, 8 questions (8 scored by default), 0 warning(s)"
 
 
 def test_sessions_out_of_time_order_are_a_warning_naming_both(tmp_path: Path) -> None:

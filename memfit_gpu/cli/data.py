@@ -183,15 +183,17 @@ def _validate(args: argparse.Namespace) -> int:
     benchmark, report = read(args.file)
     for line in report.errors:
         print(f"error: {line}")
-    for line in report.warnings:
+    # the file's warnings, then the quirks a run handles (empty turns, huge turns, questions left unscored)
+    for line in benchmark.problems:
         print(f"warning: {line}")
     if report.errors:
-        raise DataError(args.file, None, None, f"{len(report.errors)} error(s), {len(report.warnings)} warning(s) "
+        raise DataError(args.file, None, None, f"{len(report.errors)} error(s), {len(benchmark.problems)} warning(s) "
                                                "(listed above)")
     questions = sum(len(m.questions) for m in benchmark.memories)
+    scored = sum(q.evaluated and "excluded" not in q.extra for m in benchmark.memories for q in m.questions)
     turns = sum(len(m.turns()) for m in benchmark.memories)
-    print(f"ok: {args.file}: {len(benchmark.memories)} memories, {turns} turns, {questions} questions, "
-          f"{len(report.warnings)} warning(s)")
+    print(f"ok: {args.file}: {len(benchmark.memories)} memories, {turns} turns, {questions} questions "
+          f"({scored} scored by default), {len(benchmark.problems)} warning(s)")
     return 0
 
 

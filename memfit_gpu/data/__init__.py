@@ -129,8 +129,9 @@ def select_questions(
     category is kept, `[]` = all of them) then drops categories, and every question kept is scored
     (`evaluated` True: LoCoMo's category 5 against its adversarial answer, as the LightMem-SLM paper's
     Table 2 scores it), except questions a data quirk excludes (an empty question, gold answer or
-    conversation: `extra["excluded"]`), which no list selects. The run's default (exclude ["5"]) is
-    LoCoMo's evaluated set.
+    conversation: `extra["excluded"]`), which no list selects. The run's default (neither list) is the
+    benchmark's evaluated set: LoCoMo's loader marks category 5 unevaluated; own data says it per question
+    (`evaluated`), and no category label is special there.
     Memories left without questions are dropped (nothing would read them); then the first
     `limit_memories` memories are kept and the first `limit_questions` questions of each. Sessions and
     turns are shared with the input, not copied.

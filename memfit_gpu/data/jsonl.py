@@ -44,6 +44,7 @@ with it gives identical packs (tests/test_seams.py).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,9 +53,20 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.data._read import check_turns, type_name
-from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
+from memfit_gpu.data.schema import (
+    Benchmark,
+    DataError,
+    Image,
+    Memory,
+    Question,
+    Session,
+    Turn,
+    encoding_problem,
+)
 from memfit_gpu.data.spec import BenchmarkSpec
+from memfit_gpu.index.tokenize import query_length_problem
 from memfit_gpu.months import MONTH_NAMES
+from memfit_gpu.names import MAX_SPEAKERS
 
 NAME = "jsonl"
 MEMORY_KEYS = ("user_id", "speakers", "sessions", "questions", "summaries")
@@ -94,6 +106,16 @@ class Report:
         return self._lines(self.notes)
 
 
+def _value_problem(value: Any) -> str | None:
+    """What a well-typed JSON value cannot be: text that is no Unicode (a `\\ud800` escape: UTF-8 cannot
+    store it) or a number that is none (NaN, Infinity, or 1e400 read as infinity)."""
+    if isinstance(value, str):
+        return encoding_problem(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    return None
+
+
 class _Line:
     """Typed access to one line's fields; a problem is reported (not raised) and a stand-in returned."""
 
@@ -117,6 +139,10 @@ class _Line:
         if (isinstance(value, bool) and bool not in wanted) or not isinstance(value, wanted):
             self.report.error(self.item, name, f"expected {type_name(types)}, got {type(value).__name__}")
             return None if default is _REQUIRED else default
+        problem = _value_problem(value)
+        if problem is not None:
+            self.report.error(self.item, name, problem)
+            return None if default is _REQUIRED else default
         return value
 
     def text(self, obj: dict[str, Any], key: str, where: str, required: bool = True, nonempty: bool = False) -> str | None:
@@ -130,6 +156,11 @@ class _Line:
         if not all(isinstance(v, str) for v in value):
             self.report.error(self.item, f"{where}{key}", "expected a list of strings")
             return [v for v in value if isinstance(v, str)]
+        for n, text in enumerate(value):
+            problem = encoding_problem(text)
+            if problem is not None:
+                self.report.error(self.item, f"{where}{key}[{n}]", problem)
+                return [v for v in value if encoding_problem(v) is None]
         return list(value)
 
     def objects(self, obj: dict[str, Any], key: str, where: str, required: bool) -> list[dict[str, Any]]:
@@ -235,6 +266,10 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
                 images=[_image(line, image, f"{at}images[{i}].", folder)
                         for i, image in enumerate(line.objects(turn_raw, "images", at, required=False))]))
         memory.sessions.append(session)
+    speakers = list(dict.fromkeys([*memory.speakers, *(t.speaker for t in memory.turns())]))
+    if len(speakers) > MAX_SPEAKERS:
+        line.report.error(line.item, "speakers", f"{len(speakers)} speakers (the list and the turns'); a memory holds "
+                                                 f"at most {MAX_SPEAKERS}")
     sessions = {s.session_id for s in memory.sessions}
     for q, raw in enumerate(line.objects(record, "questions", "", required=False)):
         where = f"questions[{q}]."
@@ -251,6 +286,12 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
             image=_image(line, image, f"{where}image.", folder) if image is not None else None,
             evaluated=line.value(raw, "evaluated", bool, where, True),
             abstention=line.value(raw, "abstention", bool, where, False))
+        if category is not None and str(category).strip().lower() in ("", "overall"):
+            line.report.error(line.item, f"{where}category", f"{category!r} is no category label: results have a row "
+                                                             "per label and one `overall`")
+        too_long = query_length_problem(question.question)
+        if too_long is not None:
+            line.report.error(line.item, f"{where}question", too_long)
         unknown = [e for e in question.evidence if e not in turn_ids]
         if unknown:
             line.report.warn(line.item, f"{where}evidence", f"names no turn of this memory: {', '.join(unknown[:10])} "
@@ -283,7 +324,9 @@ def read(path: str | Path) -> tuple[Benchmark, Report]:
     report = Report(path)
     benchmark = Benchmark(name=NAME, source=str(path))
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # lines end at \n alone: splitlines() also cuts at U+2028, U+0085 and the like, which JSON strings
+        # may hold raw (and `to_jsonl` writes so)
+        lines = path.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as exc:
         report.error(None, None, f"not UTF-8 text ({exc})")
         return benchmark, report

@@ -254,6 +254,7 @@ SPEC = BenchmarkSpec(
                     "(https://github.com/snap-research/LoCoMo/blob/main/task_eval/evaluation_stats.py)",
     averaging="category_mean",  # SPEC: "Average" = mean of the four category means
     not_evaluated=NOT_EVALUATED,
+    locomo_categories=True,
     # the released file: 10 conversations, 5,882 turns, 1,986 questions of which 446 adversarial
     shapes={None: PublishedShape("locomo", memories=10, questions=1_986, tokens_per_episode=37.5, episodes=5_882,
                                  excluded={"5": 446}, sample_memories=4)},

@@ -39,7 +39,7 @@ class PublishedShape:
     questions: int
     tokens_per_episode: float  # BM25 tokens per stored turn in the published data
     episodes: int | None = None  # turns of the released file; None = synth's sessions x turns per memory
-    # questions per category that data.exclude_categories' default leaves out (LoCoMo: category 5)
+    # questions per category the benchmark does not evaluate, which the default selection leaves out (LoCoMo: 5)
     excluded: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     sample_memories: int = 4  # synthetic memories generated to measure BM25 statistics
     note: str = ""  # said in the plan when this shape stands for something else (an upper bound)
@@ -66,6 +66,9 @@ class BenchmarkSpec:
     protocol: str = "paper"  # reader.protocol=auto
     judge: str = "paper"  # eval.judge.prompt=auto
     not_evaluated: frozenset[str] = frozenset()  # categories the loader marks evaluated=False
+    # its category ids are LoCoMo's: the `locomo` metric variant applies their rules (1: multi-hop answers cut at
+    # commas, 3: at ";", 5: the adversarial indicator); another benchmark's labels are scored as plain F1
+    locomo_categories: bool = False
     shapes: Mapping[str | None, PublishedShape] = field(default_factory=lambda: MappingProxyType({}))
     # `memfit data stats` names: memories, sessions, turns, category -> the benchmark's own words (BEAM:
     # conversations, batches, messages, ability); a name not given keeps memfit's

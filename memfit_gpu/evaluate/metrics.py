@@ -28,7 +28,8 @@ Every variant maps (prediction, gold, category) to {"f1", "bleu1"} in [0, 1]:
   0.0 when either side is empty.
 
 Categories are compared as strings ("1", not 1). Only the ``locomo`` variant looks at them, and
-only for the LoCoMo categories 1, 3 and 5; any other category is scored as plain F1.
+only for the LoCoMo categories 1, 3 and 5; any other category, or None (a run passes None for a
+benchmark whose ids are not LoCoMo's: BenchmarkSpec.locomo_categories), is scored as plain F1.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
 from memfit_gpu.files import read_json_object, write_json_atomic
 from memfit_gpu.index.encoders import load_bi_encoder
-from memfit_gpu.index.tokenize import tokenize
+from memfit_gpu.index.tokenize import query_length_problem
 from memfit_gpu.locks import exclusive, lock_path
 from memfit_gpu.methods.answers import answer_requests
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
@@ -64,9 +64,6 @@ log = logging.getLogger(__name__)
 TURN_FIELDS = ("turn_id", "speaker", "text", "timestamp", "session_id", "date_text", "images")
 IMAGE_FIELDS = ("caption", "image_id", "path")
 LIVE_SESSION = "live"  # the session of a turn given without timestamp or session_id
-# A query is a question, not a document: BM25's exact scoring takes up to 65,536 known tokens a query and
-# PRF adds its terms to it, so a longer query is refused before it reaches a batch.
-MAX_QUERY_TOKENS = 8192
 # The users whose cached replies a compaction must drop, written before the store is rewritten and removed once
 # cache.sqlite is: a compaction stopped between the two finishes dropping them when the memory is next opened
 FORGET_PENDING = "forget.pending.json"
@@ -218,9 +215,9 @@ def _check_queries(texts: Sequence[Any], k: int) -> None:
         problem = encoding_problem(text)
         if problem is not None:
             raise ValueError(f"queries[{n}]: {problem}")
-        if len(text) > MAX_QUERY_TOKENS and len(tokenize(text)) > MAX_QUERY_TOKENS:
-            raise ValueError(f"queries[{n}]: {len(tokenize(text)):,} words; a query has at most "
-                             f"{MAX_QUERY_TOKENS:,} (live.memory.MAX_QUERY_TOKENS)")
+        problem = query_length_problem(text)
+        if problem is not None:
+            raise ValueError(f"queries[{n}]: {problem}")
 
 
 def _check_question_date(value: Any) -> None:

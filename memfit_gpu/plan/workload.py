@@ -122,7 +122,8 @@ def _workload_from_shape(cfg: MemFitConfig, why: str, seed: int = 0) -> Workload
         per_memory = (sum(shape.sessions) / 2) * (sum(shape.turns) / 2)
     questions = published.questions
     if cfg.data.include_categories is None:
-        questions -= sum(n for category, n in published.excluded.items() if category in cfg.data.exclude_categories)
+        excluded = cfg.data.exclude_categories
+        questions -= sum(n for category, n in published.excluded.items() if excluded is None or category in excluded)
     per_q = questions / published.memories
     if cfg.data.limit_questions is not None:
         per_q = min(per_q, cfg.data.limit_questions)

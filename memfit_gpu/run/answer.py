@@ -85,6 +85,9 @@ class Answering:
     account: Callable[[str], None]
     text_encode: Callable[[list[str]], Any] | None = None  # the run's bi-encoder, for eval.text_metrics sbert
     judge: RunJudge | None = None
+    # the benchmark's category ids are LoCoMo's (BenchmarkSpec.locomo_categories): the locomo variant's rules for
+    # categories 1, 3 and 5 apply; own data labelled "5" is not scored as adversarial
+    locomo_categories: bool = False
 
     def scored(self, questions: Sequence[Question], responses: Sequence[Response],
                cuts: Sequence[dict[str, int]]) -> list[Answered]:
@@ -92,7 +95,8 @@ class Answering:
         cleaned = [clean_answer(r.text) for r in responses]
         predictions = [c.text for c in cleaned]
         golds = [q.answer for q in questions]
-        scores = score_all(predictions, golds, [q.category for q in questions], self.eval.metrics)
+        categories = [q.category if self.locomo_categories else None for q in questions]
+        scores = score_all(predictions, golds, categories, self.eval.metrics)
         texts: Sequence[dict[str, float] | None] = (
             text_metrics.text_scores(predictions, golds, self.eval.text_metrics, self.text_encode)
             if self.eval.text_metrics else [None] * len(questions))

@@ -103,7 +103,7 @@ def test_corrected_rerun_in_the_same_directory_finishes(tmp_path: Path, capsys: 
     _refused(out, ["pack.k=-1", *few], capsys)
     # a selection without questions (LoCoMo's categories are numbers) was refused after config.yaml was written
     line = _refused(out, ["data.include_categories=[multi-hop]", *few], capsys)
-    assert line.endswith("data.include_categories=['multi-hop'], data.exclude_categories=['5'], data.limit_memories=1 "
+    assert line.endswith("data.include_categories=['multi-hop'], data.exclude_categories=None, data.limit_memories=1 "
                          "and data.limit_questions=1 select no question (its questions' categories: 1, 2, 3, 4, 5)")
     _refused(out, ["rerank.backend=cross-encoder", "rerank.model=memfit-tests/no-such-reranker", *few], capsys)
     # corrected, and with a prompt bound that cuts: the prediction row records what was cut
