@@ -212,7 +212,7 @@ class MemFit:
         assert self.store is not None and self.cfg is not None
         if not self.cfg.summary.enabled:
             return {}
-        return {m: len(self.store.unsummarised_rows(self.store.memory_of(m))) for m in memory_ids}
+        return self.store.unsummarised_counts(memory_ids)
 
     def compact(self, run: MethodRun, store: EpisodeStore) -> None:
         """Nothing of MemFit's own to rewrite: the compacted store is all."""

@@ -656,6 +656,21 @@ class EpisodeStore:
                        if len(self.summaries.members[s])), default=-1)
         return live[live > covered]
 
+    def unsummarised_counts(self, memory_ids: Sequence[str]) -> dict[str, int]:
+        """len(unsummarised_rows) of each memory, from one pass over the summaries (a live memory's open
+        asks it of every user)."""
+        covered = np.full(len(self.memory_ids), -1, dtype=np.int64)
+        for s in self.summaries.live_rows():
+            members = self.summaries.members[s]
+            if len(members):
+                m = int(self.summaries.memory_idx.view[s])
+                covered[m] = max(int(covered[m]), int(members.max()))
+        counts = {}
+        for memory_id in memory_ids:
+            memory = self.memory_of(memory_id)
+            counts[memory_id] = int((self.memory_rows(memory) > covered[memory]).sum())
+        return counts
+
     def closed_segment_jobs(self, memory_ids: Sequence[str] | None = None) -> list[SummaryJob]:
         """What a live memory summarises next (memfit_gpu.Memory.consolidate): per memory, the live turns
         after the last one any live summary covers are segmented with TextTiling (as build_summaries
