@@ -14,8 +14,9 @@ A damaged file (not a database, malformed pages), a full disk or a read-only one
 naming the file and what to do: the cache holds nothing the run cannot make again, so deleting a
 damaged one is safe. SQLite checks its pages but not what a row holds, so every response and call record
 carries a sha256 of its own values (`digest`), checked whenever it is read: a row changed on disk or by
-hand is that same error, never a different answer or count. A file written before rows carried a digest
-gets one for each row when first opened (its rows are taken as they were).
+hand (or given no digest) is that same error, never a different answer or count. A file written before
+rows carried a digest gets one for each row when first opened (its rows are taken as they were; PRAGMA
+user_version then says every row has one).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ CREATE TABLE IF NOT EXISTS calls (
 # A ledger.json written before this file held entries (Ledger.rebuilt's base), kept once taken.
 _BASE = ("CREATE TABLE IF NOT EXISTS ledger_base (id INTEGER PRIMARY KEY CHECK (id = 1), ledger TEXT NOT NULL, "
          "digest TEXT)")
+# PRAGMA user_version of a file whose every row carries its digest (0: written before digests)
+_DIGESTS_VERSION = 1
 # Each table's columns that its rows' digest covers. A row is digested as SQLite stored it (read back in
 # the transaction that wrote it), so a column's type affinity never makes a sound row look changed.
 _DIGESTED = {"responses": _RESPONSE_FIELDS, "calls": ENTRY_FIELDS, "ledger_base": ("ledger",)}
@@ -111,6 +114,12 @@ def row_digest(values: Sequence[Any]) -> str:
     """sha256 over a row's values as stored (text, integers, floats, NULLs), in a fixed column order."""
     blob = json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _row_name(table: str, values: Sequence[Any]) -> str:
+    """A row as a damaged-file message names it."""
+    return (f"the cached response under key {values[0]}" if table == "responses"
+            else "a call record" if table == "calls" else "the ledger base")
 
 
 def _marks(values: Sequence[str]) -> str:
@@ -162,15 +171,9 @@ class ResponseCache:
                 for table in ("responses", "calls"):  # a cache written before rows named their owner
                     if "owner" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
                         self._conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
-                for table in _DIGESTED:  # a cache written before rows carried their digest
-                    if "digest" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
-                        self._conn.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT")
-                    # Rows wait for their digest only inside the transaction that writes them.
-                    self._conn.execute(f"CREATE INDEX IF NOT EXISTS {table}_undigested ON {table}(digest) "
-                                       "WHERE digest IS NULL")
                 self._conn.commit()
-                with self._conn:
-                    self._seal()
+                if self._conn.execute("PRAGMA user_version").fetchone()[0] < _DIGESTS_VERSION:
+                    self._add_digests()
             except BaseException:
                 self._conn.close()
                 raise
@@ -215,22 +218,44 @@ class ResponseCache:
             f"deleting it is safe: remove {files} and rerun the same command (the reader is asked again for "
             "what it held: a greedy reader gives the same answers, and ledger.json's counts are kept)"))
 
-    def _seal(self) -> None:
-        """Give every row without a digest its digest, over its values as stored; call inside the
-        transaction that wrote the rows (and once on opening a file written before digests)."""
-        for table, fields in _DIGESTED.items():
-            rows = self._conn.execute(
-                f"SELECT rowid, {', '.join(fields)} FROM {table} WHERE digest IS NULL").fetchall()
-            self._conn.executemany(f"UPDATE {table} SET digest = ? WHERE rowid = ?",
-                                   [(row_digest(row[1:]), row[0]) for row in rows])
+    def _add_digests(self) -> None:
+        """A file written before rows carried digests: the column, then a digest for each row as it stands
+        (taken as it was), then the file's version, in one transaction: a kill leaves it as it was."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table in _DIGESTED:
+                if "digest" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT")
+                self._seal(table, "digest IS NULL")
+            self._conn.execute(f"PRAGMA user_version = {_DIGESTS_VERSION}")
+            self._conn.commit()
+        except BaseException:
+            self._conn.rollback()
+            raise
+
+    def _seal(self, table: str, where: str, params: Sequence[Any] = ()) -> None:
+        """Give the rows of `table` that `where` selects their digest, over their values as stored: inside
+        the transaction that wrote them (SQLite's type affinity is applied by then)."""
+        fields = _DIGESTED[table]
+        rows = self._conn.execute(f"SELECT rowid, {', '.join(fields)} FROM {table} WHERE {where}", params).fetchall()
+        digests = []
+        for row in rows:
+            try:
+                digests.append((row_digest(row[1:]), row[0]))
+            except TypeError:  # a value no memfit writes (bytes where text belongs): changed by hand
+                raise self._damaged(f"{_row_name(table, row[1:])} holds a value of no stored type") from None
+        self._conn.executemany(f"UPDATE {table} SET digest = ? WHERE rowid = ?", digests)
 
     def _checked(self, table: str, row: Sequence[Any]) -> Sequence[Any]:
-        """`row` (the table's digested fields, then its digest) without the digest, once it matches."""
+        """`row` (the table's digested fields, then its digest) without the digest, once it matches. A row
+        without a digest was written around memfit (every memfit write seals its rows)."""
         values, digest = row[:-1], row[-1]
-        if digest is not None and digest != row_digest(values):
-            what = (f"the cached response under key {values[0]}" if table == "responses"
-                    else "a call record" if table == "calls" else "the ledger base")
-            raise self._damaged(f"{what} does not match its digest: changed on disk or by hand")
+        try:
+            sound = digest is not None and digest == row_digest(values)
+        except TypeError:  # bytes where text belongs
+            sound = False
+        if not sound:
+            raise self._damaged(f"{_row_name(table, values)} does not match its digest: changed on disk or by hand")
         return values
 
     def get_many(self, keys: Sequence[str]) -> dict[str, Response]:
@@ -258,20 +283,27 @@ class ResponseCache:
         user whose data its request carried (Request.owner; `forget` drops a user's rows)."""
         now = time.time()
         owned = list(owners) if owners is not None else [None] * len(rows)
+        kept = [(k, role, r, owner) for (k, role, r), owner in zip(rows, owned, strict=True)
+                if r.error is None and r.answered]
         with self._guard("writing"), self._conn:
             faults.io_fault(self.path)
+            last_call = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM calls").fetchone()[0]
             self._conn.executemany(
                 "INSERT OR REPLACE INTO responses (key, backend, model, role, text, input_tokens, output_tokens, "
                 "latency_s, tokens_estimated, created, notes, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(k, backend, r.model, role, r.text, r.input_tokens, r.output_tokens, r.latency_s,
                   int(r.tokens_estimated), now, json.dumps(r.notes, sort_keys=True), owner)
-                 for (k, role, r), owner in zip(rows, owned, strict=True) if r.error is None and r.answered],
+                 for k, role, r, owner in kept],
             )
             self._conn.executemany(
                 f"INSERT INTO calls ({', '.join(ENTRY_FIELDS)}) VALUES ({','.join('?' * len(ENTRY_FIELDS))})",
                 [tuple(entry.get(name) for name in ENTRY_FIELDS) for entry in entries],
             )
-            self._seal()
+            # this transaction's rows, sealed as stored (SQLite limits bound parameters: 500 keys a statement)
+            keys = list(dict.fromkeys(k for k, _, _, _ in kept))
+            for i in range(0, len(keys), 500):
+                self._seal("responses", f"key IN ({_marks(keys[i:i + 500])})", keys[i:i + 500])
+            self._seal("calls", "seq > ?", (last_call,))
 
     def forget(self, owners: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
         """Drop every cached response and call record of the users `owners` (Request.owner), and the cached
@@ -309,7 +341,7 @@ class ResponseCache:
     def set_ledger_base(self, ledger: dict[str, Any]) -> None:
         with self._guard("writing"), self._conn:
             self._conn.execute("INSERT OR REPLACE INTO ledger_base (id, ledger) VALUES (1, ?)", (json.dumps(ledger),))
-            self._seal()
+            self._seal("ledger_base", "id = 1")
 
     def __len__(self) -> int:
         with self._guard("reading"):
