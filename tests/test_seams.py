@@ -31,11 +31,11 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.data.spec import JUDGE_KINDS, PROTOCOLS
 from memfit_gpu.evaluate.metrics import VARIANTS
 from memfit_gpu.files import read_jsonl
-from memfit_gpu.methods.base import MethodRun
+from memfit_gpu.methods.base import LIVE_MEMBERS, MethodRun
 from memfit_gpu.methods.memfit import MemFit
 from memfit_gpu.methods.packs import questions_of
 from memfit_gpu.methods.registry import REGISTRY as METHODS
-from memfit_gpu.methods.registry import method_settings
+from memfit_gpu.methods.registry import MethodEntry, method_settings, register_method
 from memfit_gpu.plugins import PLUGINS_ENV
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.registry import REGISTRY as BACKENDS
@@ -86,6 +86,14 @@ def test_a_method_entry_carries_its_roles_settings_and_prompt_folder() -> None:
         "consolidate.txt", "mtm_summary.txt", "rerank.txt", "rewrite.txt"]
     with pytest.raises(ValueError, match="already registered in phase 'write'"):
         register_role("summary", "read")
+    # a live entry is a LiveMethod: every built-in one is, and one that is not is refused when registered
+    assert all(callable(getattr(entry.make, m, None)) for entry in METHODS.values() if entry.live for m in LIVE_MEMBERS)
+    with pytest.raises(ValueError, match=r"method 'half_live': live=True asks for a LiveMethod .*; MemFit lacks "
+                                         r"unconsolidated"):
+        # a plugin's live method written before LiveMethod had `unconsolidated`
+        older = type("MemFit", (), {m: lambda self, *args: None for m in LIVE_MEMBERS if m != "unconsolidated"})
+        register_method("half_live", MethodEntry(older, live=True))
+    assert "half_live" not in METHODS
 
 
 def test_what_asks_a_backend_entry() -> None:

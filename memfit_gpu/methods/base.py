@@ -148,6 +148,10 @@ def episode_hit(store: EpisodeStore, row: int, score: float, scores: dict[str, f
                None if np.isnat(stamp) else str(stamp), store.session_ids[int(store.session_idx[row])])
 
 
+# What a LiveMethod defines beyond a Method: a registry entry with live=True is refused without them
+LIVE_MEMBERS = ("attach", "changed", "hits", "consolidate", "unconsolidated", "compact")
+
+
 class LiveMethod(Method, Protocol):
     def attach(self, run: MethodRun, store: EpisodeStore) -> None: ...
 

@@ -28,7 +28,7 @@ from memfit_gpu.config import (
     register_section,
     section,
 )
-from memfit_gpu.methods.base import Method
+from memfit_gpu.methods.base import LIVE_MEMBERS, Method
 from memfit_gpu.methods.full_context import FullContext
 from memfit_gpu.methods.lightmem import LightMem, prompt_folder
 from memfit_gpu.methods.memfit import MemFit
@@ -49,7 +49,7 @@ class MethodEntry:
     # episode store; lightmem_slm: the store and its log); the others rebuild in memory every time
     incremental: bool = False
     # a LiveMethod (methods/base.py): memfit_gpu.Memory and memfit serve run it on a store that grows turn
-    # by turn (attach, changed, hits, consolidate, compact)
+    # by turn (LIVE_MEMBERS: attach, changed, hits, consolidate, unconsolidated, compact)
     live: bool = False
     # a GrowthMethod (methods/base.py) with `read_at`: it reads its memory as it stood at a point of the
     # trajectory, from its one write of the whole of it (eval.growth_points, memfit_gpu/run/growth.py)
@@ -105,6 +105,11 @@ METHODS: Registry[MethodEntry] = Registry(
 def register_method(name: str, entry: MethodEntry) -> None:
     """Add a method: `method=name` then runs it in `memfit run` (and `memfit retrieve` when reader_free); its
     settings become `plugins.<name>.*` and its roles are taken by requests."""
+    if entry.live and isinstance(entry.make, type):
+        missing = [m for m in LIVE_MEMBERS if not callable(getattr(entry.make, m, None))]
+        if missing:
+            raise ValueError(f"method {name!r}: live=True asks for a LiveMethod (methods/base.py); "
+                             f"{entry.make.__name__} lacks {', '.join(missing)}")
     for role, phase in entry.roles.items():
         register_role(role, phase)
     if entry.settings is not None and entry.settings not in _BUILT_IN_SECTIONS:
