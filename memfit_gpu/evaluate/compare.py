@@ -15,6 +15,7 @@ import numpy as np
 
 from memfit_gpu import provenance
 from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.data.registry import find_spec
 from memfit_gpu.evaluate.metrics import VARIANTS, score
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
@@ -79,7 +80,7 @@ def _has_judge(row: Mapping[str, Any]) -> bool:
     return isinstance(judge, Mapping) and judge.get("verdict") is not None
 
 
-def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path) -> float:
+def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path, locomo_categories: bool) -> float:
     if metric == "judge":
         return float(bool(row["judge"]["verdict"]))
     stored = (row.get("scores") or {}).get(variant)
@@ -91,7 +92,8 @@ def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path) -> flo
             raise PredictionsError(
                 f"{path}:{row['_line']}: question {row['question_id']}: no scores.{variant} and no '{key}' to score"
             )
-    return float(score(row["prediction"], row["gold"], row["category"], variant)["f1"])
+    # the locomo variant's per-category rules for LoCoMo's categories only (BenchmarkSpec.locomo_categories)
+    return float(score(row["prediction"], row["gold"], row["category"] if locomo_categories else None, variant)["f1"])
 
 
 def compare_runs(
@@ -116,11 +118,15 @@ def compare_runs(
         raise ValueError(f"unknown metric {metric!r}; choose judge or f1")
     path_a, rows_a, warn_a = read_predictions(run_a)
     path_b, rows_b, warn_b = read_predictions(run_b)
-    if n_permutations is None or seed is None:
-        saved = path_a.parent / "config.yaml"
-        settings = (load_config(saved) if saved.is_file() else MemFitConfig()).eval
-        n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
-        seed = settings.seed if seed is None else seed
+    saved = path_a.parent / "config.yaml"
+    config_a = load_config(saved) if saved.is_file() else None
+    settings = (config_a or MemFitConfig()).eval
+    n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
+    seed = settings.seed if seed is None else seed
+    # the benchmark run A read (its config.yaml), else guessed from a bare predictions file's categories
+    benchmark = config_a.data.benchmark if config_a is not None else _guess_benchmark(rows_a.values())
+    spec = find_spec(benchmark)
+    locomo_categories = spec is not None and spec.locomo_categories
     shared = [qid for qid in rows_a if qid in rows_b]
     only_a = [qid for qid in rows_a if qid not in rows_b]
     only_b = [qid for qid in rows_b if qid not in rows_a]
@@ -147,10 +153,9 @@ def compare_runs(
                     f"(first: {missing[0]}, line {rows[missing[0]]['_line']}); use --metric f1"
                 )
 
-    values_a = np.array([_value(rows_a[q], metric, variant, path_a) for q in shared])
-    values_b = np.array([_value(rows_b[q], metric, variant, path_b) for q in shared])
+    values_a = np.array([_value(rows_a[q], metric, variant, path_a, locomo_categories) for q in shared])
+    values_b = np.array([_value(rows_b[q], metric, variant, path_b, locomo_categories) for q in shared])
     categories = [str(rows_a[q]["category"]) for q in shared]
-    benchmark = _guess_benchmark(rows_a.values())
 
     def test(mask: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
         return paired_permutation_test(

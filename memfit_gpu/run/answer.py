@@ -3,7 +3,8 @@ DIR/predictions.jsonl a batch at a time; and `Answering`, which answers and scor
 answers, the growth points and the pack depths alike.
 
     judge = RunJudge(inputs, out, ledger, progress)     the run's judge (eval.judge), on its own cached reader
-    answering = Answering(cfg.eval, make_request, reader, account, text_encode, judge)
+    answering = Answering(cfg.eval, make_request, reader, account, text_encode, judge,
+                          locomo_categories=benchmark_spec(cfg.data.benchmark).locomo_categories)
     answer_questions(inputs, out, questions, packs, answering, progress)
 
 Write order per batch (pipeline.py says why): the reader commits its calls to the response cache, the ledger
@@ -17,7 +18,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ class Answering:
     judge: RunJudge | None = None
     # the benchmark's category ids are LoCoMo's (BenchmarkSpec.locomo_categories): the locomo variant's rules for
     # categories 1, 3 and 5 apply; own data labelled "5" is not scored as adversarial
-    locomo_categories: bool = False
+    locomo_categories: bool = field(kw_only=True)  # required: each caller says which benchmark it scores
 
     def scored(self, questions: Sequence[Question], responses: Sequence[Response],
                cuts: Sequence[dict[str, int]]) -> list[Answered]:

@@ -173,3 +173,16 @@ def test_duplicate_lines_use_the_later_one(tmp_path):
     assert result["paired"] == 1 and result["overall"]["diff"] == 0.0 and result["overall"]["p_value"] == 1.0
     assert any("appears again" in w for w in result["warnings"])
     assert "appears again" in format_comparison(result)
+
+
+def test_rescoring_applies_locomos_category_rules_to_locomo_runs_only(tmp_path):
+    """The locomo variant rescored own data labelled "3" by LoCoMo's rule (the gold cut at ";"): a run's
+    config.yaml says which benchmark it read; a bare predictions file of categories 1-5 is taken as LoCoMo."""
+    rows = [_record("m:q1", "3", None, prediction="Paris", gold="Paris; the capital", scores=False),
+            _record("m:q2", "3", None, prediction="Lyon", gold="Lyon", scores=False)]
+    run_a, run_b = _write(tmp_path / "A", rows), _write(tmp_path / "B", rows)
+    bare = compare_runs(run_a, run_b, metric="f1", variant="locomo", method="exact")
+    assert bare["overall"]["mean_a"] == pytest.approx(1.0)  # taken as LoCoMo: "Paris" is the whole gold
+    (run_a / "config.yaml").write_text(to_yaml(load_config(None, ["data.benchmark=jsonl"])))
+    own = compare_runs(run_a, run_b, metric="f1", variant="locomo", method="exact")
+    assert own["overall"]["mean_a"] == pytest.approx((2 / 3 + 1) / 2)  # plain F1: "paris" of "paris capital"
