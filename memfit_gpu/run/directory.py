@@ -22,11 +22,13 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig, load_config, to_dict, to_yaml
+from memfit_gpu.data.registry import find_spec
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import (
     atomic_write_text,
@@ -174,6 +176,17 @@ def run_config(out: Path, overrides: Sequence[str] = ()) -> MemFitConfig:
     return load_config(out / "config.yaml", overrides)
 
 
+def _selection_as_now(cfg: MemFitConfig) -> MemFitConfig:
+    """`cfg` with a category selection that names exactly what the benchmark leaves unevaluated written
+    as today's default: `data.exclude_categories: ['5']`, the default of an older memfit, selects on
+    LoCoMo what null (the benchmark's evaluated set) selects, so a run it started resumes."""
+    data, spec = cfg.data, find_spec(cfg.data.benchmark)
+    if (data.include_categories is None and data.exclude_categories is not None and spec is not None
+            and spec.not_evaluated and {str(c) for c in data.exclude_categories} == set(spec.not_evaluated)):
+        return replace(cfg, data=replace(data, exclude_categories=None))
+    return cfg
+
+
 def record_config(cfg: MemFitConfig, out: Path) -> None:
     """A resumed run must have the configuration it started with: anything else mixes two runs."""
     resolved = out / "config.yaml"
@@ -183,7 +196,7 @@ def record_config(cfg: MemFitConfig, out: Path) -> None:
         faults.point("config")
         return
     before = run_config(out)
-    if before != cfg:
+    if _selection_as_now(before) != _selection_as_now(cfg):
         flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
         diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
         raise RunError(

@@ -11,7 +11,7 @@ from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_jsonl
 from memfit_gpu.live import Memory
-from memfit_gpu.run.directory import RunError, StageTimer, whole_groups
+from memfit_gpu.run.directory import RunError, StageTimer, record_config, whole_groups
 from memfit_gpu.run.pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +131,23 @@ def test_an_emptied_config_yaml_is_an_error_naming_it_not_the_defaults(tmp_path:
         assert capsys.readouterr().err.strip().endswith(f"{out / 'config.yaml'}: expected a mapping of keys, got "
                                                         "NoneType"), command
     assert (out / "config.yaml").read_text() == ""
+
+
+def test_a_run_started_under_the_old_category_default_resumes_where_it_selects_the_same(tmp_path: Path) -> None:
+    """data.exclude_categories defaulted to ['5']; it is now null (the benchmark's evaluated set). On LoCoMo
+    both select the same questions, so a LoCoMo run started before resumes; on own data, where "5" is a label
+    like any other, they differ and the resume is refused naming the key."""
+    for benchmark, resumes in (("locomo", True), ("jsonl", False)):
+        out = tmp_path / benchmark
+        out.mkdir()
+        (out / "config.yaml").write_text(to_yaml(load_config(None, [f"data.benchmark={benchmark}",
+                                                                    "data.exclude_categories=[5]"])))
+        now = load_config(None, [f"data.benchmark={benchmark}"])
+        if resumes:
+            record_config(now, out)
+            record_config(load_config(None, [f"data.benchmark={benchmark}", "data.exclude_categories=[5]"]), out)
+            with pytest.raises(RunError, match=r"data.exclude_categories"):
+                record_config(load_config(None, [f"data.benchmark={benchmark}", "data.exclude_categories=[]"]), out)
+        else:
+            with pytest.raises(RunError, match=r"started with a different configuration \(data.exclude_categories\)"):
+                record_config(now, out)
