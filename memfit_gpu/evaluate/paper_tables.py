@@ -35,7 +35,6 @@ Fractions are printed x100 with two decimals, as the paper prints them; CSV cell
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
-from memfit_gpu.files import atomic_write_text, read_json_object, read_yaml_mapping
+from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl, read_yaml_mapping
 from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
@@ -98,14 +97,10 @@ class Run:
         path = self.path / "predictions.jsonl"
         if not path.is_file():
             raise TablesError(f"{self.path}: no predictions.jsonl")
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise TablesError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        return rows
+        try:  # the one JSONL reader: lines end at \n (a reply may hold U+2028, written raw)
+            return read_jsonl(path, repair=False)
+        except DataError as exc:
+            raise TablesError(str(exc)) from None
 
     def need_ledger(self) -> dict[str, Any]:
         if self.ledger is None:

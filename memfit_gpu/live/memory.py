@@ -80,6 +80,10 @@ class TurnConflictError(ValueError):
     """An add that reuses a stored turn id of the user with another speaker or text."""
 
 
+class MemoryClosedError(RuntimeError):
+    """A call on a Memory after `close()` (or one a close overtook: a background consolidation)."""
+
+
 class UserFullError(Exception):
     """An add past the turns a user may hold (`add_batch(max_turns_per_user=...)`: memfit serve's
     serve.max_turns_per_user)."""
@@ -369,7 +373,7 @@ class Memory:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"the Memory at {self.path} is closed")
+            raise MemoryClosedError(f"the Memory at {self.path} is closed")
 
     # ---------------------------------------------------------------------------------------- writes
     def add(self, user_id: str | Sequence[str], turns: Sequence[Any]) -> list[Added]:
@@ -468,7 +472,9 @@ class Memory:
             plan.speakers[user] = set(self.store.memory_speakers[self.store.memory_of(user)]) if known else set()
         speakers = set(plan.speakers[user])
         count = plan.counts[user]
-        given = {(user, turn.turn_id) for turn, _ in turns if turn.turn_id}  # an automatic id takes none of them
+        # an automatic id takes none of the ids this add names; a later add of the batch is planned as if it
+        # came after this one (a batch is its adds one after another), so its ids are not reserved here
+        given = {(user, turn.turn_id) for turn, _ in turns if turn.turn_id}
         for position, (turn, session) in enumerate(turns):
             if not turn.turn_id:
                 turn = replace(turn, turn_id=self._next_turn_id(user, count, plan.planned, mine_planned, given))
@@ -654,7 +660,7 @@ class Memory:
                 if ready:  # on a thread of its own that then ends (devices.in_fresh_thread says why)
                     in_fresh_thread(self.consolidate, ready)
             except BaseException as exc:  # noqa: BLE001  (kept for the owner; the worker must not die silently)
-                if self._closed:  # closed meanwhile: the next open finds those turns waiting (unconsolidated)
+                if isinstance(exc, MemoryClosedError):  # the next open finds those turns waiting (unconsolidated)
                     log.info("memfit live: %s closed during a background consolidation; it is taken up on the "
                              "next open", self.path)
                     return

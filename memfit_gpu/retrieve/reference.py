@@ -81,7 +81,9 @@ def _add_boosts(hits: list[dict[str, Any]], cfg: MemFitConfig, wanted: Any, time
         row = hit["row"]
         when = times[row].astype(object)
         speaker_hit = any(len(name) >= min_chars and names_speaker(row, name) for name in wanted.speakers)
-        hit["boost"] = _boost_value(cfg, speaker_hit, when.month in wanted.months, when.year in wanted.years)
+        dated = when is not None  # an undated turn or summary (NaT) matches no month or year
+        hit["boost"] = _boost_value(cfg, speaker_hit, dated and when.month in wanted.months,
+                                    dated and when.year in wanted.years)
         hit["score"] = hit["fused"] + hit["boost"]
     hits.sort(key=lambda h: (-h["score"], h["row"]))
 

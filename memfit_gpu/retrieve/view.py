@@ -257,8 +257,11 @@ class ReadView:
 
     @staticmethod
     def _year_month(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        years = times.astype("datetime64[Y]").astype(np.int64) + 1970
-        months = times.astype("datetime64[M]").astype(np.int64) % 12 + 1
+        """Each time's year and month (1-12); 0 and 0 for an undated one (NaT), which no question names (NaT's
+        integer would otherwise read as May of a year long before any)."""
+        undated = np.isnat(times)
+        years = np.where(undated, 0, times.astype("datetime64[Y]").astype(np.int64) + 1970)
+        months = np.where(undated, 0, times.astype("datetime64[M]").astype(np.int64) % 12 + 1)
         return years, months
 
     @cached_property

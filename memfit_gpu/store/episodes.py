@@ -649,27 +649,21 @@ class EpisodeStore:
         log.info("summaries: %d built over %d memories (%d segments eligible)", built, len(memories), len(jobs))
         return built
 
-    def unsummarised_rows(self, memory: int) -> np.ndarray:
-        """A memory's live rows after the last one any live summary covers, in conversation order."""
-        live = self.memory_rows(memory)
-        covered = max((int(self.summaries.members[s].max()) for s in self.summaries.live_rows(memory)
-                       if len(self.summaries.members[s])), default=-1)
-        return live[live > covered]
-
-    def unsummarised_counts(self, memory_ids: Sequence[str]) -> dict[str, int]:
-        """len(unsummarised_rows) of each memory, from one pass over the summaries (a live memory's open
-        asks it of every user)."""
+    def summarised_through(self) -> np.ndarray:
+        """Per memory, the last row any of its live summaries covers (-1: none), from one pass over them."""
         covered = np.full(len(self.memory_ids), -1, dtype=np.int64)
         for s in self.summaries.live_rows():
             members = self.summaries.members[s]
             if len(members):
                 m = int(self.summaries.memory_idx.view[s])
                 covered[m] = max(int(covered[m]), int(members.max()))
-        counts = {}
-        for memory_id in memory_ids:
-            memory = self.memory_of(memory_id)
-            counts[memory_id] = int((self.memory_rows(memory) > covered[memory]).sum())
-        return counts
+        return covered
+
+    def unsummarised_counts(self, memory_ids: Sequence[str]) -> dict[str, int]:
+        """Per memory, its live rows after the last one a live summary covers (what closed_segment_jobs
+        segments next): a live memory's open asks it of every user."""
+        covered = self.summarised_through()
+        return {m: int((self.memory_rows(self.memory_of(m)) > covered[self.memory_of(m)]).sum()) for m in memory_ids}
 
     def closed_segment_jobs(self, memory_ids: Sequence[str] | None = None) -> list[SummaryJob]:
         """What a live memory summarises next (memfit_gpu.Memory.consolidate): per memory, the live turns
@@ -682,8 +676,10 @@ class EpisodeStore:
             return []
         wanted = range(len(self.memory_ids)) if memory_ids is None else [self.memory_of(m) for m in memory_ids]
         memories, tails = [], []
+        covered = self.summarised_through()
         for memory in wanted:
-            tail = self.unsummarised_rows(memory)
+            live = self.memory_rows(memory)
+            tail = live[live > covered[memory]]
             room = self.cfg.summary.max_summaries - len(self.summaries.live_rows(memory))
             if len(tail) >= 2 * self.cfg.summary.min_segment and room > 0:
                 memories.append((memory, room))

@@ -181,3 +181,25 @@ def test_tick_reads_the_clock_after_the_device_finished(monkeypatch: pytest.Monk
     tick(timings, StageKey.FUSE, start, None)
     assert waited == [torch.device("cuda", 1)]
     assert timings[StageKey.BM25] >= 0.05 and set(timings) == {"bm25", "dense", "fuse"}
+
+
+def test_undated_turns_get_no_month_or_year_boost_on_either_path(tmp_path, bi_encoder) -> None:
+    """An undated turn's time is NaT, whose integer the batched path read as May (so "in May" boosted every
+    undated turn) and on which the reference raised AttributeError."""
+    import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
+
+    from memfit_gpu.live import Memory
+
+    turns = [{"speaker": "Ann", "text": f"I went hiking with my sister, trip {i}."} for i in range(6)]
+    turns += [{"speaker": "Ann", "text": "In May we went hiking again.", "timestamp": "2024-05-04T10:00:00"}]
+    with Memory.open(tmp_path / "m", "configs/demo.yaml", overrides=["reader.backend=echo", "rerank.backend=none",
+                                                                        "live.consolidate=manual"]) as memory:
+        cfg = load_config("configs/memfit.yaml", ["rerank.backend=none"])
+        texts, mems, embed = ["Where did we go hiking in May 2024?"], ["u"], cached_embed(bi_encoder)
+        memory.add("u", turns)
+        view = ReadView.from_store(memory.store)
+        batched = retrieve_batch(view, cfg, texts, mems, embed=embed, question_embeddings=embed(texts))
+        loop = retrieve_one(view, cfg, texts[0], "u", embed, embed(texts)[0])
+    boosts = {c["row"]: c["boost"] for c in batched[0].ranked}
+    assert boosts[6] > 0 and all(boosts[r] == 0.0 for r in range(6) if r in boosts) and len(boosts) > 1
+    assert [(c["row"], c["final"]) for c in batched[0].ranked] == [(c["row"], c["final"]) for c in loop.ranked]
