@@ -119,14 +119,11 @@ def compare_runs(
     path_a, rows_a, warn_a = read_predictions(run_a)
     path_b, rows_b, warn_b = read_predictions(run_b)
     saved = path_a.parent / "config.yaml"
-    config_a = load_config(saved) if saved.is_file() else None
-    settings = (config_a or MemFitConfig()).eval
+    settings = (load_config(saved) if saved.is_file() else MemFitConfig()).eval
     n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
     seed = settings.seed if seed is None else seed
-    # the benchmark run A read (its config.yaml), else guessed from a bare predictions file's categories
-    benchmark = config_a.data.benchmark if config_a is not None else _guess_benchmark(rows_a.values())
-    spec = find_spec(benchmark)
-    locomo_categories = spec is not None and spec.locomo_categories
+    benchmark = _benchmark_of(path_a, rows_a)
+    locomo_categories = _locomo_categories(benchmark)
     shared = [qid for qid in rows_a if qid in rows_b]
     only_a = [qid for qid in rows_a if qid not in rows_b]
     only_b = [qid for qid in rows_b if qid not in rows_a]
@@ -195,6 +192,19 @@ def compare_runs(
     }
 
 
+def _benchmark_of(path: Path, rows: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The benchmark a predictions file's run read: its config.yaml's data.benchmark, else guessed from the
+    rows' categories (a bare predictions file)."""
+    saved = path.parent / "config.yaml"
+    return load_config(saved).data.benchmark if saved.is_file() else _guess_benchmark(rows.values())
+
+
+def _locomo_categories(benchmark: str | None) -> bool:
+    """Whether the locomo variant's per-category rules apply to the benchmark's ids (BenchmarkSpec)."""
+    spec = find_spec(benchmark)
+    return spec is not None and spec.locomo_categories
+
+
 def _guess_benchmark(rows: Sequence[Mapping[str, Any]] | Any) -> str | None:
     categories = {str(r.get("category")) for r in rows}
     if categories and categories <= {"1", "2", "3", "4", "5"}:
@@ -260,8 +270,8 @@ def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], 
             extra = sorted(set(rows) - set(ids))[:5]
             raise PredictionsError(f"{path}: answers other questions than {files[0]} (missing {missing}, extra "
                                    f"{extra}): seeds of one system must answer the same questions")
-    values = np.array([[_value(rows[q], "f1", variant, path) for q in ids] for path, rows in zip(files, tables,
-                                                                                                   strict=True)])
+    values = np.array([[_value(rows[q], "f1", variant, path, _locomo_categories(_benchmark_of(path, rows)))
+                        for q in ids] for path, rows in zip(files, tables, strict=True)])
     return files, ids, {q: str(tables[0][q]["category"]) for q in ids}, values
 
 
