@@ -45,7 +45,12 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
-from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl, read_yaml_mapping
+from memfit_gpu.files import (
+    atomic_write_text,
+    read_json_object,
+    read_jsonl,
+    read_yaml_mapping,
+)
 from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import read_sweep_record
@@ -119,10 +124,10 @@ class Run:
         return None if value is None else float(value)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict[str, Any]:
     try:
-        return read_json_object(path)
-    except DataError as exc:  # damaged: named
+        return read_json_object(path, fields)
+    except DataError as exc:  # damaged, or another memfit's: named with its field
         raise TablesError(str(exc)) from None
 
 
@@ -140,7 +145,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         config = read_yaml_mapping(path / "config.yaml")
     except DataError as exc:  # damaged: named
         raise TablesError(str(exc)) from None
-    metrics = _read_json(path / "metrics.json")
+    # what the tables read (an older memfit's metrics.json without them: refused naming the field)
+    metrics = _read_json(path / "metrics.json", {"metric_variant": str, "average": dict, "by_category": dict})
     try:
         ledger = read_ledger(path / "ledger.json") if (path / "ledger.json").is_file() else None
     except DataError as exc:  # not a ledger: named with its field

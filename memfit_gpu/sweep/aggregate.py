@@ -30,16 +30,8 @@ TEXT_COLUMNS = ("point", "status", "metric")  # left-aligned; sweep keys are too
 
 def pack_hit_rate(predictions: Path) -> float | None:
     """Share of evaluated questions whose pack holds gold evidence (None: no such question, or no file)."""
-    hits = []
-    if not predictions.exists():
-        return None
-    with predictions.open() as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if row.get("evaluated", True) and get_path(row, "retrieval", "pack_hit") is not None:
-                hits.append(bool(row["retrieval"]["pack_hit"]))
+    hits = [bool(row["retrieval"]["pack_hit"]) for row in read_jsonl(predictions, repair=False)
+            if row.get("evaluated", True) and get_path(row, "retrieval", "pack_hit") is not None]
     return sum(hits) / len(hits) if hits else None
 
 
@@ -60,9 +52,11 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
         row.update({k: point.overrides.get(k) for k in keys})
         row["status"] = PointState.DONE.value if (point_dir / "DONE").exists() else point.state.value
         metrics_path = point_dir / "metrics.json"
-        metrics = read_json_object(metrics_path) if metrics_path.exists() else None
+        # what the row reads (a metrics.json of an older memfit without them: refused naming the field)
+        metrics = (read_json_object(metrics_path, {"metric_variant": str, "average": dict})
+                   if metrics_path.exists() else None)
         if metrics is not None:
-            variant = metrics.get("metric_variant", "paper")
+            variant = metrics["metric_variant"]
             row["metric"] = variant
             row["f1"] = get_path(metrics, "average", variant, "f1")
             row["bleu1"] = get_path(metrics, "average", variant, "bleu1")
