@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from memfit_gpu.config import DataConfig
+from memfit_gpu.config import ConfigError, DataConfig
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
 
@@ -59,6 +59,9 @@ def resolve_data_path(name: str, path: str | Path | None = None, split: str | No
     """The files load_benchmark would read, or DataNotFoundError saying where it looked and what to run."""
     spec = benchmark_spec(name)
     name = spec.name
+    if split is not None and split not in spec.splits:  # another benchmark's split, or none to have
+        have = f"its splits are {', '.join(spec.splits)}" if spec.splits else "it has no splits: leave data.split unset"
+        raise ConfigError(f"data.split={split!r} is no split of {name}: {have}")
     how = f"run `memfit data fetch {name}` or pass --path" if spec.fetchable else "pass --path (data.path)"
     if path is not None:
         root = Path(path).expanduser()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memfit_gpu.config import DataConfig
+from memfit_gpu.config import ConfigError, DataConfig
 from memfit_gpu.data import (
     DataNotFoundError,
     load_benchmark,
@@ -660,3 +660,15 @@ def test_select_questions(locomo: Benchmark, longmemeval: Benchmark) -> None:
     assert len(locomo.memories[0].questions) == 199  # the input is untouched
     with pytest.raises(ValueError, match="limit_questions must be >= 0"):
         select_questions(locomo, limit_questions=-1)
+
+
+def test_a_split_the_benchmark_does_not_have_is_refused_naming_its_splits(shared_data: Path) -> None:
+    """data.split was taken for any benchmark: LongMemEval's 1M raised a ValueError deep in its loader,
+    LoCoMo ignored it, and BEAM with `oracle` made the device plan count no data."""
+    with pytest.raises(ConfigError, match=r"data.split='1M' is no split of longmemeval: its splits are s, m, oracle"):
+        resolve_data_path("longmemeval", shared_data, "1M")
+    with pytest.raises(ConfigError, match=r"data.split='s' is no split of locomo: it has no splits"):
+        resolve_data_path("locomo", shared_data, "s")
+    with pytest.raises(ConfigError, match=r"data.split='oracle' is no split of beam: its splits are 100K"):
+        resolve_data_path("beam", shared_data, "oracle")
+    assert resolve_data_path("beam", shared_data, "100K")
