@@ -142,7 +142,7 @@ def test_retrieval_goes_on_a_gpu_the_engines_do_not_use(locomo_path: Path):
     assert total.claims == int(0.9 * 96 * GIB) and total.resident > 0 and total.fits
     assert three.gpu_totals()[1].resident == 0  # no memfit context on the other engine GPUs
     # an explicit index.device is kept; a transformers reader claims nothing and moves nothing
-    assert make_plan(load_config(LME_S, [f"data.path={locomo_path}", "data.benchmark=locomo", "index.device=cpu"]),
+    assert make_plan(load_config(LME_S, [f"data.path={locomo_path}", "data.benchmark=locomo", "data.split=null", "index.device=cpu"]),
                      node(4, 96)).retrieval_spec == "cpu"
     smoke = load_config(SMOKE, [f"data.path={locomo_path}"])
     assert make_plan(smoke, node(2, 96)).placed(smoke) is smoke
