@@ -181,9 +181,16 @@ def expand(spec: str) -> list[Run]:
 
 
 def expand_all(specs: Iterable[str]) -> list[Run]:
+    """Every run the specs name; two runs of one label are refused (a table's rows are found by label)."""
     runs: list[Run] = []
     for spec in specs:
         runs += expand(spec)
+    seen: dict[str, Path] = {}
+    for run in runs:
+        if run.label in seen:
+            raise TablesError(f"two runs are labelled {run.label!r} ({seen[run.label]} and {run.path}): give each "
+                              "its own LABEL=DIR")
+        seen[run.label] = run.path
     return runs
 
 

@@ -352,6 +352,9 @@ def test_unjudged_runs_leave_judge_cells_empty(tmp_path: Path):
     table = pt.ablation(pt.expand_all([str(full), f"no_judge={unjudged}"]), EXACT, baseline="full")
     assert [table.cell("no_judge", c) for c in ("Avg F1", "F1 diff", "Judge", "Judge diff", "p", "Gained")] == \
         ["53.75", "+0.00", "-", "-", "-", "-"]
+    # two runs of one label: the table found the first by label and showed the other as its own row
+    with pytest.raises(pt.TablesError, match=r"two runs are labelled 'full' \(.*full and .*unjudged\)"):
+        pt.expand_all([str(full), f"full={unjudged}"])
 
 
 def test_errors_name_the_directory(tmp_path: Path, sweep_dir: Path):
