@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
+import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memfit_gpu.cli.errors import Interrupted
+
+if TYPE_CHECKING:
+    from memfit_gpu.config import MemFitConfig
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -31,13 +37,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(" ".join(sbatch_args(spec)))
             return 0
         if args.point is not None:
-            return run_point(spec, out, args.point)
+            return run_point(spec, out, args.point, same_config=same_config)
         if args.dry_run:
             for point in spec.points:
-                print(" ".join(point_command(spec, point, out.resolve() / "points" / point.point_id)))
+                # quoted as a shell reads it back: a value with spaces or quotes pastes as one argument
+                print(shlex.join(point_command(spec, point, out.resolve() / "points" / point.point_id)))
             return 0
         state = run_sweep(spec, out, launcher=args.launcher, jobs=args.jobs, wait=not args.no_wait,
-                          poll_s=args.poll_s, max_requeue=args.max_requeue)
+                          poll_s=args.poll_s, max_requeue=args.max_requeue, same_config=same_config)
     except KeyboardInterrupt:
         if args.launcher == "slurm":
             raise Interrupted(f"interrupted; submitted tasks keep running. Run the same command again to wait for "
@@ -48,6 +55,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.no_wait and args.launcher == "slurm":
         return 0
     return 0 if done == len(spec.points) else 1
+
+
+def same_config(cfg: MemFitConfig, point_dir: Path) -> None:
+    """A finished point's run directory holds `cfg` (as `memfit run` compares a resume): SweepError otherwise."""
+    from memfit_gpu.data.schema import DataError
+    from memfit_gpu.run.directory import RunError, record_config
+    from memfit_gpu.sweep.spec import SweepError
+
+    try:
+        record_config(cfg, point_dir)  # writes nothing where config.yaml exists: compares, or raises
+    except (RunError, DataError) as exc:
+        raise SweepError(str(exc)) from None
+
+
+def positive_seconds(text: str) -> float:
+    """--poll-s: a positive, finite number of seconds (time.sleep refuses the rest, after points started)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive, finite number of seconds")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="sweep directory (default runs/sweeps/<name>)")
     p.add_argument("--jobs", type=int, default=1, help="local launcher: points run at once")
     p.add_argument("--no-wait", action="store_true", help="slurm: submit and return; re-run to wait/resume")
-    p.add_argument("--poll-s", type=float, default=5.0, help="seconds between queue polls")
+    p.add_argument("--poll-s", type=positive_seconds, default=5.0,
+                   help="seconds between queue polls (> 0)")
     p.add_argument("--max-requeue", type=int, default=None,
                    help="resubmission rounds for unfinished points (default: slurm.max_requeue; local: 0)")
     p.add_argument("--dry-run", action="store_true", help="print each point's command and exit")

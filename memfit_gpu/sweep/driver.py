@@ -11,16 +11,48 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.sweep.local import run_local
 from memfit_gpu.sweep.slurm import attach_active, check_slurm_gpus, submit_slurm, wait_slurm
-from memfit_gpu.sweep.spec import SweepError, SweepSpec, find_point, pin_data_location, point_command
+from memfit_gpu.sweep.spec import (
+    SweepError,
+    SweepPoint,
+    SweepSpec,
+    find_point,
+    pin_data_location,
+    point_command,
+    point_overrides,
+)
 from memfit_gpu.sweep.state import PointState, SweepState
 
 log = logging.getLogger(__name__)
 
+# (config a point would run now, its run directory) -> None, or SweepError saying how they differ
+SameConfig = Callable[[MemFitConfig, Path], None]
+
 LAUNCHERS = ("local", "slurm")
+
+
+def refuse_changed_finished(state: SweepState, same_config: SameConfig,
+                            points: list[SweepPoint] | None = None) -> None:
+    """A finished point (DONE) whose run directory's config.yaml is not what the point would run now (an
+    override or the sweep file changed) is refused, as `memfit run` refuses such a resume: the sweep would
+    report it DONE and record arguments its results never ran with. `same_config(cfg, point_dir)` raises
+    SweepError when they differ (the caller's: `memfit sweep` passes run.directory's comparison). A point
+    directory without config.yaml (a sweep `command:` other than `memfit run`) has nothing to compare."""
+    for point in state.spec.points if points is None else points:
+        point_dir = state.point_dir(point)
+        if not state.is_done(point) or not (point_dir / "config.yaml").is_file():
+            continue
+        cfg = load_config(state.spec.config, point_overrides(state.spec.name, state.spec.fixed, point))
+        try:
+            same_config(cfg, point_dir)
+        except SweepError as exc:
+            raise SweepError(f"point {point.point_id} is DONE with another configuration than this sweep gives "
+                             f"it now: {exc}") from None
 
 
 def run_sweep(
@@ -31,6 +63,7 @@ def run_sweep(
     wait: bool = True,
     poll_s: float = 5.0,
     max_requeue: int | None = None,
+    same_config: SameConfig | None = None,
 ) -> SweepState:
     """Run every unfinished point; finished points are never rerun.
 
@@ -40,6 +73,8 @@ def run_sweep(
         poll_s: seconds between polls of the children or the queue.
         max_requeue: restarts of an unfinished point in this command (default: slurm.max_requeue;
             local: 0, as a local failure is usually a bug, not a preemption).
+        same_config: checks each finished point's run directory against the config it would run now
+            (refuse_changed_finished); None checks nothing.
 
     Returns:
         The sweep's state, as saved in OUT/sweep.json.
@@ -50,6 +85,8 @@ def run_sweep(
     out = Path(out_dir).resolve()
     (out / "points").mkdir(parents=True, exist_ok=True)
     state = SweepState(spec, out, launcher)
+    if same_config is not None:  # before sweep.json records the new arguments
+        refuse_changed_finished(state, same_config)
     retries = spec.slurm.max_requeue if max_requeue is None else max_requeue
     if launcher == "local" and max_requeue is None:
         retries = 0
@@ -86,7 +123,7 @@ def run_sweep(
     return state
 
 
-def run_point(spec: SweepSpec, out_dir: str | Path, which: str) -> int:
+def run_point(spec: SweepSpec, out_dir: str | Path, which: str, same_config: SameConfig | None = None) -> int:
     """Run one point in this process's job (slurm/memfit-array.sbatch: one array task per point).
 
     sweep.json is written only if missing (many tasks start at once; the driver-less mode keeps no job
@@ -97,6 +134,8 @@ def run_point(spec: SweepSpec, out_dir: str | Path, which: str) -> int:
     (out / "points").mkdir(parents=True, exist_ok=True)
     point = find_point(spec, which)
     state = SweepState(spec, out, "sbatch")
+    if same_config is not None:
+        refuse_changed_finished(state, same_config, [point])
     if not state.path.exists():
         state.save()
     point_dir = state.point_dir(point)

@@ -21,7 +21,9 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import re
+import string
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,12 +34,19 @@ import yaml
 
 from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.data import DataNotFoundError, data_location
+from memfit_gpu.mappings import flatten
 
 log = logging.getLogger(__name__)
 
 SWEEP_KEYS = ("name", "config", "fixed", "grid", "points", "slurm", "command")
 # the program each point runs; {python} is the interpreter running the sweep (same venv on the node)
 DEFAULT_COMMAND = ["{python}", "-m", "memfit_gpu.cli", "run", "--config", "{config}", "--out", "{out}"]
+# the placeholders point_command fills in a `command:` part ({{ and }} are literal braces)
+COMMAND_PLACEHOLDERS = ("python", "config", "out")
+# The most points one sweep file expands to. Every point's config is validated before anything runs (tens of
+# ms each), every point gets a run directory, a sweep.json record and a SLURM array index (clusters cap
+# MaxArraySize, often at 1001 to 10001): a grid past this is a mistake (a list too many), not an experiment.
+MAX_POINTS = 10_000
 
 
 class SweepError(ValueError):
@@ -64,7 +73,8 @@ _SLURM_AT_LEAST = {"gpus_per_task": 0, "cpus_per_task": 1, "timeout_min": 1, "ar
 def _slurm_value_problem(key: str, value: Any) -> str | None:
     """What is wrong with a sweep file's `slurm.<key>` value (None: nothing), by SlurmSettings' field types."""
     if key == "partition":
-        return None if value is None or isinstance(value, str) else "must be a partition name (a string)"
+        ok = value is None or value == "" or (isinstance(value, str) and _single_word(value))
+        return None if ok else "must be a partition name (one word)"
     if key in _SLURM_AT_LEAST:
         if isinstance(value, bool) or not isinstance(value, int):
             return "must be a whole number"
@@ -72,13 +82,36 @@ def _slurm_value_problem(key: str, value: Any) -> str | None:
     if key == "mem_gb":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "must be a number of GB"
+        if not math.isfinite(value):
+            return "must be a finite number of GB"
         return None if value > 0 else "must be > 0"
     if key == "setup":
         ok = isinstance(value, list) and all(isinstance(line, str) for line in value)
         return None if ok else "must be a list of shell lines (setup: [module load cuda])"
     if key == "additional":
-        return None if isinstance(value, dict) else "must be a mapping of sbatch options (additional: {account: x})"
+        if not isinstance(value, dict):
+            return "must be a mapping of sbatch options (additional: {account: x})"
+        for option, setting in value.items():
+            # each becomes one `--option=value` word of `memfit sweep --sbatch-args` (split by the shell)
+            if not isinstance(option, str) or not _single_word(option):
+                return f"option {option!r}: must be one word (an sbatch option name)"
+            if not _single_word_scalar(setting):
+                return f"{option}={setting!r}: must be one word (a string without spaces, or a number)"
     return None
+
+
+def _single_word(text: str) -> bool:
+    return bool(text) and not any(c.isspace() or c in "'\"\\" for c in text)
+
+
+def _single_word_scalar(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False  # `--opt=True` is no sbatch option value; write the option's own word
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and _single_word(value)
 
 
 @dataclass
@@ -133,6 +166,11 @@ def _id_value(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", str(value)).strip("-") or "none"
 
 
+def _all_dots(text: str) -> bool:
+    """`.` or `..` (or more dots): as a directory name, the folder itself or its parent."""
+    return set(text) <= {"."}
+
+
 def _short_keys(keys: Sequence[str]) -> dict[str, str]:
     """Last dotted component, unless two keys share it (then the whole key)."""
     last = {k: k.rsplit(".", 1)[-1] for k in keys}
@@ -164,6 +202,8 @@ def point_ids(overrides: Sequence[dict[str, Any]], names: Sequence[str | None]) 
     for ov, name in zip(overrides, names, strict=True):
         text = _id_value(name) if name else ",".join(f"{short[k]}={_id_value(v)}" for k, v in ov.items())
         text = text or "base"
+        if _all_dots(text):
+            raise SweepError(f"point name {name!r} is no directory name (only dots); give it a name")
         if len(text) > 96:
             text = f"{text[:88]}-{_digest(ov)}"
         ids.append(text)
@@ -185,6 +225,56 @@ def _flat_mapping(value: Any, where: str) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
+def _leaf_keys(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The dotted keys an override mapping sets, nested mappings spelled out: `{pack: {k: 5}}` and
+    `{pack.k: 5}` set the same key (OmegaConf merges a mapping value into its node)."""
+    return flatten(overrides)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"line {line}: key {key!r} given twice in one mapping (YAML would keep only the last)")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a mapping that gives one key twice is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: its keys are defaults the mapping's own keys may override
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if duplicate:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_command(command: list[str], where: str) -> None:
+    """Every `{...}` of a command part is one point_command fills; a lone brace is written `{{` or `}}`."""
+    for i, part in enumerate(command):
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(part) if name is not None]
+        except ValueError as exc:
+            raise SweepError(f"{where}: command[{i}]={part!r}: {exc} (write a literal brace as {{{{ or }}}})") from None
+        for name in fields:
+            if name not in COMMAND_PLACEHOLDERS:
+                raise SweepError(f"{where}: command[{i}]={part!r}: unknown placeholder {{{name}}}; allowed: "
+                                 f"{', '.join('{' + n + '}' for n in COMMAND_PLACEHOLDERS)}")
+
+
+def _check_sweep_name(name: str, where: str) -> None:
+    """The name is a folder of runs/sweeps/ (the default --out), a W&B group and a SLURM job name."""
+    if not name or _all_dots(name) or any(c in name for c in "/\\\0"):
+        raise SweepError(f"{where}: name {name!r} must be one folder name (no '/', not '.' or '..'); "
+                         "choose where the sweep writes with --out")
+
+
 def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSpec:
     """Read and check a sweep file; every point's config is validated before anything runs.
 
@@ -195,7 +285,15 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     if not path.exists():
         raise SweepError(f"sweep file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SweepError(f"{path}: not UTF-8 text ({exc})") from None
+    except OSError as exc:
+        raise SweepError(f"{path}: cannot be read ({exc})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506  (a SafeLoader)
+    except _DuplicateKey as exc:
+        raise SweepError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SweepError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
@@ -209,6 +307,7 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     if not config.exists():
         raise SweepError(f"{path}: config {data['config']} does not exist ({config})")
     name = str(data.get("name") or path.stem)
+    _check_sweep_name(name, str(path))
     fixed = _flat_mapping(data.get("fixed"), f"{path}: fixed")
     for item in extra_overrides:
         if "=" not in item:
@@ -220,21 +319,49 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise SweepError(f"{path}: grid.{key} must be a non-empty list, got {values!r}")
+    explicit = data.get("points") or []
+    if not isinstance(explicit, list):
+        raise SweepError(f"{path}: points must be a list of mappings")
+    count = math.prod(len(values) for values in grid.values()) if grid else 0
+    if count + len(explicit) > MAX_POINTS:
+        raise SweepError(f"{path}: {count + len(explicit)} points (grid {count}, points {len(explicit)}); "
+                         f"a sweep runs at most {MAX_POINTS}: split it into several sweep files")
     overrides: list[dict[str, Any]] = []
     names: list[str | None] = []
     if grid:
         for combo in itertools.product(*grid.values()):
             overrides.append(dict(zip(grid.keys(), combo, strict=True)))
             names.append(None)
-    explicit = data.get("points") or []
-    if not isinstance(explicit, list):
-        raise SweepError(f"{path}: points must be a list of mappings")
     for i, item in enumerate(explicit):
         point = _flat_mapping(item, f"{path}: points[{i}]")
-        names.append(str(point.pop("name")) if "name" in point else None)
+        point_name = str(point.pop("name")) if "name" in point else None
+        if point_name is not None and _all_dots(_id_value(point_name)):
+            raise SweepError(f"{path}: points[{i}].name={point_name!r}: no directory name (only dots)")
+        names.append(point_name)
         overrides.append(point)
     if not overrides:
         overrides, names = [{}], [None]  # no grid, no points: the base config itself
+
+    # a fixed key that a point also sets would be silently replaced by the point's value
+    fixed_keys = _leaf_keys(fixed)
+    varied = [("grid", _leaf_keys(grid))] + [(f"points[{i}]", _leaf_keys(ov))
+                                             for i, ov in enumerate(overrides[len(overrides) - len(explicit):])]
+    for where, keys in varied:
+        both = sorted(k for k in fixed_keys
+                      if any(k == v or k.startswith(f"{v}.") or v.startswith(f"{k}.") for v in keys))
+        if both:
+            raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by {where}, "
+                             "whose value would replace it; set it in one place")
+    # the same overrides spelled two ways (`{pack: {k: 5}}`, `{pack.k: 5}`) are the same point
+    seen: dict[str, int] = {}
+    for i, (ov, point_name) in enumerate(zip(overrides, names, strict=True)):
+        if point_name is not None:
+            continue  # points named apart are runs the file asks for by name
+        canonical = json.dumps(_leaf_keys(ov), sort_keys=True, default=str)
+        if canonical in seen:
+            raise SweepError(f"{path}: two sweep points have the same overrides {canonical} (points {seen[canonical]} "
+                             f"and {i}, counting the grid's first)")
+        seen[canonical] = i
 
     slurm_data = _flat_mapping(data.get("slurm"), f"{path}: slurm")
     allowed = {f.name for f in dataclasses.fields(SlurmSettings)}
@@ -250,11 +377,15 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     command = data.get("command") or DEFAULT_COMMAND
     if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
         raise SweepError(f"{path}: command must be a list of strings")
+    _check_command(command, str(path))
     for placeholder in ("{config}", "{out}"):
         if not any(placeholder in c for c in command):
             raise SweepError(f"{path}: command must contain {placeholder}")
 
-    ids = point_ids(overrides, names)
+    try:
+        ids = point_ids(overrides, names)
+    except SweepError as exc:
+        raise SweepError(f"{path}: {exc}") from None
     points = [SweepPoint(pid, ov) for pid, ov in zip(ids, overrides, strict=True)]
     for point in points:
         try:

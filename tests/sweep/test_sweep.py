@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -11,9 +12,12 @@ import pytest
 from support.env import memfit_env
 
 from memfit_gpu.cli import main as memfit_main
-from memfit_gpu.config import load_config
+from memfit_gpu.cli.sweep import same_config
+from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.sweep import slurm, watch
+from memfit_gpu.sweep import spec as spec_module
 from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
+from memfit_gpu.sweep.driver import run_point, run_sweep
 from memfit_gpu.sweep.spec import (
     SweepError,
     find_point,
@@ -22,6 +26,7 @@ from memfit_gpu.sweep.spec import (
     pin_data_location,
     point_command,
     point_ids,
+    point_overrides,
 )
 from memfit_gpu.sweep.state import JobRecord, PointState, SweepState, read_sweep_record, state_after_stop
 
@@ -115,6 +120,37 @@ slurm: {partition: debug, gpus_per_task: 0, cpus_per_task: 1, mem_gb: 2, timeout
         ("config: BASE\nslurm: {additional: [a]}\n", "slurm.additional=\\['a'\\]: must be a mapping of sbatch"),
         ("config: BASE\nslurm: {setup: module load x}\n", "slurm.setup='module load x': must be a list of shell"),
         ("config: BASE\ncommand: [memfit, run]\n", "command must contain \\{config\\}"),
+        # a point or sweep name that would be OUT/points itself, OUT, or a folder outside runs/sweeps
+        ("config: BASE\npoints: [{name: '..', pack.k: 5}]\n", "points\\[0\\].name='..': no directory name"),
+        ("config: BASE\npoints: [{pack.k: 6}, {name: '.', pack.k: 5}]\n", "points\\[1\\].name='.': no directory name"),
+        ("name: ../../elsewhere\nconfig: BASE\n", "name '../../elsewhere' must be one folder name"),
+        ("name: /tmp/abs\nconfig: BASE\n", "name '/tmp/abs' must be one folder name"),
+        ("name: '..'\nconfig: BASE\n", "name '..' must be one folder name"),
+        # command parts point_command could not fill (KeyError, ValueError when the point ran)
+        ("config: BASE\ncommand: [echo, '{config}', '{out}', '{oops}']\n", "command\\[3\\].*unknown placeholder \\{oops\\}"),
+        ("config: BASE\ncommand: [echo, '{config}', '{out}', '{']\n", "command\\[3\\]='\\{': Single '\\{'"),
+        ("config: BASE\ncommand: [echo, '{config}', '{out}', '{0}']\n", "unknown placeholder \\{0\\}"),
+        # slurm values sbatch_args could not write (OverflowError) or a shell would split
+        ("config: BASE\nslurm: {mem_gb: .inf}\n", "slurm.mem_gb=inf: must be a finite number"),
+        ("config: BASE\nslurm: {mem_gb: .nan}\n", "slurm.mem_gb=nan: must be a finite number"),
+        ("config: BASE\nslurm: {additional: {comment: my run}}\n", "slurm.additional=.*comment='my run': must be one word"),
+        ("config: BASE\nslurm: {additional: {constraint: [a, b]}}\n", "constraint=\\['a', 'b'\\]: must be one word"),
+        ("config: BASE\nslurm: {additional: {'my opt': x}}\n", "option 'my opt': must be one word"),
+        ("config: BASE\nslurm: {partition: my part}\n", "slurm.partition='my part': must be a partition name"),
+        # a fixed key the points vary was silently replaced by each point's value
+        ("config: BASE\nfixed: {pack.k: 3}\ngrid: {pack.k: [5, 10]}\n", "pack.k is set by fixed: .* and by grid"),
+        ("config: BASE\nfixed: {pack: {k: 3}}\ngrid: {pack.k: [5]}\n", "pack.k is set by fixed: .* and by grid"),
+        ("config: BASE\nfixed: {pack.k: 3}\npoints: [{pack: {k: 5}}]\n", "pack.k is set by fixed: .* and by points\\[0\\]"),
+        # one point spelled two ways
+        ("config: BASE\npoints: [{pack.k: 5}, {pack: {k: 5}}]\n", "same overrides \\{\"pack.k\": 5\\}"),
+        ("config: BASE\ngrid: {pack.k: [5, 10]}\npoints: [{pack: {k: 10}}]\n", "same overrides"),
+        # a key given twice: YAML keeps the last
+        ("config: BASE\ngrid:\n  pack.k: [5, 10]\n  pack.k: [20]\n", "line 4: key 'pack.k' given twice"),
+        ("config: BASE\nconfig: BASE\n", "line 2: key 'config' given twice"),
+        # a grid nobody means (and nobody could check: every point's config is loaded)
+        ("config: BASE\ngrid: {pack.k: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], retrieve.alpha: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, "
+         "0.7, 0.8, 0.9, 1.0], pack.context_window: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], data.limit_questions: [1, 2, 3, 4, "
+         "5, 6, 7, 8, 9, 10, 11]}\n", "11000 points .*at most 10000"),
     ],
 )
 def test_bad_sweep_files_name_the_file_and_the_field(tmp_path: Path, body: str, message: str) -> None:
@@ -122,6 +158,100 @@ def test_bad_sweep_files_name_the_file_and_the_field(tmp_path: Path, body: str, 
     with pytest.raises(SweepError, match=message) as info:
         load_sweep(path)
     assert str(path) in str(info.value)
+
+
+def test_a_spec_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, "")
+    path.write_bytes(f"config: {BASE}\nname: ".encode() + b"\xff\xfe\n")
+    with pytest.raises(SweepError, match="not UTF-8") as info:
+        load_sweep(path)
+    assert str(path) in str(info.value)
+
+
+def test_the_point_cap_is_checked_before_any_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A million-point grid is refused at once, not after validating points for hours."""
+
+    values = list(range(1000))
+    path = write_sweep(tmp_path, f"config: BASE\ngrid: {{pack.k: {values}, retrieve.alpha: {values}}}\n")
+    monkeypatch.setattr(spec_module, "load_config", lambda *a, **k: pytest.fail("a point was checked"))
+    with pytest.raises(SweepError, match="1000000 points"):
+        load_sweep(path)
+
+
+def test_yaml_merge_keys_are_no_duplicates_and_names_that_only_look_like_dots_are_kept(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, """
+config: BASE
+points:
+  - &a {name: '...x', pack.k: 5}
+  - {<<: *a, name: y, pack.k: 6}
+command: ["{python}", "{{literal}}", "--config", "{config}", "--out", "{out}"]
+""")
+    spec = load_sweep(path)
+    assert [p.point_id for p in spec.points] == ["...x", "y"]
+    assert point_command(spec, spec.points[0], tmp_path / "o")[1] == "{literal}"
+
+
+def test_a_command_line_override_of_a_key_the_sweep_varies_is_refused(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, "config: BASE\ngrid: {pack.k: [5, 10]}\n")
+    with pytest.raises(SweepError, match="pack.k is set by fixed: \\(or a command-line override\\) and by grid"):
+        load_sweep(path, ["pack.k=3"])
+    assert memfit_main(["sweep", "--config", str(path), "--count", "pack.k=3"]) == 2
+    assert len(load_sweep(path, ["retrieve.alpha=0.3"]).points) == 2
+
+
+def test_sbatch_args_are_single_words(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write_sweep(tmp_path, "config: BASE\nslurm: {gpus_per_task: 0, additional: {account: abc, nice: 10}}\n")
+    assert memfit_main(["sweep", "--config", str(path), "--sbatch-args"]) == 0
+    words = capsys.readouterr().out.split()
+    assert "--account=abc" in words and "--nice=10" in words
+
+
+@pytest.mark.parametrize("poll", ["-1", "0", "nan", "inf", "soon"])
+def test_poll_seconds_are_checked_before_any_point_starts(tmp_path: Path, poll: str,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    path = write_sweep(tmp_path, "config: BASE\n")
+    with pytest.raises(SystemExit) as info:
+        memfit_main(["sweep", "--config", str(path), "--out", str(tmp_path / "out"), f"--poll-s={poll}"])
+    assert info.value.code == 2 and "--poll-s" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_prints_commands_a_shell_reads_back(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+
+    path = write_sweep(tmp_path, "name: dry\nconfig: BASE\ngrid: {pack.k: [5]}\n")
+    out = tmp_path / "my out"
+    override = "reader.model=org/a model's \"name\""
+    assert memfit_main(["sweep", "--config", str(path), "--out", str(out), "--dry-run", override]) == 0
+    spec = load_sweep(path, [override])
+    want = point_command(spec, spec.points[0], out.resolve() / "points" / "k=5")
+    assert shlex.split(capsys.readouterr().out.strip()) == want
+
+
+def test_a_finished_point_whose_configuration_changed_is_refused(tmp_path: Path, shared_data: Path) -> None:
+    """A re-run with another override used to report the finished point DONE and record, in sweep.json,
+    arguments its results never ran with; like `memfit run`, the sweep refuses, naming the point and key."""
+
+    path = write_sweep(tmp_path, "name: stale\nconfig: BASE\ngrid: {pack.k: [5]}\n")
+    data = f"data.path={shared_data / 'locomo'}"
+    spec = load_sweep(path, [data, "reader.max_new_tokens=64"])
+    out = tmp_path / "out"
+    point_dir = out / "points" / "k=5"
+    point_dir.mkdir(parents=True)
+    # what `memfit run` leaves in a finished point's directory
+    (point_dir / "config.yaml").write_text(to_yaml(load_config(BASE, point_overrides(spec.name, spec.fixed,
+                                                                                       spec.points[0]))))
+    (point_dir / "DONE").write_text("")
+    # the same configuration: skipped, nothing run
+    state = run_sweep(spec, out, same_config=same_config)
+    assert state.points["k=5"].state is PointState.DONE
+    recorded = (out / "sweep.json").read_text()
+    changed = load_sweep(path, [data, "reader.max_new_tokens=32"])
+    with pytest.raises(SweepError, match="point k=5 is DONE with another configuration.*reader.max_new_tokens"):
+        run_sweep(changed, out, same_config=same_config)
+    assert (out / "sweep.json").read_text() == recorded  # the arguments it never ran are not recorded
+    with pytest.raises(SweepError, match="point k=5 is DONE with another configuration"):
+        run_point(changed, out, "0", same_config=same_config)
+    assert run_point(spec, out, "0", same_config=same_config) == 0
 
 
 def _point(sweep_dir: Path, point_id: str, metrics: dict | None, predictions: list[dict] | None, done: bool) -> None:
