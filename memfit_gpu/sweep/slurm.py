@@ -167,7 +167,10 @@ def submit_slurm(state: SweepState, todo: list[SweepPoint], max_requeue: int) ->
     statuses = [str(status_dir / f"{p.point_id}.attempt{state.points[p.point_id].attempts + 1}.json") for p in todo]
     for path in statuses:
         Path(path).unlink(missing_ok=True)
-    jobs = executor.map_array(PointTask(), argvs, dirs, statuses)
+    try:
+        jobs = executor.map_array(PointTask(), argvs, dirs, statuses)
+    except RuntimeError as exc:  # submitit's FailedJobError: sbatch refused the array (its stderr is in it)
+        raise SweepError(f"sbatch refused the job array of {len(todo)} point(s): {str(exc).strip()}") from None
     task_ids = [str(job.job_id) for job in jobs]
     array_id = task_ids[0].split("_")[0] if task_ids else ""
     state.submissions.append(Submission(array_id, [p.point_id for p in todo], time.strftime("%Y-%m-%dT%H:%M:%S")))

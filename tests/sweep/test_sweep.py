@@ -415,6 +415,26 @@ def test_a_task_showing_failed_on_its_way_back_to_pending_is_not_resubmitted(tmp
     assert record.jobs[0].state == "COMPLETED"
 
 
+def test_an_array_sbatch_refuses_is_one_sweep_error_with_its_reason(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch refusing the array (GPUs asked on a partition without any) gave submitit's FailedJobError as
+    a traceback. The refusal is provoked here at the executor: no SLURM controller refuses on demand."""
+    from submitit.core.utils import FailedJobError
+
+    state, point = _running_state(tmp_path)
+
+    class Refusing:
+        def map_array(self, *args: object) -> None:
+            raise FailedJobError("sbatch: error: Batch job submission failed: Requested node configuration is "
+                                 "not available\n")
+
+    monkeypatch.setattr(slurm, "slurm_executor", lambda *args: Refusing())
+    with pytest.raises(SweepError, match=r"sbatch refused the job array of 1 point\(s\): sbatch: error: Batch job "
+                                         r"submission failed: Requested node configuration is not available$"):
+        slurm.submit_slurm(state, [point], 0)
+    assert state.points[point.point_id].attempts == 1  # nothing recorded as submitted
+
+
 def test_a_task_whose_function_ended_is_resubmitted_without_waiting_to_settle(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """submitit's result file says the task's function returned or raised, so no requeue follows: the
