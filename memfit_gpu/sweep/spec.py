@@ -342,16 +342,13 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     if not overrides:
         overrides, names = [{}], [None]  # no grid, no points: the base config itself
 
-    # a fixed key that a point also sets would be silently replaced by the point's value
-    fixed_keys = _leaf_keys(fixed)
-    varied = [("grid", _leaf_keys(grid))] + [(f"points[{i}]", _leaf_keys(ov))
-                                             for i, ov in enumerate(overrides[len(overrides) - len(explicit):])]
-    for where, keys in varied:
-        both = sorted(k for k in fixed_keys
-                      if any(k == v or k.startswith(f"{v}.") or v.startswith(f"{k}.") for v in keys))
-        if both:
-            raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by {where}, "
-                             "whose value would replace it; set it in one place")
+    # a fixed key the grid varies is replaced at every point: never what the file (or command line) meant. An
+    # explicit point may set a fixed key: fixed: is then the default of the points that do not.
+    fixed_keys, varied = _leaf_keys(fixed), _leaf_keys(grid)
+    both = sorted(k for k in fixed_keys if any(k == v or k.startswith(f"{v}.") or v.startswith(f"{k}.") for v in varied))
+    if both:
+        raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by grid, which "
+                         "would replace it at every point; set it in one place")
     # the same overrides spelled two ways (`{pack: {k: 5}}`, `{pack.k: 5}`) are the same point
     seen: dict[str, int] = {}
     for i, (ov, point_name) in enumerate(zip(overrides, names, strict=True)):

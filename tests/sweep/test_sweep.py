@@ -140,7 +140,6 @@ slurm: {partition: debug, gpus_per_task: 0, cpus_per_task: 1, mem_gb: 2, timeout
         # a fixed key the points vary was silently replaced by each point's value
         ("config: BASE\nfixed: {pack.k: 3}\ngrid: {pack.k: [5, 10]}\n", "pack.k is set by fixed: .* and by grid"),
         ("config: BASE\nfixed: {pack: {k: 3}}\ngrid: {pack.k: [5]}\n", "pack.k is set by fixed: .* and by grid"),
-        ("config: BASE\nfixed: {pack.k: 3}\npoints: [{pack: {k: 5}}]\n", "pack.k is set by fixed: .* and by points\\[0\\]"),
         # one point spelled two ways
         ("config: BASE\npoints: [{pack.k: 5}, {pack: {k: 5}}]\n", "same overrides \\{\"pack.k\": 5\\}"),
         ("config: BASE\ngrid: {pack.k: [5, 10]}\npoints: [{pack: {k: 10}}]\n", "same overrides"),
@@ -197,6 +196,10 @@ def test_a_command_line_override_of_a_key_the_sweep_varies_is_refused(tmp_path: 
         load_sweep(path, ["pack.k=3"])
     assert memfit_main(["sweep", "--config", str(path), "--count", "pack.k=3"]) == 2
     assert len(load_sweep(path, ["retrieve.alpha=0.3"]).points) == 2
+    # fixed: is the default of the explicit points that do not set the key themselves
+    mixed = write_sweep(tmp_path, "name: mixed\nconfig: BASE\nfixed: {pack.k: 3}\npoints: [{pack.k: 5}, {retrieve.alpha: 0.3}]\n")
+    spec = load_sweep(mixed)
+    assert [load_config(spec.config, point_overrides(spec.name, spec.fixed, p)).pack.k for p in spec.points] == [5, 3]
 
 
 def test_sbatch_args_are_single_words(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
