@@ -15,8 +15,7 @@ import numpy as np
 
 from memfit_gpu import provenance
 from memfit_gpu.config import MemFitConfig, load_config
-from memfit_gpu.data.registry import find_spec
-from memfit_gpu.evaluate.metrics import VARIANTS, score
+from memfit_gpu.evaluate.metrics import VARIANTS, rule_category, score
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
 from memfit_gpu.render import console_table
@@ -80,7 +79,7 @@ def _has_judge(row: Mapping[str, Any]) -> bool:
     return isinstance(judge, Mapping) and judge.get("verdict") is not None
 
 
-def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path, locomo_categories: bool) -> float:
+def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path, benchmark: str | None) -> float:
     if metric == "judge":
         return float(bool(row["judge"]["verdict"]))
     stored = (row.get("scores") or {}).get(variant)
@@ -92,8 +91,7 @@ def _value(row: Mapping[str, Any], metric: str, variant: str, path: Path, locomo
             raise PredictionsError(
                 f"{path}:{row['_line']}: question {row['question_id']}: no scores.{variant} and no '{key}' to score"
             )
-    # the locomo variant's per-category rules for LoCoMo's categories only (BenchmarkSpec.locomo_categories)
-    return float(score(row["prediction"], row["gold"], row["category"] if locomo_categories else None, variant)["f1"])
+    return float(score(row["prediction"], row["gold"], rule_category(row["category"], benchmark), variant)["f1"])
 
 
 def compare_runs(
@@ -118,12 +116,11 @@ def compare_runs(
         raise ValueError(f"unknown metric {metric!r}; choose judge or f1")
     path_a, rows_a, warn_a = read_predictions(run_a)
     path_b, rows_b, warn_b = read_predictions(run_b)
-    saved = path_a.parent / "config.yaml"
-    settings = (load_config(saved) if saved.is_file() else MemFitConfig()).eval
+    config_a = _config_of(path_a)
+    settings = (config_a or MemFitConfig()).eval
     n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
     seed = settings.seed if seed is None else seed
-    benchmark = _benchmark_of(path_a, rows_a)
-    locomo_categories = _locomo_categories(benchmark)
+    benchmark = _benchmark_of(config_a, rows_a)
     shared = [qid for qid in rows_a if qid in rows_b]
     only_a = [qid for qid in rows_a if qid not in rows_b]
     only_b = [qid for qid in rows_b if qid not in rows_a]
@@ -150,8 +147,8 @@ def compare_runs(
                     f"(first: {missing[0]}, line {rows[missing[0]]['_line']}); use --metric f1"
                 )
 
-    values_a = np.array([_value(rows_a[q], metric, variant, path_a, locomo_categories) for q in shared])
-    values_b = np.array([_value(rows_b[q], metric, variant, path_b, locomo_categories) for q in shared])
+    values_a = np.array([_value(rows_a[q], metric, variant, path_a, benchmark) for q in shared])
+    values_b = np.array([_value(rows_b[q], metric, variant, path_b, benchmark) for q in shared])
     categories = [str(rows_a[q]["category"]) for q in shared]
 
     def test(mask: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
@@ -192,17 +189,15 @@ def compare_runs(
     }
 
 
-def _benchmark_of(path: Path, rows: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The benchmark a predictions file's run read: its config.yaml's data.benchmark, else guessed from the
-    rows' categories (a bare predictions file)."""
-    saved = path.parent / "config.yaml"
-    return load_config(saved).data.benchmark if saved.is_file() else _guess_benchmark(rows.values())
+def _config_of(predictions: Path) -> MemFitConfig | None:
+    """The config.yaml beside a predictions file (its run's), or None for a bare predictions file."""
+    saved = predictions.parent / "config.yaml"
+    return load_config(saved) if saved.is_file() else None
 
 
-def _locomo_categories(benchmark: str | None) -> bool:
-    """Whether the locomo variant's per-category rules apply to the benchmark's ids (BenchmarkSpec)."""
-    spec = find_spec(benchmark)
-    return spec is not None and spec.locomo_categories
+def _benchmark_of(config: MemFitConfig | None, rows: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The benchmark a run read: its config's data.benchmark, else guessed from the rows' categories."""
+    return config.data.benchmark if config is not None else _guess_benchmark(rows.values())
 
 
 def _guess_benchmark(rows: Sequence[Mapping[str, Any]] | Any) -> str | None:
@@ -270,8 +265,9 @@ def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], 
             extra = sorted(set(rows) - set(ids))[:5]
             raise PredictionsError(f"{path}: answers other questions than {files[0]} (missing {missing}, extra "
                                    f"{extra}): seeds of one system must answer the same questions")
-    values = np.array([[_value(rows[q], "f1", variant, path, _locomo_categories(_benchmark_of(path, rows)))
-                        for q in ids] for path, rows in zip(files, tables, strict=True)])
+    benchmarks = [_benchmark_of(_config_of(path), rows) for path, rows in zip(files, tables, strict=True)]
+    values = np.array([[_value(rows[q], "f1", variant, path, benchmark) for q in ids]
+                       for path, rows, benchmark in zip(files, tables, benchmarks, strict=True)])
     return files, ids, {q: str(tables[0][q]["category"]) for q in ids}, values
 
 

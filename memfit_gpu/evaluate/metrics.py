@@ -29,7 +29,7 @@ Every variant maps (prediction, gold, category) to {"f1", "bleu1"} in [0, 1]:
 
 Categories are compared as strings ("1", not 1). Only the ``locomo`` variant looks at them, and
 only for the LoCoMo categories 1, 3 and 5; any other category, or None (a run passes None for a
-benchmark whose ids are not LoCoMo's: BenchmarkSpec.locomo_categories), is scored as plain F1.
+benchmark whose ids are not LoCoMo's: `rule_category`), is scored as plain F1.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from tqdm import tqdm
+
+from memfit_gpu.data.registry import find_spec
 
 VARIANTS: tuple[str, ...] = ("paper", "locomo", "memgallery")
 PAPER_BLEU_SMOOTHING = 0.1  # the released MemFit scorer: zero unigram overlap counts as 0.1 matches
@@ -171,6 +173,14 @@ _SCORERS = {"paper": _score_paper, "locomo": _score_locomo, "memgallery": _score
 def _text(value: object) -> str:
     # None is an empty prediction; integers (LongMemEval, LoCoMo gold) score as their decimal string.
     return "" if value is None else str(value)
+
+
+def rule_category(category: str | int | None, benchmark: str | None) -> str | int | None:
+    """The category the `locomo` variant's rules read for a question of `benchmark`: its own where the
+    benchmark's ids are LoCoMo's (BenchmarkSpec.locomo_categories), else None (plain F1): own data labelled
+    "5" is no adversarial question. The one place that decides it, for a run, compare and the judge audit."""
+    spec = find_spec(benchmark)
+    return category if spec is not None and spec.locomo_categories else None
 
 
 def score(

@@ -3,8 +3,7 @@ DIR/predictions.jsonl a batch at a time; and `Answering`, which answers and scor
 answers, the growth points and the pack depths alike.
 
     judge = RunJudge(inputs, out, ledger, progress)     the run's judge (eval.judge), on its own cached reader
-    answering = Answering(cfg.eval, make_request, reader, account, text_encode, judge,
-                          locomo_categories=benchmark_spec(cfg.data.benchmark).locomo_categories)
+    answering = Answering(cfg.eval, make_request, reader, account, text_encode, judge, benchmark=cfg.data.benchmark)
     answer_questions(inputs, out, questions, packs, answering, progress)
 
 Write order per batch (pipeline.py says why): the reader commits its calls to the response cache, the ledger
@@ -34,7 +33,7 @@ from memfit_gpu.evaluate.judge import (
     is_empty_prediction,
     parse_judge_reply,
 )
-from memfit_gpu.evaluate.metrics import score_all
+from memfit_gpu.evaluate.metrics import rule_category, score_all
 from memfit_gpu.files import append_jsonl, read_jsonl
 from memfit_gpu.methods.answers import AnswerRequest
 from memfit_gpu.readers.clean import clean_answer, reply_text
@@ -86,9 +85,8 @@ class Answering:
     account: Callable[[str], None]
     text_encode: Callable[[list[str]], Any] | None = None  # the run's bi-encoder, for eval.text_metrics sbert
     judge: RunJudge | None = None
-    # the benchmark's category ids are LoCoMo's (BenchmarkSpec.locomo_categories): the locomo variant's rules for
-    # categories 1, 3 and 5 apply; own data labelled "5" is not scored as adversarial
-    locomo_categories: bool = field(kw_only=True)  # required: each caller says which benchmark it scores
+    # the benchmark scored (data.benchmark): the locomo variant's category rules are LoCoMo's own (rule_category)
+    benchmark: str = field(kw_only=True)  # required: each caller says which benchmark it scores
 
     def scored(self, questions: Sequence[Question], responses: Sequence[Response],
                cuts: Sequence[dict[str, int]]) -> list[Answered]:
@@ -96,7 +94,7 @@ class Answering:
         cleaned = [clean_answer(r.text) for r in responses]
         predictions = [c.text for c in cleaned]
         golds = [q.answer for q in questions]
-        categories = [q.category if self.locomo_categories else None for q in questions]
+        categories = [rule_category(q.category, self.benchmark) for q in questions]
         scores = score_all(predictions, golds, categories, self.eval.metrics)
         texts: Sequence[dict[str, float] | None] = (
             text_metrics.text_scores(predictions, golds, self.eval.text_metrics, self.text_encode)

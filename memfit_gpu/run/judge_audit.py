@@ -43,14 +43,13 @@ from typing import Any
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import Question, read_benchmark, select_from_config
-from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.evaluate.beam import BeamItem, BeamJudge
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     is_empty_prediction,
     parse_judge_reply,
 )
-from memfit_gpu.evaluate.metrics import paper_tokens, score
+from memfit_gpu.evaluate.metrics import paper_tokens, rule_category, score
 from memfit_gpu.evaluate.tables import category_name, category_order
 from memfit_gpu.files import atomic_write_text, read_jsonl, write_json_atomic
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
@@ -291,12 +290,11 @@ def _audit(run_dir: Path, inputs: RunInputs, seed: int, runs_own: bool, progress
         raise AuditError(f"{run_dir / 'predictions.jsonl'}: no scored question to audit")
     questions = [by_id[r["question_id"]] for r in rows]
     variant = cfg.eval.table_metric
-    locomo_categories = benchmark_spec(cfg.data.benchmark).locomo_categories
     kind = inputs.judge_kind
     probes = probes_for(questions, seed)
     for row, q in zip(rows, questions, strict=True):
         stored = (row.get("scores") or {}).get(variant) or {}
-        category = q.category if locomo_categories else None  # the locomo variant's rules: LoCoMo's ids only
+        category = rule_category(q.category, cfg.data.benchmark)
         f1 = float(stored["f1"]) if "f1" in stored else score(row.get("prediction"), q.answer, category, variant)["f1"]
         # BEAM's judge read the reply as written (the run's judge calls, served from its cache)
         judged = reply_text(row.get("raw_output")) if kind == "beam" else str(row.get("prediction") or "")

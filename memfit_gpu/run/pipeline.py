@@ -35,7 +35,6 @@ from typing import Any
 
 from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
-from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate import text_metrics
 from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
@@ -179,7 +178,7 @@ def _run_stages(inputs: RunInputs, out: Path, timer: StageTimer, progress: bool,
             make_request = answer_requests(cfg, bench, get_reader(), prompts)
             judge = RunJudge(inputs, out, ledger, progress) if inputs.judge is not None else None
             answering = Answering(cfg.eval, make_request, get_reader(), ledger_saved, text_encode, judge,
-                                  locomo_categories=benchmark_spec(bench.name).locomo_categories)
+                                  benchmark=bench.name)
             answer_questions(inputs, out, questions, packs, answering, progress)
 
         if cfg.eval.growth_points:  # the same trajectory scored at several memory sizes

@@ -16,8 +16,8 @@ CASES = [("5", "Not mentioned", "That is not mentioned in the conversation."),  
          ("1", "cat, dog", "a dog, the cat, and a fish")]  # comma-split parts, each gold part matched alone
 
 
-def _f1s(locomo_categories: bool) -> list[float]:
-    answering = Answering(EvalConfig(), None, None, None, locomo_categories=locomo_categories)  # type: ignore[arg-type]
+def _f1s(benchmark: str) -> list[float]:
+    answering = Answering(EvalConfig(), None, None, None, benchmark=benchmark)  # type: ignore[arg-type]
     questions = [replace(query("u", "?"), answer=gold, category=category) for category, gold, _ in CASES]
     responses = [Response(prediction, 1, 1, 0.0) for _, _, prediction in CASES]
     return [a.scores["locomo"]["f1"] for a in answering.scored(questions, responses, [{}] * len(CASES))]
@@ -28,5 +28,5 @@ def test_the_locomo_variants_category_rules_apply_to_locomos_categories_only() -
     that does not say "not mentioned" scored 0 under "5")."""
     assert benchmark_spec("locomo").locomo_categories and not any(
         benchmark_spec(name).locomo_categories for name in ("jsonl", "longmemeval", "memgallery", "beam"))
-    assert _f1s(locomo_categories=True) == [1.0, 1.0, 1.0]
-    assert all(0.0 < f1 < 1.0 for f1 in _f1s(locomo_categories=False))
+    assert _f1s("locomo") == [1.0, 1.0, 1.0]
+    assert all(0.0 < f1 < 1.0 for f1 in _f1s("jsonl"))
