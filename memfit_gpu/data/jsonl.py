@@ -156,12 +156,11 @@ class _Line:
         if not all(isinstance(v, str) for v in value):
             self.report.error(self.item, f"{where}{key}", "expected a list of strings")
             return [v for v in value if isinstance(v, str)]
-        for n, text in enumerate(value):
-            problem = encoding_problem(text)
-            if problem is not None:
-                self.report.error(self.item, f"{where}{key}[{n}]", problem)
-                return [v for v in value if encoding_problem(v) is None]
-        return list(value)
+        problems = [encoding_problem(text) for text in value]
+        first = next((n for n, problem in enumerate(problems) if problem is not None), None)
+        if first is not None:
+            self.report.error(self.item, f"{where}{key}[{first}]", str(problems[first]))
+        return [text for text, problem in zip(value, problems, strict=True) if problem is None]
 
     def objects(self, obj: dict[str, Any], key: str, where: str, required: bool) -> list[dict[str, Any]]:
         value = self.value(obj, key, list, where, _REQUIRED if required else [])

@@ -165,11 +165,10 @@ class ResponseCache:
                 self._conn.execute(_SCHEMA)
                 self._conn.execute(_CALLS)
                 self._conn.execute(_BASE)
-                columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
-                if "notes" not in columns:  # a cache written before responses carried notes
+                if "notes" not in self._columns("responses"):  # a cache written before responses carried notes
                     self._conn.execute("ALTER TABLE responses ADD COLUMN notes TEXT NOT NULL DEFAULT '{}'")
                 for table in ("responses", "calls"):  # a cache written before rows named their owner
-                    if "owner" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
+                    if "owner" not in self._columns(table):
                         self._conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
                 self._conn.commit()
                 if self._conn.execute("PRAGMA user_version").fetchone()[0] < _DIGESTS_VERSION:
@@ -177,6 +176,14 @@ class ResponseCache:
             except BaseException:
                 self._conn.close()
                 raise
+
+    def _columns(self, table: str) -> set[str]:
+        return {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+
+    @property
+    def _files(self) -> str:
+        """This file and the two SQLite keeps beside it, as advice names them."""
+        return f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
 
     @contextmanager
     def _guard(self, doing: str) -> Iterator[None]:
@@ -194,7 +201,6 @@ class ResponseCache:
     def _error(self, exc: sqlite3.DatabaseError, doing: str) -> StorageError:
         name = str(getattr(exc, "sqlite_errorname", "") or "")
         text = str(exc)
-        files = f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
         if name.startswith(_DAMAGED) or "malformed" in text or "not a database" in text:
             return self._damaged(text)
         code = next((c for prefix, c in _SQLITE_ERRNO.items() if name.startswith(prefix)), None)
@@ -207,15 +213,14 @@ class ResponseCache:
             code = errno.EROFS
         advice = STORAGE_ADVICE.get(code, "") if code is not None else ""
         if not advice:
-            advice = f"if it persists, delete {files} (safe: it only caches responses and call records) and"
+            advice = f"if it persists, delete {self._files} (safe: it only caches responses and call records) and"
             return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice} {RESUME}", code)
         return StorageError(self.path, f"{self.path}: {doing} failed ({text}); {advice}, {RESUME}", code)
 
     def _damaged(self, what: str) -> StorageError:
-        files = f"{self.path} (with {self.path.name}-wal and {self.path.name}-shm beside it)"
         return StorageError(self.path, (
             f"{self.path}: damaged ({what}); it holds only this run's response cache and call records, so "
-            f"deleting it is safe: remove {files} and rerun the same command (the reader is asked again for "
+            f"deleting it is safe: remove {self._files} and rerun the same command (the reader is asked again for "
             "what it held: a greedy reader gives the same answers, and ledger.json's counts are kept)"))
 
     def _add_digests(self) -> None:
@@ -224,7 +229,7 @@ class ResponseCache:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             for table in _DIGESTED:
-                if "digest" not in {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}:
+                if "digest" not in self._columns(table):
                     self._conn.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT")
                 self._seal(table, "digest IS NULL")
             self._conn.execute(f"PRAGMA user_version = {_DIGESTS_VERSION}")

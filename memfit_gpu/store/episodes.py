@@ -663,7 +663,8 @@ class EpisodeStore:
         """Per memory, its live rows after the last one a live summary covers (what closed_segment_jobs
         segments next): a live memory's open asks it of every user."""
         covered = self.summarised_through()
-        return {m: int((self.memory_rows(self.memory_of(m)) > covered[self.memory_of(m)]).sum()) for m in memory_ids}
+        indexes = {m: self.memory_of(m) for m in memory_ids}
+        return {m: int((self.memory_rows(i) > covered[i]).sum()) for m, i in indexes.items()}
 
     def closed_segment_jobs(self, memory_ids: Sequence[str] | None = None) -> list[SummaryJob]:
         """What a live memory summarises next (memfit_gpu.Memory.consolidate): per memory, the live turns

@@ -225,12 +225,6 @@ def _flat_mapping(value: Any, where: str) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
-def _leaf_keys(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The dotted keys an override mapping sets, nested mappings spelled out: `{pack: {k: 5}}` and
-    `{pack.k: 5}` set the same key (OmegaConf merges a mapping value into its node)."""
-    return flatten(overrides)
-
-
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key: Any, line: int) -> None:
         super().__init__(f"line {line}: key {key!r} given twice in one mapping (YAML would keep only the last)")
@@ -344,17 +338,18 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
 
     # a fixed key the grid varies is replaced at every point: never what the file (or command line) meant. An
     # explicit point may set a fixed key: fixed: is then the default of the points that do not.
-    fixed_keys, varied = _leaf_keys(fixed), _leaf_keys(grid)
+    fixed_keys, varied = flatten(fixed), flatten(grid)
     both = sorted(k for k in fixed_keys if any(k == v or k.startswith(f"{v}.") or v.startswith(f"{k}.") for v in varied))
     if both:
         raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by grid, which "
                          "would replace it at every point; set it in one place")
-    # the same overrides spelled two ways (`{pack: {k: 5}}`, `{pack.k: 5}`) are the same point
+    # the same overrides spelled two ways (`{pack: {k: 5}}`, `{pack.k: 5}`: OmegaConf merges a mapping value into
+    # its node) are the same point
     seen: dict[str, int] = {}
     for i, (ov, point_name) in enumerate(zip(overrides, names, strict=True)):
         if point_name is not None:
             continue  # points named apart are runs the file asks for by name
-        canonical = json.dumps(_leaf_keys(ov), sort_keys=True, default=str)
+        canonical = json.dumps(flatten(ov), sort_keys=True, default=str)
         if canonical in seen:
             raise SweepError(f"{path}: two sweep points have the same overrides {canonical} (points {seen[canonical]} "
                              f"and {i}, counting the grid's first)")

@@ -196,7 +196,7 @@ class Marks:
             elif not isinstance(row.get("turns"), list) or "user" not in row:
                 raise DataError(str(path), f"line {number}", "turns",
                                 "a mark without its turns (written by an older memfit): run in a new directory")
-            elif not str(row["user"]).startswith(quote(str(row.get("memory")), safe="") + "/"):
+            elif not str(row["user"]).startswith(user_id(str(row.get("memory")), "")):  # `<memory>/` as named now
                 raise DataError(str(path), f"line {number}", "user", (
                     f"mem0 user {row['user']!r} has an older memfit's naming (`<speaker>_<memory id>`, "
                     "which two users of a live memory could share): run in a new directory, or for a live "
