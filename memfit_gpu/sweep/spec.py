@@ -192,8 +192,17 @@ def point_ids(overrides: Sequence[dict[str, Any]], names: Sequence[str | None]) 
         names: each point's `name:` (None: the id spells out the overrides).
 
     Returns:
-        One id per point. Raises SweepError when two points have the same overrides.
+        One id per point. Raises SweepError when two points are one: the same name (or none) and the same
+        overrides, however spelled (`{pack: {k: 5}}` and `{pack.k: 5}`: OmegaConf merges a mapping value into
+        its node).
     """
+    seen: dict[tuple[str | None, str], int] = {}
+    for i, (ov, name) in enumerate(zip(overrides, names, strict=True)):
+        point = (name, json.dumps(flatten(ov), sort_keys=True, default=str))
+        if point in seen:
+            raise SweepError(f"two sweep points have the same overrides {point[1]} (points {seen[point]} and {i}, "
+                             "counting the grid's first)")
+        seen[point] = i
     all_keys: list[str] = []
     for ov in overrides:
         all_keys += [k for k in ov if k not in all_keys]
@@ -207,13 +216,11 @@ def point_ids(overrides: Sequence[dict[str, Any]], names: Sequence[str | None]) 
         if len(text) > 96:
             text = f"{text[:88]}-{_digest(ov)}"
         ids.append(text)
-    seen: dict[str, int] = {}
-    for i in ids:
-        seen[i] = seen.get(i, 0) + 1
-    out = [f"{i}-{_digest(ov)}" if seen[i] > 1 else i for i, ov in zip(ids, overrides, strict=True)]
-    if len(set(out)) != len(out):
+    uses = {i: ids.count(i) for i in ids}
+    out = [f"{i}-{_digest(ov)}" if uses[i] > 1 else i for i, ov in zip(ids, overrides, strict=True)]
+    if len(set(out)) != len(out):  # a point named as another's overrides spell, with the same overrides
         dup = next(i for i in out if out.count(i) > 1)
-        raise SweepError(f"two sweep points have the same overrides ({dup})")
+        raise SweepError(f"two sweep points would share the directory {dup}; name one apart")
     return out
 
 
@@ -343,18 +350,6 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     if both:
         raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by grid, which "
                          "would replace it at every point; set it in one place")
-    # the same overrides spelled two ways (`{pack: {k: 5}}`, `{pack.k: 5}`: OmegaConf merges a mapping value into
-    # its node) are the same point
-    seen: dict[str, int] = {}
-    for i, (ov, point_name) in enumerate(zip(overrides, names, strict=True)):
-        if point_name is not None:
-            continue  # points named apart are runs the file asks for by name
-        canonical = json.dumps(flatten(ov), sort_keys=True, default=str)
-        if canonical in seen:
-            raise SweepError(f"{path}: two sweep points have the same overrides {canonical} (points {seen[canonical]} "
-                             f"and {i}, counting the grid's first)")
-        seen[canonical] = i
-
     slurm_data = _flat_mapping(data.get("slurm"), f"{path}: slurm")
     allowed = {f.name for f in dataclasses.fields(SlurmSettings)}
     bad = sorted(set(slurm_data) - allowed)

@@ -68,6 +68,14 @@ def test_point_ids_are_readable_unique_and_use_full_keys_only_on_clashes() -> No
     assert point_ids([{"reader.base_urls": ["a", "b"]}], [None]) == ["base_urls=a+b"]
     with pytest.raises(SweepError, match="same overrides"):
         point_ids([{"pack.k": 3}, {"pack.k": 3}], [None, None])
+    # one point is one name (or none) and its overrides however spelled; points named apart are runs of their own
+    with pytest.raises(SweepError, match="same overrides \\{\"pack.k\": 3\\} \\(points 0 and 1"):
+        point_ids([{"pack.k": 3}, {"pack": {"k": 3}}], ["a", "a"])
+    assert point_ids([{"pack.k": 3}, {"pack.k": 3}], ["a", "b"]) == ["a", "b"]
+    assert point_ids([{"pack.k": 3}, {"pack.k": 4}], ["a", "a"]) == [
+        f"a-{spec_module._digest({'pack.k': 3})}", f"a-{spec_module._digest({'pack.k': 4})}"]
+    with pytest.raises(SweepError, match="would share the directory base-"):
+        point_ids([{}, {}], ["base", None])
 
 
 def test_load_sweep_grid_then_points_fixed_and_group(tmp_path: Path) -> None:
