@@ -53,7 +53,7 @@ from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.prompts import BenchmarkPrompts
-from memfit_gpu.readers.reader import Reader, make_reader
+from memfit_gpu.readers.reader import Reader, background_calls, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.run.directory import is_run_directory
 from memfit_gpu.store.episodes import EpisodeStore
@@ -625,7 +625,8 @@ class Memory:
         """The write-time work of the method that stays off the query path (MemFit: segment summaries of
         the new turns; lightmem_slm: MTM notes and LTM consolidation), for the given users (default: those
         with turns waiting, also turns added before this memory was opened: LiveMethod.unconsolidated).
-        Its LLM calls do not hold the memory; searches go on meanwhile."""
+        Its LLM calls do not hold the memory; searches go on meanwhile, and answers waiting for the reader go
+        between its chunks of calls (readers.reader.background_calls)."""
         with self._consolidating:
             with self.holding():
                 users = (_names(user_ids, "consolidate: user_ids") if user_ids is not None
@@ -636,7 +637,8 @@ class Memory:
                 compactions = self._compactions
             if not users:
                 return {}
-            counts = self.method.consolidate(self.run, users, self.holding)
+            with background_calls():  # answers waiting for the reader go first, a chunk at a time
+                counts = self.method.consolidate(self.run, users, self.holding)
             with self.holding():
                 self.store.snapshot()
                 self._since_snapshot = 0

@@ -10,6 +10,7 @@ to the cache together with the ledger entries that account for it, before anythi
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,28 @@ from memfit_gpu.readers.types import Backend, PromptTokenLimit, ReaderError, Req
 
 if TYPE_CHECKING:
     from memfit_gpu.config import ReaderConfig
+
+
+_calls = threading.local()  # this thread's calls are background work (background_calls)
+
+
+@contextlib.contextmanager
+def background_calls() -> Iterator[None]:
+    """Reader calls made on this thread meanwhile are background work (a live memory's consolidation, mem0's
+    extraction behind the peers' endpoint): they go a backend chunk at a time (`Backend.chunk_size`), and
+    before each chunk any call waiting that is not background goes first, so one user's consolidation never
+    holds the reader that every user's answers wait for. Nests; a batch run makes no background calls."""
+    before = calls_are_background()
+    _calls.background = True
+    try:
+        yield
+    finally:
+        _calls.background = before
+
+
+def calls_are_background() -> bool:
+    """Whether reader calls made on this thread now are background work (background_calls)."""
+    return getattr(_calls, "background", False)
 
 
 def _served_again(response: Response) -> Response:
@@ -55,8 +78,11 @@ class Reader:
         self.default_max_new_tokens = default_max_new_tokens
         self.default_temperature = default_temperature
         self.progress = progress
-        # calls from several threads take turns (a live memory answers beside its consolidation)
-        self._busy = threading.Lock()
+        # calls from several threads take turns (a live memory answers beside its consolidation); a call that
+        # is not background work goes before background work waiting (background_calls)
+        self._turns = threading.Condition()
+        self._in_use = False
+        self._waiting = 0  # calls waiting that are not background work
         self._loading = threading.Lock()  # the backend's model is loaded once, by the first call that needs it
         self._loaded = False
 
@@ -88,17 +114,39 @@ class Reader:
         a ReaderError once every other request is answered and committed, unless `partial`, which hands
         such responses back for the caller to count."""
         out: list[Response | None] = [None] * len(requests)
-        show = self.progress and len(requests) > self.backend.chunk_size
-        with self._busy:
-            for batch in self.generate_batches(requests, self.backend.chunk_size, progress=show):
-                for position, response in batch:
-                    out[position] = response
+        step = max(1, int(self.backend.chunk_size))
+        background = calls_are_background()
+        show = self.progress and len(requests) > step and not background
+        # background work a chunk per turn; other calls whole (a server keeps all their requests in flight)
+        for first in range(0, len(requests), step) if background else [0]:
+            part = requests[first:first + step] if background else requests
+            with self._turn(background):
+                for batch in self.generate_batches(part, step, progress=show):
+                    for position, response in batch:
+                        out[first + position] = response
         failed = [r for r in out if r is not None and not r.answered]
         if failed and not partial:
             raise ReaderError(f"{len(failed)} of {len(out)} {requests[0].role} calls to {self.backend.name} got no "
                               f"answer (first: {failed[0].error}); the others are committed to the response cache: "
                               "rerun the same command to ask these again")
         return out  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _turn(self, background: bool) -> Iterator[None]:
+        """The reader to this thread alone meanwhile; background work waits while another call waits."""
+        with self._turns:
+            self._waiting += not background
+            try:
+                self._turns.wait_for(lambda: not self._in_use and not (background and self._waiting))
+            finally:
+                self._waiting -= not background
+            self._in_use = True
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._in_use = False
+                self._turns.notify_all()
 
     def generate_batches(self, requests: Sequence[Request], batch_size: int,
                          progress: bool = False) -> Iterator[list[tuple[int, Response]]]:
@@ -206,7 +254,7 @@ class Reader:
     def forget(self, owners: Sequence[str], responses_of: Sequence[str] = ()) -> dict[str, int]:
         """`ResponseCache.forget` while no call of this reader commits (a live memory compacting beside an
         answer being generated): the rows dropped."""
-        with self._busy:
+        with self._turn(background=False):
             return self.cache.forget(owners, responses_of) if self.cache is not None else {"responses": 0, "calls": 0}
 
     def close(self) -> None:

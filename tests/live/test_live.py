@@ -34,6 +34,7 @@ from memfit_gpu.locks import DirectoryBusyError
 from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.naive_rag import chunk_history
 from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.reader import calls_are_background
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import RecordLog
 from memfit_gpu.store.log import StoreCorruptError
@@ -396,6 +397,29 @@ def test_turns_added_before_a_close_are_consolidated_after_the_next_open(tmp_pat
     background = ["rerank.backend=none", "reader.backend=echo", "live.consolidate_after_turns=30"]
     with Memory.open(tmp_path / "b", config=DEMO, overrides=background) as memory:
         _until(lambda: len(memory.store.summaries) == summaries, memory)
+
+
+def test_consolidation_is_background_work_that_answers_go_before(tmp_path: Path, conv_turns,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One user's consolidation held the reader for all its summary calls, so every other user's answer waited
+    until it ended. Its calls are background work (readers.reader.background_calls: a chunk at a time, an
+    answer waiting going first, tests/readers); the answers' calls are not."""
+    seen: list[tuple[str, bool]] = []
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("a", conv_turns)
+        memory.add("b", conv_turns[:4])
+        backend = memory.reader().backend
+        generate = backend.generate
+
+        def noting(requests):  # noqa: ANN001, ANN202
+            seen.extend((r.role, calls_are_background()) for r in requests)
+            return generate(requests)
+
+        monkeypatch.setattr(backend, "generate", noting)
+        assert memory.consolidate(["a"])["summaries"] > 0
+        memory.answer("b", ["What did Caroline research?"])
+    assert {role for role, _ in seen} == {"summary", "answer"}
+    assert all(background == (role == "summary") for role, background in seen)
 
 
 def test_threads_add_and_search_at_once(tmp_path: Path, conv_turns) -> None:

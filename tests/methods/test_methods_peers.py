@@ -35,7 +35,7 @@ from memfit_gpu.files import read_jsonl, write_jsonl_atomic
 from memfit_gpu.methods.peers.endpoint import EndpointLogic, PeerEndpoint, embedder_of
 from memfit_gpu.methods.peers.mem0 import memory_class, memory_config, user_id
 from memfit_gpu.methods.registry import method_entry
-from memfit_gpu.readers.reader import load_ledger, make_reader
+from memfit_gpu.readers.reader import calls_are_background, load_ledger, make_reader
 from memfit_gpu.readers.registry import ENCODER_BACKEND, is_local
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,6 +180,28 @@ def test_the_endpoint_refuses_what_it_cannot_serve_by_name(tmp_path: Path, bi_en
     # nothing was accounted for the refused requests
     assert all(stats.calls == 0 for stats in reader.ledger.roles.values())
     assert ENCODER_BACKEND == "encoder" and is_local(ENCODER_BACKEND)  # the embeddings' backend costs nothing
+
+
+def test_the_peer_s_write_time_chat_calls_are_background_work(bi_encoder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mem0's extraction (the write phase) in a live memory is consolidation: its calls are background work, so
+    answers waiting for the reader go first (readers.reader.background_calls); its read-time calls are not."""
+    reader = make_reader(replace(load_config(DEMO).reader, max_new_tokens=2), None, progress=False)
+    logic = EndpointLogic("mem0", reader, embedder_of(bi_encoder, ENCODER))
+    seen: list[tuple[str, bool]] = []
+    generate = reader.generate
+
+    def noting(requests, partial=False):  # noqa: ANN001, ANN202
+        seen.extend((r.role, calls_are_background()) for r in requests)
+        return generate(requests, partial)
+
+    monkeypatch.setattr(reader, "generate", noting)
+    body = {"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 2}
+    for phase in ("write", "read"):
+        with logic.serve(phase, "conv-26", "x"):
+            logic.chat(body)
+    reader.close()
+    assert seen == [("mem0_write", True), ("mem0_read", False)]
+    assert not calls_are_background()
 
 
 def test_mem0_is_registered_as_a_live_reader_method_with_a_persistent_store() -> None:

@@ -19,7 +19,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import temporaries
 from memfit_gpu.readers.cache import ResponseCache, request_key
 from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices, read_ledger
-from memfit_gpu.readers.reader import Reader
+from memfit_gpu.readers.reader import Reader, background_calls
 from memfit_gpu.readers.types import Backend, Request, Response
 
 REPO = Path(__file__).resolve().parents[2]
@@ -336,6 +336,59 @@ def test_two_threads_that_need_the_model_at_once_load_it_once(tmp_path: Path) ->
     for worker in workers:
         worker.join()
     assert Slow.loads == 1 and len(reader.cache) == 2
+    reader.close()
+
+
+class _Gated(_Echo):
+    """_Echo with chunks of 2 that records which prompts each call held, and holds its first call until
+    `release` is set (so a test can see who goes next while it runs; a provoked delay, no reported number)."""
+
+    chunk_size = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[str]] = []
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def generate(self, requests):  # noqa: ANN001, ANN201
+        self.asked.append([r.messages[-1]["content"] for r in requests])
+        if len(self.asked) == 1:
+            self.inside.set()
+            assert self.release.wait(10)
+        return super().generate(requests)
+
+
+def test_background_work_goes_a_chunk_at_a_time_and_lets_a_waiting_answer_go_first(tmp_path: Path) -> None:
+    """A live memory's consolidation (background_calls) held the reader for all its calls: one user adding
+    many turns kept every other user's answer waiting until its summaries were done. Background work now
+    goes one chunk per turn, and an answer waiting goes before its next chunk, all committed as before."""
+    backend = _Gated()
+    reader = Reader(backend, ResponseCache(tmp_path / "cache.sqlite"), Ledger(), 8, 0.0, progress=False)
+    summaries = [Request([{"role": "user", "content": f"s{i}"}], "summary", max_new_tokens=8, temperature=0.0,
+                         key=f"s{i}") for i in range(6)]
+    made: list[list[str]] = []
+
+    def consolidate() -> None:
+        with background_calls():
+            made.append([r.text for r in reader.generate(summaries)])
+
+    worker = threading.Thread(target=consolidate)
+    worker.start()
+    assert backend.inside.wait(10)  # the consolidation's first chunk is being generated
+    answering = threading.Thread(target=lambda: made.append([r.text for r in reader.generate([_req("a?")])]))
+    answering.start()
+    for _ in range(1000):  # until the answer waits for the reader
+        if reader._waiting:
+            break
+        threading.Event().wait(0.01)
+    backend.release.set()
+    worker.join(10)
+    answering.join(10)
+    assert backend.asked == [["s0", "s1"], ["a?"], ["s2", "s3"], ["s4", "s5"]]
+    assert sorted(made) == [["a?"], [f"s{i}" for i in range(6)]]  # every response to its own caller, in order
+    assert reader.ledger.roles["summary"].calls == 6 and len(reader.cache) == 7
+    with background_calls():  # a lone caller's background work: every chunk, no turn waited for
+        assert [r.text for r in reader.generate(summaries)] == [f"s{i}" for i in range(6)]
     reader.close()
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from memfit_gpu.readers.reader import Reader
+from memfit_gpu.readers.reader import Reader, background_calls
 from memfit_gpu.readers.registry import ENCODER_BACKEND
 from memfit_gpu.readers.types import ROLE_PHASES, Request, Response
 
@@ -140,7 +140,8 @@ class EndpointLogic:
                           max_new_tokens=None if limit is None else int(limit),
                           temperature=None if temperature is None else float(temperature),
                           key=serving.key, owner=serving.owner, response_format="json_object" if json_object else None)
-        with self._lock:
+        # the peer's write-time calls (mem0's extraction) are background work: a live memory's answers go first
+        with self._lock, background_calls() if serving.phase == "write" else contextlib.nullcontext():
             response = self.reader.generate([request], partial=True)[0]
             self.served["chat_calls"] += 1
             self.served["chat_cached"] += int(response.cached)
