@@ -142,6 +142,12 @@ class TextColumn:
         """Bytes held: the UTF-8 text and the offsets."""
         return int(sum(b.nbytes for b in self._blocks)) + 8 * self._offsets.size
 
+    def sizes(self, rows: np.ndarray) -> np.ndarray:
+        """UTF-8 bytes of the strings at `rows` (int64), without decoding them."""
+        offsets = self._offsets.view
+        rows = np.asarray(rows, dtype=np.int64)
+        return offsets[rows + 1] - offsets[rows]
+
     def extend(self, values: Iterable[str]) -> None:
         encoded = [v.encode("utf-8") for v in values]
         if not encoded:

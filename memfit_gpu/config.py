@@ -396,6 +396,9 @@ class ServeConfig:
     # key alone is never more than a batch ahead of the others
     max_in_flight_per_key: int = 64
     max_turns_per_user: int = 200_000  # turns a user holds (deleted ones until compaction); an add past it gets 507
+    # the text those turns hold on disk (their episode texts, UTF-8; deleted ones until compaction), so that one
+    # user cannot fill the disk every user writes to; an add past it gets 507
+    max_text_mb_per_user: int = 256
     min_free_disk_mb: int = 1024  # adds get 507 below this much free disk, so deletes and compaction still work
     # /metrics counts every user's activity (turns added, requests per route): an admin key's unless opened
     # here for a scraper that sends none (on a network only the operator reaches)
@@ -672,6 +675,7 @@ _RANGES: dict[str, _Range] = {
     "serve.max_query_words_per_request": _AT_LEAST_1,
     "serve.max_in_flight_per_key": _AT_LEAST_1,
     "serve.max_turns_per_user": _AT_LEAST_1,
+    "serve.max_text_mb_per_user": _AT_LEAST_1,
     "serve.min_free_disk_mb": _AT_LEAST_0,
     "serve.drain_timeout_s": _AT_LEAST_0,
     "serve.read_timeout_s": _Range(0, low_open=True),

@@ -57,7 +57,7 @@ from memfit_gpu.readers.reader import Reader, background_calls, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.run.directory import is_run_directory
 from memfit_gpu.store.episodes import EpisodeStore
-from memfit_gpu.store.text import episode_body
+from memfit_gpu.store.text import episode_body, episode_text
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,13 @@ class MemoryClosedError(RuntimeError):
 
 
 class UserFullError(Exception):
-    """An add past the turns a user may hold (`add_batch(max_turns_per_user=...)`: memfit serve's
-    serve.max_turns_per_user)."""
+    """An add past what a user may hold (`add_batch`'s max_turns_per_user: memfit serve's
+    serve.max_turns_per_user; max_text_bytes_per_user: serve.max_text_mb_per_user). `limit` names which:
+    "turns" or "text"."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,8 @@ class _BatchPlan:
     planned: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # (user, turn id) -> words
     counts: dict[str, int] = field(default_factory=dict)  # turns stored or planned
     max_turns: int | None = None  # turns a user may hold, deleted ones until compaction (None: no bound)
+    text_bytes: dict[str, int] = field(default_factory=dict)  # episode text stored or planned (UTF-8 bytes)
+    max_text_bytes: int | None = None  # episode text a user may hold, deleted turns' until compaction
     speakers: dict[str, set[str]] = field(default_factory=dict)  # speaker names stored or planned
 
 
@@ -397,14 +404,16 @@ class Memory:
         return [added for result in results for added in result]  # type: ignore[union-attr]
 
     def add_batch(self, requests: Sequence[tuple[str, Sequence[Any]]], atomic: bool = False,
-                  max_turns_per_user: int | None = None) -> list[list[Added] | BaseException]:
+                  max_turns_per_user: int | None = None,
+                  max_text_bytes_per_user: int | None = None) -> list[list[Added] | BaseException]:
         """Several adds (user id, turns) as ONE write batch (what the server's dynamic batching sends):
         per add, its Added list, or the error that refused that add alone (bad input, a turn-id conflict,
         too many speakers); the others are stored. Every add is checked whole before anything is logged,
         so a refused add leaves nothing behind; if the batched write itself fails, each add is written
         alone, so one add's failure is its own. atomic: refuse the whole batch (raise the first error,
-        store nothing) when any add is refused (`add`). max_turns_per_user: an add that would leave its
-        user holding more turns (deleted ones count until `compact`) is refused (UserFullError)."""
+        store nothing) when any add is refused (`add`). max_turns_per_user, max_text_bytes_per_user: an add
+        that would leave its user holding more turns, or more bytes of episode text (UTF-8, as stored: the
+        date and speaker prefix included), deleted ones counting until `compact`, is refused (UserFullError)."""
         parsed: list[list[tuple[Turn, str | None]] | BaseException] = []
         for user, turns in requests:
             try:
@@ -417,7 +426,7 @@ class Memory:
         with self.holding():
             outcome: list[list[Added] | BaseException] = []
             fresh: list[_NewTurn] = []
-            plan = _BatchPlan(max_turns=max_turns_per_user)
+            plan = _BatchPlan(max_turns=max_turns_per_user, max_text_bytes=max_text_bytes_per_user)
             for (user, _), turns in zip(requests, parsed, strict=True):
                 if isinstance(turns, BaseException):
                     outcome.append(turns)
@@ -441,7 +450,8 @@ class Memory:
                 # the store logged nothing of the failed batch (EpisodeStore._commit): write each add alone
                 log.warning("memfit live: a write batch of %d adds failed; writing each alone", len(writing))
                 for i in writing:
-                    outcome[i] = self.add_batch([requests[i]], max_turns_per_user=max_turns_per_user)[0]
+                    outcome[i] = self.add_batch([requests[i]], max_turns_per_user=max_turns_per_user,
+                                                max_text_bytes_per_user=max_text_bytes_per_user)[0]
                 return outcome
             row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
             outcome = [o if isinstance(o, BaseException) else
@@ -470,8 +480,9 @@ class Memory:
         if user not in plan.counts:
             plan.counts[user] = len(self.store.memory_rows(self.store.memory_of(user), live=False)) if known else 0
             plan.speakers[user] = set(self.store.memory_speakers[self.store.memory_of(user)]) if known else set()
+            plan.text_bytes[user] = self.store.text_bytes(user) if known else 0
         speakers = set(plan.speakers[user])
-        count = plan.counts[user]
+        count, text_bytes = plan.counts[user], plan.text_bytes[user]
         # an automatic id takes none of the ids this add names; a later add of the batch is planned as if it
         # came after this one (a batch is its adds one after another), so its ids are not reserved here
         given = {(user, turn.turn_id) for turn, _ in turns if turn.turn_id}
@@ -499,12 +510,16 @@ class Memory:
             mine.append(_NewTurn(user, turn, session or turn.date_text or LIVE_SESSION))
             out.append(Added(user, turn.turn_id, -1))
             count += 1
+            text_bytes += len(episode_text(turn).encode("utf-8"))  # what the store's text column will hold
         if plan.max_turns is not None and count > plan.max_turns:
             raise UserFullError(f"user {user!r} would hold {count:,} turns (deleted ones count until compaction); "
-                                f"at most {plan.max_turns:,}")
+                                f"at most {plan.max_turns:,}", "turns")
+        if plan.max_text_bytes is not None and text_bytes > plan.max_text_bytes:
+            raise UserFullError(f"user {user!r} would hold {text_bytes:,} bytes of turn text (deleted turns count "
+                                f"until compaction); at most {plan.max_text_bytes:,}", "text")
         plan.planned.update(mine_planned)
         plan.speakers[user] = speakers
-        plan.counts[user] = count
+        plan.counts[user], plan.text_bytes[user] = count, text_bytes
         fresh.extend(mine)
         return out
 

@@ -71,7 +71,8 @@ async def outcome(pending: Awaitable[Any]) -> Any:
     except TurnConflictError as exc:
         raise Refused(409, str(exc)) from None
     except UserFullError as exc:
-        raise Refused(507, f"{exc}: serve.max_turns_per_user") from None
+        setting = "serve.max_turns_per_user" if exc.limit == "turns" else "serve.max_text_mb_per_user"
+        raise Refused(507, f"{exc}: {setting}") from None
     except (DataError, ValueError, TypeError) as exc:
         raise Refused(422, str(exc)) from None
     except StorageError as exc:
@@ -119,7 +120,8 @@ class ServedMemory:
 
     # ---------------------------------------------------------------------------------------- runs
     def _add_run(self, items: list[tuple[str, list[dict[str, Any]]]]) -> list[Any]:
-        results = self.memory.add_batch(items, max_turns_per_user=self.cfg.serve.max_turns_per_user)
+        results = self.memory.add_batch(items, max_turns_per_user=self.cfg.serve.max_turns_per_user,
+                                        max_text_bytes_per_user=self.cfg.serve.max_text_mb_per_user << 20)
         if self._turns_added is not None:
             self._turns_added(sum(1 for r in results if not isinstance(r, BaseException) for a in r if not a.duplicate))
         return results

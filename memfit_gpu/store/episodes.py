@@ -291,6 +291,10 @@ class EpisodeStore:
         rows = self.columns.rows_of_memory[memory_idx].view.copy()
         return rows[~self.deleted[rows]] if live else rows
 
+    def text_bytes(self, memory_id: str) -> int:
+        """UTF-8 bytes of a memory's episode texts, deleted turns included (until compaction drops them)."""
+        return int(self.columns.text.sizes(self.memory_rows(self.memory_of(memory_id), live=False)).sum())
+
     def memory_of(self, memory_id: str) -> int:
         try:
             return self.columns.memory_index[memory_id]

@@ -30,6 +30,7 @@ from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.faults import TRACE_ENV, parse_trace
 from memfit_gpu.live import Memory, TurnConflictError, UnknownUserError, live_methods
+from memfit_gpu.live.memory import UserFullError
 from memfit_gpu.locks import DirectoryBusyError
 from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.naive_rag import chunk_history
@@ -420,6 +421,33 @@ def test_consolidation_is_background_work_that_answers_go_before(tmp_path: Path,
         memory.answer("b", ["What did Caroline research?"])
     assert {role for role, _ in seen} == {"summary", "answer"}
     assert all(background == (role == "summary") for role, background in seen)
+
+
+def test_an_add_past_a_user_s_text_share_is_refused_whole(tmp_path: Path) -> None:
+    """add_batch(max_text_bytes_per_user=...): the episode text a user holds (UTF-8 as stored, the date and
+    speaker prefix included; deleted turns until compaction) is bounded, counted across the adds of one batch,
+    and an add past it stores nothing of itself; another user's add in the batch is stored."""
+    def say(n: int, text: str) -> dict[str, Any]:
+        return {"speaker": "Ann", "text": text, "turn_id": f"t{n}", "timestamp": "2024-03-01T10:00:00"}
+
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u", [say(1, "é" * 100)])
+        held = len(memory.store.text[0].encode())
+        assert held == memory.store.text_bytes("u") == len(memory.store.text[0]) + 100  # é is two bytes
+        limit = 2 * held + 10
+        results = memory.add_batch([("u", [say(2, "é" * 100)]), ("u", [say(3, "é" * 100)]), ("v", [say(1, "x")])],
+                                   max_text_bytes_per_user=limit)
+        assert [len(r) if isinstance(r, list) else type(r).__name__ for r in results] == [1, "UserFullError", 1]
+        assert results[1].limit == "text" and str(results[1]) == (
+            f"user 'u' would hold {3 * held:,} bytes of turn text (deleted turns count until compaction); at most "
+            f"{limit:,}")
+        memory.delete("u", ["t2"])  # held until compaction
+        assert isinstance(memory.add_batch([("u", [say(3, "é" * 100)])], max_text_bytes_per_user=limit)[0],
+                          UserFullError)
+        memory.compact()
+        assert memory.store.text_bytes("u") == held
+        assert len(memory.add_batch([("u", [say(3, "é" * 100)])], max_text_bytes_per_user=limit)[0]) == 1
+        assert [t["turn_id"] for t in memory.turns("u")] == ["t1", "t3"]
 
 
 def test_threads_add_and_search_at_once(tmp_path: Path, conv_turns) -> None:

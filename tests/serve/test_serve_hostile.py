@@ -77,9 +77,10 @@ def add_body(*turns: dict[str, Any]) -> str:
 def served(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hostile")
     keys_file = root / "keys.jsonl"
-    keys = {user: new_key(keys_file, [user], name=user) for user in ("u1", "u2", "u3", "u4")}
+    keys = {user: new_key(keys_file, [user], name=user) for user in ("u1", "u2", "u3", "u4", "u5")}
     server = LiveServer(root / "memory", keys_file, [*SLOW, "serve.batch_window_ms=300", "serve.read_timeout_s=2",
-                                                     "serve.max_in_flight_per_key=2", "serve.max_turns_per_user=50"])
+                                                     "serve.max_in_flight_per_key=2", "serve.max_turns_per_user=50",
+                                                     "serve.max_text_mb_per_user=1"])
     os.environ["MEMFIT_TEST_ECHO_PREFIX"] = "Question date:"  # the echo reader answers with that line
     try:
         server.start()
@@ -288,6 +289,23 @@ def test_one_key_takes_a_bounded_share_of_the_server(served) -> None:
                                                  "compaction); at most 50: serve.max_turns_per_user"), reply
     assert call(server, "POST", "/v1/users/u4/turns", keys["u4"], add_body(turn("u4", 0)))[0] == 200  # a retry: stored
     assert len(call(server, "GET", "/v1/users/u4/turns", keys["u4"])[1]["turns"]) == 50
+
+
+def test_one_user_holds_a_bounded_share_of_the_disk(served) -> None:
+    """Within its turn quota a user could still fill the disk that every user writes to (turns of up to a
+    request body each). Now a user holds at most serve.max_text_mb_per_user of episode text (1 MiB here: 507,
+    nothing of the add stored), and the other users' adds go on."""
+    server, keys = served
+    long = " ".join(["harbor"] * 90_000)  # 629,999 bytes of text, under serve.max_body_bytes
+    assert call(server, "POST", "/v1/users/u5/turns", keys["u5"], add_body(turn("u5", 0, text=long)))[0] == 200
+    stored = len(call(server, "GET", "/v1/users/u5/turns", keys["u5"])[1]["turns"][0]["text"])
+    status, reply = call(server, "POST", "/v1/users/u5/turns", keys["u5"], add_body(turn("u5", 1, text=long)))
+    assert status == 507, reply
+    assert reply["detail"].startswith("user 'u5' would hold 1,260,") and reply["detail"].endswith(
+        " bytes of turn text (deleted turns count until compaction); at most 1,048,576: serve.max_text_mb_per_user")
+    assert len(call(server, "GET", "/v1/users/u5/turns", keys["u5"])[1]["turns"]) == 1 and stored == len(long)
+    assert call(server, "POST", "/v1/users/u5/turns", keys["u5"], add_body(turn("u5", 2)))[0] == 200  # under it
+    assert call(server, "POST", "/v1/users/u1/turns", keys["u1"], add_body(turn("u1", 7, text=long)))[0] == 200
 
 
 def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: Path) -> None:
