@@ -7,6 +7,7 @@ question contributes one value per run: its judge verdict (0/1) or its F1 under 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,31 @@ def predictions_path(run: str | Path) -> Path:
     return path
 
 
+def row_problem(row: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(field, what it holds) when an evaluated predictions row holds what the answer stage never writes:
+    `scores` that is not {variant: {metric: a number in [0, 1]}}, or a judge verdict other than true, false or
+    null (a verdict of "false" read as a truth value is a correct answer). None when it is sound. The score
+    stage, `memfit compare`, `memfit report` and `memfit tables` read rows through this one check."""
+    scores = row.get("scores")
+    if scores is not None:
+        if not isinstance(scores, dict):
+            return "scores", f"{scores!r:.60}, not a mapping of each metric variant to its metrics"
+        for variant, metrics in scores.items():
+            if not isinstance(metrics, dict):
+                return f"scores.{variant}", f"{metrics!r:.60}, not a mapping of metric names to numbers"
+            for name, value in metrics.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                        math.isfinite(value) and 0.0 <= value <= 1.0):
+                    return f"scores.{variant}.{name}", f"{value!r:.60}, not a number from 0 to 1"
+    judge = row.get("judge")
+    if judge is not None and not isinstance(judge, dict):
+        return "judge", f"{judge!r:.60}, not the judge's record (an object with its verdict)"
+    verdict = judge.get("verdict") if judge is not None else None
+    if not (verdict is None or isinstance(verdict, bool)):
+        return "judge.verdict", f"{verdict!r:.60}, not true, false or null"
+    return None
+
+
 def read_predictions(run: str | Path) -> tuple[Path, dict[str, dict[str, Any]], list[str]]:
     """(file, {question_id: row} of evaluated rows, warnings). A later line for the same question
     replaces an earlier one (a resumed run may append a question twice) and is reported."""
@@ -58,13 +84,15 @@ def read_predictions(run: str | Path) -> tuple[Path, dict[str, dict[str, Any]], 
                 raise PredictionsError(f"{path}:{number}: field 'question_id' missing or not a string")
             if "category" not in row:
                 raise PredictionsError(f"{path}:{number}: question {qid}: field 'category' missing")
+            category = row["category"]
+            if isinstance(category, bool) or not isinstance(category, (str, int)) or category == "":
+                raise PredictionsError(f"{path}:{number}: question {qid}: field 'category' is {category!r:.60}, "
+                                       "not a category label")
             if not row.get("evaluated", True):
                 continue
-            scores = row.get("scores")
-            if scores is not None and not (isinstance(scores, dict)
-                                           and all(isinstance(metrics, dict) for metrics in scores.values())):
-                raise PredictionsError(f"{path}:{number}: question {qid}: field 'scores' must map each metric "
-                                       "variant to its metrics ({\"paper\": {\"f1\": 0.5, ...}})")
+            problem = row_problem(row)
+            if problem is not None:
+                raise PredictionsError(f"{path}:{number}: question {qid}: field '{problem[0]}' is {problem[1]}")
             if qid in rows:
                 warnings.append(f"{path}:{number}: question {qid} appears again; the later line is used")
             row["_line"] = number

@@ -8,8 +8,10 @@ One row per run directory, from what the run wrote:
   are the generated calls' (a resumed run's cache hits cost nothing again, so its tokens undercount; the
   `cached` column says how many);
 - build time: timings.json `build` + `summaries` (the write-time stages of every method);
-- per-question latency: (timings `retrieve` + `answer` - the judge's wall time) / questions: the read path
-  and the answer call, a mean over one batched pass, not a single question's latency;
+- per-question latency: (timings `retrieve` + the answer calls' wall time, ledger.json roles.answer.wall_s) /
+  questions: the read path and the answer call, a mean over one batched pass, not a single question's latency.
+  Not the answer stage's time: the judge runs beside the answers there (its time overlaps theirs), and a
+  judge-audit or the pack depths add judge time that the answers never took;
 - GPU-seconds of the write and read phases (local backends: wall time x GPUs held);
 - estimated cost: the write and read tokens at a hosted model's list price (configs/prices.yaml,
   `--price-model`, as experiments/paper_tables.py prices its efficiency table), and the ledger's own USD
@@ -52,8 +54,7 @@ def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str,
     ledger = Ledger.from_dict(ledger_data)
     phases = ledger.phases()
     write, read = phases["write"], phases["read"]
-    judge_wall = ledger.roles["judge"].wall_s if "judge" in ledger.roles else 0.0
-    read_s = float(timings.get("retrieve", 0.0)) + float(timings.get("answer", 0.0)) - judge_wall
+    read_s = float(timings.get("retrieve", 0.0)) + ledger.roles["answer"].wall_s
     tokens_in = write.input_tokens + read.input_tokens
     tokens_out = write.output_tokens + read.output_tokens
     return {

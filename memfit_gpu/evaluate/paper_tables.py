@@ -42,7 +42,7 @@ from typing import Any
 
 from memfit_gpu import render
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
+from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
 from memfit_gpu.files import (
@@ -322,19 +322,21 @@ NO_TEST = {"n": None, "mean_a": None, "mean_b": None, "diff": None, "p_value": N
 
 
 def _paired(a: Run, b: Run, tests: PairedTests, variant: str) -> dict[str, Any]:
-    """B against A over their shared questions, judge verdicts; the overall (question-weighted) test.
-    Runs made without the judge (eval.judge.enabled false) have no verdicts: every judge cell stays empty."""
-    if not (_judged(a) and _judged(b)):
-        return dict(NO_TEST)
+    """B against A, judge verdicts; the overall (question-weighted) test. The two runs must have answered the
+    same questions, judged or not: the tables print differences of their averages beside the test. Runs made
+    without the judge (eval.judge.enabled false) have no verdicts: every judge cell stays empty."""
     try:
-        result = compare_runs(a.path, b.path, metric="judge", variant=variant, n_permutations=tests.n_permutations,
-                              seed=tests.seed, method=tests.method)
-    except PredictionsError as exc:
-        raise TablesError(f"paired judge test {a.label} vs {b.label}: {exc}") from None
-    if result["only_a"] or result["only_b"]:
-        raise TablesError(f"{a.path} and {b.path} answered different questions "
-                          f"({len(result['only_a'])} only in the first, {len(result['only_b'])} only in the second)")
-    return result["overall"]
+        (path_a, rows_a, _), (path_b, rows_b, _) = read_predictions(a.path), read_predictions(b.path)
+        if rows_a.keys() != rows_b.keys():
+            only_a, only_b = len(rows_a.keys() - rows_b.keys()), len(rows_b.keys() - rows_a.keys())
+            raise TablesError(f"{path_a} and {path_b} answered different questions ({only_a} only in the first, "
+                              f"{only_b} only in the second): their differences would compare other questions")
+        if not (_judged(a) and _judged(b)):
+            return dict(NO_TEST)
+        return compare_runs(a.path, b.path, metric="judge", variant=variant, n_permutations=tests.n_permutations,
+                            seed=tests.seed, method=tests.method)["overall"]
+    except (PredictionsError, FileNotFoundError) as exc:
+        raise TablesError(f"paired test {a.label} vs {b.label}: {exc}") from None
 
 
 def _locomo_cat_label(cat: str) -> str:
@@ -677,7 +679,7 @@ def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         "answering (the answer call; LightMem-SLM's query rewrite and re-rank): the ledger's phases "
         "(readers.types.ROLE_PHASES); the judge is evaluation and left out. Calls count generated and cached "
         "requests; tokens are the generated calls'. Build s = timings.build + timings.summaries; Latency = "
-        "(timings.retrieve + timings.answer - judge wall time) / questions, a mean over one batched pass. "
+        "(timings.retrieve + the answer calls' wall time) / questions, a mean over one batched pass. "
         f"USD prices the write and read tokens at {price_model}'s list price ($" + f"{price['input']}/M in, "
         f"${price['output']}/M out). Same numbers as `memfit efficiency`.",
     ]

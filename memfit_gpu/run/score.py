@@ -17,6 +17,7 @@ from typing import Any
 from memfit_gpu import faults, provenance
 from memfit_gpu.data import Benchmark, Question
 from memfit_gpu.evaluate import beam as beam_scoring
+from memfit_gpu.evaluate.compare import row_problem
 from memfit_gpu.evaluate.tables import render_markdown, summarize
 from memfit_gpu.files import atomic_write_text, read_json_object, read_jsonl
 from memfit_gpu.methods.packs import DIAGNOSTICS
@@ -46,11 +47,13 @@ def _check_row(path: Path, row: dict[str, Any], question: Question, variant: str
         problem = "category", f"{row.get('category')!r}, where the benchmark says {question.category!r}"
     elif row.get("evaluated", True) != question.evaluated:
         problem = "evaluated", f"{row.get('evaluated')!r}, where the benchmark says {question.evaluated!r}"
-    elif not (isinstance(table, dict) and all(isinstance(table.get(m), (int, float)) and not isinstance(
-            table.get(m), bool) for m in ("f1", "bleu1"))):
-        problem = f"scores.{variant}", f"{table!r}, not its f1 and bleu1 numbers"
-    elif judged and question.evaluated and not isinstance(verdict, bool):
-        problem = "judge.verdict", f"{verdict!r}, not true or false"
+    else:  # numbers from 0 to 1 and a verdict true, false or null (what every reader of predictions checks),
+        # then the ones this run's table reads
+        problem = row_problem(row)
+        if problem is None and not (isinstance(table, dict) and all(m in table for m in ("f1", "bleu1"))):
+            problem = f"scores.{variant}", f"{table!r}, not its f1 and bleu1 numbers"
+        elif problem is None and judged and question.evaluated and verdict is None:
+            problem = "judge.verdict", "None, not true or false"
     if problem is not None:
         field, what = problem
         raise RunError(f"{path}: question {question.question_id}, field {field}: {what}; the row was edited or "

@@ -8,6 +8,7 @@ percentages in the Markdown table, like results.md; the CSV keeps fractions.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import datasets
 import numpy as np
 
 from memfit_gpu import provenance
+from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import read_json_object, read_jsonl
 from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.render import csv_text, markdown_table
@@ -33,6 +35,17 @@ def pack_hit_rate(predictions: Path) -> float | None:
     hits = [bool(row["retrieval"]["pack_hit"]) for row in read_jsonl(predictions, repair=False)
             if row.get("evaluated", True) and get_path(row, "retrieval", "pack_hit") is not None]
     return sum(hits) / len(hits) if hits else None
+
+
+def _number(metrics: dict[str, Any], where: Path, *keys: str) -> float | None:
+    """The number metrics.json holds at `keys` (None where it has none); a DataError naming the file and the
+    field when it holds something else (a text "n/a" was printed as a rate, "0.5" as 0.5 in a percent column)."""
+    value = get_path(metrics, *keys)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(str(where), None, ".".join(keys), f"{value!r:.60} is not a finite number")
+    return float(value)
 
 
 def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
@@ -58,14 +71,15 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
         if metrics is not None:
             variant = metrics["metric_variant"]
             row["metric"] = variant
-            row["f1"] = get_path(metrics, "average", variant, "f1")
-            row["bleu1"] = get_path(metrics, "average", variant, "bleu1")
-            judge = get_path(metrics, "average", "judge")
-            row["judge"] = judge if judge is not None else get_path(metrics, "overall", "judge")
-            row["beam"] = get_path(metrics, "beam", "average")
-            pack_hit = get_path(metrics, "retrieval", "overall", "pack_hit")
+            row["f1"] = _number(metrics, metrics_path, "average", variant, "f1")
+            row["bleu1"] = _number(metrics, metrics_path, "average", variant, "bleu1")
+            judge = _number(metrics, metrics_path, "average", "judge")
+            row["judge"] = judge if judge is not None else _number(metrics, metrics_path, "overall", "judge")
+            row["beam"] = _number(metrics, metrics_path, "beam", "average")
+            pack_hit = _number(metrics, metrics_path, "retrieval", "overall", "pack_hit")
             row["pack_hit"] = pack_hit if pack_hit is not None else pack_hit_rate(point_dir / "predictions.jsonl")
-            row["questions"] = metrics.get("questions")
+            questions = _number(metrics, metrics_path, "questions")
+            row["questions"] = None if questions is None else int(questions)
         rows.append(row)
     columns = ["point", *keys, "status", "metric", *METRIC_COLUMNS]
     # a judge (or BEAM) column with no judge (or BEAM point) anywhere is noise
@@ -173,17 +187,19 @@ def _by_key(keys: Sequence[str], by: str, where: Path) -> str:
     return tails[0]
 
 
-def point_values(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers `aggregate --by` summarises of one point: average F1 / BLEU-1 (its metric variant), judge,
-    pack hit, the text metrics' averages and each category's F1."""
+def point_values(metrics: dict[str, Any], where: Path) -> dict[str, float]:
+    """The numbers `aggregate --by` summarises of one point (its metrics.json at `where`): average F1 / BLEU-1
+    (its metric variant), judge, pack hit, the text metrics' averages and each category's F1."""
     variant = metrics.get("metric_variant", "paper")
-    values = {"f1": get_path(metrics, "average", variant, "f1"), "bleu1": get_path(metrics, "average", variant, "bleu1"),
-              "judge": get_path(metrics, "average", "judge"),
-              "pack_hit": get_path(metrics, "retrieval", "overall", "pack_hit")}
-    values.update((get_path(metrics, "average", "text") or {}).items())
-    for cat, block in (metrics.get("by_category") or {}).items():
-        values[f"f1 {cat}"] = get_path(block, variant, "f1")
-    return {k: float(v) for k, v in values.items() if v is not None}
+    values = {"f1": _number(metrics, where, "average", variant, "f1"),
+              "bleu1": _number(metrics, where, "average", variant, "bleu1"),
+              "judge": _number(metrics, where, "average", "judge"),
+              "pack_hit": _number(metrics, where, "retrieval", "overall", "pack_hit")}
+    values.update((name, _number(metrics, where, "average", "text", name))
+                  for name in (get_path(metrics, "average", "text") or {}))
+    values.update((f"f1 {cat}", _number(metrics, where, "by_category", cat, variant, "f1"))
+                  for cat in (get_path(metrics, "by_category") or {}))
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], list[dict[str, Any]]]:
@@ -199,14 +215,14 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
     others = [k for k in record.sweep_keys if k != key]
     groups: dict[str, dict[str, Any]] = {}
     for point in record.points:
-        point_dir = sweep_dir / "points" / point.point_id
+        point_dir = _point_dir(sweep_dir, point)
         if not (point_dir / "DONE").exists():
             continue
         metrics = read_json_object(point_dir / "metrics.json")
         group = json.dumps([point.overrides.get(k) for k in others], default=str)
         entry = groups.setdefault(group, {"keys": {k: point.overrides.get(k) for k in others}, "by": [], "values": []})
         entry["by"].append(point.overrides.get(key))
-        entry["values"].append(point_values(metrics))
+        entry["values"].append(point_values(metrics, point_dir / "metrics.json"))
     if not groups:
         raise SweepError(f"{sweep_dir}: no finished point to aggregate")
     names = list(dict.fromkeys(n for g in groups.values() for v in g["values"] for n in v))

@@ -166,6 +166,30 @@ def test_bad_line_names_file_and_line(tmp_path, capsys):
     assert "no predictions file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("damage", "said"), [
+    # a verdict "false" read as a truth value was a correct answer: the judge's mean went up
+    ({"judge": {"verdict": "false"}}, "field 'judge.verdict' is 'false', not true, false or null"),
+    ({"judge": "yes"}, "field 'judge' is 'yes', not the judge's record"),
+    # an F1 of 7 was averaged in (a mean of 250.00); NaN stopped the test naming no file; a list, a traceback
+    ({"scores": {"paper": {"f1": 7.0, "bleu1": 0.5}}}, "field 'scores.paper.f1' is 7.0, not a number from 0 to 1"),
+    ({"scores": {"paper": {"f1": float("nan"), "bleu1": 0.5}}}, "field 'scores.paper.f1' is nan"),
+    ({"scores": {"paper": {"f1": [0.5]}}}, "field 'scores.paper.f1' is [0.5]"),
+    ({"scores": {"paper": {"f1": True}}}, "field 'scores.paper.f1' is True"),
+    ({"scores": [0.5]}, "field 'scores' is [0.5], not a mapping"),
+    ({"scores": {"paper": 0.5}}, "field 'scores.paper' is 0.5, not a mapping"),
+    # a category lost (None) was a category of its own in the table, and moved the average of categories
+    ({"category": None}, "field 'category' is None, not a category label"),
+])
+def test_a_row_holding_what_no_run_writes_is_refused_naming_its_field(tmp_path, capsys, damage, said):
+    good = _write(tmp_path / "A", [_record("m:q1", "4", True), _record("m:q2", "4", False)])
+    bad = _write(tmp_path / "B", [_record("m:q1", "4", True), {**_record("m:q2", "4", False), **damage}])
+    with pytest.raises(PredictionsError) as info:
+        compare_runs(good, bad)
+    assert str(info.value).startswith(f"{bad / 'predictions.jsonl'}:2: question m:q2: {said}")
+    assert main(["compare", str(good), str(bad)]) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_duplicate_lines_use_the_later_one(tmp_path):
     rows_a = [_record("m:q1", "4", False), _record("m:q1", "4", True)]
     rows_b = [_record("m:q1", "4", True)]

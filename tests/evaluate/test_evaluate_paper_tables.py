@@ -292,11 +292,13 @@ def test_efficiency_tables(tmp_path: Path):
 
 
 def _method_ledger(roles: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
-    """A ledger of (calls, input tokens, output tokens) per role, 8 answer keys, 1 s of judge wall time."""
+    """A ledger of (calls, input tokens, output tokens) per role, 8 answer keys, 4 s of the answer calls' wall
+    time and 9 s of the judge's (beside them: no part of their latency)."""
     ledger = Ledger()
     for role, (calls, n_in, n_out) in roles.items():
-        ledger.roles[role] = RoleStats(calls=calls, input_tokens=n_in, output_tokens=n_out)
-    ledger.roles["judge"] = RoleStats(calls=8, input_tokens=5, output_tokens=5, wall_s=1.0)
+        ledger.roles[role] = RoleStats(calls=calls, input_tokens=n_in, output_tokens=n_out,
+                                       wall_s=4.0 if role == "answer" else 0.0)
+    ledger.roles["judge"] = RoleStats(calls=8, input_tokens=5, output_tokens=5, wall_s=9.0)
     ledger.answer_keys = [f"q{i}" for i in range(8)]
     return ledger.to_dict()
 
@@ -317,7 +319,7 @@ def test_efficiency_tables_list_every_method(tmp_path: Path):
     assert [row[1] for row in table.formatted()] == ["memfit", "plain", "naive_rag", "full_context", "lightmem_slm"]
     columns = ("Method", "Questions", "Write calls", "Read calls", "Write input tokens", "Write output tokens",
                "Read input tokens", "Read output tokens", "Build s", "Latency s / question")
-    # build 10 s + summaries 6 s (write_run's timings, every run); latency (0.4 + 5.0 - 1.0 judge s) / 8 = 0.55
+    # build 10 s + summaries 6 s (write_run's timings, every run); latency (0.4 retrieve + 4.0 answer s) / 8 = 0.55
     assert [table.cell("memfit", c) for c in columns] == [
         "memfit", "8", "3", "8", "3000", "300", "8000", "80", "16.0", "0.55"]
     assert [table.cell("naive_rag", c) for c in columns] == [
@@ -355,6 +357,13 @@ def test_unjudged_runs_leave_judge_cells_empty(tmp_path: Path):
     # two runs of one label: the table found the first by label and showed the other as its own row
     with pytest.raises(pt.TablesError, match=r"two runs are labelled 'full' \(.*full and .*unjudged\)"):
         pt.expand_all([str(full), f"full={unjudged}"])
+    # unjudged runs over other questions: the F1 difference of their averages was printed (+33.33 for a run
+    # limited to four questions); only the judged path compared the questions
+    fewer = write_run(tmp_path / "fewer", rows[:4])
+    with pytest.raises(pt.TablesError, match=r"full/predictions.jsonl and .*fewer/"
+                                             r"predictions.jsonl answered different questions \(4 only in the first, "
+                                             r"0 only in the second\)"):
+        pt.ablation(pt.expand_all([str(full), f"fewer={fewer}"]), EXACT, baseline="full")
 
 
 def test_errors_name_the_directory(tmp_path: Path, sweep_dir: Path):

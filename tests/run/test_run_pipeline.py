@@ -216,8 +216,12 @@ def test_a_predictions_row_that_says_other_than_its_question_is_refused_when_sco
     qid = rows[1]["question_id"]
     for field, damage, said in (("category", None, "None, where the benchmark says"),
                                 ("evaluated", False, "False, where the benchmark says True"),
-                                ("scores", {"paper": {"f1": "1.0", "bleu1": 0.5}}, "scores.paper: {'f1': '1.0'")):
-        copy = tmp_path / field
+                                ("scores", {"paper": {"f1": "1.0", "bleu1": 0.5}}, "scores.paper.f1: '1.0', not a number"),
+                                # an F1 of 7 was averaged in as it was
+                                ("scores", {"paper": {"f1": 7.0, "bleu1": 0.5}}, "scores.paper.f1: 7.0, not a number "
+                                                                                  "from 0 to 1"),
+                                ("scores", {"paper": {"bleu1": 0.5}}, "scores.paper: {'bleu1': 0.5}, not its f1")):
+        copy = tmp_path / f"{field}-{len(said)}"
         shutil.copytree(smoke_run, copy)
         for name in ("DONE", "metrics.json", "results.md"):
             (copy / name).unlink()

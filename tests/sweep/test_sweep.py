@@ -362,6 +362,34 @@ def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
                                          cache_dir=str(tmp_path / "hf")).to_list() == table.to_list()
 
 
+@pytest.mark.parametrize(("damage", "field"), [
+    # a text "n/a" was printed in the f1 % column, "0.5" as 0.5 where 50.00 is meant; --by seed raised
+    ({"average": {"paper": {"f1": "n/a", "bleu1": 0.5}}}, "average.paper.f1"),
+    ({"average": {"paper": {"f1": "0.5", "bleu1": 0.5}}}, "average.paper.f1"),
+    ({"average": {"paper": {"f1": 0.5, "bleu1": 0.5}, "judge": True}}, "average.judge"),
+    ({"retrieval": {"overall": {"pack_hit": float("nan")}}}, "retrieval.overall.pack_hit"),
+    ({"questions": "4"}, "questions"),
+    ({"by_category": {"1": {"paper": {"f1": [0.5]}}}}, "by_category.1.paper.f1"),
+])
+def test_aggregate_refuses_a_metrics_value_that_is_no_number(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                             damage: dict, field: str) -> None:
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": f"seed={seed}", "overrides": {"reader.seed": seed}, "dir": str(sweep_dir / "points" / f"seed={seed}"),
+               "state": "done"} for seed in (0, 1)]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["reader.seed"], "points": points}))
+    sound = {"questions": 4, "metric_variant": "paper", "average": {"paper": {"f1": 0.25, "bleu1": 0.125}}}
+    _point(sweep_dir, "seed=0", sound, None, True)
+    _point(sweep_dir, "seed=1", {**sound, **damage}, None, True)
+    said = f"{sweep_dir / 'points' / 'seed=1' / 'metrics.json'}, field {field!r}: "
+    for command in (["aggregate", str(sweep_dir)], ["aggregate", str(sweep_dir), "--by", "seed"]):
+        if (field.startswith("by_category") and "--by" not in command) or (field == "questions" and "--by" in command):
+            continue  # the table of points shows no category; --by summarises no question count
+        assert memfit_main(command) == 2, command
+        err = capsys.readouterr().err
+        assert said in err and "is not a finite number" in err, (command, err)
+
+
 def test_aggregate_refuses_a_directory_without_sweep_json(tmp_path: Path) -> None:
     with pytest.raises(SweepError, match="no sweep.json"):
         aggregate(tmp_path)
