@@ -25,7 +25,7 @@ from memfit_gpu.cli import main
 from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data import load_benchmark, select_from_config
 from memfit_gpu.evaluate.metrics import score_all
-from memfit_gpu.files import append_jsonl
+from memfit_gpu.files import append_jsonl, read_jsonl
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.run.inputs import data_record, resolve_inputs
 from memfit_gpu.run.judge_audit import PROBES, WRONG, AuditError, audit, negate, perturb, probes_for
@@ -167,6 +167,14 @@ def test_what_the_audit_refuses_exits_2_in_one_line(small_locomo: Path, tmp_path
     assert main(["judge-audit", "--quiet", str(run_dir), "reader.model=other"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "memfit judge-audit: error: only eval.judge.* settings may be changed for an audit, not reader.model=other")
+    # a row's F1 of 7 was read as it was (the F1-agreement column then agreed with any verdict)
+    rows = read_jsonl(run_dir / "predictions.jsonl")
+    rows[0]["scores"]["paper"]["f1"] = 7.0
+    (run_dir / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["judge-audit", str(run_dir), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"memfit judge-audit: error: {run_dir / 'predictions.jsonl'}: question {rows[0]['question_id']}: field "
+        "'scores.paper.f1' is 7.0, not a number from 0 to 1")
     (run_dir / "DONE").unlink()
     assert main(["judge-audit", str(run_dir), "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
