@@ -42,7 +42,7 @@ from typing import Any
 
 from memfit_gpu import render
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, read_predictions
+from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, read_predictions, row_problem
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
 from memfit_gpu.files import (
@@ -103,9 +103,14 @@ class Run:
         if not path.is_file():
             raise TablesError(f"{self.path}: no predictions.jsonl")
         try:  # the one JSONL reader: lines end at \n (a reply may hold U+2028, written raw)
-            return read_jsonl(path, repair=False)
+            rows = read_jsonl(path, repair=False)
         except DataError as exc:
             raise TablesError(str(exc)) from None
+        for row in rows:  # what every reader of predictions checks (a verdict "false" is no correct answer)
+            problem = row_problem(row) if isinstance(row, dict) and row.get("evaluated", True) else None
+            if problem is not None:
+                raise TablesError(f"{path}: question {row.get('question_id')}: field '{problem[0]}' is {problem[1]}")
+        return rows
 
     def need_ledger(self) -> dict[str, Any]:
         if self.ledger is None:

@@ -269,6 +269,12 @@ def test_longmemeval_table_by_question_type(tmp_path: Path):
     assert [table.cell("lme", c) for c in ("single-session-user", "knowledge-update", "temporal-reasoning",
                                            "Abstention", "n abstention", "Overall")] == \
         ["50.00", "100.00", "50.00", "50.00", "2", "60.00"]
+    # an abstention verdict "false" (a text) was read as a truth value: a correct abstention
+    damaged = write_run(tmp_path / "damaged", [{**_row("u2_abs", "single-session-user", 0, 0, False),
+                                                "judge": {"verdict": "false"}}], benchmark="longmemeval")
+    with pytest.raises(pt.TablesError, match=r"damaged/predictions.jsonl: question u2_abs: field 'judge.verdict' is "
+                                             r"'false', not true, false or null"):
+        pt.longmemeval([pt.load_run(damaged)])
 
 
 def test_efficiency_tables(tmp_path: Path):
