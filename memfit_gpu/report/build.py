@@ -46,7 +46,7 @@ from memfit_gpu.evaluate.attribution import (
     matches,
     outcome_counts,
 )
-from memfit_gpu.evaluate.compare import compare_runs
+from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
 from memfit_gpu.evaluate.efficiency import DEFAULT_PRICE_MODEL
 from memfit_gpu.evaluate.stats import bootstrap_mean_ci
 from memfit_gpu.evaluate.tables import benchmark_title, category_name, category_order
@@ -243,8 +243,11 @@ def _results_table(run: RunFiles) -> dict[str, Any]:
 
 
 def _comparison(base: RunFiles, other: RunFiles) -> dict[str, Any]:
-    """`memfit compare BASE OTHER`, as rows."""
-    result = compare_runs(base.path, other.path)
+    """`memfit compare BASE OTHER --variant V` (V: the report's variant, the results tables'), as rows."""
+    try:
+        result = compare_runs(base.path, other.path, variant=base.variant)
+    except PredictionsError as exc:  # runs that share no question, a row compare cannot read: one line, exit 2
+        raise ReportError(str(exc)) from None
     rows = []
     for cat, r in result["by_category"].items():
         rows.append((r["name"] if r["name"] == cat else f"{r['name']} ({cat})", r, r["mean_a"], r["mean_b"]))
@@ -403,7 +406,10 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path, online: str | 
     if top_n < 1:
         raise ReportError(f"--top-n {top_n}: the ranking depth that counts as retrieved must be >= 1")
     paths = [Path(p) for p in run_dirs]
-    runs = [read_run(p, label) for p, label in zip(paths, labels_for(paths), strict=True)]
+    names = labels_for(paths)
+    # every run at the first run's table variant: a column, a figure's axis or a comparison never mixes two
+    first = read_run(paths[0], names[0])
+    runs = [first, *(read_run(p, name, first.variant) for p, name in zip(paths[1:], names[1:], strict=True))]
     price = None
     if price_model is not None:
         prices = load_prices(prices_path)

@@ -4,18 +4,26 @@ Nothing is recomputed that a run wrote: metrics.json's tables and intervals, pac
 and packs, predictions.jsonl's scores and verdicts (read by `memfit compare`'s reader), provenance.json,
 ledger.json and timings.json (through `memfit efficiency`'s row), depths.json. A directory without them is
 refused, naming the file.
+
+The page puts metrics.json's numbers (the table's point estimates) beside numbers worked out from
+predictions.jsonl (intervals, comparisons, attribution), so the two must be of one scoring: metrics.json's
+question count, and each category's size and means under the table's variant, must be those of the evaluated
+predictions, or the run is refused (naming the file, the category and the field) rather than shown with an
+interval that is not its estimate's. Every field the page reads is checked where it is read, so a damaged file
+is one error naming the file, the question or category and the field, never a traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memfit_gpu import provenance
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.evaluate.compare import read_predictions
+from memfit_gpu.evaluate.compare import PredictionsError, read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.files import read_json_object, read_jsonl, read_yaml_mapping
 from memfit_gpu.readers.ledger import read_ledger
@@ -38,10 +46,9 @@ class RunFiles:
     predictions: list[dict[str, Any]]  # predictions.jsonl's evaluated rows (the later line of a repeated question)
     depths: dict[str, Any] | None  # depths.json (eval.pack_cutoffs)
     warnings: list[str]
-
-    @property
-    def variant(self) -> str:
-        return str(self.metrics.get("metric_variant") or "paper")
+    # the metric variant every table and figure of the report reads this run at: the first run's table variant,
+    # so that one column or one axis never holds two variants (read_run checks the run has it)
+    variant: str
 
     @property
     def benchmark(self) -> str | None:
@@ -68,8 +75,10 @@ def _json(path: Path, fields: dict[str, type | tuple[type, ...]] | None = None, 
         raise ReportError(str(exc)) from None
 
 
-def read_run(path: str | Path, label: str) -> RunFiles:
-    """One scored run directory (metrics.json written: DONE follows it)."""
+def read_run(path: str | Path, label: str, variant: str | None = None) -> RunFiles:
+    """One scored run directory (metrics.json written: DONE follows it), read at metric `variant` (None: its own
+    table variant, metrics.json's metric_variant). ReportError naming the file, the question or category and the
+    field when a file is damaged, lacks `variant`, or when metrics.json is not the scoring of predictions.jsonl."""
     run = Path(path)
     if not run.is_dir():
         raise ReportError(f"{run} is not a directory (give memfit run's --out directories)")
@@ -80,16 +89,21 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         config = read_yaml_mapping(config_path)
     except DataError as exc:
         raise ReportError(str(exc)) from None
-    metrics = _json(run / "metrics.json", {"questions": int, "average": dict})
+    metrics_path = run / "metrics.json"
+    metrics = _json(metrics_path, {"questions": int, "average": dict, "by_category": dict})
+    own = str(metrics.get("metric_variant") or "paper")
+    variant = variant or own
     packs_path = run / "packs.jsonl"
     if not packs_path.is_file():
         raise ReportError(f"{packs_path} does not exist: {run} is not a memfit run directory")
-    packs = {row["question_id"]: row for row in read_jsonl(packs_path, repair=False)}
+    packs = _packs(packs_path)
     try:
-        _, by_id, warnings = read_predictions(run)
-    except (ValueError, FileNotFoundError) as exc:
+        predictions_file, by_id, warnings = read_predictions(run)
+    except (PredictionsError, ValueError, FileNotFoundError) as exc:  # one line naming the file, line and field
         raise ReportError(str(exc)) from None
+    _check_scores(predictions_file, by_id.values(), variant, label, own)
     predictions = [{k: v for k, v in row.items() if k != "_line"} for row in by_id.values()]
+    _check_metrics(metrics_path, metrics, predictions_file, predictions, variant, label, own)
     missing = [row["question_id"] for row in predictions if row["question_id"] not in packs]
     if missing:
         raise ReportError(f"{packs_path}: {len(missing)} predicted questions have no row (first: {missing[0]})")
@@ -99,8 +113,161 @@ def read_run(path: str | Path, label: str) -> RunFiles:
         raise ReportError(str(exc)) from None
     timings = _json(run / "timings.json", numbers=True) if (run / "timings.json").is_file() else dict(metrics.get("timings") or {})
     depths = _json(run / "depths.json") if (run / "depths.json").is_file() else None
+    if depths is not None:
+        _check_depths(run / "depths.json", depths, variant, label, own)
+    if variant != own:
+        warnings = [*warnings, f"its own table metric is {own}; this report shows every run at {variant} (the first "
+                               "run's), which its metrics.json and predictions.jsonl also hold"]
     return RunFiles(run, label, config, metrics, record, _json(run / "ledger.json", read=read_ledger),
-                    {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings)
+                    {k: float(v) for k, v in timings.items()}, packs, predictions, depths, warnings, variant)
+
+
+def _packs(path: Path) -> dict[str, dict[str, Any]]:
+    """packs.jsonl's rows by question id; ReportError naming the line when one is not an object with one."""
+    try:
+        rows = read_jsonl(path, repair=False)
+    except DataError as exc:
+        raise ReportError(str(exc)) from None
+    packs = {}
+    for number, row in enumerate(rows, start=1):  # read_jsonl skips blank lines: the number counts rows
+        qid = row.get("question_id") if isinstance(row, dict) else None
+        if not isinstance(qid, str) or not qid:
+            what = "not a JSON object" if not isinstance(row, dict) else "field 'question_id' missing or not a string"
+            raise ReportError(f"{path}, row {number}: {what}")
+        packs[qid] = row
+    return packs
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number (true and false are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _lacks(label: str, variant: str, own: str) -> str:
+    # why a variant can be missing: the report reads every run at the first run's variant (RunFiles.variant)
+    return (f"run {label} has no {variant} scores, and the report reads it at {variant}, "
+            + ("its table metric" if variant == own else f"the first run's table metric (its own is {own})"))
+
+
+def _check_scores(path: Path, rows: Iterable[Mapping[str, Any]], variant: str, label: str, own: str) -> None:
+    """Each evaluated row's scores.VARIANT: its f1 and bleu1 numbers (the per-question table, intervals and
+    attribution read them)."""
+    for row in rows:
+        scores = row.get("scores")
+        where = f"{path}:{row['_line']}: question {row['question_id']}, field"
+        if scores is None:
+            raise ReportError(f"{where} 'scores': null; {_lacks(label, variant, own)}")
+        table = scores.get(variant) if isinstance(scores, dict) else None
+        if table is None:
+            raise ReportError(f"{where} 'scores.{variant}': missing; {_lacks(label, variant, own)}")
+        if not isinstance(table, dict):
+            raise ReportError(f"{where} 'scores.{variant}': expected an object, got {type(table).__name__}")
+        for metric in ("f1", "bleu1"):
+            if not _number(table.get(metric)):
+                raise ReportError(f"{where} 'scores.{variant}.{metric}': {table.get(metric)!r:.40}, not a number")
+
+
+def _verdicts(rows: Iterable[Mapping[str, Any]]) -> list[float]:
+    """The judge verdicts of the rows that have one, as 0 / 1 (evaluate/tables.py's judge column)."""
+    return [float(bool(r["judge"]["verdict"])) for r in rows
+            if isinstance(r.get("judge"), dict) and r["judge"].get("verdict") is not None]
+
+
+def _close(a: float, b: float) -> bool:
+    # the same values summed in another order differ in the last bits, an edited file by far more
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _check_block(path: Path, name: str, block: Any, variant: str, label: str, own: str,
+                 rows: list[Mapping[str, Any]] | None) -> None:
+    """One of metrics.json's blocks (a category, overall, average): its n and its VARIANT f1 / bleu1 numbers, and
+    when `rows` (its evaluated predictions) are given, that they are those rows' count and means, and its judge
+    accuracy theirs."""
+    if not isinstance(block, dict):
+        raise ReportError(f"{path}, {name}: expected an object, got {type(block).__name__}")
+    n = block.get("n")
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ReportError(f"{path}, {name}, field 'n': {n!r:.40}, not a count")
+    table = block.get(variant)
+    if not isinstance(table, dict):
+        raise ReportError(f"{path}, {name}, field '{variant}': "
+                          + (f"missing; {_lacks(label, variant, own)}" if table is None
+                             else f"expected an object, got {type(table).__name__}"))
+    for metric in ("f1", "bleu1"):
+        if not _number(table.get(metric)):
+            raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table.get(metric)!r:.40}, not a number")
+    judge = block.get("judge")
+    if judge is not None and not _number(judge):
+        raise ReportError(f"{path}, {name}, field 'judge': {judge!r:.40}, not a number")
+    if rows is None:
+        return
+    # the table prints these numbers beside intervals and tests worked out from predictions.jsonl
+    stale = "; the two files are not of one scoring (one was edited or replaced)"
+    if n != len(rows) or not rows:  # a block of no question has no mean and no interval either
+        held = f"{len(rows)} evaluated questions" if rows else "no evaluated question"
+        raise ReportError(f"{path}, {name}, field 'n': {n}, but predictions.jsonl holds {held} of it{stale}")
+    for metric in ("f1", "bleu1"):
+        mean = sum(float(r["scores"][variant][metric]) for r in rows) / len(rows)
+        if not _close(float(table[metric]), mean):
+            raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table[metric]:.6g}, but its questions' "
+                              f"mean in predictions.jsonl is {mean:.6g}{stale}")
+    if "judge" not in block:  # a run without the judge has no judge column
+        return
+    verdicts = _verdicts(rows)
+    accuracy = sum(verdicts) / len(verdicts) if verdicts else None
+    if not (judge is None and accuracy is None
+            or judge is not None and accuracy is not None and _close(float(judge), accuracy)):
+        have = f"an accuracy of {accuracy:.6g} over {len(verdicts)} verdicts" if verdicts else "no verdict"
+        shown = "null" if judge is None else f"{judge:.6g}"
+        raise ReportError(f"{path}, {name}, field 'judge': {shown}, but predictions.jsonl holds {have} for its "
+                          f"questions{stale}")
+
+
+def _check_metrics(path: Path, metrics: dict[str, Any], predictions_file: Path, predictions: list[dict[str, Any]],
+                   variant: str, label: str, own: str) -> None:
+    """metrics.json is the scoring of these predictions: its question count, each category's size, means and judge
+    accuracy, and overall's; average's and each category's VARIANT numbers are there."""
+    if metrics["questions"] != len(predictions):
+        raise ReportError(f"{path}, field 'questions': {metrics['questions']}, but {predictions_file} holds "
+                          f"{len(predictions)} evaluated questions; the two files are not of one scoring (one was "
+                          "edited or replaced)")
+    by_category: dict[str, list[Mapping[str, Any]]] = {}
+    for row in predictions:
+        by_category.setdefault(str(row["category"]), []).append(row)
+    blocks = metrics["by_category"]
+    for cat, block in blocks.items():
+        _check_block(path, f"category {cat!r}", block, variant, label, own, by_category.get(cat, []))
+        if not isinstance(block.get("name"), str):
+            raise ReportError(f"{path}, category {cat!r}, field 'name': {block.get('name')!r:.40}, not a text")
+    unscored = [cat for cat in by_category if cat not in blocks]
+    if unscored:
+        raise ReportError(f"{path}, field 'by_category': no category {unscored[0]!r}, which {len(by_category[unscored[0]])} "
+                          f"questions of {predictions_file} have; the two files are not of one scoring (one was "
+                          "edited or replaced)")
+    if "overall" in metrics:
+        _check_block(path, "overall", metrics["overall"], variant, label, own, predictions)
+    _check_block(path, "average", metrics["average"], variant, label, own, None)
+    ci = metrics.get("ci95")
+    if ci is not None and not (isinstance(ci, dict) and all(isinstance(ci.get(k), (dict, type(None)))
+                                                            for k in ("average", "overall"))):
+        raise ReportError(f"{path}, field 'ci95': expected an object of intervals")
+
+
+def _check_depths(path: Path, depths: dict[str, Any], variant: str, label: str, own: str) -> None:
+    """depths.json's rows as the depth table reads them: k, questions, prompt tokens and the average at VARIANT."""
+    rows = depths.get("depths")
+    if not isinstance(rows, list):
+        raise ReportError(f"{path}, field 'depths': expected a list of depths, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ReportError(f"{path}, depth {i}: expected an object, got {type(row).__name__}")
+        for name, check in (("k", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+                            ("questions", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+                            ("input_tokens_per_question", _number)):
+            if not check(row.get(name)):
+                raise ReportError(f"{path}, depth {i}, field {name!r}: {row.get(name)!r:.40}, not a number")
+        _check_block(path, f"depth k={row['k']} average", {"n": row["questions"], **(row.get("average") or {})}
+                     if isinstance(row.get("average"), dict) else row.get("average"), variant, label, own, None)
 
 
 def labels_for(paths: list[Path]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,8 @@ import pytest
 from support.report_runs import REPO, FakeQuestion, write_run  # tests/ is on sys.path
 
 from memfit_gpu.cli import main
-from memfit_gpu.evaluate.tables import category_name
-from memfit_gpu.report import ReportError, build_report, question_records, question_table, read_run
+from memfit_gpu.evaluate.tables import category_name, summarize
+from memfit_gpu.report import ReportError, build_report, plots, question_records, question_table, read_run
 from memfit_gpu.report.build import TABLE_COLUMNS, _segments, excerpt_blocks
 
 TURN = "Speaker Ann says: " + "we talked about the garden and the long summer evenings by the lake " * 14  # ~1000 chars
@@ -211,3 +212,195 @@ def test_refusals_name_the_directory(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "bad.json").write_text(json.dumps({"replay": {}}))
     assert main(["report", str(good), "--out", str(tmp_path / "r.html"), "--online", str(tmp_path / "bad.json")]) == 2
     assert "no `table` of latency percentiles" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ metrics.json against predictions.jsonl
+def _judged_run(path: Path) -> Path:
+    """Six judged questions of four categories: category 1's F1 is 0.5 (one right of two), its judge 0.5."""
+    answers = [("1", "red", "red", True), ("1", "blue", "green", False), ("2", "May 2023", "May 2023", True),
+               ("2", "tea", "coffee", True), ("3", "cat", "cat", True), ("4", "lake", "sea", False)]
+    questions = [FakeQuestion(f"q{i}", c, gold, prediction, [f"t{i}"], [(f"t{i}", f"turn {i}")], judge=verdict)
+                 for i, (c, gold, prediction, verdict) in enumerate(answers)]
+    return write_run(path, questions, overrides=["eval.judge.enabled=true"])
+
+
+def _edit_rows(path: Path, edit: Any) -> None:
+    """Rewrite a JSONL file's rows as `edit(rows)` returns them."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(row) + "\n" for row in edit(rows)))
+
+
+def _edit_json(path: Path, edit: Any) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def _report_error(runs: list[Path], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """`memfit report RUNS`'s one error line; asserts exit code 2 (no traceback)."""
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def _recategorise(rows: list[dict[str, Any]], old: str, new: str) -> list[dict[str, Any]]:
+    return [{**r, "category": new} if r["category"] == old else r for r in rows]
+
+
+def _unevaluate(rows: list[dict[str, Any]], category: str) -> list[dict[str, Any]]:
+    return [{**r, "evaluated": False} if r["category"] == category else r for r in rows]
+
+
+def _set_f1(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows[1]["scores"]["paper"]["f1"] = 1.0
+    return rows
+
+
+def _flip_verdict(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows[1]["judge"]["verdict"] = True
+    return rows
+
+
+STALE = "; the two files are not of one scoring (one was edited or replaced)"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda rows: rows[:-1], "metrics.json, field 'questions': 6, but {run}/predictions.jsonl holds 5 evaluated "
+                             "questions" + STALE),
+    (lambda rows: _unevaluate(rows, "1"), "metrics.json, field 'questions': 6, but {run}/predictions.jsonl holds 4 "
+                                          "evaluated questions" + STALE),
+    (lambda rows: [{**rows[0], "category": "2"}, *rows[1:]],
+     "metrics.json, category '1', field 'n': 2, but predictions.jsonl holds 1 evaluated questions of it" + STALE),
+    (lambda rows: _recategorise(rows, "1", "9"),
+     "metrics.json, category '1', field 'n': 2, but predictions.jsonl holds no evaluated question of it" + STALE),
+    (lambda rows: _recategorise(rows, "4", "9"),
+     "metrics.json, category '4', field 'n': 1, but predictions.jsonl holds no evaluated question of it" + STALE),
+    (_set_f1, "metrics.json, category '1', field 'paper.f1': 0.5, but its questions' mean in predictions.jsonl is 1"
+              + STALE),
+    (_flip_verdict, "metrics.json, category '1', field 'judge': 0.5, but predictions.jsonl holds an accuracy of 1 "
+                    "over 2 verdicts for its questions" + STALE),
+])
+def test_a_metrics_json_that_is_not_the_scoring_of_the_predictions_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, message: str) -> None:
+    """The table's numbers are metrics.json's, its intervals, comparisons and attribution predictions.jsonl's: a row
+    deleted, moved, marked unevaluated or rescored after scoring would put an estimate beside another set's interval
+    (a deleted row of a one-question category: its F1 shown with the interval [0.0, 0.0]). One line, exit 2."""
+    run = _judged_run(tmp_path / "a")
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    _edit_rows(run / "predictions.jsonl", edit)
+    assert _report_error([run], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {run}/{message.format(run=run)}")
+
+
+def _rescored(run: Path, out: Path, variant: str, keep: tuple[str, ...] | None = None) -> Path:
+    """A copy of `run` whose metrics.json is summarised at table metric `variant` (`memfit run ...
+    eval.table_metric=VARIANT` of the same answers), its predictions scored at `keep` only (None: as they are)."""
+    shutil.copytree(run, out)
+    if keep is not None:
+        _edit_rows(out / "predictions.jsonl", lambda rows: [
+            {**r, "scores": {v: s for v, s in r["scores"].items() if v in keep}} for r in rows])
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    metrics = summarize(rows, variant=variant, judge=False, benchmark="locomo", n_boot=50)
+    metrics.update(name=out.name, benchmark="locomo", method="memfit", questions=len(rows), metric_variant=variant)
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    return out
+
+
+def test_every_run_is_read_at_the_first_runs_table_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs of the same answers, the second's table at the locomo variant (multi-hop splits the gold answer at
+    its commas, open-domain keeps what precedes a semicolon): every table, figure and comparison of the report
+    reads both at the first run's variant, and says so; a run without that variant is refused, named."""
+    answers = [("1", "paris, london", "paris"), ("1", "red, blue", "red"), ("3", "blue; because sky", "blue"),
+               ("3", "cat; pet", "cat"), ("2", "May 2023", "May 2023"), ("4", "tea", "tea")]
+    a = write_run(tmp_path / "pa", [FakeQuestion(f"q{i}", c, gold, prediction, [f"t{i}"], [(f"t{i}", "a turn")])
+                                    for i, (c, gold, prediction) in enumerate(answers)])
+    b = _rescored(a, tmp_path / "lo", "locomo")
+    panels: list[dict[str, Any]] = []
+    real = plots.category_scores
+    monkeypatch.setattr(plots, "category_scores", lambda *args: panels.append(args[3]) or real(*args))
+
+    paper = [2 / 3, 1.0, 7 / 12, 1.0]  # categories 1-4 at paper; locomo: [0.5, 1.0, 1.0, 1.0]
+    for runs, variant, f1 in (([a, b], "paper", paper), ([b, a], "locomo", [0.5, 1.0, 1.0, 1.0])):
+        page = build_report(runs, tmp_path / "r.html").path.read_text()
+        assert panels.pop() == {f"F1 ({variant})": [pytest.approx(f1), pytest.approx(f1)]}
+        cells = [re.findall(r'<td class="num">([\d.]+) <span class="ci">', table)
+                 for table in re.findall(r'<table class="results" data-run="\d">(.*?)</table>', page, re.S)]
+        average = sum(f1) / 4
+        assert cells[0] == cells[1] == [f"{100 * v:.2f}" for v in (*f1, average, 9 / 12 if variant == "paper" else 5 / 6)]
+        assert page.count(f"Metric variant <code>{variant}</code>") == 2
+        assert f"Metric: {variant} f1 (x100)" in page  # the comparison too
+        own = "locomo" if variant == "paper" else "paper"
+        assert (f"warning: its own table metric is {own}; this report shows every run at {variant} (the first "
+                "run&#39;s), which its metrics.json and predictions.jsonl also hold") in page
+
+    only = _rescored(a, tmp_path / "only", "locomo", keep=("locomo",))
+    assert _report_error([a, only], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {only}/predictions.jsonl:1: question q0, field 'scores.paper': missing; run only has no "
+        "paper scores, and the report reads it at paper, the first run's table metric (its own is locomo)")
+    _edit_rows(only / "predictions.jsonl", lambda rows: [{**r, "scores": {**r["scores"], "paper": {"f1": 0.0, "bleu1": 0.0}}}
+                                                          for r in rows])
+    assert _report_error([a, only], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {only}/metrics.json, category '1', field 'paper': missing; run only has no paper "
+        "scores, and the report reads it at paper, the first run's table metric (its own is locomo)")
+
+
+def test_runs_that_share_no_question_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two runs of other questions (another data.offset) cannot be compared: `memfit compare`'s line, exit 2."""
+    a = write_run(tmp_path / "a", _questions(3, 2, "t"))
+    b = write_run(tmp_path / "b", [FakeQuestion(f"x{q.question_id}", q.category, q.gold, q.prediction, q.evidence,
+                                                q.excerpts) for q in _questions(3, 2, "t")])
+    assert _report_error([a, b], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {a}/predictions.jsonl and {b}/predictions.jsonl share no evaluated question_id")
+
+
+def _depths(variant: str) -> dict[str, Any]:
+    """depths.json of one depth (run/depths.py's shape) whose average holds `variant` only."""
+    return {"method": "memfit", "pack_k": 5, "metric_variant": variant,
+            "depths": [{"k": 5, "questions": 6, "input_tokens_per_question": 120.0, "retrieval": {"pack_hit": 1.0},
+                        "average": {"n": 6, variant: {"f1": 0.5, "bleu1": 0.5}}}]}
+
+
+@pytest.mark.parametrize("file, edit, message", [
+    ("predictions.jsonl", lambda rows: [{**rows[0], "scores": {"locomo": rows[0]["scores"]["locomo"]}}, *rows[1:]],
+     "predictions.jsonl:1: question q0, field 'scores.paper': missing; run a has no paper scores, and the report "
+     "reads it at paper, its table metric"),
+    ("predictions.jsonl", lambda rows: [{**rows[0], "scores": None}, *rows[1:]],
+     "predictions.jsonl:1: question q0, field 'scores': null; run a has no paper scores, and the report reads it at "
+     "paper, its table metric"),
+    ("predictions.jsonl", lambda rows: [{**rows[0], "scores": {"paper": {"f1": 1.0}}}, *rows[1:]],
+     "predictions.jsonl:1: question q0, field 'scores.paper.bleu1': None, not a number"),
+    ("packs.jsonl", lambda rows: [{k: v for k, v in rows[0].items() if k != "question_id"}, *rows[1:]],
+     "packs.jsonl, row 1: field 'question_id' missing or not a string"),
+    ("packs.jsonl", lambda rows: [rows[0], ["q1"], *rows[2:]], "packs.jsonl, row 2: not a JSON object"),
+    ("metrics.json", lambda m: m["by_category"]["1"].pop("paper"),
+     "metrics.json, category '1', field 'paper': missing; run a has no paper scores, and the report reads it at "
+     "paper, its table metric"),
+    ("metrics.json", lambda m: m.update(by_category="x"), "metrics.json, field 'by_category': expected dict, got str"),
+    ("metrics.json", lambda m: m["by_category"].update({"5": {**m["by_category"]["4"], "n": 0}}),
+     "metrics.json, category '5', field 'n': 0, but predictions.jsonl holds no evaluated question of it; the two files "
+     "are not of one scoring (one was edited or replaced)"),
+    ("metrics.json", lambda m: m["by_category"].update({"2": [1]}),
+     "metrics.json, category '2': expected an object, got list"),
+    ("metrics.json", lambda m: m["by_category"]["3"].update(n="1"), "metrics.json, category '3', field 'n': '1', not a count"),
+    ("metrics.json", lambda m: m["average"].pop("paper"),
+     "metrics.json, average, field 'paper': missing; run a has no paper scores, and the report reads it at paper, "
+     "its table metric"),
+    ("depths.json", lambda d: d.update(_depths("locomo")),
+     "depths.json, depth k=5 average, field 'paper': missing; run a has no paper scores, and the report reads it at "
+     "paper, its table metric"),
+])
+def test_a_damaged_field_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], file: str,
+                                             edit: Any, message: str) -> None:
+    """A field the report reads, missing or of another type: one line naming the file, the question or category and
+    the field, exit 2 (a KeyError, TypeError or AttributeError traceback, exit 1, before)."""
+    run = _judged_run(tmp_path / "a")
+    if file == "depths.json":
+        (run / file).write_text(json.dumps(_depths("paper")))
+        assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0  # the sound one is read
+    if file.endswith(".jsonl"):
+        _edit_rows(run / file, edit)
+    else:
+        _edit_json(run / file, edit)
+    assert _report_error([run], tmp_path / "r.html", capsys) == f"memfit report: error: {run}/{message}"
