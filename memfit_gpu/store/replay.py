@@ -22,7 +22,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.store import compaction
 from memfit_gpu.store.columns import RecordRefused, StoreColumns
 from memfit_gpu.store.log import RecordLog, StoreCorruptError
-from memfit_gpu.store.snapshot import clear_staging
+from memfit_gpu.store.snapshot import clear_staging, widest_snapshot
 from memfit_gpu.store.write_path import chunk_cost
 
 log = logging.getLogger("memfit_gpu.store.episodes")
@@ -88,8 +88,21 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> Opened
     if header.get("encoder") != cfg.index.encoder:
         log.warning("%s: built with encoder %s, opened with %s", record_log.path, header.get("encoder"), cfg.index.encoder)
     commits = header.get("format") == LOG_FORMAT
+    committed = committed_records(record_log) if commits else len(record_log)
+    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
+    if widest is not None and widest[0] > committed:
+        # a snapshot is written after the records it covers were committed, and an fsynced log (store.fsync: every
+        # live memory's) keeps what it committed through any crash: the log lost acknowledged records to an outside
+        # hand (cut short, an older copy put back). Opening would serve a smaller memory, and the next snapshots
+        # would prune the only trace of the loss. (Without fsync, an OS crash may lose the log's last writes and
+        # keep a later snapshot: that snapshot is skipped and a benchmark build writes them again.)
+        raise StoreCorruptError(str(log_path), None, None,
+                                f"holds {committed} committed records, while {widest[1]} (its checksums intact) covers "
+                                f"{widest[0]}: records the store had acknowledged are missing from the log (it was "
+                                "cut short or replaced by an older copy); nothing was opened or dropped. "
+                                "Put the whole log back; to open the store as the log now stands, losing those "
+                                "records, remove the snapshots that cover more than it holds")
     if commits:
-        committed = committed_records(record_log)
         if committed < len(record_log):
             log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
                         "killed): dropping them whole", record_log.path, len(record_log) - committed)

@@ -118,25 +118,48 @@ def _damage(folder: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def _checked_meta(folder: Path, record_log: RecordLog) -> dict[str, Any] | None:
-    """meta.json of a snapshot that matches the log and its checksums; None (logged why) otherwise."""
+def _own_meta(folder: Path, quiet: bool = False) -> dict[str, Any] | None:
+    """meta.json of a snapshot as it was written (this format, its own sha256 holding); None (logged why, unless
+    `quiet`) otherwise."""
     meta_path = folder / "meta.json"
     if not meta_path.exists():
         return None
+    level, why = logging.ERROR, ""
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        log.error("%s: unreadable (corrupted on disk?): snapshot ignored", meta_path)
-        return None
-    if not isinstance(meta, dict):
-        log.error("%s: not a JSON object (corrupted on disk?): snapshot ignored", meta_path)
-        return None
-    if meta.get("format") != SNAPSHOT_FORMAT:
-        log.warning("%s: snapshot format %r has no checksums (written by an older memfit_gpu): skipped, the "
-                    "indexes are rebuilt from the log", folder, meta.get("format"))
-        return None
-    if meta.get("meta_sha256") != meta_digest(meta):
-        log.error("%s: fails its own sha256 (corrupted on disk): snapshot ignored, never loaded", meta_path)
+        meta, why = None, f"{meta_path}: unreadable (corrupted on disk?): snapshot ignored"
+    if meta is not None and not isinstance(meta, dict):
+        meta, why = None, f"{meta_path}: not a JSON object (corrupted on disk?): snapshot ignored"
+    elif meta is not None and meta.get("format") != SNAPSHOT_FORMAT:
+        level, why = logging.WARNING, (f"{folder}: snapshot format {meta.get('format')!r} has no checksums (written "
+                                       "by an older memfit_gpu): skipped, the indexes are rebuilt from the log")
+        meta = None
+    elif meta is not None and meta.get("meta_sha256") != meta_digest(meta):
+        meta, why = None, f"{meta_path}: fails its own sha256 (corrupted on disk): snapshot ignored, never loaded"
+    if meta is None and not quiet:
+        log.log(level, "%s", why)
+    return meta
+
+
+def widest_snapshot(root: Path) -> tuple[int, Path] | None:
+    """(records, folder) of the snapshot under `root` that covers the most log records, among those whose
+    meta.json is as written (its own sha256 holds); None when there is none. A snapshot is written only after
+    the records it covers were committed to the log, so a log holding fewer lost records it had acknowledged
+    (replay.open_log refuses it)."""
+    widest = None
+    for folder in _folders(root) if root.is_dir() else []:
+        meta = _own_meta(folder, quiet=True)
+        count = meta.get("records") if meta is not None else None
+        if isinstance(count, int) and not isinstance(count, bool) and (widest is None or count > widest[0]):
+            widest = (count, folder)
+    return widest
+
+
+def _checked_meta(folder: Path, record_log: RecordLog) -> dict[str, Any] | None:
+    """meta.json of a snapshot that matches the log and its checksums; None (logged why) otherwise."""
+    meta = _own_meta(folder)
+    if meta is None:
         return None
     count = meta.get("records", -1)
     if not isinstance(count, int) or count < 0 or count > len(record_log) or (

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -212,6 +213,43 @@ def test_torn_tail_is_dropped_with_a_warning_and_later_appends_are_clean(tmp_pat
     assert again.size == 8 and again.body(7) == "Back from camping!"
     _, rows = again.episode_bm25.search([["camping"]], [0], k=3)
     assert rows[0, 0].item() == 7
+
+
+@pytest.mark.parametrize("cut", ["at a record", "inside a record"])
+def test_a_log_that_lost_acknowledged_records_is_refused_not_opened_smaller(tmp_path, bi_encoder, cut):
+    """A log cut back below what a snapshot covers (an older copy put back, a lost write-back) opened as a smaller
+    store with a warning, and the next snapshots pruned the only trace of the loss. A snapshot is written after
+    the records it covers were committed, and an fsynced log keeps those through any crash, so it is refused now,
+    the log and the snapshots as they were. (A log without fsync may lose them to an OS crash: the torn-commit
+    test below opens it.)"""
+    cfg = MemFitConfig()
+    cfg.store.fsync = True  # every live memory's log (an add is durable when it returns)
+    store = EpisodeStore(tmp_path, cfg, bi_encoder)
+    store.add_memories(_memories(), progress=False)
+    good = (Path(tmp_path) / "log.jsonl").read_bytes()
+    store.append_turn("conv-a", _turn("D3:1", "Melanie", "Back from camping!", JUNE, "2023-06-28T09:00:00"))
+    store.close()  # the live turn committed and snapshotted
+    log_path = Path(tmp_path) / "log.jsonl"
+    full = log_path.read_bytes()
+    log_path.write_bytes(good if cut == "at a record" else full[:len(good) + 10])
+    snapshots = Path(tmp_path) / "snapshots"
+    before = sorted(p.name for p in snapshots.iterdir())
+    with pytest.raises(StoreCorruptError, match=r"log\.jsonl: holds (\d+) committed records, while .*snapshots/(\d+) "
+                                                r"\(its checksums intact\) covers \d+: records the store had "
+                                                r"acknowledged are missing from the log") as info:
+        EpisodeStore(tmp_path, cfg, bi_encoder)
+    held, widest = (int(n) for n in re.search(r"holds (\d+) .*snapshots/(\d+) ", str(info.value)).groups())
+    assert held < widest == max(int(name) for name in before)
+    # (a record cut in half is no record: its bytes go, as a torn tail's)
+    assert log_path.read_bytes() == good and sorted(p.name for p in snapshots.iterdir()) == before
+    # the way out the message names: the log put back opens whole; or the wider snapshots removed, the smaller store
+    log_path.write_bytes(full)
+    assert EpisodeStore(tmp_path, cfg, bi_encoder).size == 8
+    log_path.write_bytes(good)
+    for folder in snapshots.iterdir():
+        if int(folder.name) > held:
+            shutil.rmtree(folder)
+    assert EpisodeStore(tmp_path, cfg, bi_encoder).size == 7
 
 
 def test_garbage_after_the_last_record_is_an_error_and_nothing_is_rewritten(tmp_path, bi_encoder):
