@@ -62,6 +62,11 @@ class PromptError(FileNotFoundError):
     cut to reader.max_prompt_chars."""
 
 
+class QuestionTooLongError(PromptError):
+    """An answer prompt still too long without any excerpt: its question (or question date) is; the asker's
+    input, not the setup (memfit serve answers 422)."""
+
+
 @lru_cache(maxsize=64)
 def load_prompt(name: str, prompt_dir: str | None = None) -> str:
     """A template from memfit_gpu/prompts/ (or `prompt_dir`); `name` may also be a path to a file.
@@ -389,7 +394,7 @@ def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_p
                                      **kwargs)
 
     def too_long(messages: list[dict[str, str]]) -> PromptError:
-        return PromptError(f"question {question[:60]!r}: the answer prompt without its excerpts is still too long "
+        return QuestionTooLongError(f"question {question[:60]!r}: the answer prompt without its excerpts is still too long "
                            f"({prompt_chars(messages):,} characters; {why})")
 
     keep = len(excerpts_text)

@@ -34,6 +34,8 @@ from memfit_gpu.live.memory import (
 )
 from memfit_gpu.methods.base import Hit
 from memfit_gpu.names import user_id_problem
+from memfit_gpu.readers.prompts import QuestionTooLongError
+from memfit_gpu.readers.types import ReaderError
 from memfit_gpu.serve.batching import Batcher
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,10 @@ async def outcome(pending: Awaitable[Any]) -> Any:
     except UserFullError as exc:
         setting = "serve.max_turns_per_user" if exc.limit == "turns" else "serve.max_text_mb_per_user"
         raise Refused(507, f"{exc}: {setting}") from None
-    except (DataError, ValueError, TypeError) as exc:
+    except (DataError, ValueError, TypeError, QuestionTooLongError) as exc:
         raise Refused(422, str(exc)) from None
+    except ReaderError as exc:  # a server behind the reader failed calls after its retries: try again later
+        raise Refused(503, f"the reader gave no answer: {exc}") from None
     except StorageError as exc:
         # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py)
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

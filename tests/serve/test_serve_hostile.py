@@ -291,6 +291,18 @@ def test_one_key_takes_a_bounded_share_of_the_server(served) -> None:
     assert len(call(server, "GET", "/v1/users/u4/turns", keys["u4"])[1]["turns"]) == 50
 
 
+def test_a_question_too_long_for_the_reader_is_422(served) -> None:
+    """A one-word question (or a question date) of 500,000 characters passes the word bound but makes an answer
+    prompt longer than reader.max_prompt_chars even without excerpts: a 500 with a traceback in the log. It is
+    the asker's input: 422 naming why."""
+    server, keys = served
+    for body in ({"questions": ["x" * 500_000]}, {"questions": ["When?"], "question_date": "z" * 500_000}):
+        status, reply = call(server, "POST", "/v1/users/u1/answer", keys["u1"], json.dumps(body))
+        assert status == 422, reply
+        assert "the answer prompt without its excerpts is still too long" in reply["detail"], reply
+    assert call(server, "POST", "/v1/users/u1/answer", keys["u1"], json.dumps({"questions": ["When?"]}))[0] == 200
+
+
 def test_one_user_holds_a_bounded_share_of_the_disk(served) -> None:
     """Within its turn quota a user could still fill the disk that every user writes to (turns of up to a
     request body each). Now a user holds at most serve.max_text_mb_per_user of episode text (1 MiB here: 507,
