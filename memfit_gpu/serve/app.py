@@ -204,6 +204,11 @@ class Guard:
                 return _error(403, f"key {key.name!r} is not bound to user {user.group(1)!r}")
         elif path in _ADMIN_PATHS and not key.admin:
             return _error(403, f"key {key.name!r} is not an admin key ({path} is about the whole store)")
+        elif (path == MCP_PATH or path.startswith(MCP_PATH + "/")) and scope["method"] == "GET":
+            # the streamable-HTTP event stream: a stateless server never sends on it, so it stayed open, counted
+            # against the key's share of requests in flight and outside serve.read_timeout_s
+            return _error(405, "GET /mcp opens no event stream on this server (stateless): POST JSON-RPC requests",
+                          headers={"allow": "POST"})
         return None
 
     async def _body(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[bytes, bool]:

@@ -98,6 +98,12 @@ def test_an_mcp_client_over_http_uses_its_users_memory_and_no_other(tmp_path: Pa
                                                                "Accept": "application/json, text/event-stream"},
                                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
             assert reply.status_code == 401, reply.text
+        # the event stream of streamable HTTP: a stateless server never sends on it, and it stayed open (counted
+        # against the key's requests in flight); the transport lets a server refuse it
+        for path in ("/mcp/", "/mcp"):
+            reply = httpx.get(f"{server.url}{path}", headers={"Authorization": f"Bearer {key}",
+                                                              "Accept": "text/event-stream"}, timeout=10)
+            assert (reply.status_code, reply.headers.get("allow")) == (405, "POST"), reply.text
         assert server.stop() == 0
     finally:
         server.kill()
