@@ -22,8 +22,8 @@ ASGI middleware, so a refused request reads nothing; the route checks the bindin
 it was given, so the id authorised is the id used (the path is decoded once, by the server). A body that
 does not arrive within serve.read_timeout_s is 408. Bodies are validated by pydantic (422 naming the
 field, wrong types included; `k` a JSON integer) and by the serve.max_* limits (422 with the limit; the words
-of a request's queries together: serve.max_query_words_per_request); a 4xx body names the field and never
-echoes the input. An unknown user is 404, a turn id reused with other words 409, a full disk 507 naming the
+of a request's queries together: serve.max_query_words_per_request); a 4xx body names the field (pydantic's
+copy of the input is left out; a message may quote the offending value, never the rest of the request). An unknown user is 404, a turn id reused with other words 409, a full disk 507 naming the
 file (the memory writes again once space is freed), and so is an add past serve.max_turns_per_user or while
 the disk has less than serve.min_free_disk_mb free (one client cannot take what every user shares).
 Searches, answers and adds go through dynamic batching (serve/batching.py; serve.batch_window_ms,
