@@ -37,7 +37,11 @@ and text, optional images, questions with answer, category, optional evidence tu
 date) and print every problem, one per line, naming the file, the line (and user) and the field: errors
 (a missing or mistyped field, an unknown key, a repeated id, a date that is not ISO 8601) and warnings
 (evidence naming no turn, an image file that is not there, an empty turn). Exit code 0 when the file
-loads (warnings alone), 2 when it has errors. The schema: docs/how-to/own-data.md."""
+loads (warnings alone), 2 when it has errors. The schema: docs/how-to/own-data.md.
+
+--live: the file is meant for a live memory (`memfit store import`); also list, as errors, what a live
+memory refuses that a run takes: a user id outside the live alphabet (ASCII letters, digits and _ - . @ :)
+and a turn whose text is empty or only white space (images alone make no turn there)."""
 
 FETCH_HELP = """\
 Download the official files (LoCoMo from snap-research/LoCoMo on GitHub; LongMemEval from the
@@ -122,13 +126,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=VALIDATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     validate.add_argument("file", help="the jsonl file (docs/how-to/own-data.md)")
+    validate.add_argument("--live", action="store_true",
+                          help="also check what a live memory refuses (`memfit store import`): user ids, empty turns")
     validate.set_defaults(func=_validate)
 
     convert = actions.add_parser(
         "convert", help="write a benchmark in the own-data jsonl format",
         description="Load a benchmark (as `memfit run` would: --path, $MEMFIT_DATA_DIR, the cache) and write every "
         "memory, turn and question in the jsonl format of `data.benchmark=jsonl` (docs/how-to/own-data.md): a "
-        "starting point for your own data, and the same packs as the original.",
+        "starting point for your own data, and the same packs as the original. Relative image paths are "
+        "rewritten to name the same files from the output file's folder (where the format reads them from).",
     )  # fmt: skip
     _benchmark_to_read(convert)
     convert.add_argument("--out", required=True, help="jsonl file to write (atomically)")
@@ -181,13 +188,19 @@ def _validate(args: argparse.Namespace) -> int:
     from memfit_gpu.data.schema import DataError
 
     benchmark, report = read(args.file)
-    for line in report.errors:
+    errors = list(report.errors)
+    if args.live:
+        from memfit_gpu.cli.store import live_problems
+
+        # memories the reader refused are named once, by the reader: checked again once they read
+        errors += map(str, live_problems(args.file, benchmark.memories, {item for item, _, _ in report.problems}))
+    for line in errors:
         print(f"error: {line}")
     # the file's warnings, then the quirks a run handles (empty turns, huge turns, questions left unscored)
     for line in benchmark.problems:
         print(f"warning: {line}")
-    if report.errors:
-        raise DataError(args.file, None, None, f"{len(report.errors)} error(s), {len(benchmark.problems)} warning(s) "
+    if errors:
+        raise DataError(args.file, None, None, f"{len(errors)} error(s), {len(benchmark.problems)} warning(s) "
                                                "(listed above)")
     questions = sum(len(m.questions) for m in benchmark.memories)
     scored = sum(q.evaluated and "excluded" not in q.extra for m in benchmark.memories for q in m.questions)
@@ -199,11 +212,12 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from memfit_gpu.data import load_benchmark
-    from memfit_gpu.data.jsonl import to_jsonl
+    from memfit_gpu.data.jsonl import rebase_images, to_jsonl
     from memfit_gpu.files import atomic_write_text
 
     benchmark = load_benchmark(args.name, args.path, split=args.split)
-    atomic_write_text(args.out, to_jsonl(benchmark.memories))
+    # the format reads image paths from the output file's folder, the benchmark wrote them from its own
+    atomic_write_text(args.out, to_jsonl(rebase_images(benchmark.memories, benchmark.source, args.out)))
     print(json.dumps({"out": args.out, "from": benchmark.source, "memories": len(benchmark.memories),
                       "questions": len(benchmark.questions())}))
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
+from collections.abc import Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memfit_gpu.config import MemFitConfig
+    from memfit_gpu.data.schema import DataError
+    from memfit_gpu.data.schema import Memory as DataMemory
     from memfit_gpu.readers.reader import Reader
     from memfit_gpu.store.episodes import EpisodeStore
 
@@ -46,14 +48,16 @@ directory in use is refused.
   repair   makes a log openable that an older memfit_gpu left with a record its replay refuses (a write
            batch logged before it was checked, e.g. a live add past 63 speakers): the batches that do
            not apply are dropped (they were refused to their callers), everything else is kept byte for
-           byte; the old log and the dropped records are kept beside it. --dry-run: report only. No
-           config and no model needed.
+           byte; the old log and the dropped records are kept beside it. --dry-run: report only, not a
+           byte of the store changes. No config and no model needed.
   export   a live memory's user as one line of the own-data jsonl format (its turns in order, with ids,
            sessions, timestamps and images; --summaries: its segment summaries with the turn ids they
            cover); DIR is the memory's folder.
   import   adds the users of such a file (or any own-data file) to the live memory in DIR (created when
            missing): every turn in one all-or-nothing add, then the summaries; a second import of the
            same file stores nothing twice. Export then import into an empty memory searches the same.
+           A file the memory would refuse (`memfit data validate --live FILE` lists why) is refused
+           before the memory is opened: nothing is created or changed.
 
 A run directory is a finished experiment: its packs, predictions and metrics were made from the store as
 it was, and these commands leave them (and DONE) as they are. Deleting is for live stores and for
@@ -179,6 +183,9 @@ def repair_command(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{path}: {_NOT_A_TARGET}")
     with locked(_lock_of(store, run_dir)):
         report = repair_store(store, dry_run=args.dry_run)
+    if report.torn_bytes:  # what any open to write does too; said here so that a dry run shows it
+        print(f"  the log {'ends' if args.dry_run else 'ended'} in a torn record of {report.torn_bytes} bytes (a "
+              f"killed writer's): {'the repair cuts it off' if args.dry_run else 'cut off'}, as any open does")
     if not report.dropped:
         print(f"memfit store repair: {store}: all {report.batches} write batches apply; nothing to repair")
         return 0
@@ -230,11 +237,47 @@ def import_command(args: argparse.Namespace) -> int:
     if report.errors:
         raise DataError(args.file, None, None, f"{len(report.errors)} problem(s); the first: {report.errors[0]} "
                                                f"(memfit data validate {args.file} lists them all)")
+    # checked before the memory is opened: a refused import creates no folder and leaves a memory untouched
+    problems = live_problems(args.file, bench.memories)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise DataError(args.file, None, None, f"{len(problems)} problem(s) a live memory refuses; the first: "
+                                               f"{problems[0]} (memfit data validate --live {args.file} lists "
+                                               "them all)")
     with Memory.open(args.dir, one_shot(load_config(args.config))) as memory:
         counts = memory.import_memories(bench.memories)
     print(f"memfit store import: {args.file} -> {args.dir}: {counts['users']} user(s), {counts['turns']} turn(s) "
           f"stored, {counts['duplicates']} already there, {counts['summaries']} summary(ies)")
     return 0
+
+
+def live_problems(file: str | Path, memories: Sequence[DataMemory], skip: Container[str] = ()) -> list[DataError]:
+    """What a live memory refuses in the memories an own-data file holds (live.memory.import_problems), each
+    named as `memfit data validate` names the file's problems: the file, "line 3 (user 'alice')" and the
+    field's path. `skip`: the items (lines) whose memories are not checked (the reader's errors name them
+    already)."""
+    from memfit_gpu.live.memory import import_problems
+
+    if not memories:  # nothing read (a file that is no UTF-8 text among them): nothing to check
+        return []
+    lines = Path(file).read_text(encoding="utf-8").split("\n")  # as data/jsonl.py reads it: lines end at \n
+    numbers = [n for n, text in enumerate(lines, start=1) if text.strip()]
+    if len(numbers) != len(memories):
+        # the reader skipped lines (errors): each memory is the first line with its user id
+        first: dict[str, int] = {}
+        for n in numbers:
+            try:
+                record = json.loads(lines[n - 1])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("user_id"), str):
+                first.setdefault(record["user_id"], n)
+        numbers = [first[m.memory_id] for m in memories]
+    items = [f"line {n} (user {m.memory_id!r})" for n, m in zip(numbers, memories, strict=True)]
+    chosen = [i for i, (n, item) in enumerate(zip(numbers, items, strict=True))
+              if item not in skip and f"line {n}" not in skip]  # a problem found before the user id names the line
+    return import_problems([memories[i] for i in chosen], str(file), [items[i] for i in chosen])
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -394,6 +394,49 @@ def _image_json(image: Image) -> dict[str, Any]:
     return out
 
 
+def rebase_images(memories: Iterable[Memory], source: str | Path, out: str | Path) -> list[Memory]:
+    """`memories` with every relative image path (turns' and questions') rewritten to name the same file
+    from the folder of the jsonl file `out`, which this format reads them from. Loaders keep a path as the
+    benchmark writes it, relative to its `source`'s folder (`source` itself when it is a folder, else the
+    folder it is in: what reader.images resolves it against, methods/answers.py images_for): MemGallery's
+    `../image/...` is relative to dialog/ and, copied as written, names no file from elsewhere. A path that
+    already names the same file from `out`'s folder is kept as written; others become relative to that
+    folder where the two share a folder below the root (they move together), else absolute. URLs and
+    absolute paths are kept.
+    The memories given are not changed."""
+    import os
+    from dataclasses import replace
+
+    base = Path(source)
+    base = base if base.is_dir() else base.parent
+    folder = Path(out).absolute().parent
+    moved: dict[str, str] = {}
+
+    def image(found: Image) -> Image:
+        path = found.path
+        if not path or _URL.match(path) or Path(path).is_absolute():
+            return found
+        if path not in moved:
+            # resolved as the file system resolves each side's `..` (through symlinks), not as text
+            target = (base / path).resolve()
+            here = folder.resolve()
+            if (folder / path).resolve() == target:
+                moved[path] = path
+            elif here.drive == target.drive and os.path.commonpath([here, target]) != target.anchor:
+                moved[path] = Path(os.path.relpath(target, here)).as_posix()
+            else:  # nothing but the root in common: an absolute path says the same, readably
+                moved[path] = str(target)
+        return found if moved[path] == path else replace(found, path=moved[path])
+
+    return [replace(memory,
+                    sessions=[replace(session, turns=[replace(turn, images=[image(i) for i in turn.images])
+                                                      if turn.images else turn for turn in session.turns])
+                              for session in memory.sessions],
+                    questions=[replace(q, image=image(q.image)) if q.image is not None else q
+                               for q in memory.questions])
+            for memory in memories]
+
+
 def memory_json(memory: Memory) -> dict[str, Any]:
     """One line of the format: everything of `memory` that retrieval, answering and scoring read."""
     sessions = []

@@ -158,29 +158,32 @@ class _BatchPlan:
     speakers: dict[str, set[str]] = field(default_factory=dict)  # speaker names stored or planned
 
 
-def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, source: str = "add") -> tuple[Turn, str | None]:
+def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, source: str = "add", *,
+               item: str | None = None, where: str = "") -> tuple[Turn, str | None]:
     """A turn as given to `add` (a dict with TURN_FIELDS, or a data.schema.Turn) -> (Turn, session id or
-    None). Bad input is a DataError naming the source, the user and turn position, and the field."""
-    item = f"user {user_id!r} turn {position}"
+    None). Bad input is a DataError naming the source, the user and turn position, and the field. A caller
+    that read the turn from a file names it there instead: `item` (default "user 'u1' turn 3") and `where`,
+    the turn's path that prefixes each field ("sessions[1].turns[0]." gives "sessions[1].turns[0].text")."""
+    item = f"user {user_id!r} turn {position}" if item is None else item
     if isinstance(raw, Turn):
         return raw, None
     if not isinstance(raw, Mapping):
-        raise DataError(source, item, None, f"a turn is an object with {', '.join(TURN_FIELDS)}, not {type(raw).__name__}")
+        raise DataError(source, item, where.rstrip(".") or None, f"a turn is an object with {', '.join(TURN_FIELDS)}, not {type(raw).__name__}")
     unknown = sorted(set(raw) - set(TURN_FIELDS))
     if unknown:
-        raise DataError(source, item, unknown[0], f"unknown field (a turn has {', '.join(TURN_FIELDS)})")
+        raise DataError(source, item, f"{where}{unknown[0]}", f"unknown field (a turn has {', '.join(TURN_FIELDS)})")
 
     def text(key: str, required: bool) -> str | None:
         value = raw.get(key)
         if value is None:
             if required:
-                raise DataError(source, item, key, "is required")
+                raise DataError(source, item, f"{where}{key}", "is required")
             return None
         if not isinstance(value, str) or (required and not value.strip()):
-            raise DataError(source, item, key, f"must be a non-empty string, got {value!r:.60}")
+            raise DataError(source, item, f"{where}{key}", f"must be a non-empty string, got {value!r:.60}")
         problem = encoding_problem(value)
         if problem is not None:
-            raise DataError(source, item, key, problem)
+            raise DataError(source, item, f"{where}{key}", problem)
         return value
 
     speaker, body = text("speaker", True), text("text", True)
@@ -189,30 +192,64 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
         try:
             when = datetime.fromisoformat(stamp)
         except ValueError:
-            raise DataError(source, item, "timestamp", f"{stamp!r} is not an ISO 8601 date or time "
+            raise DataError(source, item, f"{where}timestamp", f"{stamp!r} is not an ISO 8601 date or time "
                                                        "(e.g. 2024-03-02T10:00:00)") from None
         if when.tzinfo is not None:
-            raise DataError(source, item, "timestamp", f"{stamp!r} has a UTC offset: give local time without one")
+            raise DataError(source, item, f"{where}timestamp", f"{stamp!r} has a UTC offset: give local time without one")
         stamp = when.isoformat()
     images = []
     if not isinstance(raw.get("images") or [], (list, tuple)):
-        raise DataError(source, item, "images", f"a list of images, got {type(raw['images']).__name__}")
+        raise DataError(source, item, f"{where}images", f"a list of images, got {type(raw['images']).__name__}")
     for n, image in enumerate(raw.get("images") or []):
         if not isinstance(image, Mapping) or not isinstance(image.get("caption"), str) or set(image) - set(IMAGE_FIELDS):
-            raise DataError(source, item, f"images[{n}]", f"an image is an object with a caption and optionally "
+            raise DataError(source, item, f"{where}images[{n}]", f"an image is an object with a caption and optionally "
                                                           f"image_id, path: got {image!r:.60}")
         for key in IMAGE_FIELDS:
             value = image.get(key)
             if value is not None and not isinstance(value, str):
-                raise DataError(source, item, f"images[{n}].{key}", f"must be a string, got {type(value).__name__}")
+                raise DataError(source, item, f"{where}images[{n}].{key}", f"must be a string, got {type(value).__name__}")
             problem = None if value is None else encoding_problem(value)
             if problem is not None:
-                raise DataError(source, item, f"images[{n}].{key}", problem)
+                raise DataError(source, item, f"{where}images[{n}].{key}", problem)
         images.append(Image(image["caption"], image.get("image_id"), image.get("path")))
     written = text("date_text", False)
     turn = Turn(text("turn_id", False) or "", str(speaker), str(body), stamp or "",
                 written if written is not None else (date_text(stamp) if stamp else ""), images)
     return turn, text("session_id", False) or (stamp[:10] if stamp else None)
+
+
+def _import_turns(memory: DataMemory) -> list[tuple[str, dict[str, Any]]]:
+    """A memory's turns as `import_memories` adds them, each with its path in the own-data format
+    ("sessions[1].turns[0].", what a refusal names)."""
+    return [(f"sessions[{s}].turns[{t}].",
+             {"turn_id": turn.turn_id, "speaker": turn.speaker, "text": turn.text, "session_id": session.session_id,
+              **({"timestamp": turn.timestamp} if turn.timestamp else {}), "date_text": turn.date_text,
+              **({"images": [{"caption": i.caption, **({"image_id": i.image_id} if i.image_id else {})}
+                             for i in turn.images]} if turn.images else {})})
+            for s, session in enumerate(memory.sessions) for t, turn in enumerate(session.turns)]
+
+
+def import_problems(memories: Sequence[DataMemory], source: str = "import",
+                    items: Sequence[str] | None = None) -> list[DataError]:
+    """Why `import_memories` would refuse these memories for what they hold, found without opening a memory
+    (`memfit store import` checks a file before it creates or opens anything): a user id outside
+    names.USER_ID_RULE, and each turn `add` refuses (parse_turn, the rules add applies). One DataError per
+    bad user id or turn, naming `source`, the memory (items[n], default "user 'u1'") and the field by its
+    path in the own-data format ("sessions[1].turns[0].text"). What depends on the memory's content (a turn
+    id stored with other words, a user past its 63 speakers) is refused by the import itself."""
+    problems: list[DataError] = []
+    for n, memory in enumerate(memories):
+        item = items[n] if items is not None else f"user {memory.memory_id!r}"
+        problem = user_id_problem(memory.memory_id)
+        if problem is not None:
+            problems.append(DataError(source, item, "user_id", problem))
+            continue
+        for position, (where, raw) in enumerate(_import_turns(memory)):
+            try:
+                parse_turn(raw, memory.memory_id, position, source, item=item, where=where)
+            except DataError as exc:
+                problems.append(exc)
+    return problems
 
 
 def _check_queries(texts: Sequence[Any], k: int) -> None:
@@ -723,12 +760,13 @@ class Memory:
     def import_memories(self, memories: Sequence[DataMemory]) -> dict[str, int]:
         """Add memories (what `export` wrote, read back by data/jsonl.py, or any benchmark's) as users: one
         all-or-nothing add of every turn (ids, sessions, timestamps, date texts, images), then each
-        memory's exported summaries with their provenance. Importing a file again stores nothing twice."""
-        turns = [[{"turn_id": t.turn_id, "speaker": t.speaker, "text": t.text, "session_id": s.session_id,
-                   **({"timestamp": t.timestamp} if t.timestamp else {}), "date_text": t.date_text,
-                   **({"images": [{"caption": i.caption, **({"image_id": i.image_id} if i.image_id else {})}
-                                  for i in t.images]} if t.images else {})}
-                  for s in m.sessions for t in s.turns] for m in memories]
+        memory's exported summaries with their provenance. Importing a file again stores nothing twice.
+        A memory `add` would refuse is refused first (`import_problems`: the first one, its field named by
+        its path, sessions[i].turns[j].text, not by its place in the one add)."""
+        problems = import_problems(memories)
+        if problems:
+            raise problems[0]
+        turns = [[raw for _, raw in _import_turns(m)] for m in memories]
         added = self.add([m.memory_id for m in memories], turns) if memories else []
         records = []
         with self.holding():

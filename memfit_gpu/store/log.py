@@ -10,7 +10,8 @@ at WARNING) and the file is cut back to the last whole record so that later appe
 boundary. A bad record with a newline at or after it (a checksum mismatch in a complete line, a flipped
 length, bytes cut out of the middle), or with another byte where its newline belongs, is damage a crash
 cannot make: `StoreCorruptError`, naming the
-file, the record and the byte offset, and the file is left exactly as it was.
+file, the record and the byte offset, and the file is left exactly as it was. A log opened `read_only`
+(a report that must change nothing) reads the same records and leaves a torn tail in place.
 
 Appends never rewrite bytes already written: the file only grows (or is cut back as above, or by
 `drop_records` for a batch its owner never committed, or to its last whole record after an append the
@@ -114,16 +115,25 @@ class RecordLog:
     """One append-only file of records, never held in memory: `len(log)` records, `ends` (byte offset
     past each), `iter_records` streams them from the file (`records` reads them all, for small logs)."""
 
-    def __init__(self, path: str | Path, fsync: bool = False):
+    def __init__(self, path: str | Path, fsync: bool = False, read_only: bool = False):
+        """read_only: read an existing log without changing a byte of it (`memfit store repair --dry-run`):
+        a torn tail is left in place and only counted (`dropped_bytes`, what opening it to write would cut
+        off), and append and drop_records are refused."""
         self.path = Path(path)
         self.fsync = fsync
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if read_only and not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no record log there")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._ends = GrowableArray(np.int64)  # byte offset just past each record
         self._chain = GrowableArray(np.int64)  # CRC32 of the file's bytes up to the end of each record
         self.dropped_bytes = 0
         if self.path.exists():
             self._recover()
-        self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
+        self._file = open(self.path, "rb" if read_only else "ab")  # noqa: SIM115  (held open for the store's lifetime)
+        if read_only:  # it holds no handle then: iter_records opens the file for each read
+            self._file.close()
 
     @property
     def ends(self) -> np.ndarray:
@@ -192,6 +202,13 @@ class RecordLog:
                 f"aside to build it again)",
             )
         self.dropped_bytes = tail
+        if self.read_only:
+            log.warning(
+                "%s: torn last record (%s) at byte %d after %d good records, left by a killed writer: its %d bytes "
+                "are left in place (read only; the next open to write drops them)",
+                self.path, reason, good, len(self), self.dropped_bytes,
+            )
+            return
         log.warning(
             "%s: torn last record (%s) at byte %d after %d good records, left by a killed writer: dropping its "
             "%d bytes and truncating the file back to the last good record",
@@ -207,6 +224,7 @@ class RecordLog:
 
     def drop_records(self, count: int) -> None:
         """Cut the log back to its first `count` records (the owner's uncommitted tail)."""
+        self._check_writable()
         if count >= len(self):
             return
         size = int(self._ends.view[count - 1]) if count else 0
@@ -225,6 +243,11 @@ class RecordLog:
             self._truncate(self.size_bytes)
         self._file = open(self.path, "ab")  # noqa: SIM115  (held open for the store's lifetime)
 
+    def _check_writable(self) -> None:
+        # refused here, before append's OSError handling, which would cut the file back to its last record
+        if self.read_only:
+            raise RuntimeError(f"{self.path}: the record log was opened read-only")
+
     def __len__(self) -> int:
         return self._ends.size
 
@@ -234,6 +257,7 @@ class RecordLog:
 
     def append(self, records: Iterable[dict[str, Any]]) -> int:
         """Append records in one write; returns how many records the log holds now."""
+        self._check_writable()
         blobs = [encode_record(r) for r in records]
         if not blobs:
             return len(self)

@@ -55,11 +55,12 @@ class RepairReport:
     backup: str | None = None
     dropped_file: str | None = None
     snapshots_removed: int = 0
+    torn_bytes: int = 0  # a torn last record a killed writer left: cut off (a dry run: left in place)
 
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "batches_dropped": len(self.dropped), "records_dropped": self.records_dropped,
                 "dropped": self.dropped, "backup": self.backup, "dropped_file": self.dropped_file,
-                "snapshots_removed": self.snapshots_removed}
+                "snapshots_removed": self.snapshots_removed, "torn_bytes": self.torn_bytes}
 
 
 def _batches(records: list[dict[str, Any]], commits: bool) -> list[list[dict[str, Any]]]:
@@ -82,9 +83,12 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
     path = store / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no store log there")
-    source = RecordLog(path)
+    report = RepairReport()
+    # a dry run reads the log without touching it (a torn tail stays; opening to write would cut it off)
+    source = RecordLog(path, read_only=dry_run)
     records = source.records
     source.close()
+    report.torn_bytes = source.dropped_bytes
     if not records or records[0].get("t") != "header":
         raise ValueError(f"{path}: first record is not a store header")
     header = records[0]
@@ -97,7 +101,6 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
     probe = fresh()
     kept: list[list[dict[str, Any]]] = []
     dropped_records: list[dict[str, Any]] = []
-    report = RepairReport()
     first_change: int | None = None  # records before it are unchanged
     position = 1
     for batch in _batches(records, commits)[1:]:

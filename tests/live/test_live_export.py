@@ -121,3 +121,36 @@ def test_the_store_commands_and_the_export_route_write_the_same_line(tmp_path: P
         assert server.stop() == 0
     finally:
         server.kill()
+
+
+def test_a_refused_import_leaves_the_memory_as_it_was_and_names_the_field_by_its_path(tmp_path: Path, capsys) -> None:
+    """A turn with an image and blank text passes the file's reader and is refused by a live memory. `memfit
+    store import` opened the memory first (and created it when missing); the refusal named neither the file
+    nor the turn's place in it (`add, item user 'u2' turn 1, field 'text'`, a number counted across sessions)."""
+    from memfit_gpu.cli import main
+    from memfit_gpu.data.schema import DataError
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"defaults: {DEMO}\nrerank:\n  backend: none\nreader:\n  backend: echo\nlive:\n"
+                      "  consolidate: manual\n")
+    folder = tmp_path / "m"
+    with Memory.open(folder, config) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees."}])
+    before = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"user_id": "u2", "sessions": [
+        {"session_id": "s1", "turns": [{"speaker": "Bo", "text": "hello"}]},
+        {"session_id": "s2", "turns": [{"speaker": "Bo", "text": " \n", "images": [{"caption": "a dog"}]}]}]}) + "\n")
+    assert main(["store", "import", str(folder), str(bad), "--config", str(config)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"memfit store: error: {bad}, item line 1 (user 'u2'), field 'sessions[1].turns[0].text': must be a "
+        "non-empty string, got ' \\n'")
+    assert {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} == before
+    bench, report = read(bad)
+    assert report.errors == []
+    with Memory.open(folder, config) as memory:
+        with pytest.raises(DataError) as refused:
+            memory.import_memories(bench.memories)
+        assert str(refused.value) == ("import, item user 'u2', field 'sessions[1].turns[0].text': must be a non-empty "
+                                      "string, got ' \\n'")
+        assert memory.users() == ["u1"]

@@ -4,6 +4,7 @@ config and reader, the run directory's lock, one-line errors with exit code 2, n
 from __future__ import annotations
 
 import fcntl
+import json
 import sqlite3
 from pathlib import Path
 
@@ -253,3 +254,86 @@ def test_compact_killed_at_each_step_then_rerun_gives_the_undisturbed_store(run_
         assert main(["store", "compact", str(run)]) == 0, (point, capsys.readouterr().err)
         assert _store_state(run, bi_encoder) == want, point
         assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml", "store", "timings.json"], point
+
+
+def _repairable_store(folder: Path) -> Path:
+    """A store folder whose log an older memfit_gpu left unopenable (a live add of 64 speakers logged before it
+    was refused, and a later batch naming its memory), ending in a torn record a killed writer left."""
+    from memfit_gpu.store.log import RecordLog
+
+    def episode(row: int, memory: int, turn: str, speaker: str, text: str) -> dict:
+        return {"t": "episode", "row": row, "memory": memory, "session": "live", "turn": turn, "speaker": speaker,
+                "ts": "", "date": "", "images": [], "text": f"DATE:  | Speaker {speaker} says: {text}"}
+
+    first = [{"t": "memory", "memory": 0, "id": "u1", "speakers": []}, episode(0, 0, "a1", "Ann", "I keep bees.")]
+    refused = [{"t": "memory", "memory": 1, "id": "u2", "speakers": []},
+               *(episode(1 + i, 1, f"t{i + 1}", f"s{i}", f"hello {i}") for i in range(64))]
+    later = [episode(1, 1, "t1", "s0", "acknowledged"), episode(2, 0, "a2", "Ann", "more bees")]
+    log = RecordLog(folder / "log.jsonl")
+    log.append([{"t": "header", "format": 2, "encoder": "all-MiniLM-L6-v2", "dim": 384}, *first,
+                {"t": "commit", "records": 2}, *refused, {"t": "commit", "records": 65}, *later,
+                {"t": "commit", "records": 2}])
+    log.close()
+    with open(folder / "log.jsonl", "ab") as handle:
+        handle.write(b'0000004a 1234abcd {"t":"episode","row":3')
+    return folder
+
+
+def test_repair_dry_run_changes_no_byte_and_says_what_the_repair_does(tmp_path: Path, capsys):
+    """`memfit store repair --dry-run` ("report only; change nothing") read the log as a writer opens it,
+    cutting its torn tail off. Now every byte of the store stays, and it reports what the repair then does."""
+    store = _repairable_store(tmp_path / "store")
+    before = {p.name: p.read_bytes() for p in store.iterdir()}
+    assert main(["store", "repair", str(store), "--dry-run"]) == 0
+    dry = capsys.readouterr().out.splitlines()
+    assert {p.name: p.read_bytes() for p in store.iterdir()} == before
+    assert main(["store", "repair", str(store)]) == 0
+    done = capsys.readouterr().out.splitlines()
+    dropped = ("  log record 69: EpisodeStore: EpisodeStore: memory 'u2' has more than 63 speakers (65 records, its 1 "
+               "memory record(s) kept)")
+    assert dry == ["  the log ends in a torn record of 40 bytes (a killed writer's): the repair cuts it off, as any "
+                   "open does", dropped,
+                   f"memfit store repair: {store}: would drop 1 of 3 write batches (64 records)"]
+    assert done[:2] == ["  the log ended in a torn record of 40 bytes (a killed writer's): cut off, as any open does",
+                        dropped]
+    backup = next(store.glob("log.jsonl.before-repair-*"))
+    assert done[2].startswith(f"memfit store repair: {store}: dropped 1 of 3 write batches (64 records); the old "
+                              f"log is {backup}, ")
+    assert backup.read_bytes() == before["log.jsonl"][:-40]  # the old log whole, less the torn record
+
+
+def _own_data(path: Path, *records: dict | None) -> Path:
+    """An own-data file, one record a line (None: a blank line)."""
+    path.write_text("".join("\n" if r is None else json.dumps(r) + "\n" for r in records))
+    return path
+
+
+BOB = {"user_id": "bob", "sessions": [{"turns": [{"speaker": "Bob", "text": "I keep bees."}]}]}
+
+
+@pytest.mark.parametrize(("record", "field", "reason"), [
+    ({"user_id": "alice", "sessions": [
+        {"session_id": "s1", "turns": [{"speaker": "Alice", "text": "hello"}]},
+        {"session_id": "s2", "turns": [{"speaker": "Alice", "text": "hi"},
+                                       {"speaker": "Alice", "text": "  ", "images": [{"caption": "a dog"}]}]}]},
+     "sessions[1].turns[1].text", "must be a non-empty string, got '  '"),
+    ({"user_id": "alice smith", "sessions": [{"turns": [{"speaker": "Alice", "text": "hi"}]}]}, "user_id",
+     "user id 'alice smith' is not valid: 1 to 128 characters, ASCII letters, digits and _ - . @ : only, starting "
+     "with a letter or digit"),
+])
+def test_an_import_a_live_memory_refuses_names_the_file_line_and_field_and_creates_nothing(
+        tmp_path: Path, capsys, record: dict, field: str, reason: str):
+    """A turn with an image and blank text, or a user id with a space, passes the file's reader and is
+    refused by a live memory: the refusal said `add, item user 'alice' turn 2, field 'text'` (no file, a
+    turn number counted across sessions) and left an empty memory folder behind."""
+    file = _own_data(tmp_path / "own.jsonl", BOB, None, record)
+    folder = tmp_path / "memory"
+    line = _error(capsys, ["store", "import", str(folder), str(file), "--config", str(REPO / "configs" / "demo.yaml")])
+    assert line == f"memfit store: error: {file}, item line 3 (user {record['user_id']!r}), field '{field}': {reason}"
+    assert not folder.exists()
+    _own_data(file, record, BOB, {**record, "user_id": "carol"} if field != "user_id" else {**BOB, "user_id": "c d"})
+    line = _error(capsys, ["store", "import", str(folder), str(file), "--config", str(REPO / "configs" / "demo.yaml")])
+    assert line == (f"memfit store: error: {file}: 2 problem(s) a live memory refuses; the first: {file}, item line 1 "
+                    f"(user {record['user_id']!r}), field '{field}': {reason} (memfit data validate --live {file} "
+                    "lists them all)")
+    assert not folder.exists()

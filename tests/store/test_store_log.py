@@ -163,3 +163,33 @@ def test_records_are_streamed_from_the_file_not_held(tmp_path, monkeypatch):
     again = RecordLog(path)
     assert len(again) == 300 and [r["i"] for r in again.records] == list(range(300))
     assert again.fingerprint(300) == log.fingerprint(300) and again.ends[-1] == path.stat().st_size
+
+
+def test_a_read_only_log_reads_every_whole_record_and_changes_no_byte(tmp_path, caplog):
+    """`memfit store repair --dry-run` read the log as a writer opens it, which cuts a torn tail off: the
+    report that promised to change nothing changed the log. Read-only, every cut of the file reads the same
+    records as a writer's open would, and the file keeps every byte; writes are refused."""
+    path = tmp_path / "log.jsonl"
+    full, ends = _four_records(path)
+    for cut in range(len(full) + 1):
+        path.write_bytes(full[:cut])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="memfit_gpu.store.log"):
+            reader = RecordLog(path, read_only=True)
+        whole = sum(1 for end in ends if end <= cut)
+        good = ends[whole - 1] if whole else 0
+        assert [r["i"] for r in reader.records] == list(range(whole))
+        assert len(reader) == whole and reader.dropped_bytes == cut - good
+        assert path.read_bytes() == full[:cut]
+        if cut != good:
+            assert f"its {cut - good} bytes are left in place (read only" in caplog.text
+        with pytest.raises(RuntimeError, match="opened read-only"):
+            reader.append([{"i": "next"}])
+        with pytest.raises(RuntimeError, match="opened read-only"):
+            reader.drop_records(0)
+        reader.close()
+        assert path.read_bytes() == full[:cut]
+        assert RecordLog(path).dropped_bytes == cut - good  # what a writer's open then cuts off
+    with pytest.raises(FileNotFoundError, match="no record log there"):
+        RecordLog(tmp_path / "missing" / "log.jsonl", read_only=True)
+    assert not (tmp_path / "missing").exists()
