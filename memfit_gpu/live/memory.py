@@ -56,7 +56,8 @@ from memfit_gpu.readers.prompts import BenchmarkPrompts
 from memfit_gpu.readers.reader import Reader, background_calls, make_reader
 from memfit_gpu.readers.types import Request, owner_of
 from memfit_gpu.run.directory import is_run_directory
-from memfit_gpu.store.episodes import EpisodeStore
+from memfit_gpu.store.episodes import DeletePlan, EpisodeStore
+from memfit_gpu.store.summaries import summary_records
 from memfit_gpu.store.text import episode_body, episode_text
 
 log = logging.getLogger(__name__)
@@ -570,18 +571,38 @@ class Memory:
     def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
         """Delete turns of a user (SPEC write path 5): gone from every index at once; a summary covering one
         is retired and rebuilt over the rest with the reader. Their text leaves the disk with `compact()`."""
-        with self.holding():
+        turn_ids = _names(turn_ids, "delete: turn_ids")
+        if not turn_ids:
+            raise ValueError(f"delete: no turn ids given for user {user_id!r}")
+
+        def planned() -> DeletePlan:  # holding the memory
             self._live_rows(user_id)
-            turn_ids = _names(turn_ids, "delete: turn_ids")
-            if not turn_ids:
-                raise ValueError(f"delete: no turn ids given for user {user_id!r}")
             try:
-                rows = [self.store.row_of(user_id, t) for t in turn_ids]
+                return self.store.plan_delete(user_id, [self.store.row_of(user_id, t) for t in turn_ids])
             except KeyError as exc:
                 raise UnknownUserError(str(exc.args[0])) from None
-            counts = self.store.delete_rows(user_id, rows, self._summary_generate)
-            self.method.changed(self.run, [user_id])
-            return counts
+
+        with self.holding():
+            plan = planned()
+            if not plan.rebuilds:
+                return self._commit_delete(plan, [])
+        # the rebuilt summaries' LLM calls hold neither the memory (every user's searches and writes go on) nor
+        # the reader ahead of answers waiting (background work); the deletion lands with them, planned again
+        with background_calls():
+            rebuilt = summary_records(plan.rebuilds, self._summary_generate, self.cfg.summary, 0)
+        with self.holding():
+            again = planned()  # another call may have changed this user's turns or summaries meanwhile
+            if not again.same_as(plan):
+                rebuilt = summary_records(again.rebuilds, self._summary_generate, self.cfg.summary, 0)
+            return self._commit_delete(again, rebuilt)
+
+    def _commit_delete(self, plan: DeletePlan, rebuilt: list[dict[str, Any]]) -> dict[str, int]:
+        """The deletion and its rebuilt summaries in one write batch (holding the memory), accounted."""
+        counts = self.store.commit_delete(plan, rebuilt)
+        if plan.rebuilds:
+            self._account("summaries.ledger")
+        self.method.changed(self.run, [plan.memory_id])
+        return counts
 
     def delete_user(self, user_id: str) -> dict[str, int]:
         """Delete every turn of a user (and the summaries over them): nothing of it is found any more;
@@ -596,9 +617,7 @@ class Memory:
         requests = [Request([{"role": "user", "content": str(p)}], role="summary",
                             max_new_tokens=self.cfg.summary.max_new_tokens, temperature=self.cfg.summary.temperature,
                             key=f"summary:{i}", owner=owner_of(p)) for i, p in enumerate(prompts)]
-        texts = [r.text.strip() for r in self.reader().generate(requests)]
-        self._account("summaries.ledger")
-        return texts
+        return [r.text.strip() for r in self.reader().generate(requests)]
 
     def compact(self) -> dict[str, int]:
         """Rewrite the store on disk without deleted turns (EpisodeStore.compact), then reopen it: the

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from memfit_gpu.index.dense import DenseIndex
@@ -63,8 +64,11 @@ def chunk_starts(n_tokens: int, size: int, overlap: int) -> list[int]:
 
 
 def chunk_history(texts: Sequence[str], rows: Sequence[int], memory_idx: int, size: int,
-                  overlap: int) -> list[Chunk]:
-    """Chunks of one memory's history (texts: its turns' episode texts, rows: their rows)."""
+                  overlap: int, first_token: int = 0, from_token: int = 0) -> list[Chunk]:
+    """Chunks of one memory's history (texts: its turns' episode texts, rows: their rows). Or of its tail: the
+    texts from the turn whose first token is the history's `first_token`-th to the end, and only the chunks that
+    start at token `from_token` or later (>= first_token), as the whole history would cut them (the live
+    memory chunks again only what a write changed)."""
     history = "\n".join(texts)
     spans: list[tuple[int, int]] = []
     owner: list[int] = []
@@ -75,10 +79,14 @@ def chunk_history(texts: Sequence[str], rows: Sequence[int], memory_idx: int, si
             owner.append(row)
         offset += len(text) + 1
     chunks = []
-    for start in chunk_starts(len(spans), size, overlap):
-        stop = min(start + size, len(spans))
-        chunks.append(Chunk(memory_idx, history[spans[start][0]:spans[stop - 1][1]],
-                            tuple(dict.fromkeys(owner[start:stop])), (start, stop)))
+    total = first_token + len(spans)
+    for start in chunk_starts(total, size, overlap):
+        if start < from_token:
+            continue
+        stop = min(start + size, total)
+        first, last = start - first_token, stop - first_token
+        chunks.append(Chunk(memory_idx, history[spans[first][0]:spans[last - 1][1]],
+                            tuple(dict.fromkeys(owner[first:last])), (start, stop)))
     return chunks
 
 
@@ -97,6 +105,9 @@ class NaiveRAG:
         self.encoder: Any = None
         self.store: EpisodeStore | None = None  # live only
         self._rows_of: dict[int, list[int]] = {}  # live: memory index -> dense rows of its current chunks
+        # live: memory index -> the turn rows chunked, and the history's token count before each (and at the end)
+        self._turns_of: dict[int, np.ndarray] = {}
+        self._tokens_of: dict[int, np.ndarray] = {}
 
     def write(self, run: MethodRun) -> None:
         cfg = run.cfg
@@ -120,11 +131,14 @@ class NaiveRAG:
     def attach(self, run: MethodRun, store: EpisodeStore) -> None:
         self.store, self.encoder = store, store.encoder
         self.index = dense_index(run.cfg.index, int(self.encoder.dim))
-        self.chunks, self._rows_of = [], {}
+        self.chunks, self._rows_of, self._turns_of, self._tokens_of = [], {}, {}, {}
         self.changed(run, list(store.memory_ids))
 
     def changed(self, run: MethodRun, memory_ids: list[str]) -> None:
-        """Chunk the touched memories again; re-index the chunks that differ (module doc)."""
+        """Chunk the touched memories again from the first chunk a write can have changed; re-index the chunks
+        that differ (module doc). A chunk of full size over turns before the first one added or deleted is the
+        same chunk: an add costs its own turns' tokens, not the memory's whole history (on the write path,
+        every user's searches wait for it)."""
         assert self.store is not None and self.index is not None
         cfg = run.cfg.naive_rag
         self.table = table = ReadView.from_store(self.store)
@@ -132,15 +146,33 @@ class NaiveRAG:
         fresh: list[Chunk] = []
         for memory_id in memory_ids:
             m = self.store.memory_of(memory_id)
-            rows = self.store.memory_rows(m).tolist()
-            now = chunk_history([table.ep_text[r] for r in rows], rows, m, cfg.chunk_tokens, cfg.overlap_tokens)
+            rows = self.store.memory_rows(m)
+            chunked, tokens = self._turns_of.get(m, rows[:0]), self._tokens_of.get(m, np.zeros(1, dtype=np.int64))
+            prefix = min(len(chunked), len(rows))
+            differ = np.flatnonzero(chunked[:prefix] != rows[:prefix])
+            prefix = int(differ[0]) if len(differ) else prefix  # the turns before the first change
             held = self._rows_of.get(m, [])
+            kept = 0  # full chunks wholly within those turns' tokens
+            while kept < len(held) and self.chunks[held[kept]].tokens[1] <= tokens[prefix] and (
+                    self.chunks[held[kept]].tokens[1] - self.chunks[held[kept]].tokens[0] == cfg.chunk_tokens):
+                kept += 1
+            step = cfg.chunk_tokens - cfg.overlap_tokens
+            start = self.chunks[held[kept]].tokens[0] if kept < len(held) else (
+                self.chunks[held[-1]].tokens[0] + step if held else 0)
+            start = min(start, int(tokens[prefix]))
+            first = int(np.searchsorted(tokens[:prefix + 1], start, side="right")) - 1  # the turn holding it
+            added = [len(_TOKEN.findall(table.ep_text[int(r)])) for r in rows[prefix:]]
+            self._turns_of[m] = rows.copy()
+            self._tokens_of[m] = np.concatenate([tokens[:prefix + 1], tokens[prefix] + np.cumsum(added, dtype=np.int64)])
+            tail = rows[first:].tolist()
+            now = chunk_history([table.ep_text[r] for r in tail], tail, m, cfg.chunk_tokens, cfg.overlap_tokens,
+                                first_token=int(tokens[first]), from_token=start)
             same = 0
-            while same < min(len(held), len(now)) and self.chunks[held[same]] == now[same]:
+            while same < min(len(held) - kept, len(now)) and self.chunks[held[kept + same]] == now[same]:
                 same += 1
-            stale.extend(held[same:])
+            stale.extend(held[kept + same:])
             fresh.extend(now[same:])
-            self._rows_of[m] = held[:same]
+            self._rows_of[m] = held[:kept + same]
         if stale:
             self.index.delete(stale)
         if not fresh:

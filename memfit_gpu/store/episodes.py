@@ -40,7 +40,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,22 @@ log = logging.getLogger(__name__)
 # Each change of a store's content takes the next number as its `generation`: a reader's cached view of
 # the store (a live memory's ReadView) is current while the generation it was built at is.
 GENERATIONS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """A deletion planned by `EpisodeStore.plan_delete`, not yet written."""
+
+    memory_id: str
+    rows: list[int]  # the live rows deleted
+    records: list[dict[str, Any]]  # their tombstones and the covering summaries' retirements
+    rebuilds: list[SummaryJob]  # a summary over each retired one's remaining members (`replaces` = it)
+
+    def same_as(self, other: DeletePlan) -> bool:
+        """The same writes and rebuilds (the stored turns a rebuild reads never change: the store appends)."""
+        return (self.memory_id, self.rows, self.records) == (other.memory_id, other.rows, other.records) and [
+            (job.replaces, job.members.tolist()) for job in self.rebuilds] == [
+            (job.replaces, job.members.tolist()) for job in other.rebuilds]
 
 
 class EpisodeStore:
@@ -593,6 +609,21 @@ class EpisodeStore:
                     label: str = "") -> dict[str, int]:
         """`delete_episodes` by live rows of the memory (a live memory's delete_user: every row, whatever
         its turn id)."""
+        plan = self.plan_delete(memory_id, rows)
+        if plan.rebuilds and generate is None:
+            log.warning(
+                "EpisodeStore: deleting %s/%s retires %d summar%s; no generate callable was given, so the "
+                "segment is left without one", memory_id, label or f"{len(plan.rows)} turns", len(plan.rebuilds),
+                "y" if len(plan.rebuilds) == 1 else "ies",
+            )
+        rebuilt = summary_records(plan.rebuilds, generate, self.cfg.summary, 0) if generate is not None else []
+        return self.commit_delete(plan, rebuilt)
+
+    def plan_delete(self, memory_id: str, rows: Sequence[int]) -> DeletePlan:
+        """What deleting these live rows of the memory writes (their tombstones, the retirement of every summary
+        covering one) and the summaries to rebuild over the remaining members; nothing is written. KeyError when a
+        row is no live turn of the memory. A live memory makes the rebuilt summaries (LLM calls) without holding
+        the store, then plans again and commits when the plan is the same (`commit_delete`)."""
         memory = self.memory_of(memory_id)
         rows = sorted(set(int(r) for r in rows))
         foreign = [r for r in rows if int(self.memory_idx[r]) != memory or self.deleted[r]]
@@ -601,24 +632,21 @@ class EpisodeStore:
         records: list[dict[str, Any]] = [{"t": "delete", "row": row} for row in rows]
         doomed = set(rows)
         affected = [s for s in self.summaries.live_rows(memory) if doomed & set(self.summaries.members[s].tolist())]
-        rebuild: list[tuple[int, np.ndarray]] = []
+        rebuilds: list[SummaryJob] = []
         for summary in affected:
             records.append({"t": "summary_delete", "row": int(summary)})
             remaining = self.summaries.members[summary]
             remaining = remaining[~np.isin(remaining, rows) & ~self.deleted[remaining]]
-            rebuild.append((int(summary), remaining))
-        if rebuild and generate is None:
-            log.warning(
-                "EpisodeStore: deleting %s/%s retires %d summar%s; no generate callable was given, so the "
-                "segment is left without one", memory_id, label or f"{len(rows)} turns", len(rebuild),
-                "y" if len(rebuild) == 1 else "ies",
-            )
-        rebuilt: list[dict[str, Any]] = []
-        if rebuild and generate is not None:
-            jobs = [self.summary_job(memory, members, replaces=old) for old, members in rebuild]
-            rebuilt = summary_records(jobs, generate, self.cfg.summary, first_row=len(self.summaries))
-        self._commit(records + rebuilt)
-        return {"episodes": len(rows), "summaries_retired": len(rebuild), "summaries_rebuilt": len(rebuilt)}
+            rebuilds.append(self.summary_job(memory, remaining, replaces=int(summary)))
+        return DeletePlan(memory_id, rows, records, rebuilds)
+
+    def commit_delete(self, plan: DeletePlan, rebuilt: Sequence[dict[str, Any]]) -> dict[str, int]:
+        """The plan's records and the summaries rebuilt from its jobs (summaries.summary_records; rows renumbered
+        from the table's end) as one committed write batch: the deletion and its rebuilt summaries land together."""
+        first = len(self.summaries)
+        rebuilt = [{**record, "row": first + i} for i, record in enumerate(rebuilt)]
+        self._commit(plan.records + rebuilt)
+        return {"episodes": len(plan.rows), "summaries_retired": len(plan.rebuilds), "summaries_rebuilt": len(rebuilt)}
 
     def build_summaries(
         self, generate: Callable[[list[str]], list[str]], memory_ids: Sequence[str] | None = None, progress: bool = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -421,6 +422,72 @@ def test_consolidation_is_background_work_that_answers_go_before(tmp_path: Path,
         memory.answer("b", ["What did Caroline research?"])
     assert {role for role, _ in seen} == {"summary", "answer"}
     assert all(background == (role == "summary") for role, background in seen)
+
+
+def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search(tmp_path: Path, conv_turns,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete rebuilt the retired summary with the reader while holding the memory: every other user's search
+    (and add) waited for that LLM call. The rebuild is made without holding the memory now, as background work,
+    and lands with the deletion in one write batch."""
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        memory.add("u1", conv_turns)
+        memory.add("u2", conv_turns[:4])
+        assert memory.consolidate(["u1"])["summaries"] > 0
+        store = memory.store
+        covered = next(s for s in store.summaries.live_rows(store.memory_of("u1")) if len(store.summaries.members[s]) > 3)
+        victim = store.turn_id[int(store.summaries.members[covered][1])]
+        backend = memory.reader().backend
+        generate, inside, release = backend.generate, threading.Event(), threading.Event()
+
+        def gated(requests):  # noqa: ANN001, ANN202
+            if any(r.role == "summary" for r in requests):
+                inside.set()
+                assert release.wait(30)
+            return generate(requests)
+
+        monkeypatch.setattr(backend, "generate", gated)
+        deleted: list[dict[str, int]] = []
+        deleting = threading.Thread(target=lambda: deleted.append(memory.delete("u1", [victim])))
+        deleting.start()
+        assert inside.wait(30)  # the rebuild's LLM call is under way
+        searched: list[Any] = []
+        searching = threading.Thread(target=lambda: searched.append(memory.search("u2", ["Caroline"], k=2)))
+        searching.start()
+        searching.join(10)
+        assert searched and not deleted  # served meanwhile
+        assert victim in [t["turn_id"] for t in memory.turns("u1")]  # the deletion lands with its rebuilt summary
+        release.set()
+        deleting.join(30)
+        assert deleted == [{"episodes": 1, "summaries_retired": 1, "summaries_rebuilt": 1}]
+        assert victim not in [t["turn_id"] for t in memory.turns("u1")]
+        members = [int(r) for r in store.summaries.members[covered] if store.turn_id[int(r)] != victim]
+        rebuilt = store.summaries.live_rows(store.memory_of("u1"))[-1]
+        assert store.summaries.replaces.view[rebuilt] == covered
+        assert store.summaries.members[rebuilt].tolist() == members
+
+
+def test_naive_rag_chunks_again_only_what_a_write_changed_and_holds_a_fresh_chunking(tmp_path: Path,
+                                                                                     conv_turns) -> None:
+    """naive_rag chunked a user's whole history again at every add (an add to a user of 60,000 turns took 10
+    times a small user's, while every user's searches waited). It now starts at the first chunk a write can
+    have changed; after any sequence of adds and deletes its chunks are a fresh chunking's, in order."""
+    rng = random.Random(5)
+    cheap = [*CHEAP, "naive_rag.chunk_tokens=16", "naive_rag.overlap_tokens=5"]
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=cheap, method="naive_rag") as memory:
+        method, store, added = memory.method, memory.store, 0
+        for step in range(30):
+            if step % 4 == 3 and memory.turns("u"):
+                live = [t["turn_id"] for t in memory.turns("u")]
+                memory.delete("u", rng.sample(live, min(len(live), rng.randint(1, 3))))
+            else:
+                count = rng.randint(1, 4)
+                memory.add("u", conv_turns[added:added + count])
+                added += count
+            m = store.memory_of("u")
+            rows = store.memory_rows(m).tolist()
+            fresh = chunk_history([method.table.ep_text[r] for r in rows], rows, m, 16, 5)
+            assert [method.chunks[r] for r in method._rows_of[m]] == fresh, step
+            assert not fresh or method._tokens_of[m][-1] == fresh[-1].tokens[1]  # the history's tokens, counted
 
 
 def test_an_add_past_a_user_s_text_share_is_refused_whole(tmp_path: Path) -> None:
