@@ -340,6 +340,9 @@ class Memory:
         self._wake = threading.Event()
         self._worker: threading.Thread | None = None
         self.consolidation_error: BaseException | None = None
+        # the background worker's failures per user: the waiting count it failed at; it tries that user again once
+        # more turns wait (an explicit consolidate() tries at once), not at every other user's add
+        self._failed_at: dict[str, int] = {}
         if cfg.live.consolidate == "background":
             self._worker = threading.Thread(target=self._consolidate_forever, name="memfit-consolidate", daemon=True)
             self._worker.start()
@@ -703,14 +706,24 @@ class Memory:
                 users = (_names(user_ids, "consolidate: user_ids") if user_ids is not None
                          else [u for u, n in self._new_turns.items() if n])
                 users = [u for u in users if u in self.store.memory_ids]
+                taken = {user: self._new_turns.get(user, 0) for user in users}
                 for user in users:
                     self._new_turns[user] = 0
                 compactions = self._compactions
             if not users:
                 return {}
-            with background_calls():  # answers waiting for the reader go first, a chunk at a time
-                counts = self.method.consolidate(self.run, users, self.holding)
+            try:
+                with background_calls():  # answers waiting for the reader go first, a chunk at a time
+                    counts = self.method.consolidate(self.run, users, self.holding)
+            except BaseException:
+                with self._lock:  # those turns still wait (and turns added meanwhile)
+                    for user, n in taken.items():
+                        if user in self.store.memory_ids:
+                            self._new_turns[user] = self._new_turns.get(user, 0) + n
+                raise
             with self.holding():
+                for user in users:
+                    self._failed_at.pop(user, None)
                 self.store.snapshot()
                 self._since_snapshot = 0
                 self._forget_stale(users, compactions)
@@ -729,9 +742,10 @@ class Memory:
             if self._closed:
                 return
             try:
-                ready = [u for u, n in list(self._new_turns.items()) if n >= self.cfg.live.consolidate_after_turns]
+                ready = [u for u, n in list(self._new_turns.items())
+                         if n >= self.cfg.live.consolidate_after_turns and n > self._failed_at.get(u, 0)]
                 if ready:  # on a thread of its own that then ends (devices.in_fresh_thread says why)
-                    in_fresh_thread(self.consolidate, ready)
+                    self._consolidate_apart(ready)
             except BaseException as exc:  # noqa: BLE001  (kept for the owner; the worker must not die silently)
                 if isinstance(exc, MemoryClosedError):  # the next open finds those turns waiting (unconsolidated)
                     log.info("memfit live: %s closed during a background consolidation; it is taken up on the "
@@ -739,6 +753,34 @@ class Memory:
                     return
                 log.exception("memfit live: background consolidation failed")
                 self.consolidation_error = exc
+
+    def _consolidate_apart(self, users: list[str]) -> None:
+        """The worker's consolidation of `users`, one batch; when it fails, each user alone, so that what one
+        user's turns make fail (a prompt too long for the reader's server) fails that user only. A user that
+        fails waits for more turns before the worker tries it again; the first failure is raised."""
+        try:
+            in_fresh_thread(self.consolidate, users)
+            return
+        except MemoryClosedError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (tried again apart; raised below when a user fails alone)
+            if len(users) == 1:
+                self._failed_at[users[0]] = self._new_turns.get(users[0], 0)
+                raise
+            log.warning("memfit live: consolidating %d users together failed (%s); consolidating each alone",
+                        len(users), exc)
+        first: Exception | None = None
+        for user in users:
+            try:
+                in_fresh_thread(self.consolidate, [user])
+            except MemoryClosedError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self._failed_at[user] = self._new_turns.get(user, 0)
+                log.warning("memfit live: consolidating user %r failed: %s", user, exc)
+                first = first or exc
+        if first is not None:
+            raise first
 
     # ----------------------------------------------------------------------------------------- reads
     def users(self) -> list[str]:

@@ -37,6 +37,7 @@ from memfit_gpu.methods.common import mtm_windows
 from memfit_gpu.methods.naive_rag import chunk_history
 from memfit_gpu.readers.ledger import Ledger
 from memfit_gpu.readers.reader import calls_are_background
+from memfit_gpu.readers.types import ReaderError, Response
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import RecordLog
 from memfit_gpu.store.log import StoreCorruptError
@@ -488,6 +489,47 @@ def test_naive_rag_chunks_again_only_what_a_write_changed_and_holds_a_fresh_chun
             fresh = chunk_history([method.table.ep_text[r] for r in rows], rows, m, 16, 5)
             assert [method.chunks[r] for r in method._rows_of[m]] == fresh, step
             assert not fresh or method._tokens_of[m][-1] == fresh[-1].tokens[1]  # the history's tokens, counted
+
+
+def test_one_user_s_failing_consolidation_fails_that_user_only(tmp_path: Path, conv_turns,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One user's turns made the shared background consolidation fail (a prompt the reader's server refuses):
+    every user of that batch went without summaries, and their waiting counts had been zeroed first, so nobody's
+    turns were consolidated until 64 more came. Now the counts are restored on failure, the users of a failed
+    batch are consolidated each alone, and the failing user is tried again once more of its turns wait."""
+    background = ["rerank.backend=none", "reader.backend=echo", "live.consolidate_after_turns=8"]
+    poisoned = [{**turn, "text": f"POISON {turn['text']}"} for turn in conv_turns]
+    asked: list[str] = []
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=background) as memory:
+        backend = memory.reader().backend
+        generate = backend.generate
+
+        def refusing(requests):  # noqa: ANN001, ANN202  (a server refusing the prompt: no answer, no number)
+            asked.extend("POISON" in r.messages[-1]["content"] for r in requests if r.role == "summary")
+            answered = generate([r for r in requests if "POISON" not in r.messages[-1]["content"]])
+            return [Response("", 0, 0, 0.0, error="prompt too long", answered=False)
+                    if "POISON" in r.messages[-1]["content"] else answered.pop(0) for r in requests]
+
+        monkeypatch.setattr(backend, "generate", refusing)
+        with memory.holding():  # both wait, then the worker takes them in one batch
+            memory.add("evil", poisoned)
+            memory.add("good", conv_turns)
+        for _ in range(1200):
+            if memory.consolidation_error is not None and len(memory.store.summaries):
+                break
+            threading.Event().wait(0.1)
+        assert isinstance(memory.consolidation_error, ReaderError)
+        store = memory.store
+        assert len(store.summaries.live_rows(store.memory_of("good"))) > 0
+        assert len(store.summaries.live_rows(store.memory_of("evil"))) == 0
+        assert memory._new_turns["evil"] == len(poisoned) and memory._new_turns["good"] == 0
+        tries = asked.count(True)
+        memory.add("good", [{"speaker": "Ann", "text": "one more", "turn_id": "x1"}])  # wakes the worker
+        threading.Event().wait(1.0)
+        assert asked.count(True) == tries  # not at another user's add
+        with pytest.raises(ReaderError):
+            memory.consolidate(["evil"])  # an explicit call tries at once, and its turns still wait after it
+        assert memory._new_turns["evil"] == len(poisoned)
 
 
 def test_an_add_past_a_user_s_text_share_is_refused_whole(tmp_path: Path) -> None:
