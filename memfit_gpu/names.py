@@ -20,6 +20,10 @@ from functools import lru_cache
 MAX_SPEAKERS = 63  # bits 0..62 of an int64 stay non-negative
 
 USER_ID_MAX = 128
+# a live memory's speaker names, turn ids and session ids: labels, not text. A turn's text counts against its
+# user's serve.max_text_mb_per_user; these are stored beside it (and a speaker name enters every prompt that
+# quotes its turns), so they are bounded here.
+LABEL_MAX = 256
 USER_ID_RULE = (f"1 to {USER_ID_MAX} characters, ASCII letters, digits and _ - . @ : only, starting with a "
                 "letter or digit")
 _USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]*")

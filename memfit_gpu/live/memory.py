@@ -48,7 +48,7 @@ from memfit_gpu.locks import exclusive, lock_path
 from memfit_gpu.methods.answers import answer_requests
 from memfit_gpu.methods.base import Hit, LiveMethod, MethodRun, query
 from memfit_gpu.methods.registry import METHODS, method_entry
-from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
+from memfit_gpu.names import LABEL_MAX, MAX_SPEAKERS, user_id_problem
 from memfit_gpu.readers.cache import ResponseCache
 from memfit_gpu.readers.clean import clean_answer
 from memfit_gpu.readers.ledger import Ledger
@@ -159,6 +159,9 @@ class _BatchPlan:
     speakers: dict[str, set[str]] = field(default_factory=dict)  # speaker names stored or planned
 
 
+LABELS = ("speaker", "turn_id", "session_id")  # bounded to names.LABEL_MAX characters
+
+
 def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, source: str = "add", *,
                item: str | None = None, where: str = "") -> tuple[Turn, str | None]:
     """A turn as given to `add` (a dict with TURN_FIELDS, or a data.schema.Turn) -> (Turn, session id or
@@ -185,6 +188,8 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
         problem = encoding_problem(value)
         if problem is not None:
             raise DataError(source, item, f"{where}{key}", problem)
+        if key in LABELS and len(value) > LABEL_MAX:
+            raise DataError(source, item, f"{where}{key}", f"{len(value):,} characters; a {key} is at most {LABEL_MAX}")
         return value
 
     speaker, body = text("speaker", True), text("text", True)
@@ -193,10 +198,10 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
         try:
             when = datetime.fromisoformat(stamp)
         except ValueError:
-            raise DataError(source, item, f"{where}timestamp", f"{stamp!r} is not an ISO 8601 date or time "
+            raise DataError(source, item, f"{where}timestamp", f"{stamp!r:.60} is not an ISO 8601 date or time "
                                                        "(e.g. 2024-03-02T10:00:00)") from None
         if when.tzinfo is not None:
-            raise DataError(source, item, f"{where}timestamp", f"{stamp!r} has a UTC offset: give local time without one")
+            raise DataError(source, item, f"{where}timestamp", f"{stamp!r:.60} has a UTC offset: give local time without one")
         stamp = when.isoformat()
     images = []
     if not isinstance(raw.get("images") or [], (list, tuple)):

@@ -215,6 +215,23 @@ def test_a_lone_surrogate_in_a_turn_is_422_naming_the_field(served, turn_fields:
     assert "surrogate" in reply["detail"] or "unicode string" in reply["detail"], reply
 
 
+@pytest.mark.parametrize("field", ["turn_id", "session_id", "speaker"])
+def test_a_label_longer_than_256_characters_is_422(served, field: str) -> None:
+    """Turn ids and session ids were unbounded and uncounted: with tiny texts and 200 KB ids one user stored
+    31 MiB past its text share (every user's adds then stop when the disk fills); a 12 KB speaker name entered
+    every LightMem prompt quoting its turns, past what a reader's server takes. A label is at most 256
+    characters (names.LABEL_MAX)."""
+    server, keys = served
+    status, reply = call(server, "POST", "/v1/users/u1/turns", keys["u1"],
+                         add_body({**turn("u1", 71), field: "x" * 257}))
+    n = 71 + ["turn_id", "session_id", "speaker"].index(field)  # a turn of its own: the one above is refused
+    assert status == 422, reply
+    assert reply["detail"] == (f"add, item user 'u1' turn 0, field '{field}': 257 characters; a {field} is at most "
+                               "256"), reply
+    assert call(server, "POST", "/v1/users/u1/turns", keys["u1"],
+                add_body({**turn("u1", n), field: "x" * 256}))[0] == 200
+
+
 def test_the_answer_route_passes_the_question_date(served) -> None:
     """The echo reader answers with the prompt's first line: the date the request gave is in it."""
     server, keys = served
