@@ -446,11 +446,12 @@ def memory_json(memory: Memory) -> dict[str, Any]:
             row: dict[str, Any] = {"turn_id": turn.turn_id, "speaker": turn.speaker, "text": turn.text}
             if turn.images:
                 row["images"] = [_image_json(i) for i in turn.images]
+            inferred = session.date_text  # the date text the reader gives a turn that states none
             if turn.timestamp and turn.timestamp != session.timestamp:
-                row["timestamp"] = turn.timestamp
+                row["timestamp"], inferred = turn.timestamp, date_text(turn.timestamp)
             elif not turn.timestamp and session.timestamp:
-                row["timestamp"] = None  # undated in a dated session (omitted, it would take the session's)
-            if turn.date_text != session.date_text:
+                row["timestamp"], inferred = None, ""  # undated in a dated session (omitted, it takes the session's)
+            if turn.date_text != inferred:
                 row["date_text"] = turn.date_text
             turns.append(row)
         sessions.append({"session_id": session.session_id,

@@ -556,11 +556,13 @@ class EpisodeStore:
 
     def conversation(self, memory_id: str) -> Memory:
         """One memory's live turns as the data schema's Memory (what a loader yields): its speakers, and its
-        sessions in the order their first turn came, each turn with its id, speaker, own words, timestamp,
-        date text and images (caption and id; the store keeps no image paths)."""
+        turns in conversation order, each with its id, speaker, own words, timestamp, date text and images
+        (caption and id; the store keeps no image paths), in sessions: a new session entry wherever the session
+        id changes, so that sessions whose turns interleave come back in that order (one id may then have
+        several entries, as the own-data format allows; grouping them reordered the conversation)."""
         memory = Memory(memory_id, speakers=list(self.memory_speakers[self.memory_of(memory_id)])
                         if memory_id in self.columns.memory_index else [])
-        sessions: dict[str, Session] = {}
+        sessions: list[Session] = []
         for row in self.live_turns(memory_id):
             speaker = self.speaker_name(row)
             text = self.text[row]
@@ -568,12 +570,11 @@ class EpisodeStore:
             stamp = "" if np.isnat(self.timestamp[row]) else str(self.timestamp[row])
             images, said = split_body(self.body(row), self.image_ids[row])
             session_id = self.session_ids[int(self.session_idx[row])]
-            session = sessions.get(session_id)
-            if session is None:
-                session = sessions[session_id] = Session(session_id, date, stamp)
-            session.turns.append(Turn(str(self.turn_id[row]), speaker, said, stamp, date,
-                                      [Image(caption, image_id) for image_id, caption in images]))
-        memory.sessions = list(sessions.values())
+            if not sessions or sessions[-1].session_id != session_id:
+                sessions.append(Session(session_id, date, stamp))
+            sessions[-1].turns.append(Turn(str(self.turn_id[row]), speaker, said, stamp, date,
+                                           [Image(caption, image_id) for image_id, caption in images]))
+        memory.sessions = sessions
         return memory
 
     def has_turn(self, memory_id: str, turn_id: str) -> int | None:

@@ -154,3 +154,40 @@ def test_a_refused_import_leaves_the_memory_as_it_was_and_names_the_field_by_its
         assert str(refused.value) == ("import, item user 'u2', field 'sessions[1].turns[0].text': must be a non-empty "
                                       "string, got ' \\n'")
         assert memory.users() == ["u1"]
+
+
+def test_an_export_keeps_each_turn_s_date_words_and_the_conversation_order(tmp_path: Path) -> None:
+    """An export dropped a turn's date text where it equalled its session's, and the reader then gave a turn
+    with its own timestamp the text made from that timestamp, and an undated turn none: the episode texts'
+    `DATE:` changed on import (and BM25 and dense scores with them). Sessions whose turns interleave were
+    grouped, which reordered the conversation. Both come back as they were now."""
+    turns = [
+        {"speaker": "Ann", "text": "I keep bees.", "turn_id": "a1", "session_id": "A",
+         "timestamp": "2024-03-02T10:00:00", "date_text": "early March 2024"},
+        {"speaker": "Ann", "text": "My sister lives in Oslo.", "turn_id": "a2", "session_id": "A",
+         "timestamp": "2024-03-02T11:00:00", "date_text": "early March 2024"},
+        {"speaker": "Bob", "text": "A word from another session.", "turn_id": "b1", "session_id": "B",
+         "timestamp": "2024-03-03T09:00:00"},
+        {"speaker": "Ann", "text": "Back to the first session.", "turn_id": "a3", "session_id": "A",
+         "timestamp": "2024-03-02T12:00:00", "date_text": "early March 2024"},
+        {"speaker": "Ann", "text": "An undated turn with its words.", "turn_id": "a4", "session_id": "A",
+         "date_text": "early March 2024"},
+    ]
+
+    def texts(memory: Memory) -> list[str]:
+        return [memory.store.text[int(r)] for r in memory.store.live_turns("u1")]
+
+    with Memory.open(tmp_path / "a", DEMO, overrides=OVERRIDES) as source:
+        source.add("u1", turns)
+        line, before, order = source.export("u1"), texts(source), [t["turn_id"] for t in source.turns("u1")]
+    assert order == ["a1", "a2", "b1", "a3", "a4"]
+    assert [s["session_id"] for s in line["sessions"]] == ["A", "B", "A"]
+    file = tmp_path / "u1.jsonl"
+    file.write_text(json.dumps(line) + "\n")
+    bench, report = read(file)
+    assert report.errors == []
+    with Memory.open(tmp_path / "b", DEMO, overrides=OVERRIDES) as target:
+        target.import_memories(bench.memories)
+        assert [t["turn_id"] for t in target.turns("u1")] == order
+        assert texts(target) == before  # every DATE: as it was
+        assert target.export("u1") == line
