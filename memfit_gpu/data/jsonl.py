@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -404,9 +405,6 @@ def rebase_images(memories: Iterable[Memory], source: str | Path, out: str | Pat
     folder where the two share a folder below the root (they move together), else absolute. URLs and
     absolute paths are kept.
     The memories given are not changed."""
-    import os
-    from dataclasses import replace
-
     base = Path(source)
     base = base if base.is_dir() else base.parent
     folder = Path(out).absolute().parent
