@@ -7,6 +7,11 @@ The file is JSON Lines, one key per line: `{"name": "agent-1", "sha256": "<hex o
 a user it is not bound to is 403, and neither reads anything. `admin` keys may also call the store-wide
 operations (compact; consolidate of every user), which return no user's data; a consolidate that names users
 needs a key bound to each of them.
+
+A server reads its keys file again when the file changes (its size, time or inode), at the next request: a key
+added (`memfit keys new`) or revoked (`memfit keys revoke`) takes effect without a restart. A keys file that no
+longer reads (a hand edit gone wrong) refuses every key until it reads again: a key meant to be revoked is never
+served from the file as it was.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import os
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +32,8 @@ from memfit_gpu.locks import exclusive
 from memfit_gpu.names import user_id_problem
 
 KEY_PREFIX = "mfk_"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,12 +54,41 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-class KeyRing:
-    """The keys of a keys file, looked up by the hash of a presented key."""
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What tells a changed keys file (a rewrite replaces it: another inode), None when it cannot be read."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
-    def __init__(self, keys: Sequence[ApiKey]) -> None:
+
+class KeyRing:
+    """The keys of a keys file, looked up by the hash of a presented key; read again when the file changes
+    (module doc)."""
+
+    def __init__(self, keys: Sequence[ApiKey], path: Path | None = None) -> None:
         self.keys = list(keys)
         self._by_hash = {k.sha256: k for k in self.keys}
+        self.path = path  # the file the keys came from (None: given in code, never read again)
+        self._signature = _signature(path) if path is not None else None
+
+    def _refresh(self) -> None:
+        if self.path is None:
+            return
+        now = _signature(self.path)
+        if now == self._signature:
+            return
+        self._signature = now
+        try:
+            ring = KeyRing.load(self.path)
+        except (DataError, OSError) as exc:  # fail closed: the edit may have been a revocation
+            log.error("memfit serve: the keys file changed and does not read (%s): every key is refused until it "
+                      "does", exc)
+            self.keys, self._by_hash = [], {}
+            return
+        self.keys, self._by_hash = ring.keys, ring._by_hash
+        log.info("memfit serve: %s changed: %d keys", self.path, len(self.keys))
 
     @classmethod
     def load(cls, path: str | Path) -> KeyRing:
@@ -96,10 +134,11 @@ class KeyRing:
             keys.append(ApiKey(name, sha, frozenset(users), admin))
         if not keys:
             raise DataError(str(path), None, None, "holds no key: every request would be refused")
-        return cls(keys)
+        return cls(keys, path)
 
     def find(self, presented: str | None) -> ApiKey | None:
         """The key a request presented, or None (unknown or missing)."""
+        self._refresh()
         if not presented:
             return None
         found = self._by_hash.get(digest(presented))
@@ -133,3 +172,19 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
         kept = text.rstrip("\n") + "\n" if text.strip() else ""  # the other keys' lines as they were, byte for byte
         atomic_write_text(path, kept + json.dumps(entry.to_json()) + "\n")
     return key
+
+
+def revoke_key(path: str | Path, name: str) -> ApiKey:
+    """Remove the key named `name` from the keys file (the other lines kept byte for byte); a server serving
+    from the file refuses it from its next request on. Returns the key removed."""
+    path = Path(path)
+    with exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys` command is changing the file",
+                   wait_s=60.0):
+        keys = KeyRing.load(path).keys  # checked: a bad file is refused, not rewritten
+        if name not in {k.name for k in keys}:
+            raise DataError(str(path), None, "name", f"no key named {name!r} (the keys: {', '.join(k.name for k in keys)})")
+        removed = next(k for k in keys if k.name == name)
+        lines = path.read_text(encoding="utf-8").split("\n")
+        kept = [line for line in lines if not (line.strip() and json.loads(line).get("sha256") == removed.sha256)]
+        atomic_write_text(path, "\n".join(kept))
+    return removed

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
+from support.live_server import CHEAP, LiveServer
 
 from memfit_gpu.cli import main
 from memfit_gpu.data.schema import DataError
@@ -75,3 +77,33 @@ def test_each_name_names_one_key(tmp_path: Path) -> None:
     with pytest.raises(DataError) as refused:
         KeyRing.load(keys)
     assert (refused.value.item, refused.value.field) == ("line 4", "name")
+
+
+def test_a_server_reads_its_keys_file_again_when_it_changes(tmp_path: Path, capsys) -> None:
+    """The keys file was read once, at start: a revoked key (a leaked one) kept working, and a new one did not,
+    until a restart. A running server reads the file again when it changes; a file that no longer reads refuses
+    every key (the edit may have been a revocation) until it reads again."""
+    keys = tmp_path / "keys.jsonl"
+    first = new_key(keys, ["u1"], name="first")
+    server = LiveServer(tmp_path / "memory", keys, CHEAP).start()
+    try:
+        def status(key: str) -> int:
+            return httpx.get(f"{server.url}/v1/users/u1/turns", headers={"Authorization": f"Bearer {key}"},
+                             timeout=30).status_code
+
+        assert status(first) == 404  # known, bound to u1, who has no turns yet
+        second = new_key(keys, ["u1"], name="second")
+        assert status(second) == 404  # made while the server runs: served at once
+        assert main(["keys", "revoke", "--keys", str(keys), "--name", "first"]) == 0
+        assert "key 'first' (users u1) removed" in capsys.readouterr().out
+        assert (status(first), status(second)) == (401, 404)
+        text = keys.read_text()
+        keys.write_text(text + "{not json\n")  # a hand edit gone wrong
+        assert status(second) == 401
+        keys.write_text(text)
+        assert status(second) == 404
+        assert main(["keys", "revoke", "--keys", str(keys), "--name", "first"]) == 2
+        assert "no key named 'first' (the keys: second)" in capsys.readouterr().err
+        assert server.stop() == 0
+    finally:
+        server.kill()
