@@ -13,7 +13,7 @@ from what the run wrote (memfit_gpu/evaluate/efficiency.py says where each numbe
                             (answer, rewrite, rerank_slm); the judge is evaluation and left out
   cached                    requests served from the response cache (their tokens are not counted)
   build_s                   timings.json build + summaries
-  latency_s_per_question    (timings.json retrieve + the answer calls' wall time in ledger.json) /
+  latency_s_per_question    (timings.json retrieve + the answer role's wall time in ledger.json) /
                             questions: a mean over one batched pass, not a single question's latency
   gpu_seconds, ledger_usd   the ledger's (local backends cost 0 there)
   est_usd                   write and read tokens at --price-model's list price (configs/prices.yaml)

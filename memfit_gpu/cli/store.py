@@ -126,7 +126,10 @@ def resolve_target(directory: str | Path, config: str | None) -> Target:
     elif is_memory_folder(path):
         if config is None:
             raise ConfigError(f"{path}: a live memory's folder needs --config (the config it is served with)")
+        # a live memory's log is fsynced, whoever writes it (Memory.open does the same): every add it
+        # acknowledged is on disk, which its open checks against its snapshots
         cfg = load_config(config)
+        cfg = replace(cfg, store=replace(cfg.store, fsync=True))
         store, run_dir = path / "store", None
     elif (path / "log.jsonl").is_file() or interrupted(path):
         store = path

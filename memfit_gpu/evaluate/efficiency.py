@@ -8,8 +8,9 @@ One row per run directory, from what the run wrote:
   are the generated calls' (a resumed run's cache hits cost nothing again, so its tokens undercount; the
   `cached` column says how many);
 - build time: timings.json `build` + `summaries` (the write-time stages of every method);
-- per-question latency: (timings `retrieve` + the answer calls' wall time, ledger.json roles.answer.wall_s) /
-  questions: the read path and the answer call, a mean over one batched pass, not a single question's latency.
+- per-question latency: (timings `retrieve` + the answer role's wall time, ledger.json roles.answer.wall_s: its
+  calls and the answer loop's work between them, scoring included) / questions: the read path and the answer
+  call, a mean over one batched pass, not a single question's latency.
   Not the answer stage's time: the judge runs beside the answers there (its time overlaps theirs), and a
   judge-audit or the pack depths add judge time that the answers never took;
 - GPU-seconds of the write and read phases (local backends: wall time x GPUs held);

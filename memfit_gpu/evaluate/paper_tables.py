@@ -684,7 +684,7 @@ def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         "answering (the answer call; LightMem-SLM's query rewrite and re-rank): the ledger's phases "
         "(readers.types.ROLE_PHASES); the judge is evaluation and left out. Calls count generated and cached "
         "requests; tokens are the generated calls'. Build s = timings.build + timings.summaries; Latency = "
-        "(timings.retrieve + the answer calls' wall time) / questions, a mean over one batched pass. "
+        "(timings.retrieve + the answer role's wall time) / questions, a mean over one batched pass. "
         f"USD prices the write and read tokens at {price_model}'s list price ($" + f"{price['input']}/M in, "
         f"${price['output']}/M out). Same numbers as `memfit efficiency`.",
     ]

@@ -593,7 +593,7 @@ class Memory:
         with self.holding():
             plan = planned()
             if not plan.rebuilds:
-                return self._commit_delete(plan, [])
+                return self._commit_delete(plan, [], generated=False)
         # the rebuilt summaries' LLM calls hold neither the memory (every user's searches and writes go on) nor
         # the reader ahead of answers waiting (background work); the deletion lands with them, planned again
         with background_calls():
@@ -602,13 +602,14 @@ class Memory:
             again = planned()  # another call may have changed this user's turns or summaries meanwhile
             if not again.same_as(plan):
                 rebuilt = summary_records(again.rebuilds, self._summary_generate, self.cfg.summary, 0)
-            return self._commit_delete(again, rebuilt)
+            return self._commit_delete(again, rebuilt, generated=True)
 
-    def _commit_delete(self, plan: DeletePlan, rebuilt: list[dict[str, Any]]) -> dict[str, int]:
-        """The deletion and its rebuilt summaries in one write batch (holding the memory), accounted."""
-        counts = self.store.commit_delete(plan, rebuilt)
-        if plan.rebuilds:
+    def _commit_delete(self, plan: DeletePlan, rebuilt: list[dict[str, Any]], generated: bool) -> dict[str, int]:
+        """The deletion and its rebuilt summaries in one write batch (holding the memory); the ledger saved
+        first when calls were made (the store never logs a summary whose call the ledger does not know)."""
+        if generated:
             self._account("summaries.ledger")
+        counts = self.store.commit_delete(plan, rebuilt)
         self.method.changed(self.run, [plan.memory_id])
         return counts
 
@@ -619,6 +620,7 @@ class Memory:
             counts = self.store.delete_rows(user_id, self._live_rows(user_id), self._summary_generate)
             self.method.changed(self.run, [user_id])
             self._new_turns.pop(user_id, None)
+            self._failed_at.pop(user_id, None)
             return counts
 
     def _summary_generate(self, prompts: list[str]) -> list[str]:
@@ -652,6 +654,7 @@ class Memory:
             for user, n in self.method.unconsolidated(present).items():
                 if n > waiting.get(user, 0):
                     self._new_turns[user] = max(n, self._new_turns.get(user, 0), self.cfg.live.consolidate_after_turns)
+                    self._failed_at.pop(user, None)  # what the worker failed at is gone with the compaction
             self._wake_if_due()
             counts["users_erased"] = len(erased)
             counts["users_with_deleted_turns"] = len(purged)

@@ -185,7 +185,10 @@ class ServedMemory:
 
     async def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
         self._limit(len(turn_ids), self.cfg.serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
-        return await self._on_worker(self.memory.delete, checked_user(user_id), list(turn_ids))
+        # not on the worker: a delete that rebuilds a summary makes an LLM call (without holding the memory),
+        # which on the worker would hold up every user's searches and adds; the memory orders it with them
+        return await outcome(asyncio.get_running_loop().run_in_executor(
+            None, in_fresh_thread, self.memory.delete, checked_user(user_id), list(turn_ids)))
 
     async def delete_user(self, user_id: str) -> dict[str, int]:
         return await self._on_worker(self.memory.delete_user, checked_user(user_id))

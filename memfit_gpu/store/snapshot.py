@@ -129,7 +129,9 @@ def _own_meta(folder: Path, quiet: bool = False) -> dict[str, Any] | None:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         meta, why = None, f"{meta_path}: unreadable (corrupted on disk?): snapshot ignored"
-    if meta is not None and not isinstance(meta, dict):
+    if meta is None and not why:  # meta.json holding `null`
+        why = f"{meta_path}: not a JSON object (corrupted on disk?): snapshot ignored"
+    elif meta is not None and not isinstance(meta, dict):
         meta, why = None, f"{meta_path}: not a JSON object (corrupted on disk?): snapshot ignored"
     elif meta is not None and meta.get("format") != SNAPSHOT_FORMAT:
         level, why = logging.WARNING, (f"{folder}: snapshot format {meta.get('format')!r} has no checksums (written "

@@ -34,9 +34,10 @@ import seam_echo_backend  # noqa: F401  (registers reader.backend=echo for the i
 from support.live_server import CHEAP, DEMO, REPO, LiveServer
 
 from memfit_gpu.config import load_config
+from memfit_gpu.data import load_benchmark
 from memfit_gpu.live import Memory
 from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
-from memfit_gpu.serve.engine import Refused, ServedMemory
+from memfit_gpu.serve.engine import Refused, ServedMemory, memory_worker
 from memfit_gpu.serve.keys import KeyRing, new_key
 from memfit_gpu.store import RecordLog
 
@@ -360,6 +361,52 @@ def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: 
 
     asyncio.run(requests())
     assert [t["turn_id"] for t in Memory.open(tmp_path / "memory", cfg).turns("u1")] == ["u1-1"]
+
+
+def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_server(
+        tmp_path: Path, locomo_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served delete ran on the one worker every search and add runs on: while its summary was rebuilt (an
+    LLM call), every other user's search waited, even once the memory itself no longer held them. It runs on a
+    thread of its own now, as consolidate does."""
+    memory = load_benchmark("locomo", locomo_path).memories[0]
+    turns = [{"speaker": t.speaker, "text": t.text, "timestamp": t.timestamp, "turn_id": t.turn_id,
+              "session_id": s.session_id} for s in memory.sessions[:3] for t in s.turns]
+    cfg = load_config(DEMO, [*CHEAP, "summary.enabled=true"])
+    worker = memory_worker()
+    live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
+    worker.submit(live.add, "u1", turns).result()
+    worker.submit(live.add, "u2", turns[:4]).result()
+    assert worker.submit(live.consolidate, ["u1"]).result()["summaries"] > 0
+    store = live.store
+    covered = next(s for s in store.summaries.live_rows(store.memory_of("u1")) if len(store.summaries.members[s]) > 3)
+    victim = str(store.turn_id[int(store.summaries.members[covered][1])])
+    backend = live.reader().backend
+    generate, inside, release = backend.generate, threading.Event(), threading.Event()
+
+    def gated(requests):  # noqa: ANN001, ANN202  (a summary call held until the test lets it go)
+        if any(r.role == "summary" for r in requests):
+            inside.set()
+            assert release.wait(30)
+        return generate(requests)
+
+    monkeypatch.setattr(backend, "generate", gated)
+    served = ServedMemory(live, cfg, worker)
+
+    async def requests() -> None:
+        served.start()
+        try:
+            deleting = asyncio.create_task(served.delete("u1", [victim]))
+            while not inside.is_set():
+                await asyncio.sleep(0.05)
+            hits = await asyncio.wait_for(served.search("u2", ["Caroline"], 2), 10)  # meanwhile
+            assert hits and not deleting.done()
+            release.set()
+            assert await deleting == {"episodes": 1, "summaries_retired": 1, "summaries_rebuilt": 1}
+        finally:
+            release.set()
+            assert await served.stop() is None
+
+    asyncio.run(requests())  # the served memory closes the memory and its worker
 
 
 def test_stalled_connections_are_closed(served) -> None:

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from memfit_gpu.cli import main
+from memfit_gpu.cli.store import resolve_target
 from memfit_gpu.config import load_config, to_yaml
 from memfit_gpu.data.schema import Memory, Session, Turn
+from memfit_gpu.live import Memory as LiveMemory
 from memfit_gpu.store import EpisodeStore
 
 pytestmark = pytest.mark.slow  # the real encoder (and, to rebuild a summary, the real SmolLM2 reader)
@@ -337,3 +339,14 @@ def test_an_import_a_live_memory_refuses_names_the_file_line_and_field_and_creat
                     f"(user {record['user_id']!r}), field '{field}': {reason} (memfit data validate --live {file} "
                     "lists them all)")
     assert not folder.exists()
+
+
+def test_a_store_command_writes_a_live_memory_s_log_as_the_memory_does(tmp_path: Path) -> None:
+    """`memfit store delete DIR --config C` on a live memory's folder opened its store with the config's
+    store.fsync (off by default): the records it appended were not fsynced, in a log whose open trusts that
+    an acknowledged record is on disk. A live memory's folder is written with fsync, whatever the config."""
+    with LiveMemory.open(tmp_path / "m", REPO / "configs" / "demo.yaml",
+                     overrides=["rerank.backend=none", "summary.enabled=false", "live.consolidate=manual"]) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees."}])
+    assert load_config(REPO / "configs" / "demo.yaml").store.fsync is False
+    assert resolve_target(tmp_path / "m", str(REPO / "configs" / "demo.yaml")).cfg.store.fsync is True
