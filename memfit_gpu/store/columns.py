@@ -74,6 +74,8 @@ class StoreColumns:
         self.text = TextColumn()
         self.turn_id = TextColumn()
         self.image_ids: dict[int, tuple[str, ...]] = {}  # only rows with images
+        # only rows with images, logged with their parts: (image id or None, caption characters) in body order
+        self.image_parts: dict[int, tuple[tuple[str | None, int], ...]] = {}
 
         self.summaries = SummaryTable()
         self.summarised: set[int] = set()  # memories build_summaries has processed (never re-summarised)
@@ -157,6 +159,9 @@ class StoreColumns:
             images = record.get("images")
             if images:
                 self.image_ids[row] = tuple(images)
+            parts = record.get("image_parts")
+            if parts:
+                self.image_parts[row] = tuple((part[0], int(part[1])) for part in parts)
             pending.append(row)
         self.memory_idx.extend(memories)
         self.session_idx.extend(sessions_of)

@@ -65,7 +65,7 @@ from memfit_gpu.store.segment import segment_batch, summary_segments
 from memfit_gpu.store.snapshot import load_newest, write_snapshot
 from memfit_gpu.store.summaries import SummaryJob, plan_segments, summary_records
 from memfit_gpu.store.summary_table import SummaryTable
-from memfit_gpu.store.text import split_body
+from memfit_gpu.store.text import split_body, split_images
 from memfit_gpu.store.write_path import batch_chunks, turn_records
 
 log = logging.getLogger(__name__)
@@ -568,7 +568,10 @@ class EpisodeStore:
             text = self.text[row]
             date = text[len("DATE: "):len(text) - len(self.body(row)) - len(f" | Speaker {speaker} says: ")]
             stamp = "" if np.isnat(self.timestamp[row]) else str(self.timestamp[row])
-            images, said = split_body(self.body(row), self.image_ids[row])
+            parts = self.columns.image_parts.get(row)
+            exact = split_images(self.body(row), parts) if parts else None
+            # a record logged before image_parts: told apart by the ids alone (a caption holding "] " splits early)
+            images, said = exact if exact is not None else split_body(self.body(row), self.image_ids[row])
             session_id = self.session_ids[int(self.session_idx[row])]
             if not sessions or sessions[-1].session_id != session_id:
                 sessions.append(Session(session_id, date, stamp))

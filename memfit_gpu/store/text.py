@@ -7,6 +7,8 @@ The prefix carries the session date and the speaker; the body is what was said, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memfit_gpu.data.schema import Turn
 
 
@@ -27,6 +29,21 @@ def episode_body(turn: Turn) -> str:
 def episode_text(turn: Turn) -> str:
     """SPEC Units: `DATE: {date} | Speaker {name} says: {[Image ...] }{text}`."""
     return episode_prefix(turn.date_text, turn.speaker) + episode_body(turn)
+
+
+def split_images(body: str, parts: Sequence[tuple[str | None, int]]) -> tuple[list[tuple[str | None, str]], str] | None:
+    """`episode_body`'s exact inverse from the parts its images were logged with ((image id or None, caption
+    characters), in order): the (image id, caption) pairs and the text. None when the body does not hold those
+    parts (a record of another body)."""
+    images, at = [], 0
+    for image_id, length in parts:
+        head = f"[Image {image_id}: " if image_id else "[Image: "
+        end = at + len(head) + length
+        if not body.startswith(head, at) or not body.startswith("] ", end):
+            return None
+        images.append((image_id, body[at + len(head):end]))
+        at = end + 2
+    return images, body[at:]
 
 
 def split_body(body: str, image_ids: tuple[str, ...] | list[str]) -> tuple[list[tuple[str, str]], str]:

@@ -46,7 +46,7 @@ def memory_records(columns: StoreColumns, memory_id: str, speakers: Sequence[str
 
 
 def episode_record(row: int, memory: int, session_id: str, turn: Turn) -> dict[str, Any]:
-    return {
+    record = {
         "t": "episode",
         "row": row,
         "memory": memory,
@@ -58,6 +58,9 @@ def episode_record(row: int, memory: int, session_id: str, turn: Turn) -> dict[s
         "images": [image.image_id for image in turn.images if image.image_id],
         "text": episode_text(turn),
     }
+    if turn.images:  # how the body's image parts split (a caption may hold "] "): text.split_images
+        record["image_parts"] = [[image.image_id or None, len(image.caption)] for image in turn.images]
+    return record
 
 
 def chunk_cost(record: dict[str, Any], dim: int) -> int:

@@ -191,3 +191,24 @@ def test_an_export_keeps_each_turn_s_date_words_and_the_conversation_order(tmp_p
         assert [t["turn_id"] for t in target.turns("u1")] == order
         assert texts(target) == before  # every DATE: as it was
         assert target.export("u1") == line
+
+
+def test_an_export_gives_each_image_its_caption_and_id_back(tmp_path: Path) -> None:
+    """An export split a turn's stored body back into images and text by looking for "] ": a caption holding
+    one was cut there (the rest went into the text), and an image without an id before one with an id made
+    every image plain text, so a re-import lost the ids. The store logs each image's part of the body now."""
+    images = [{"caption": "a dog", "image_id": None}, {"caption": "a sign saying [1] here", "image_id": "cat1"}]
+    turn = {"speaker": "Ann", "text": "look] at this", "turn_id": "t1", "images": [
+        {k: v for k, v in image.items() if v is not None} for image in images]}
+    with Memory.open(tmp_path / "a", DEMO, overrides=OVERRIDES) as source:
+        source.add("u1", [turn])
+        line = source.export("u1")
+    exported = line["sessions"][0]["turns"][0]
+    assert (exported["text"], exported["images"]) == ("look] at this", [
+        {"caption": "a dog"}, {"caption": "a sign saying [1] here", "image_id": "cat1"}])
+    file = tmp_path / "u1.jsonl"
+    file.write_text(json.dumps(line) + "\n")
+    with Memory.open(tmp_path / "b", DEMO, overrides=OVERRIDES) as target:
+        target.import_memories(read(file)[0].memories)
+        assert target.export("u1") == line
+        assert target.store.image_ids[0] == ("cat1",)
