@@ -63,8 +63,8 @@ class PromptError(FileNotFoundError):
 
 
 class QuestionTooLongError(PromptError):
-    """An answer prompt still too long without any excerpt: its question (or question date) is; the asker's
-    input, not the setup (memfit serve answers 422)."""
+    """An answer prompt still too long without any excerpt because of its question (or question date): the
+    asker's input, not the setup, whose prompt without them fits (memfit serve answers 422)."""
 
 
 @lru_cache(maxsize=64)
@@ -394,7 +394,11 @@ def bounded_answer_messages(question: str, excerpts_text: str, *args: Any, max_p
                                      **kwargs)
 
     def too_long(messages: list[dict[str, str]]) -> PromptError:
-        return QuestionTooLongError(f"question {question[:60]!r}: the answer prompt without its excerpts is still too long "
+        # the asker's input (question, date) or the setup (a template or a reader too small for any question)
+        bare = build_answer_messages("", "", *((None, *args[1:]) if args else ()),
+                                     **({**kwargs, "question_date": None} if "question_date" in kwargs else kwargs))
+        setup = prompt_chars(bare) > max_prompt_chars or (token_limit is not None and token_limit[1](bare) > token_limit[0])
+        return (PromptError if setup else QuestionTooLongError)(f"question {question[:60]!r}: the answer prompt without its excerpts is still too long "
                            f"({prompt_chars(messages):,} characters; {why})")
 
     keep = len(excerpts_text)

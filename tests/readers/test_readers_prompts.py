@@ -14,6 +14,7 @@ from memfit_gpu.readers.prompts import (
     PROMPT_DIR,
     MemGalleryPrompts,
     PromptError,
+    QuestionTooLongError,
     bounded_answer_messages,
     build_answer_messages,
     build_judge_messages,
@@ -198,10 +199,18 @@ def test_a_long_prompt_loses_the_end_of_its_excerpts_and_says_so() -> None:
     assert text.rstrip().endswith("Answer:") and f"Question: {question}" in text
 
 
-def test_a_prompt_that_cannot_fit_is_an_error() -> None:
+def test_a_prompt_that_cannot_fit_is_an_error_that_says_whose() -> None:
+    """Without any excerpt, a prompt too long because of its question (or question date) is the asker's input
+    (QuestionTooLongError: memfit serve answers 422); one whose template alone does not fit is the setup's (a
+    PromptError, not the asker's: it was answered 422 too)."""
     with pytest.raises(PromptError, match=r"without its excerpts is still too long \(\d+ characters; "
-                                          r"reader.max_prompt_chars=200\)"):
+                                          r"reader.max_prompt_chars=200\)") as setup:
         bounded_answer_messages("q?", EXCERPTS * 10, None, "2", max_prompt_chars=200)
+    assert not isinstance(setup.value, QuestionTooLongError)
+    bare = prompt_chars(build_answer_messages("", "", None, "2"))
+    for question, date in (("x" * 5_000, None), ("q?", "z" * 5_000)):
+        with pytest.raises(QuestionTooLongError):
+            bounded_answer_messages(question, EXCERPTS, date, "2", max_prompt_chars=bare + 100)
 
 
 def test_a_token_limit_keeps_the_longest_prefix_that_fits() -> None:
