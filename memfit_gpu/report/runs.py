@@ -25,6 +25,7 @@ from memfit_gpu import provenance
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
+from memfit_gpu.evaluate.tables import summarize
 from memfit_gpu.files import read_json_object, read_jsonl, read_yaml_mapping
 from memfit_gpu.readers.ledger import read_ledger
 
@@ -150,27 +151,18 @@ def _lacks(label: str, variant: str, own: str) -> str:
 
 
 def _check_scores(path: Path, rows: Iterable[Mapping[str, Any]], variant: str, label: str, own: str) -> None:
-    """Each evaluated row's scores.VARIANT: its f1 and bleu1 numbers (the per-question table, intervals and
-    attribution read them)."""
+    """Each evaluated row has scores.VARIANT's f1 and bleu1 (the per-question table, intervals and attribution
+    read them); read_predictions' row check already holds every score it has to a number from 0 to 1."""
     for row in rows:
         scores = row.get("scores")
         where = f"{path}:{row['_line']}: question {row['question_id']}, field"
         if scores is None:
             raise ReportError(f"{where} 'scores': null; {_lacks(label, variant, own)}")
-        table = scores.get(variant) if isinstance(scores, dict) else None
-        if table is None:
+        if variant not in scores:
             raise ReportError(f"{where} 'scores.{variant}': missing; {_lacks(label, variant, own)}")
-        if not isinstance(table, dict):
-            raise ReportError(f"{where} 'scores.{variant}': expected an object, got {type(table).__name__}")
         for metric in ("f1", "bleu1"):
-            if not _number(table.get(metric)):
-                raise ReportError(f"{where} 'scores.{variant}.{metric}': {table.get(metric)!r:.40}, not a number")
-
-
-def _verdicts(rows: Iterable[Mapping[str, Any]]) -> list[float]:
-    """The judge verdicts of the rows that have one, as 0 / 1 (evaluate/tables.py's judge column)."""
-    return [float(bool(r["judge"]["verdict"])) for r in rows
-            if isinstance(r.get("judge"), dict) and r["judge"].get("verdict") is not None]
+            if metric not in scores[variant]:
+                raise ReportError(f"{where} 'scores.{variant}.{metric}': None, not a number")
 
 
 def _close(a: float, b: float) -> bool:
@@ -179,10 +171,10 @@ def _close(a: float, b: float) -> bool:
 
 
 def _check_block(path: Path, name: str, block: Any, variant: str, label: str, own: str,
-                 rows: list[Mapping[str, Any]] | None) -> None:
+                 scored: Mapping[str, Any] | None) -> None:
     """One of metrics.json's blocks (a category, overall, average): its n and its VARIANT f1 / bleu1 numbers, and
-    when `rows` (its evaluated predictions) are given, that they are those rows' count and means, and its judge
-    accuracy theirs."""
+    when `scored` (the same block as evaluate.tables.summarize makes it of the evaluated predictions; {"n": 0}
+    for a category they do not have) is given, that they are its count, means and judge accuracy."""
     if not isinstance(block, dict):
         raise ReportError(f"{path}, {name}: expected an object, got {type(block).__name__}")
     n = block.get("n")
@@ -199,25 +191,24 @@ def _check_block(path: Path, name: str, block: Any, variant: str, label: str, ow
     judge = block.get("judge")
     if judge is not None and not _number(judge):
         raise ReportError(f"{path}, {name}, field 'judge': {judge!r:.40}, not a number")
-    if rows is None:
+    if scored is None:
         return
     # the table prints these numbers beside intervals and tests worked out from predictions.jsonl
     stale = "; the two files are not of one scoring (one was edited or replaced)"
-    if n != len(rows) or not rows:  # a block of no question has no mean and no interval either
-        held = f"{len(rows)} evaluated questions" if rows else "no evaluated question"
+    if n != scored["n"] or not scored["n"]:  # a block of no question has no mean and no interval either
+        held = f"{scored['n']} evaluated questions" if scored["n"] else "no evaluated question"
         raise ReportError(f"{path}, {name}, field 'n': {n}, but predictions.jsonl holds {held} of it{stale}")
     for metric in ("f1", "bleu1"):
-        mean = sum(float(r["scores"][variant][metric]) for r in rows) / len(rows)
+        mean = scored[variant][metric]
         if not _close(float(table[metric]), mean):
             raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table[metric]:.6g}, but its questions' "
                               f"mean in predictions.jsonl is {mean:.6g}{stale}")
     if "judge" not in block:  # a run without the judge has no judge column
         return
-    verdicts = _verdicts(rows)
-    accuracy = sum(verdicts) / len(verdicts) if verdicts else None
+    accuracy = scored["judge"]
     if not (judge is None and accuracy is None
             or judge is not None and accuracy is not None and _close(float(judge), accuracy)):
-        have = f"an accuracy of {accuracy:.6g} over {len(verdicts)} verdicts" if verdicts else "no verdict"
+        have = f"an accuracy of {accuracy:.6g} over {scored['judged']} verdicts" if scored["judged"] else "no verdict"
         shown = "null" if judge is None else f"{judge:.6g}"
         raise ReportError(f"{path}, {name}, field 'judge': {shown}, but predictions.jsonl holds {have} for its "
                           f"questions{stale}")
@@ -231,21 +222,21 @@ def _check_metrics(path: Path, metrics: dict[str, Any], predictions_file: Path, 
         raise ReportError(f"{path}, field 'questions': {metrics['questions']}, but {predictions_file} holds "
                           f"{len(predictions)} evaluated questions; the two files are not of one scoring (one was "
                           "edited or replaced)")
-    by_category: dict[str, list[Mapping[str, Any]]] = {}
-    for row in predictions:
-        by_category.setdefault(str(row["category"]), []).append(row)
+    # what the score stage would write of these predictions (the one summary: evaluate.tables.summarize)
+    scored = summarize(predictions, variant=variant, judge=True, ci=False)
+    by_category = scored["by_category"]
     blocks = metrics["by_category"]
     for cat, block in blocks.items():
-        _check_block(path, f"category {cat!r}", block, variant, label, own, by_category.get(cat, []))
+        _check_block(path, f"category {cat!r}", block, variant, label, own, by_category.get(cat, {"n": 0}))
         if not isinstance(block.get("name"), str):
             raise ReportError(f"{path}, category {cat!r}, field 'name': {block.get('name')!r:.40}, not a text")
     unscored = [cat for cat in by_category if cat not in blocks]
     if unscored:
-        raise ReportError(f"{path}, field 'by_category': no category {unscored[0]!r}, which {len(by_category[unscored[0]])} "
+        raise ReportError(f"{path}, field 'by_category': no category {unscored[0]!r}, which {by_category[unscored[0]]['n']} "
                           f"questions of {predictions_file} have; the two files are not of one scoring (one was "
                           "edited or replaced)")
     if "overall" in metrics:
-        _check_block(path, "overall", metrics["overall"], variant, label, own, predictions)
+        _check_block(path, "overall", metrics["overall"], variant, label, own, scored["overall"])
     _check_block(path, "average", metrics["average"], variant, label, own, None)
     ci = metrics.get("ci95")
     if ci is not None and not (isinstance(ci, dict) and all(isinstance(ci.get(k), (dict, type(None)))
