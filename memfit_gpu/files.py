@@ -17,6 +17,7 @@ import errno
 import glob
 import json
 import logging
+import math
 import os
 import secrets
 import threading
@@ -156,6 +157,11 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[dict[str, Any]]) -> None
 def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> None:
     """`data` as JSON (non-JSON values through `str`), replaced in one step."""
     atomic_write_text(path, json.dumps(data, indent=indent, default=str) + "\n")
+
+
+def is_finite_number(value: object) -> bool:
+    """A JSON number a score or a timing can be: an int or a finite float; true and false are not numbers."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_json_object(path: str | Path, fields: dict[str, type | tuple[type, ...]] | None = None,

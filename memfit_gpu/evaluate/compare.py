@@ -7,7 +7,6 @@ question contributes one value per run: its judge verdict (0/1) or its F1 under 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from memfit_gpu.config import MemFitConfig, load_config
 from memfit_gpu.evaluate.metrics import VARIANTS, rule_category, score
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
+from memfit_gpu.files import is_finite_number
 from memfit_gpu.render import console_table
 
 
@@ -49,8 +49,7 @@ def row_problem(row: Mapping[str, Any]) -> tuple[str, str] | None:
             if not isinstance(metrics, dict):
                 return f"scores.{variant}", f"{metrics!r:.60}, not a mapping of metric names to numbers"
             for name, value in metrics.items():
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                        math.isfinite(value) and 0.0 <= value <= 1.0):
+                if not (is_finite_number(value) and 0.0 <= value <= 1.0):
                     return f"scores.{variant}.{name}", f"{value!r:.60}, not a number from 0 to 1"
     judge = row.get("judge")
     if judge is not None and not isinstance(judge, dict):

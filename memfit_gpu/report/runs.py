@@ -26,7 +26,7 @@ from memfit_gpu.data.schema import DataError
 from memfit_gpu.evaluate.compare import PredictionsError, read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import summarize
-from memfit_gpu.files import read_json_object, read_jsonl, read_yaml_mapping
+from memfit_gpu.files import is_finite_number, read_json_object, read_jsonl, read_yaml_mapping
 from memfit_gpu.readers.ledger import read_ledger
 
 
@@ -139,11 +139,6 @@ def _packs(path: Path) -> dict[str, dict[str, Any]]:
     return packs
 
 
-def _number(value: Any) -> bool:
-    """A finite JSON number (true and false are not)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _lacks(label: str, variant: str, own: str) -> str:
     # why a variant can be missing: the report reads every run at the first run's variant (RunFiles.variant)
     return (f"run {label} has no {variant} scores, and the report reads it at {variant}, "
@@ -186,10 +181,10 @@ def _check_block(path: Path, name: str, block: Any, variant: str, label: str, ow
                           + (f"missing; {_lacks(label, variant, own)}" if table is None
                              else f"expected an object, got {type(table).__name__}"))
     for metric in ("f1", "bleu1"):
-        if not _number(table.get(metric)):
+        if not is_finite_number(table.get(metric)):
             raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table.get(metric)!r:.40}, not a number")
     judge = block.get("judge")
-    if judge is not None and not _number(judge):
+    if judge is not None and not is_finite_number(judge):
         raise ReportError(f"{path}, {name}, field 'judge': {judge!r:.40}, not a number")
     if scored is None:
         return
@@ -254,7 +249,7 @@ def _check_depths(path: Path, depths: dict[str, Any], variant: str, label: str, 
             raise ReportError(f"{path}, depth {i}: expected an object, got {type(row).__name__}")
         for name, check in (("k", lambda v: isinstance(v, int) and not isinstance(v, bool)),
                             ("questions", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-                            ("input_tokens_per_question", _number)):
+                            ("input_tokens_per_question", is_finite_number)):
             if not check(row.get(name)):
                 raise ReportError(f"{path}, depth {i}, field {name!r}: {row.get(name)!r:.40}, not a number")
         _check_block(path, f"depth k={row['k']} average", {"n": row["questions"], **(row.get("average") or {})}

@@ -8,7 +8,6 @@ percentages in the Markdown table, like results.md; the CSV keeps fractions.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 
 from memfit_gpu import provenance
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.files import read_json_object, read_jsonl
+from memfit_gpu.files import is_finite_number, read_json_object, read_jsonl
 from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.render import csv_text, markdown_table
 from memfit_gpu.sweep.spec import SweepError
@@ -43,7 +42,7 @@ def _number(metrics: dict[str, Any], where: Path, *keys: str) -> float | None:
     value = get_path(metrics, *keys)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise DataError(str(where), None, ".".join(keys), f"{value!r:.60} is not a finite number")
     return float(value)
 
