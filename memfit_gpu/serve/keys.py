@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,13 @@ class KeyRing:
         return found if found is not None and hmac.compare_digest(found.sha256, digest(presented)) else None
 
 
+def _changing(path: Path) -> AbstractContextManager[None]:
+    """The keys file to this command alone while it reads, changes and replaces it (`memfit keys new` and
+    `revoke` at once each keep the other's change)."""
+    return exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys` command is changing the file",
+                     wait_s=60.0)
+
+
 def new_key(path: str | Path, users: Sequence[str], name: str | None = None, admin: bool = False) -> str:
     """Add a fresh key bound to `users` to the keys file (created when missing); returns the key itself,
     which is shown once and stored nowhere."""
@@ -156,8 +164,7 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
             raise DataError(str(path), None, "users", problem)
     path.parent.mkdir(parents=True, exist_ok=True)
     # read, add, replace under a lock of the file's own: concurrent `memfit keys new` each add their key
-    with exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys new` is adding a key",
-                   wait_s=60.0):
+    with _changing(path):
         raw = path.read_bytes() if path.is_file() else b""
         existing = KeyRing.load(path).keys if raw.strip() else []  # checked: a bad file is refused, not rewritten
         text = raw.decode("utf-8")
@@ -178,8 +185,7 @@ def revoke_key(path: str | Path, name: str) -> ApiKey:
     """Remove the key named `name` from the keys file (the other lines kept byte for byte); a server serving
     from the file refuses it from its next request on. Returns the key removed."""
     path = Path(path)
-    with exclusive(path.with_name(f".{path.name}.lock"), "another `memfit keys` command is changing the file",
-                   wait_s=60.0):
+    with _changing(path):
         keys = KeyRing.load(path).keys  # checked: a bad file is refused, not rewritten
         if name not in {k.name for k in keys}:
             raise DataError(str(path), None, "name", f"no key named {name!r} (the keys: {', '.join(k.name for k in keys)})")
