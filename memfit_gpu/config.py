@@ -386,6 +386,10 @@ class ServeConfig:
     # or until max_batch are waiting, are answered by one batched call (max_batch 1 = one at a time).
     batch_window_ms: float = 5.0
     max_batch: int = 64  # requests per batched call at most: bounds a batch's memory and its latency
+    # texts per batched call at most (search queries, answer questions, added turns: what its time grows with),
+    # so that one client's queued large requests hold another's for one batch at most (a bigger request runs
+    # alone); a batch takes the waiting requests round-robin between API keys
+    max_batch_texts: int = 256
     max_body_bytes: int = 1_048_576  # larger request bodies get 413
     max_turns_per_request: int = 1024  # more get 422
     max_queries_per_request: int = 64  # more get 422
@@ -668,6 +672,7 @@ _RANGES: dict[str, _Range] = {
     "serve.port": _Range(0, 65535),  # 0: any free port (tests)
     "serve.batch_window_ms": _AT_LEAST_0,
     "serve.max_batch": _AT_LEAST_1,
+    "serve.max_batch_texts": _AT_LEAST_1,
     "serve.max_body_bytes": _AT_LEAST_1,
     "serve.max_turns_per_request": _AT_LEAST_1,
     "serve.max_queries_per_request": _AT_LEAST_1,

@@ -299,9 +299,9 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/users/{user_id}/turns")
-    async def add(body: AddIn, user_id: str = Depends(bound)) -> dict[str, Any]:
+    async def add(request: Request, body: AddIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Store turns of the user, durably (fsynced when the reply comes); concurrent adds are batched."""
-        added = await served.add(user_id, turn_dicts(body.turns))
+        added = await served.add(user_id, turn_dicts(body.turns), client_of(request.scope))
         return {"added": [a.to_json() for a in added]}
 
     @app.get("/v1/users/{user_id}/turns")
@@ -314,15 +314,15 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return await served.export(user_id, summaries)
 
     @app.post("/v1/users/{user_id}/search")
-    async def search(body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:
+    async def search(request: Request, body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """Ranked hits per query (text, turn ids, final and stage scores); concurrent searches are batched."""
-        found = await served.search(user_id, body.queries, body.k)
+        found = await served.search(user_id, body.queries, body.k, client_of(request.scope))
         return {"results": [[h.to_json() for h in hits] for hits in found]}
 
     @app.post("/v1/users/{user_id}/answer")
-    async def answer(body: AnswerIn, user_id: str = Depends(bound)) -> dict[str, Any]:
+    async def answer(request: Request, body: AnswerIn, user_id: str = Depends(bound)) -> dict[str, Any]:
         """One reader call per question on the method's pack; concurrent answers are batched."""
-        found = await served.answer(user_id, body.questions, body.k, body.question_date)
+        found = await served.answer(user_id, body.questions, body.k, body.question_date, client_of(request.scope))
         return {"answers": [a.to_json() for a in found]}
 
     @app.post("/v1/users/{user_id}/delete")
@@ -352,6 +352,12 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
 def bound_key_of(scope: dict[str, Any]) -> ApiKey | None:
     """The key the Guard found for a request (None: no key was checked)."""
     return scope.get("memfit.key")
+
+
+def client_of(scope: dict[str, Any]) -> str | None:
+    """The client a request's share of the batches is counted for: its key's hash (None: no key)."""
+    key = bound_key_of(scope)
+    return None if key is None else key.sha256
 
 
 __all__ = ["ApiKey", "Metrics", "make_app", "memory_worker"]

@@ -85,6 +85,12 @@ async def outcome(pending: Awaitable[Any]) -> Any:
         raise Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + str(exc)) from None
 
 
+def _tenant(client: str | None, user_id: str) -> str:
+    """Whose share of the batches a request takes (serve/batching.py): its API key's (`client`, the key's
+    hash), else (no key: a stdio MCP server, a library caller) its user's."""
+    return f"key:{client}" if client else f"user:{user_id}"
+
+
 class ServedMemory:
     """One open Memory behind the batchers; `start`/`stop` inside the server's event loop (its lifespan)."""
 
@@ -98,10 +104,12 @@ class ServedMemory:
         serve = self.cfg.serve
         # waits for an answer batch's read (on the worker) and its generation (on a thread of its own)
         self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-answer")
-        window = serve.batch_window_ms / 1000.0
-        self.adds = Batcher("add", self._add_run, window, serve.max_batch, self.worker, observe)
-        self.searches = Batcher("search", memory.search_batch, window, serve.max_batch, self.worker, observe)
-        self.answers = Batcher("answer", self._answer_run, window, serve.max_batch, self._answering, observe)
+        window, most = serve.batch_window_ms / 1000.0, serve.max_batch
+        # an item's weight: its texts (turns, queries, questions), at most serve.max_batch_texts a batch
+        texts, fair = (lambda item: len(item[1])), {"max_weight": serve.max_batch_texts}
+        self.adds = Batcher("add", self._add_run, window, most, self.worker, observe, texts, **fair)
+        self.searches = Batcher("search", memory.search_batch, window, most, self.worker, observe, texts, **fair)
+        self.answers = Batcher("answer", self._answer_run, window, most, self._answering, observe, texts, **fair)
 
     # --------------------------------------------------------------------------------------- life
     def start(self) -> None:
@@ -161,24 +169,25 @@ class ServedMemory:
                                f"adds stop below serve.min_free_disk_mb={most:,}")
 
     # --------------------------------------------------------------------------------- operations
-    async def add(self, user_id: str, turns: list[dict[str, Any]]) -> list[Added]:
+    async def add(self, user_id: str, turns: list[dict[str, Any]], client: str | None = None) -> list[Added]:
         self._limit(len(turns), self.cfg.serve.max_turns_per_request, "turns", "serve.max_turns_per_request")
         self._disk_reserve()
-        return await outcome(self.adds.submit((checked_user(user_id), turns)))
+        return await outcome(self.adds.submit((checked_user(user_id), turns), _tenant(client, user_id)))
 
-    async def search(self, user_id: str, queries: Sequence[str], k: int) -> list[list[Hit]]:
+    async def search(self, user_id: str, queries: Sequence[str], k: int, client: str | None = None) -> list[list[Hit]]:
         self._limit(len(queries), self.cfg.serve.max_queries_per_request, "queries", "serve.max_queries_per_request")
         self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
         self._words(queries, "queries")
-        return await outcome(self.searches.submit((checked_user(user_id), list(queries), k)))
+        return await outcome(self.searches.submit((checked_user(user_id), list(queries), k), _tenant(client, user_id)))
 
     async def answer(self, user_id: str, questions: Sequence[str], k: int,
-                     question_date: str | None = None) -> list[Answer]:
+                     question_date: str | None = None, client: str | None = None) -> list[Answer]:
         self._limit(len(questions), self.cfg.serve.max_queries_per_request, "questions",
                     "serve.max_queries_per_request")
         self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
         self._words(questions, "questions")
-        return await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date)))
+        return await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date),
+                                                 _tenant(client, user_id)))
 
     async def turns(self, user_id: str) -> list[dict[str, Any]]:
         return await self._on_worker(self.memory.turns, checked_user(user_id))

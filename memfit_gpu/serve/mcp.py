@@ -55,6 +55,12 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
             raise ToolError(f"refused (403): key {getattr(key, 'name', None)!r} is not bound to user {user_id!r}")
         return user_id
 
+    def client(ctx: Context) -> str | None:
+        """The caller's key hash: whose share of the batches its request takes (None on a stdio server)."""
+        request = ctx.request_context.request
+        key = key_of(request.scope) if key_of is not None and request is not None else None
+        return None if key is None else key.sha256
+
     async def run(call: Any) -> Any:
         try:
             return await call
@@ -65,13 +71,13 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
                           "A turn: speaker, text; optional timestamp (ISO 8601 local time), turn_id (re-adding "
                           "the same id with the same words stores nothing new), session_id, date_text, images.")
     async def add_turns(user_id: Text, turns: list[TurnIn], ctx: Context) -> dict[str, Any]:
-        added = await run(served.add(authorized(ctx, user_id), turn_dicts(turns)))
+        added = await run(served.add(authorized(ctx, user_id), turn_dicts(turns), client(ctx)))
         return {"added": [a.to_json() for a in added]}
 
     @mcp.tool(description="Search a user's memory: for each query, the k best excerpts (episode turns or "
                           "segment summaries) with their text, turn ids, final score and stage scores.")
     async def search(user_id: Text, queries: list[Text], ctx: Context, k: StrictInt = 10) -> dict[str, Any]:
-        found = await run(served.search(authorized(ctx, user_id), queries, k))
+        found = await run(served.search(authorized(ctx, user_id), queries, k, client(ctx)))
         return {"results": [[h.to_json() for h in hits] for hits in found]}
 
     @mcp.tool(description="Answer questions from a user's memory: one reader call per question on the excerpts "
@@ -79,7 +85,7 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
                           "question_date: when the questions are asked (e.g. 2024-05-01).")
     async def answer(user_id: Text, questions: list[Text], ctx: Context, k: StrictInt = 10,
                      question_date: Text | None = None) -> dict[str, Any]:
-        found = await run(served.answer(authorized(ctx, user_id), questions, k, question_date))
+        found = await run(served.answer(authorized(ctx, user_id), questions, k, question_date, client(ctx)))
         return {"answers": [a.to_json() for a in found]}
 
     @mcp.tool(description="List a user's stored turns in conversation order (turn_id, speaker, text, "

@@ -222,6 +222,33 @@ def test_concurrent_searches_and_adds_are_batched_and_metered(served) -> None:
     assert statuses <= {400, 405} and "FETCH" not in client.get("/metrics", headers=auth(admin)).text
 
 
+def test_one_keys_queued_searches_hold_another_keys_search_for_one_batch_at_most(served) -> None:
+    """Key A queues 16 searches of 64 queries (1,024 in all); key B's one search, sent once A's are waiting,
+    goes in the next batch (serve.max_batch_texts: 256 queries a batch, taken round-robin between keys), so
+    it is answered before most of A's. In arrival order, with a batch of up to 64 requests, it waited for
+    all of A's."""
+    _, client, keys, _, _ = served
+    finished: dict[str, float] = {}
+    queries = [f"what about the falcon, part {i}?" for i in range(64)]
+
+    def search(name: str, user: str, count: int) -> None:
+        reply = client.post(f"/v1/users/{user}/search", json={"queries": queries[:count], "k": 3},
+                            headers=auth(keys[user]))
+        assert reply.status_code == 200, reply.text
+        finished[name] = time.perf_counter()
+
+    with ThreadPoolExecutor(17) as pool:
+        many = [pool.submit(search, f"A{i}", "user00", 64) for i in range(16)]
+        time.sleep(0.5)  # A's requests are queued (the first batch runs)
+        one = pool.submit(search, "B", "user01", 1)
+        for future in [*many, one]:
+            future.result()
+    before_b = sum(1 for name, at in finished.items() if name != "B" and at < finished["B"])
+    # a batch holds 4 of A's searches; B's goes in the batch after the one running when it came (at most 3
+    # of A's beside it), or one later if A's requests were still arriving then: at most 11 of A's before it
+    assert before_b <= 11, f"{before_b} of A's 16 searches were answered before B's one"
+
+
 def test_answers_are_one_reader_call_per_question(served) -> None:
     server, client, keys, _, _ = served
     before = Ledger.load(server.store / "ledger.json").roles["answer"].calls if (server.store / "ledger.json").exists() else 0

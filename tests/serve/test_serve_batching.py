@@ -157,3 +157,58 @@ def test_an_item_that_breaks_the_batched_call_fails_alone() -> None:
     assert got[0] == 10 and got[2] == 20
     assert isinstance(got[1], ValueError) and str(got[1]) == "poisoned batch"
     assert calls == [[1, 666, 2], [1], [666], [2]]
+
+
+def test_a_client_with_many_queued_requests_holds_another_for_one_batch_at_most() -> None:
+    """One client (tenant A) queues six requests of 4 texts each, where a batch holds 8 texts; B's one
+    request, arriving while A's first batch runs, goes in the next batch, not after all of A's (FIFO put it
+    in the fourth)."""
+    record = Recorder(hold_s=0.3)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as worker:
+            batcher = Batcher("t", record, window_s=0.05, max_batch=64, executor=worker,
+                              weight=lambda item: 4, max_weight=8)
+            batcher.start()
+            tasks = [asyncio.create_task(batcher.submit(i, "A")) for i in range(21, 27)]
+            while not record.batches:
+                await asyncio.sleep(0.01)
+            tasks.append(asyncio.create_task(batcher.submit(99, "B")))
+            got = [await t for t in tasks]
+            await batcher.stop()
+            return got
+
+    assert run_async(main()) == [210, 220, 230, 240, 250, 260, 990]
+    assert [items for _, items in record.batches] == [[21, 22], [23, 99], [24, 25], [26]]
+
+
+def test_a_batch_takes_waiting_requests_round_robin_between_clients() -> None:
+    record = Recorder(hold_s=0.0)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as worker:
+            batcher = Batcher("t", record, window_s=0.2, max_batch=2, executor=worker)
+            batcher.start()
+            tasks = [asyncio.create_task(batcher.submit(i, "A")) for i in (1, 2, 3)]
+            tasks += [asyncio.create_task(batcher.submit(i, "B")) for i in (4, 5, 6)]
+            await asyncio.gather(*tasks)
+            await batcher.stop()
+
+    run_async(main())
+    assert [items for _, items in record.batches] == [[1, 4], [2, 5], [3, 6]]
+
+
+def test_a_request_heavier_than_a_batch_runs_alone_and_the_rest_follow() -> None:
+    record = Recorder(hold_s=0.0)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as worker:
+            batcher = Batcher("t", record, window_s=0.2, max_batch=8, executor=worker,
+                              weight=lambda item: item, max_weight=10)
+            batcher.start()
+            got = await asyncio.gather(*(batcher.submit(i, t) for i, t in ((30, "A"), (4, "B"), (5, "C"), (3, "D"))))
+            await batcher.stop()
+            return list(got)
+
+    assert run_async(main()) == [300, 40, 50, 30]
+    assert [items for _, items in record.batches] == [[30], [4, 5], [3]]
