@@ -16,9 +16,9 @@
     in_fresh_thread(call, *args)     run CPU torch work that is not the process's own on a thread that then ends
 
 The encoders and the readers want different "auto" dtypes on purpose: encoders reproduce the paper's
-fp32 packs, except on a CPU with AMX, where bf16 runs several times faster and the packs stay within the
-measured tolerance (docs/benchmarks/history.md "Encoders in bf16"); a reader generates text, where bf16's range
-matters more than its last bits.
+fp32 packs on every CPU, an AMX one included, where bf16 encodes 2.7x faster but keeps fp32's top-10 order on
+65 % of LoCoMo's questions only (docs/benchmarks/history.md "Encoders in bf16"); a reader generates text, where
+bf16's range matters more than its last bits.
 """
 
 from __future__ import annotations
@@ -183,10 +183,10 @@ def resolve_dtype(dtype: str | torch.dtype, devices: Sequence[torch.device], set
 
     fp32 keeps packs equal to the CPU/fp32 packs the paper's numbers come from. bf16 was measured over
     LoCoMo's 1,540 questions (docs/benchmarks/history.md "Encoders in bf16"): hit@5 / hit@10 / pack hit stay within
-    0.1 point of fp32's, but a top-10 list equals fp32's in order on 63 % of the questions (89 % as a set),
-    far from the 97 % a default must keep, and a question encoded alone gets the batched pack on 99 % only;
-    the noise is the GEMM inputs' rounding to bf16, which an AMX CPU does too. So bf16 is a choice
-    (`index.dtype: bf16`: 1.6x the encode rate on an AVX512-BF16 CPU, several times on an AMX one), and on a
+    0.15 point of fp32's, but a top-10 list equals fp32's in order on 63-65 % of the questions (89 % as a
+    set), far from the 97 % a default must keep, and a question encoded alone gets the batched pack on 99 %
+    only; the noise is the GEMM inputs' rounding to bf16, measured on an AMX CPU too. So bf16 is a choice
+    (`index.dtype: bf16`: 1.6x the encode rate on an AVX512-BF16 CPU, 2.7x on an AMX one), and on a
     CPU with AMX tiles "auto" says so once in the log. In bf16 the cross-encoder's logits in [4, 8) are 1/32
     apart, so its head runs in float32 (index/encoders/cross_encoder.py). bf16 is refused on GPUs that only
     emulate it (V100, T4): use fp16 there.
@@ -210,18 +210,18 @@ _hinted: set[str] = set()
 
 
 def _hint_amx(setting: str) -> None:
-    """Say once per process and setting that this CPU would run the encoders in bf16 several times faster,
+    """Say once per process and setting that this CPU would run the encoders in bf16 about 2.7x faster,
     and what that costs (auto keeps float32)."""
     if setting in _hinted:
         return
     _hinted.add(setting)
-    logger.info("%s=auto: float32. This CPU has AMX tiles, where bf16 GEMMs run several times faster: %s=bf16 holds "
+    logger.info("%s=auto: float32. This CPU has AMX tiles, where the encoders run about 2.7x faster in bf16: %s=bf16 holds "
                 "LoCoMo's hit rates but not fp32's top-10 order (docs/benchmarks/history.md \"Encoders in bf16\")", setting, setting)
 
 
 def cpu_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Xeon 4th generation and later), where oneDNN runs bf16 GEMMs
-    several times faster than fp32's."""
+    about six times faster than fp32's (experiments/bench_gemm.py)."""
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
