@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -77,12 +78,19 @@ async def outcome(pending: Awaitable[Any]) -> Any:
         raise Refused(507, f"{exc}: {setting}") from None
     except (DataError, ValueError, TypeError, QuestionTooLongError) as exc:
         raise Refused(422, str(exc)) from None
-    except ReaderError as exc:  # a server behind the reader failed calls after its retries: try again later
-        raise Refused(503, f"the reader gave no answer: {exc}") from None
+    except ReaderError as exc:  # a server behind the reader failed or refused the calls after its retries
+        # its message names the reader's endpoint and quotes that server's reply: the operator's log has it
+        log.error("memfit serve: %s", exc)
+        raise Refused(503, "the reader gave no answer to this request (its server failed or refused it; "
+                           "the memory server's log says why); nothing was stored") from None
     except StorageError as exc:
-        # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py)
+        # the memory keeps serving reads and takes writes again once the cause is gone (store/log.py); the
+        # server's log names the file, a client learns no path of the server's
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        raise Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + str(exc)) from None
+        log.error("memfit serve: %s", exc)
+        cause = os.strerror(exc.errno) if exc.errno else "an I/O error"
+        raise Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + cause
+                      + "; the request changed nothing (the server's log names the file)") from None
 
 
 def _tenant(client: str | None, user_id: str) -> str:
@@ -165,7 +173,7 @@ class ServedMemory:
         except OSError:
             return  # the write itself then says what is wrong
         if free < most * (1 << 20):
-            raise Refused(507, f"disk nearly full: {free / (1 << 20):,.0f} MiB free under {self.memory.path}, "
+            raise Refused(507, f"disk nearly full: {free / (1 << 20):,.0f} MiB free for the memory, "
                                f"adds stop below serve.min_free_disk_mb={most:,}")
 
     # --------------------------------------------------------------------------------- operations

@@ -37,6 +37,7 @@ from memfit_gpu.config import load_config
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.live import Memory
 from memfit_gpu.names import MAX_SPEAKERS, user_id_problem
+from memfit_gpu.readers.types import Response
 from memfit_gpu.serve.engine import Refused, ServedMemory, memory_worker
 from memfit_gpu.serve.keys import KeyRing, new_key
 from memfit_gpu.store import RecordLog
@@ -354,6 +355,7 @@ def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: 
                 await served.add("u1", [turn("u1", 2)])
             assert refused.value.status == 507 and "adds stop below serve.min_free_disk_mb=1,000,000,000" in \
                 refused.value.message
+            assert str(tmp_path) not in refused.value.message  # no path of the server's to a client
             assert sorted(h.turn_ids[0] for h in (await served.search("u1", ["lantern"], 2))[0]) == ["u1-0", "u1-1"]
             assert (await served.delete("u1", ["u1-0"]))["episodes"] == 1
         finally:
@@ -407,6 +409,33 @@ def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_serve
             assert await served.stop() is None
 
     asyncio.run(requests())  # the served memory closes the memory and its worker
+
+
+def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's error names its endpoint and quotes that server's reply; the client got both in its 503.
+    The reply now says what happened; the server's log keeps the rest."""
+    cfg = load_config(DEMO, CHEAP)
+    worker = memory_worker()
+    live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
+    worker.submit(live.add, "u1", [turn("u1", i) for i in range(2)]).result()
+    backend = live.reader().backend
+    why = "http://10.0.0.7:8000/v1/chat/completions refused request 'k': HTTP 400: {'detail': 'bad'}"
+    monkeypatch.setattr(backend, "generate", lambda requests: [
+        Response("", 0, 0, 0.0, False, "m", error=why, answered=False) for _ in requests])
+    served = ServedMemory(live, cfg, worker)
+
+    async def ask() -> None:
+        served.start()
+        try:
+            with pytest.raises(Refused) as refused:
+                await served.answer("u1", ["Where is the lantern?"], 2)
+            assert refused.value.status == 503 and "10.0.0.7" not in refused.value.message, refused.value.message
+            assert refused.value.message.startswith("the reader gave no answer to this request")
+        finally:
+            assert await served.stop() is None
+
+    asyncio.run(ask())
 
 
 def test_stalled_connections_are_closed(served) -> None:
@@ -471,7 +500,8 @@ def test_an_add_past_63_speakers_is_refused_whole_and_the_memory_reopens(tmp_pat
 # ------------------------------------------------------------------------------ 9. a full disk
 def test_a_full_disk_stops_writes_only_while_it_is_full(tmp_path: Path) -> None:
     """Once the log append met ENOSPC every later add got 422 "write to closed file", also after space
-    was freed; now the add that met the full disk gets 507 naming the file, and the next one is stored.
+    was freed; now the add that met the full disk gets 507 (the server's log names the file, the reply no path
+    of the server's), and the next one is stored.
     (MEMFIT_IO_FAULT makes the 3rd log append fail with ENOSPC; the ones after it find space again.)"""
     keys_file = tmp_path / "keys.jsonl"
     key = new_key(keys_file, ["u1"])
@@ -484,7 +514,9 @@ def test_a_full_disk_stops_writes_only_while_it_is_full(tmp_path: Path) -> None:
     try:
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 0)))[0] == 200
         status, reply = call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 1)))
-        assert status == 507 and reply["detail"].startswith("disk full: ") and "log.jsonl" in reply["detail"], reply
+        assert status == 507 and reply["detail"] == ("disk full: No space left on device; the request changed nothing "
+                                                     "(the server's log names the file)"), reply
+        assert "log.jsonl" in server.log.read_text()  # the operator's log names the file; the client learns no path
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 2)))[0] == 200
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 1)))[0] == 200
         status, reply = call(server, "GET", "/v1/users/u1/turns", key)
