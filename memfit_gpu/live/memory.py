@@ -317,6 +317,7 @@ class Memory:
         self._exit = lock
         self._lock = threading.RLock()
         self._consolidating = threading.Lock()  # one consolidation at a time
+        self._compacting = threading.Lock()  # one compaction at a time, its erasure of cached replies included
         self._loading_reader = threading.Lock()
         self.entry = method_entry(cfg.method)
         self.ledger_path = path / "ledger.json"
@@ -635,34 +636,45 @@ class Memory:
         deleted is erased from every file: the store keeps no record of it, the method's own files follow,
         and cache.sqlite drops every response and call record its data went into (ledger.json keeps the
         counts). A user some of whose turns were deleted loses every cached response (answers and summaries
-        may quote those turns; they are asked again when needed), not its call records."""
-        with self.holding():
+        may quote those turns; they are asked again when needed), not its call records.
+
+        The cached replies are dropped once the memory is no longer held: that waits for the reader's turn
+        (an answer being generated for another user), which would otherwise hold every user's searches and
+        adds. A kill before they are dropped leaves the pending record, and the next open drops them."""
+        with self._compacting:
             pending = self.path / FORGET_PENDING
-            purged = self.store.memories_with_deleted_turns()
-            if purged:  # before the store is rewritten: a kill after it still drops their replies (on open)
-                write_json_atomic(pending, {"responses_of": purged})
-                faults.point("compact.pending")
-            waiting = self.method.unconsolidated([u for u in purged if u in self.store.memory_ids])
-            counts = self.store.compact()
-            erased = self.store.erased
-            self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
-            self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
-            faults.point("compact.method")
-            # what the method dropped with the deleted turns (LightMem: the users' notes, whose windows moved)
-            # is made again by the next consolidation, whatever live.consolidate_after_turns says
-            present = [u for u in purged if u in self.store.memory_ids]
-            for user, n in self.method.unconsolidated(present).items():
-                if n > waiting.get(user, 0):
-                    self._new_turns[user] = max(n, self._new_turns.get(user, 0), self.cfg.live.consolidate_after_turns)
-                    self._failed_at.pop(user, None)  # what the worker failed at is gone with the compaction
-            self._wake_if_due()
-            counts["users_erased"] = len(erased)
-            counts["users_with_deleted_turns"] = len(purged)
+            with self.holding():
+                counts, erased, purged = self._compact_store(pending)
             counts.update({f"cache_{k}_dropped": v for k, v in self._forget(erased, purged).items()})
-            self._compactions += 1
-            self._forgotten_at.update(dict.fromkeys(purged, self._compactions))
             pending.unlink(missing_ok=True)
             return counts
+
+    def _compact_store(self, pending: Path) -> tuple[dict[str, int], list[str], list[str]]:
+        """compact's part that holds the memory: the store rewritten and reopened, the method following it;
+        (counts, users erased, users with deleted turns)."""
+        purged = self.store.memories_with_deleted_turns()
+        if purged:  # before the store is rewritten: a kill after it still drops their replies (on open)
+            write_json_atomic(pending, {"responses_of": purged})
+            faults.point("compact.pending")
+        waiting = self.method.unconsolidated([u for u in purged if u in self.store.memory_ids])
+        counts = self.store.compact()
+        erased = self.store.erased
+        self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
+        self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
+        faults.point("compact.method")
+        # what the method dropped with the deleted turns (LightMem: the users' notes, whose windows moved)
+        # is made again by the next consolidation, whatever live.consolidate_after_turns says
+        present = [u for u in purged if u in self.store.memory_ids]
+        for user, n in self.method.unconsolidated(present).items():
+            if n > waiting.get(user, 0):
+                self._new_turns[user] = max(n, self._new_turns.get(user, 0), self.cfg.live.consolidate_after_turns)
+                self._failed_at.pop(user, None)  # what the worker failed at is gone with the compaction
+        self._wake_if_due()
+        counts["users_erased"] = len(erased)
+        counts["users_with_deleted_turns"] = len(purged)
+        self._compactions += 1
+        self._forgotten_at.update(dict.fromkeys(purged, self._compactions))
+        return counts, list(erased), purged
 
     def _finish_pending_forget(self) -> None:
         """Drop the cached replies a compaction stopped before dropping (FORGET_PENDING), then its record: every
@@ -680,8 +692,10 @@ class Memory:
 
     def _forget_stale(self, users: Sequence[str], compactions: int) -> None:
         """Drop again the cached replies of the users that a compaction erased after `compactions` (the count
-        when a request was prepared: its reply, committed since, may quote a deleted turn). Holds the memory."""
-        stale = sorted({u for u in users if self._forgotten_at.get(u, 0) > compactions})
+        when a request was prepared: its reply, committed since, may quote a deleted turn). Call it without
+        holding the memory: dropping waits for the reader's turn."""
+        with self._lock:
+            stale = sorted({u for u in users if self._forgotten_at.get(u, 0) > compactions})
         if stale:
             self._forget([], stale)
 
@@ -734,7 +748,7 @@ class Memory:
                     self._failed_at.pop(user, None)
                 self.store.snapshot()
                 self._since_snapshot = 0
-                self._forget_stale(users, compactions)
+            self._forget_stale(users, compactions)
             return counts
 
     def _wake_if_due(self) -> None:
@@ -975,7 +989,7 @@ class Memory:
         responses = self.reader().generate(requests)
         with self.holding():
             self.ledger.save(self.ledger_path)
-            self._forget_stale([prepared.users[i] for i, _, _, _ in prepared.calls], prepared.compactions)
+        self._forget_stale([prepared.users[i] for i, _, _, _ in prepared.calls], prepared.compactions)
         for (i, question, hits, _), response in zip(prepared.calls, responses, strict=True):
             cleaned = clean_answer(response.text)
             if not isinstance(out[i], list):
@@ -994,7 +1008,7 @@ class Memory:
         self._wake.set()
         if self._worker is not None:
             self._worker.join()
-        with self._lock:
+        with self._compacting, self._lock:  # a compaction dropping cached replies finishes first
             # every step runs even when one before it fails (a full disk refusing the snapshot): the first
             # failure is raised once the reader, the log and the lock are released
             failures: list[BaseException] = []

@@ -214,7 +214,9 @@ class ServedMemory:
         return await self._on_worker(self.memory.export, checked_user(user_id), summaries)
 
     async def compact(self) -> dict[str, int]:
-        return await self._on_worker(self.memory.compact)
+        # not on the worker: dropping the cached replies waits for the reader's turn (an answer being generated),
+        # which on the worker would hold up every user's searches and adds; the memory orders the rest with them
+        return await outcome(asyncio.get_running_loop().run_in_executor(None, in_fresh_thread, self.memory.compact))
 
     async def consolidate(self, user_ids: Sequence[str] | None) -> dict[str, int]:
         # not on the worker (its LLM calls would hold up every search) but on a thread that ends after it

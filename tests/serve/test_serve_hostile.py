@@ -411,6 +411,52 @@ def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_serve
     asyncio.run(requests())  # the served memory closes the memory and its worker
 
 
+def test_a_compaction_waiting_for_the_reader_holds_no_other_user_s_search_on_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction drops the cached replies of users with deleted turns while no reader call commits, so it
+    waits for an answer being generated. It waited holding the memory, on the one worker: every user's search
+    stood still until that answer was done. Now the memory is held for the store's rewrite only, and the served
+    compaction runs on a thread of its own."""
+    cfg = load_config(DEMO, CHEAP)
+    worker = memory_worker()
+    live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
+    worker.submit(live.add, "u1", [turn("u1", i) for i in range(4)]).result()
+    worker.submit(live.add, "u2", [turn("u2", i) for i in range(4)]).result()
+    worker.submit(live.answer, "u1", ["Where is the lantern?"], 2).result()  # a cached reply of u1
+    worker.submit(live.delete, "u1", ["u1-0"]).result()
+    backend = live.reader().backend
+    generate, inside, release = backend.generate, threading.Event(), threading.Event()
+
+    def gated(requests):  # noqa: ANN001, ANN202  (u2's answer held until the test lets it go)
+        if any("SLOWLY" in str(m["content"]) for r in requests for m in r.messages):
+            inside.set()
+            assert release.wait(30)
+        return generate(requests)
+
+    monkeypatch.setattr(backend, "generate", gated)
+    served = ServedMemory(live, cfg, worker)
+
+    async def requests() -> None:
+        served.start()
+        try:
+            answering = asyncio.create_task(served.answer("u2", ["Where is the lantern, SLOWLY?"], 2))
+            while not inside.is_set():
+                await asyncio.sleep(0.05)
+            compacting = asyncio.create_task(served.compact())
+            await asyncio.sleep(0.5)  # the compaction has rewritten the store and waits for the reader
+            hits = await asyncio.wait_for(served.search("u2", ["lantern"], 2), 10)  # meanwhile
+            assert hits and not compacting.done() and not answering.done()
+            release.set()
+            compacted = await compacting
+            assert compacted["users_with_deleted_turns"] == 1 and compacted["cache_responses_dropped"] >= 1, compacted
+            assert (await answering)[0].answer
+        finally:
+            release.set()
+            assert await served.stop() is None
+
+    asyncio.run(requests())  # the served memory closes the memory and its worker
+
+
 def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader's error names its endpoint and quotes that server's reply; the client got both in its 503.
