@@ -4,6 +4,7 @@ through deletions, snapshots and reopening; and the dense read path's batched pr
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,22 @@ def test_precomputed_embeddings_must_match_the_turns(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has no extra\\['embeddings'\\]"):
         store.add_memories([memory], progress=False, precomputed=True)
     assert store.size == 0
+
+
+class _SlowHashEncoder(HashEncoder):
+    """HashEncoder taking 0.05 s a call (one call per chunk): a chunked batch's encode time must sum them."""
+
+    def encode(self, texts: Any, batch_size: int = 0, progress: bool = False) -> torch.Tensor:  # noqa: ARG002
+        time.sleep(0.05)
+        return super().encode(texts)
+
+
+def test_a_chunked_batch_times_every_chunk_s_encoding(locomo_path: Path) -> None:
+    """`last_timings["encode_s"]` (build_timings.json, `memfit profile`'s encode rate) held the last chunk's
+    encoding only, while bm25_s, dense_s and log_s summed every chunk's."""
+    memories = load_benchmark("locomo", locomo_path).memories[:3]
+    store = EpisodeStore(None, _cfg(1), _SlowHashEncoder(DIM))
+    store.add_memories(memories, progress=False)
+    chunks = store.last_timings["chunks"]
+    assert chunks > 2 and store.last_timings["encode_s"] >= 0.05 * chunks, store.last_timings
+    store.close()
