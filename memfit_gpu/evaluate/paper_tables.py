@@ -53,7 +53,7 @@ from memfit_gpu.files import (
 )
 from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
 from memfit_gpu.sweep.spec import SweepError
-from memfit_gpu.sweep.state import read_sweep_record
+from memfit_gpu.sweep.state import point_dir, read_sweep_record
 
 LOCOMO_SCORED = ("1", "2", "3", "4")  # the paper's columns: multi-hop, temporal, open-domain, single-hop
 LONGMEMEVAL_TYPES = (  # LongMemEval's own order of question types
@@ -165,8 +165,7 @@ def sweep_point_dirs(sweep_dir: Path) -> list[tuple[str, Path]]:
         points = read_sweep_record(sweep_dir / "sweep.json").points
     except SweepError as exc:
         raise TablesError(str(exc)) from None  # a sweep.json without points among them
-    # The points live under OUT/points/<id>; sweep.json's absolute `dir` breaks when OUT is moved.
-    return [(p.point_id, sweep_dir / "points" / p.point_id) for p in points]
+    return [(p.point_id, point_dir(sweep_dir, p.point_id)) for p in points]  # never sweep.json's recorded dir
 
 
 def split_spec(spec: str) -> tuple[str, Path]:

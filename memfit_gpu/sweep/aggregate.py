@@ -21,7 +21,7 @@ from memfit_gpu.files import is_finite_number, read_json_object, read_jsonl
 from memfit_gpu.mappings import flatten, get_path
 from memfit_gpu.render import csv_text, markdown_table
 from memfit_gpu.sweep.spec import SweepError
-from memfit_gpu.sweep.state import PointState, read_sweep_record
+from memfit_gpu.sweep.state import PointState, point_dir, read_sweep_record
 
 # beam: BEAM's Average (the mean of its abilities' rubric-judge scores, metrics.json `beam`), on BEAM's points
 METRIC_COLUMNS = ("f1", "bleu1", "judge", "beam", "pack_hit", "questions")
@@ -89,11 +89,10 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def _point_dir(sweep_dir: Path, point: Any) -> Path:
-    """A point's run directory: as sweep.json records it, else OUT/points/<id> (a sweep folder moved)."""
-    point_dir = Path(point.dir)
-    if not point_dir.is_absolute() or not point_dir.exists():
-        point_dir = sweep_dir / "points" / point.point_id
-    return point_dir
+    """A point's run directory: OUT/points/<id> (state.point_dir). sweep.json's absolute `dir` was read first:
+    a sweep folder archived under another name, with a new sweep at the old one, reported the new sweep's
+    numbers under the archived one's name."""
+    return point_dir(sweep_dir, point.point_id)
 
 
 def provenance_drift(sweep_dir: str | Path) -> list[str]:

@@ -169,6 +169,13 @@ def read_sweep_record(path: str | Path) -> SweepRecord:
                        _field(data, "sweep_keys", list, [], where), points, submissions)
 
 
+def point_dir(sweep_dir: str | Path, point_id: str) -> Path:
+    """Where a point's run directory is: OUT/points/<id>, always. sweep.json's `dir` records it for the reader
+    of the file, but a sweep folder moved or copied (or archived while a new sweep took its old name) must
+    read its own points, so every reader of a sweep goes by this, never by the recorded path."""
+    return Path(sweep_dir) / "points" / point_id
+
+
 class SweepState:
     """`OUT/sweep.json` of one sweep command: the points of the sweep file, with the attempts, jobs and
     states an earlier command recorded; rewritten by `save` on every change."""
@@ -200,7 +207,7 @@ class SweepState:
             )
 
     def point_dir(self, point: SweepPoint) -> Path:
-        return self.out_dir / "points" / point.point_id
+        return point_dir(self.out_dir, point.point_id)
 
     def is_done(self, point: SweepPoint) -> bool:
         return (self.point_dir(point) / "DONE").exists()

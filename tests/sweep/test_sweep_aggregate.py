@@ -48,3 +48,17 @@ def test_pack_hit_is_read_through_the_one_jsonl_reader(tmp_path: Path) -> None:
     path.write_text("not json\n")
     with pytest.raises(DataError, match=r"predictions.jsonl, item line 1: not valid JSON"):
         pack_hit_rate(path)
+
+
+def test_an_archived_sweep_reads_its_own_points_not_the_new_sweep_at_its_old_place(tmp_path: Path) -> None:
+    """sweep.json records each point's absolute `dir`; aggregate read it whenever it existed. A sweep folder
+    archived under another name, with a new sweep run at the old name, printed the new sweep's F1 under the
+    archived one's name. Every reader of a sweep now goes by OUT/points/<id>."""
+    def metrics(f1: float) -> dict:
+        return {"metric_variant": "paper", "questions": 6, "average": {"paper": {"f1": f1, "bleu1": f1}}}
+
+    first = _sweep(tmp_path, metrics(0.11))
+    first.rename(tmp_path / "sw_v1")
+    _sweep(tmp_path, metrics(0.99))  # a new sweep at the old place: the archived sweep.json's dirs name it
+    columns, rows = aggregate(tmp_path / "sw_v1")
+    assert rows[0]["f1"] == pytest.approx(0.11), rows  # the new sweep's is 0.99
