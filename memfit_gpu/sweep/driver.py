@@ -26,7 +26,7 @@ from memfit_gpu.sweep.spec import (
     point_command,
     point_overrides,
 )
-from memfit_gpu.sweep.state import PointState, SweepState
+from memfit_gpu.sweep.state import PointState, SweepState, read_sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,11 @@ def run_sweep(
 def run_point(spec: SweepSpec, out_dir: str | Path, which: str, same_config: SameConfig | None = None) -> int:
     """Run one point in this process's job (slurm/memfit-array.sbatch: one array task per point).
 
-    sweep.json is written only if missing (many tasks start at once; the driver-less mode keeps no job
-    records); a point with DONE returns at once. Returns the point command's exit code.
+    sweep.json is written when missing or when it does not list this point (a sweep file extended with
+    points and submitted again: `memfit aggregate` lists what sweep.json holds); many tasks start at once,
+    and each writes every point of the sweep file, so whichever write lands last lists them all. The
+    driver-less mode keeps no job records. A point with DONE returns at once. Returns the point command's
+    exit code.
     """
     spec = pin_data_location(spec)
     out = Path(out_dir).resolve()
@@ -136,7 +139,7 @@ def run_point(spec: SweepSpec, out_dir: str | Path, which: str, same_config: Sam
     state = SweepState(spec, out, "sbatch")
     if same_config is not None:
         refuse_changed_finished(state, same_config, [point])
-    if not state.path.exists():
+    if not state.path.exists() or point.point_id not in {p.point_id for p in read_sweep_record(state.path).points}:
         state.save()
     point_dir = state.point_dir(point)
     if state.is_done(point):

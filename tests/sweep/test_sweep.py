@@ -265,6 +265,25 @@ def test_a_finished_point_whose_configuration_changed_is_refused(tmp_path: Path,
     assert run_point(spec, out, "0", same_config=same_config) == 0
 
 
+def test_a_point_added_to_the_sweep_file_is_listed_by_its_sbatch_task(tmp_path: Path, shared_data: Path) -> None:
+    """`memfit sweep --point` (one SLURM array task per point) wrote sweep.json only when it was missing, so a
+    sweep file extended by a point and submitted again ran the new point, and `memfit aggregate` (which lists
+    what sweep.json holds) left it out without a word."""
+    data = f"data.path={shared_data / 'locomo'}"
+    first = load_sweep(write_sweep(tmp_path, "name: grow\nconfig: BASE\ngrid: {pack.k: [5]}\n"), [data])
+    out = tmp_path / "out"
+    for point_id in ("k=5", "k=10"):  # finished: the tasks return at once
+        (out / "points" / point_id).mkdir(parents=True)
+        (out / "points" / point_id / "DONE").write_text("")
+    assert run_point(first, out, "0") == 0
+    assert [p.point_id for p in read_sweep_record(out / "sweep.json").points] == ["k=5"]
+    grown = load_sweep(write_sweep(tmp_path, "name: grow\nconfig: BASE\ngrid: {pack.k: [5, 10]}\n"), [data])
+    assert run_point(grown, out, "1") == 0
+    assert [p.point_id for p in read_sweep_record(out / "sweep.json").points] == ["k=5", "k=10"]
+    assert run_point(grown, out, "0") == 0  # a point sweep.json lists leaves it as it is
+    assert [p.point_id for p in read_sweep_record(out / "sweep.json").points] == ["k=5", "k=10"]
+
+
 def _point(sweep_dir: Path, point_id: str, metrics: dict | None, predictions: list[dict] | None, done: bool) -> None:
     point_dir = sweep_dir / "points" / point_id
     point_dir.mkdir(parents=True)
