@@ -7,8 +7,8 @@ trajectory. A growth point p is an MTM size as LightMem counts it: the end of a 
 scored at the same points of each memory's dialogue (a memory with fewer windows is whole at p). At point p:
 
 - the questions scored are those whose evidence turns all lie within the memory's first turns up to that
-  point (a question without evidence only once its memory is whole): "cumulatively", the largest point
-  that covers every memory scores every question;
+  point (a question without evidence, or whose evidence names no turn of the memory, only once its memory
+  is whole): "cumulatively", the largest point that covers every memory scores every question;
 - the method reads with its memory as it stood then (`Method.read_at`, from what its one write stored:
   LightMem's MTM entries of those windows and its LTM batches of those entries; naive RAG's chunks that lie
   there), and each of those questions gets one answer call (role `growth_answer`, key `growth:<p>:<id>`,
@@ -66,16 +66,23 @@ def growth_turns(memories: Sequence[Memory], points: Sequence[int], window: int)
 
 
 def due_questions(questions: Sequence[Question], memories: Sequence[Memory], turns: dict[str, int]) -> list[Question]:
-    """The questions whose evidence lies within each memory's first `turns[memory]` turns (module doc)."""
+    """The questions whose evidence lies within each memory's first `turns[memory]` turns (module doc).
+
+    Evidence that names no turn of the memory (LoCoMo keeps a few such ids, its loader says which) is not
+    waited for: a question all of whose evidence is such is due once its memory is whole, as one without
+    evidence, so the point that holds every memory whole scores every question."""
     seen: dict[str, set[str]] = {}
-    total: dict[str, int] = {}
+    every: dict[str, set[str]] = {}
     for memory in memories:
         ids = [t.turn_id for session in memory.sessions for t in session.turns]
         seen[memory.memory_id] = set(ids[:turns[memory.memory_id]])
-        total[memory.memory_id] = len(ids)
-    return [q for q in questions
-            if (set(q.evidence) <= seen[q.memory_id] if q.evidence
-                else turns[q.memory_id] == total[q.memory_id])]
+        every[memory.memory_id] = set(ids)
+    due = []
+    for q in questions:
+        known = set(q.evidence) & every[q.memory_id]
+        if known <= seen[q.memory_id] if known else seen[q.memory_id] == every[q.memory_id]:
+            due.append(q)
+    return due
 
 
 def run_growth(out: Path, run: MethodRun, answering: Answering) -> dict[str, Any]:

@@ -213,6 +213,12 @@ def test_growth_points_cut_each_memory_at_the_end_of_its_pth_window():
     assert [q.question_id for q in due_questions(questions, memories, {"m1": 2, "m2": 2})] == ["a", "d"]
     # without evidence: only once the memory is whole
     assert [q.question_id for q in due_questions(questions, memories, {"m1": 8, "m2": 2})] == ["a", "b", "c", "d"]
+    # evidence naming no turn of the memory (LoCoMo has two such questions) is not waited for: such a question
+    # was never scored, not even at the point that holds every memory whole
+    odd = [Question("e", "m1", "?", "x", "1", evidence=["D1:2", "D9:9"]), Question("f", "m1", "?", "x", "1",
+           evidence=["D9:9"])]
+    assert [q.question_id for q in due_questions(odd, memories, {"m1": 2, "m2": 2})] == ["e"]
+    assert [q.question_id for q in due_questions(odd, memories, {"m1": 8, "m2": 2})] == ["e", "f"]
 
 
 def test_growth_needs_a_method_that_reads_at_a_point_and_increasing_points():
