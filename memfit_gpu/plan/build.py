@@ -347,14 +347,7 @@ class _Builder:
                       note=f"{cfg.index.encoder}, weights {_size(encoder)}; activations of a batch of "
                       f"{tokens:,} tokens",
                       unknown=not encoder.known))
-        if len(devices) > 1 and Workers.resolve(cfg.index.encoder_workers, torch_devices) is Workers.PROCESSES:
-            # one worker process per device (index/encoders/workers.py): its own CUDA context and interpreter,
-            # and the model's shared host copy; this process keeps its own replica on the first device
-            self.add(Part(f"encoder worker processes x{len(devices)}", ",".join(devices), "index.encoder_workers=threads",
-                          host=len(devices) * PROCESS_HOST_BYTES + weights,
-                          gpu={g: CUDA_CONTEXT_BYTES + (weights if g == gpus[0] else 0) for g in gpus},
-                          note=f"a CUDA context ({CUDA_CONTEXT_BYTES / MIB:.0f} MiB) and a process per device",
-                          unknown=not encoder.known))
+        self._worker_processes("encoder", cfg, devices, torch_devices, gpus, weights, encoder.known)
         wordpieces = min(w.tokens * WORDPIECES_PER_TOKEN, w.episodes * max_len)
         write = (w.episodes * (WRITE_RECORD_BYTES_PER_EPISODE + dim * VECTOR_BYTES_PER_DIM) + w.tokens * PY_TOKEN_BYTES
                  + wordpieces * ENCODER_INPUT_BYTES_PER_WORDPIECE)
@@ -415,6 +408,21 @@ class _Builder:
                           gpu={g: weights for g in gpus}, gpu_peak={g: act for g in gpus},
                           note=f"{cfg.rerank.model}, weights {_size(ce)}; activations of a batch of {tokens:,} tokens",
                           unknown=not ce.known))
+            # the cross-encoder is fed by index.encoder_workers too: a pool of its own (load_cross_encoder)
+            self._worker_processes("cross-encoder", cfg, devices, torch_devices, gpus, weights, ce.known)
+
+    def _worker_processes(self, what: str, cfg: MemFitConfig, devices: list[str], torch_devices: list[torch.device],
+                          gpus: list[int], weights: int, known: bool) -> None:
+        """An encoder's worker processes, one per device, when index.encoder_workers starts them
+        (index/encoders/workers.py): each its own CUDA context and interpreter, and the model's shared host
+        copy; this process keeps its own replica on the first device. Each encoder (the bi-encoder, the
+        cross-encoder) starts a pool of its own."""
+        if len(devices) > 1 and Workers.resolve(cfg.index.encoder_workers, torch_devices) is Workers.PROCESSES:
+            self.add(Part(f"{what} worker processes x{len(devices)}", ",".join(devices), "index.encoder_workers=threads",
+                          host=len(devices) * PROCESS_HOST_BYTES + weights,
+                          gpu={g: CUDA_CONTEXT_BYTES + (weights if g == gpus[0] else 0) for g in gpus},
+                          note=f"a CUDA context ({CUDA_CONTEXT_BYTES / MIB:.0f} MiB) and a process per device",
+                          unknown=not known))
 
     def _activations(self, model: ModelSize, tokens: int, dtype: torch.dtype) -> int:
         """Activations of one batch of `tokens` padded tokens (batches are cut by rows and by tokens)."""

@@ -81,6 +81,9 @@ def described_node(gpus: int | None = None, gpu_mem_gib: float | None = None, ho
         size = node_gpus[0].total_bytes if node_gpus else 0
         node_gpus = [Gpu(i, "GPU", size) for i in range(gpus)]
     if gpu_mem_gib is not None:
+        if not node_gpus:  # it would describe nothing, and the node line would still name it
+            raise ConfigError("memfit plan: --gpu-mem-gib on a machine without GPUs describes no GPU: give --gpus "
+                              "too (e.g. --gpus 4 --gpu-mem-gib 96)")
         words.append(f"--gpu-mem-gib {gpu_mem_gib:g}")
         node_gpus = [Gpu(g.index, g.name, int(gpu_mem_gib * GIB)) for g in node_gpus]
     if node_gpus and any(g.total_bytes <= 0 for g in node_gpus):

@@ -31,6 +31,7 @@ from memfit_gpu.plan import (
     vector_bytes,
 )
 from memfit_gpu.plan import build as plan_build
+from memfit_gpu.plan import node as plan_node
 from memfit_gpu.store import EpisodeStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,6 +220,20 @@ def test_memfit_plan_plans_the_judge_when_it_is_on(capsys: pytest.CaptureFixture
         assert list(json.loads(capsys.readouterr().out)["engine_gpus"]) == engines
 
 
+def test_each_encoder_s_worker_processes_are_planned(locomo_path: Path):
+    """The bi-encoder and the cross-encoder each start a pool of worker processes, one per device (both are fed
+    by index.encoder_workers); the plan counted the bi-encoder's only: a CUDA context and a process per GPU
+    short, and a fits-or-not verdict that could be wrong."""
+    overrides = [f"data.path={locomo_path}", "index.device=cuda:0,cuda:1", "index.encoder_workers=processes"]
+    with_ce = make_plan(load_config(SMOKE, [*overrides, "rerank.backend=cross-encoder"]), node(2, 96))
+    names = [p.name for p in with_ce.parts]
+    assert "encoder worker processes x2" in names and "cross-encoder worker processes x2" in names, names
+    ce = next(p for p in with_ce.parts if p.name == "cross-encoder worker processes x2")
+    assert set(ce.gpu) == {0, 1} and ce.gpu[1] == plan_build.CUDA_CONTEXT_BYTES
+    without = make_plan(load_config(SMOKE, [*overrides, "rerank.backend=none"]), node(2, 96))
+    assert "cross-encoder worker processes x2" not in [p.name for p in without.parts]
+
+
 def test_the_plans_in_the_gpu_server_guide_are_what_memfit_plan_prints(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch,
                                                                           capsys: pytest.CaptureFixture[str]):
@@ -251,6 +266,15 @@ def test_memfit_run_is_refused_in_preflight_and_leaves_no_config(tmp_path: Path,
     assert err[-1].startswith("memfit run: error: GPU cuda:0 (8.0 GiB) does not fit")
     assert "reader.gpu_memory_utilization<=" in err[-1]
     assert not (out / "config.yaml").exists()
+
+
+def test_gpu_memory_without_gpus_is_refused_on_a_machine_without_gpus(monkeypatch: pytest.MonkeyPatch):
+    """`memfit plan --gpu-mem-gib 80` on a machine without GPUs changed nothing, and the node line still said
+    it was applied."""
+    monkeypatch.setattr(plan_node, "describe_node", lambda: Node((), 64 * GIB, "this machine", False))
+    with pytest.raises(ConfigError, match="--gpu-mem-gib on a machine without GPUs describes no GPU: give --gpus"):
+        described_node(gpu_mem_gib=80)
+    assert [g.total_bytes for g in described_node(gpus=2, gpu_mem_gib=80).gpus] == [80 * GIB] * 2
 
 
 def test_described_node_defaults_to_this_machine():
