@@ -365,6 +365,22 @@ def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: 
     assert [t["turn_id"] for t in Memory.open(tmp_path / "memory", cfg).turns("u1")] == ["u1-1"]
 
 
+def gate(monkeypatch: pytest.MonkeyPatch, live: Memory, held: Any) -> tuple[threading.Event, threading.Event]:
+    """The memory's reader holds a batch for which `held(requests)` is true until the test sets `release`
+    (`inside` is set once it is held): a generation in flight, as long as the test needs it."""
+    backend = live.reader().backend
+    generate, inside, release = backend.generate, threading.Event(), threading.Event()
+
+    def gated(requests):  # noqa: ANN001, ANN202
+        if held(requests):
+            inside.set()
+            assert release.wait(30)
+        return generate(requests)
+
+    monkeypatch.setattr(backend, "generate", gated)
+    return inside, release
+
+
 def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_server(
         tmp_path: Path, locomo_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The served delete ran on the one worker every search and add runs on: while its summary was rebuilt (an
@@ -382,16 +398,7 @@ def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_serve
     store = live.store
     covered = next(s for s in store.summaries.live_rows(store.memory_of("u1")) if len(store.summaries.members[s]) > 3)
     victim = str(store.turn_id[int(store.summaries.members[covered][1])])
-    backend = live.reader().backend
-    generate, inside, release = backend.generate, threading.Event(), threading.Event()
-
-    def gated(requests):  # noqa: ANN001, ANN202  (a summary call held until the test lets it go)
-        if any(r.role == "summary" for r in requests):
-            inside.set()
-            assert release.wait(30)
-        return generate(requests)
-
-    monkeypatch.setattr(backend, "generate", gated)
+    inside, release = gate(monkeypatch, live, lambda requests: any(r.role == "summary" for r in requests))
     served = ServedMemory(live, cfg, worker)
 
     async def requests() -> None:
@@ -424,16 +431,8 @@ def test_a_compaction_waiting_for_the_reader_holds_no_other_user_s_search_on_the
     worker.submit(live.add, "u2", [turn("u2", i) for i in range(4)]).result()
     worker.submit(live.answer, "u1", ["Where is the lantern?"], 2).result()  # a cached reply of u1
     worker.submit(live.delete, "u1", ["u1-0"]).result()
-    backend = live.reader().backend
-    generate, inside, release = backend.generate, threading.Event(), threading.Event()
-
-    def gated(requests):  # noqa: ANN001, ANN202  (u2's answer held until the test lets it go)
-        if any("SLOWLY" in str(m["content"]) for r in requests for m in r.messages):
-            inside.set()
-            assert release.wait(30)
-        return generate(requests)
-
-    monkeypatch.setattr(backend, "generate", gated)
+    inside, release = gate(monkeypatch, live, lambda requests: any(
+        "SLOWLY" in str(m["content"]) for r in requests for m in r.messages))  # u2's answer
     served = ServedMemory(live, cfg, worker)
 
     async def requests() -> None:
