@@ -90,7 +90,7 @@ async def outcome(pending: Awaitable[Any]) -> Any:
         log.error("memfit serve: %s", exc)
         cause = os.strerror(exc.errno) if exc.errno else "an I/O error"
         raise Refused(507 if full else 503, ("disk full: " if full else "storage unavailable: ") + cause
-                      + "; the request changed nothing (the server's log names the file)") from None
+                      + "; what was stored before is kept (the server's log names the file)") from None
 
 
 def _tenant(client: str | None, user_id: str) -> str:

@@ -559,8 +559,8 @@ def test_a_full_disk_stops_writes_only_while_it_is_full(tmp_path: Path) -> None:
     try:
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 0)))[0] == 200
         status, reply = call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 1)))
-        assert status == 507 and reply["detail"] == ("disk full: No space left on device; the request changed nothing "
-                                                     "(the server's log names the file)"), reply
+        assert status == 507 and reply["detail"] == ("disk full: No space left on device; what was stored before is "
+                                                     "kept (the server's log names the file)"), reply
         assert "log.jsonl" in server.log.read_text()  # the operator's log names the file; the client learns no path
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 2)))[0] == 200
         assert call(server, "POST", "/v1/users/u1/turns", key, add_body(turn("u1", 1)))[0] == 200
