@@ -172,8 +172,10 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
         taken = {k.name for k in existing}
         if name is not None and name in taken:
             raise DataError(str(path), None, "name", f"{name!r} is the name of another key in it")
-        number = len(existing) + 1
-        while name is None and f"key{number}" in taken:  # a key removed by hand leaves a gap in the numbers
+        # named by the line it goes on, as a hand-written key without a name is (a revoked key's line stays,
+        # empty: a revoked name is not given again); past any name in use (a key removed by hand)
+        number = len(text.splitlines()) + 1
+        while name is None and f"key{number}" in taken:
             number += 1
         entry = ApiKey(name or f"key{number}", digest(key), frozenset(users), admin)
         kept = text.rstrip("\n") + "\n" if text.strip() else ""  # the other keys' lines as they were, byte for byte
@@ -182,8 +184,10 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
 
 
 def revoke_key(path: str | Path, name: str) -> ApiKey:
-    """Remove the key named `name` from the keys file (the other lines kept byte for byte); a server serving
-    from the file refuses it from its next request on. Returns the key removed."""
+    """Remove the key named `name` from the keys file (the other lines kept byte for byte, its own left empty:
+    a hand-written key without a name is named by its line, `key<line>`, and the names of the keys after it
+    must not move, or the next revoke of `key<n>` would remove another key than the one meant); a server
+    serving from the file refuses it from its next request on. Returns the key removed."""
     path = Path(path)
     with _changing(path):
         keys = KeyRing.load(path).keys  # checked: a bad file is refused, not rewritten
@@ -191,6 +195,6 @@ def revoke_key(path: str | Path, name: str) -> ApiKey:
             raise DataError(str(path), None, "name", f"no key named {name!r} (the keys: {', '.join(k.name for k in keys)})")
         removed = next(k for k in keys if k.name == name)
         lines = path.read_text(encoding="utf-8").split("\n")
-        kept = [line for line in lines if not (line.strip() and json.loads(line).get("sha256") == removed.sha256)]
+        kept = ["" if line.strip() and json.loads(line).get("sha256") == removed.sha256 else line for line in lines]
         atomic_write_text(path, "\n".join(kept))
     return removed

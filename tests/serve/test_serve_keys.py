@@ -79,6 +79,22 @@ def test_each_name_names_one_key(tmp_path: Path) -> None:
     assert (refused.value.item, refused.value.field) == ("line 4", "name")
 
 
+def test_revoking_a_key_moves_no_other_key_s_name(tmp_path: Path) -> None:
+    """A hand-written key without a name is named by its line (`key<line>`). `memfit keys revoke` removed the
+    revoked key's line, so the names of the keys after it moved: revoking key1, then key3, removed the fourth
+    key, and the third (the one meant) kept working. The revoked key's line is now left empty."""
+    keys = tmp_path / "keys.jsonl"
+    shas = [f"{i:064x}" for i in range(1, 5)]
+    keys.write_text("".join(json.dumps({"sha256": sha, "users": ["alice"]}) + "\n" for sha in shas))
+    assert [k.name for k in KeyRing.load(keys).keys] == ["key1", "key2", "key3", "key4"]
+    assert main(["keys", "revoke", "--keys", str(keys), "--name", "key1"]) == 0
+    assert [k.name for k in KeyRing.load(keys).keys] == ["key2", "key3", "key4"]
+    assert main(["keys", "revoke", "--keys", str(keys), "--name", "key3"]) == 0
+    assert [(k.name, k.sha256) for k in KeyRing.load(keys).keys] == [("key2", shas[1]), ("key4", shas[3])]
+    new_key(keys, ["bob"])  # a new key is named by its line: never a revoked key's name
+    assert [k.name for k in KeyRing.load(keys).keys] == ["key2", "key4", "key5"]
+
+
 def test_a_server_reads_its_keys_file_again_when_it_changes(tmp_path: Path, capsys) -> None:
     """The keys file was read once, at start: a revoked key (a leaked one) kept working, and a new one did not,
     until a restart. A running server reads the file again when it changes; a file that no longer reads refuses
