@@ -21,10 +21,11 @@ Four judges, four reply formats:
   averaging; ``grades="official"`` (default) reproduces that, ``grades="five"`` keeps the five
   grades. The verdict is grade >= 0.75 on the judge's own grade ("largely accurate ... captures the
   core information"), the same bar as the paper judge's CORRECT; the threshold is a parameter.
-- ``longmemeval``: LongMemEval's judge answers yes/no. Its evaluate_qa.py counts a reply as
-  correct when ``'yes' in reply.lower()``; ``rule="official"`` (default) does the same,
-  ``rule="word"`` reads the first whole yes/no word instead (asked to answer yes or no, a judge leads
-  with it: "No, although it says yes elsewhere.").
+- ``longmemeval``: LongMemEval's per-type judges (prompts/judge_longmemeval_*.txt: the rules of its
+  evaluate_qa.py per question type, abstention for `_abs`) ask for the same JSON verdict as the paper's
+  judge (SPEC: a JSON verdict and a reason), so their replies are read by the paper's parser. (They were
+  read as LongMemEval's released yes/no replies, `'yes' in reply.lower()`: a reply in the format asked,
+  `{"verdict": "CORRECT", ...}`, counted wrong, and a WRONG whose reason said "yesterday" counted correct.)
 
 - ``beam``: BEAM's rubric judge (its src/prompts.py unified_llm_judge_base_prompt, one call per rubric item;
   evaluate/beam.py runs it) answers ``{"score": 1.0 | 0.5 | 0.0, "reason": "..."}``. BEAM's
@@ -67,7 +68,6 @@ _QUOTED_CAPITAL_LABEL = re.compile(r"[\"\u201c']\s*(CORRECT|INCORRECT|WRONG)\s*[
 _NEGATION = re.compile(r"\b(?:not|no|never|cannot|nor|neither)\b|n['\u2019]t\b", re.IGNORECASE)
 _SCORE_FIELD = re.compile(r"[\"']?score[\"']?\s*[:=]\s*\"?([0-9]*\.?[0-9]+)", re.IGNORECASE)
 
-_YES_NO_WORD = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
 class JudgeParseError(ValueError):
@@ -293,21 +293,6 @@ def parse_beam_reply(reply: str) -> dict[str, Any]:
     return {"verdict": score >= 0.5, "reason": reason, "score": float(score)}
 
 
-def parse_longmemeval_reply(reply: str, rule: str = "official") -> dict[str, Any]:
-    """yes/no judge reply -> {"verdict", "reason", "score"}."""
-    text = reply or ""
-    if rule == "official":
-        verdict = "yes" in text.strip().lower()
-    elif rule == "word":
-        match = _YES_NO_WORD.search(text)
-        if match is None:
-            raise JudgeParseError("longmemeval", text, "no yes/no word")
-        verdict = match.group(1).lower() == "yes"
-    else:
-        raise ValueError(f"rule must be 'official' or 'word', got {rule!r}")
-    return {"verdict": verdict, "reason": text.strip(), "score": float(verdict)}
-
-
 def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **options: Any) -> dict[str, Any]:
     """Dispatch on the judge kind. strict=False records a reply that states no verdict unambiguously as
     `unparsed` (`{"verdict": False, "score": 0.0, "unparsed": True, "reason": "unparsed judge reply ..."}`:
@@ -315,7 +300,7 @@ def parse_judge_reply(reply: str, kind: str = "paper", strict: bool = True, **op
     parsers = {
         "paper": parse_paper_reply,
         "memgallery": parse_memgallery_reply,
-        "longmemeval": parse_longmemeval_reply,
+        "longmemeval": parse_paper_reply,  # its prompts ask for the paper's JSON verdict (module doc)
         "beam": parse_beam_reply,
     }
     if kind not in parsers:

@@ -227,7 +227,7 @@ class RunJudge:
     """LLM judge over a chunk of answers, through its own cached reader (role judge).
 
     eval.judge.prompt auto = the benchmark's judge: MemGallery's graded prompt, LongMemEval's per-type
-    yes/no prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
+    CORRECT/WRONG prompts (abstention for `_abs`), BEAM's rubric judge (evaluate/beam.py: several calls a question, on
     the reply as the reader wrote it), the paper's CORRECT/WRONG judge otherwise."""
 
     def __init__(self, inputs: RunInputs, out: Path, ledger: Ledger, progress: bool):

@@ -11,13 +11,12 @@ from memfit_gpu.evaluate.judge import (
     is_empty_prediction,
     needs_judge,
     parse_judge_reply,
-    parse_longmemeval_reply,
     parse_memgallery_reply,
     parse_paper_reply,
     reader_config_for_judge,
     snap_memgallery_grade,
 )
-from memfit_gpu.readers.prompts import fill_memgallery_prompt
+from memfit_gpu.readers.prompts import LONGMEMEVAL_JUDGE_FILES, build_judge_messages, fill_memgallery_prompt
 
 # ----------------------------------------------------------------------------- paper judge
 
@@ -194,20 +193,21 @@ def test_memgallery_text_and_errors():
     ]
 
 
-# ----------------------------------------------------------------------------- LongMemEval yes/no judge
+# ----------------------------------------------------------------------------- LongMemEval per-type judges
 
 
-def test_longmemeval_replies():
-    assert parse_longmemeval_reply("Yes.") == {"verdict": True, "reason": "Yes.", "score": 1.0}
-    assert parse_longmemeval_reply("no") == {"verdict": False, "reason": "no", "score": 0.0}
-    assert parse_longmemeval_reply("  YES, the response contains it\n")["verdict"] is True
-    # LongMemEval's own rule is a substring test, quirks included; "word" reads the first yes/no.
-    quirky = "No, although it says yes elsewhere."
-    assert parse_longmemeval_reply(quirky)["verdict"] is True
-    assert parse_longmemeval_reply(quirky, rule="word")["verdict"] is False
-    assert parse_judge_reply("Answer: yes", kind="longmemeval", rule="word")["verdict"] is True
-    with pytest.raises(JudgeParseError):
-        parse_longmemeval_reply("unclear", rule="word")
+@pytest.mark.parametrize("qtype", sorted(LONGMEMEVAL_JUDGE_FILES))
+def test_each_longmemeval_judge_prompt_s_reply_format_is_the_one_read(qtype: str):
+    """LongMemEval's prompts ask for a JSON verdict, and its replies were read as yes/no (`'yes' in reply`):
+    every CORRECT in the format asked counted wrong, and a WRONG whose reason said "yesterday" counted
+    correct. A reply in the format each prompt asks is now read as it says."""
+    prompt = build_judge_messages("When did I move?", "last week", "Yesterday.", qtype, "longmemeval")[0]["content"]
+    assert '{"verdict": "CORRECT" or "WRONG", "reason": "<one short sentence>"}' in prompt
+    correct = parse_judge_reply('{"verdict": "CORRECT", "reason": "Matches."}', kind="longmemeval", strict=False)
+    wrong = parse_judge_reply('{"verdict": "WRONG", "reason": "It says yesterday instead of last week."}',
+                              kind="longmemeval", strict=False)
+    assert (correct["verdict"], correct["score"]) == (True, 1.0) and (wrong["verdict"], wrong["score"]) == (False, 0.0)
+    assert parse_judge_reply("yes", kind="longmemeval", strict=False)["unparsed"]  # states no verdict: never CORRECT
 
 
 # ----------------------------------------------------------------------------- helpers
