@@ -26,7 +26,7 @@ from memfit_gpu.sweep.spec import (
     point_command,
     point_overrides,
 )
-from memfit_gpu.sweep.state import PointState, SweepState, read_sweep_record
+from memfit_gpu.sweep.state import PointState, SweepState
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def run_point(spec: SweepSpec, out_dir: str | Path, which: str, same_config: Sam
     state = SweepState(spec, out, "sbatch")
     if same_config is not None:
         refuse_changed_finished(state, same_config, [point])
-    if not state.path.exists() or point.point_id not in {p.point_id for p in read_sweep_record(state.path).points}:
+    if point.point_id not in state.recorded:  # also when there is no sweep.json yet
         state.save()
     point_dir = state.point_dir(point)
     if state.is_done(point):

@@ -187,6 +187,7 @@ class SweepState:
         self.launcher = launcher
         self.submissions: list[Submission] = []
         old_points: dict[str, PointRecord] = {}
+        self.recorded: frozenset[str] = frozenset()  # the point ids sweep.json listed when read (none: no file)
         if self.path.exists():
             previous = read_sweep_record(self.path)
             if previous.name not in (None, spec.name):
@@ -194,6 +195,7 @@ class SweepState:
                     f"{self.path}: belongs to sweep {previous.name!r}, not {spec.name!r}; use another --out"
                 )
             old_points = {p.point_id: p for p in previous.points}
+            self.recorded = frozenset(old_points)
             self.submissions = previous.submissions
         self.points: dict[str, PointRecord] = {}
         for point in spec.points:
