@@ -93,6 +93,12 @@ async def outcome(pending: Awaitable[Any]) -> Any:
                       + "; what was stored before is kept (the server's log names the file)") from None
 
 
+def _texts(item: tuple[Any, ...]) -> int:
+    """A batched item's weight (serve.max_batch_texts a batch): its texts, the turns, queries or questions
+    after its user id."""
+    return len(item[1])
+
+
 def _tenant(client: str | None, user_id: str) -> str:
     """Whose share of the batches a request takes (serve/batching.py): its API key's (`client`, the key's
     hash), else (no key: a stdio MCP server, a library caller) its user's."""
@@ -112,12 +118,10 @@ class ServedMemory:
         serve = self.cfg.serve
         # waits for an answer batch's read (on the worker) and its generation (on a thread of its own)
         self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memfit-answer")
-        window, most = serve.batch_window_ms / 1000.0, serve.max_batch
-        # an item's weight: its texts (turns, queries, questions), at most serve.max_batch_texts a batch
-        texts, fair = (lambda item: len(item[1])), {"max_weight": serve.max_batch_texts}
-        self.adds = Batcher("add", self._add_run, window, most, self.worker, observe, texts, **fair)
-        self.searches = Batcher("search", memory.search_batch, window, most, self.worker, observe, texts, **fair)
-        self.answers = Batcher("answer", self._answer_run, window, most, self._answering, observe, texts, **fair)
+        window, most, texts = serve.batch_window_ms / 1000.0, serve.max_batch, serve.max_batch_texts
+        self.adds = Batcher("add", self._add_run, window, most, self.worker, observe, _texts, texts)
+        self.searches = Batcher("search", memory.search_batch, window, most, self.worker, observe, _texts, texts)
+        self.answers = Batcher("answer", self._answer_run, window, most, self._answering, observe, _texts, texts)
 
     # --------------------------------------------------------------------------------------- life
     def start(self) -> None:
