@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,23 @@ def test_one_user_holds_a_bounded_share_of_the_disk(served) -> None:
     assert call(server, "POST", "/v1/users/u1/turns", keys["u1"], add_body(turn("u1", 7, text=long)))[0] == 200
 
 
+def run_served(served: ServedMemory, requests: Callable[[], Awaitable[None]],
+               release: threading.Event | None = None) -> None:
+    """`requests()` against `served` between its start and its stop, which drains it and closes the memory and
+    its worker (the stop must succeed); a gated generation (`gate`) is let go first if `requests` failed while
+    it was held."""
+    async def main() -> None:
+        served.start()
+        try:
+            await requests()
+        finally:
+            if release is not None:
+                release.set()
+            assert await served.stop() is None
+
+    asyncio.run(main())
+
+
 def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: Path) -> None:
     """One client filling the disk stopped every user's adds; now adds stop while the store's disk has less
     than serve.min_free_disk_mb free (here more than any disk has: 507 naming the setting), and searches and
@@ -349,19 +367,15 @@ def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: 
     served = ServedMemory(memory, cfg)
 
     async def requests() -> None:
-        served.start()
-        try:
-            with pytest.raises(Refused) as refused:
-                await served.add("u1", [turn("u1", 2)])
-            assert refused.value.status == 507 and "adds stop below serve.min_free_disk_mb=1,000,000,000" in \
-                refused.value.message
-            assert str(tmp_path) not in refused.value.message  # no path of the server's to a client
-            assert sorted(h.turn_ids[0] for h in (await served.search("u1", ["lantern"], 2))[0]) == ["u1-0", "u1-1"]
-            assert (await served.delete("u1", ["u1-0"]))["episodes"] == 1
-        finally:
-            assert await served.stop() is None
+        with pytest.raises(Refused) as refused:
+            await served.add("u1", [turn("u1", 2)])
+        assert refused.value.status == 507 and "adds stop below serve.min_free_disk_mb=1,000,000,000" in \
+            refused.value.message
+        assert str(tmp_path) not in refused.value.message  # no path of the server's to a client
+        assert sorted(h.turn_ids[0] for h in (await served.search("u1", ["lantern"], 2))[0]) == ["u1-0", "u1-1"]
+        assert (await served.delete("u1", ["u1-0"]))["episodes"] == 1
 
-    asyncio.run(requests())
+    run_served(served, requests)
     assert [t["turn_id"] for t in Memory.open(tmp_path / "memory", cfg).turns("u1")] == ["u1-1"]
 
 
@@ -402,20 +416,15 @@ def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_serve
     served = ServedMemory(live, cfg, worker)
 
     async def requests() -> None:
-        served.start()
-        try:
-            deleting = asyncio.create_task(served.delete("u1", [victim]))
-            while not inside.is_set():
-                await asyncio.sleep(0.05)
-            hits = await asyncio.wait_for(served.search("u2", ["Caroline"], 2), 10)  # meanwhile
-            assert hits and not deleting.done()
-            release.set()
-            assert await deleting == {"episodes": 1, "summaries_retired": 1, "summaries_rebuilt": 1}
-        finally:
-            release.set()
-            assert await served.stop() is None
+        deleting = asyncio.create_task(served.delete("u1", [victim]))
+        while not inside.is_set():
+            await asyncio.sleep(0.05)
+        hits = await asyncio.wait_for(served.search("u2", ["Caroline"], 2), 10)  # meanwhile
+        assert hits and not deleting.done()
+        release.set()
+        assert await deleting == {"episodes": 1, "summaries_retired": 1, "summaries_rebuilt": 1}
 
-    asyncio.run(requests())  # the served memory closes the memory and its worker
+    run_served(served, requests, release)
 
 
 def test_a_compaction_waiting_for_the_reader_holds_no_other_user_s_search_on_the_server(
@@ -436,24 +445,19 @@ def test_a_compaction_waiting_for_the_reader_holds_no_other_user_s_search_on_the
     served = ServedMemory(live, cfg, worker)
 
     async def requests() -> None:
-        served.start()
-        try:
-            answering = asyncio.create_task(served.answer("u2", ["Where is the lantern, SLOWLY?"], 2))
-            while not inside.is_set():
-                await asyncio.sleep(0.05)
-            compacting = asyncio.create_task(served.compact())
-            await asyncio.sleep(0.5)  # the compaction has rewritten the store and waits for the reader
-            hits = await asyncio.wait_for(served.search("u2", ["lantern"], 2), 10)  # meanwhile
-            assert hits and not compacting.done() and not answering.done()
-            release.set()
-            compacted = await compacting
-            assert compacted["users_with_deleted_turns"] == 1 and compacted["cache_responses_dropped"] >= 1, compacted
-            assert (await answering)[0].answer
-        finally:
-            release.set()
-            assert await served.stop() is None
+        answering = asyncio.create_task(served.answer("u2", ["Where is the lantern, SLOWLY?"], 2))
+        while not inside.is_set():
+            await asyncio.sleep(0.05)
+        compacting = asyncio.create_task(served.compact())
+        await asyncio.sleep(0.5)  # the compaction has rewritten the store and waits for the reader
+        hits = await asyncio.wait_for(served.search("u2", ["lantern"], 2), 10)  # meanwhile
+        assert hits and not compacting.done() and not answering.done()
+        release.set()
+        compacted = await compacting
+        assert compacted["users_with_deleted_turns"] == 1 and compacted["cache_responses_dropped"] >= 1, compacted
+        assert (await answering)[0].answer
 
-    asyncio.run(requests())  # the served memory closes the memory and its worker
+    run_served(served, requests, release)
 
 
 def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
@@ -471,16 +475,12 @@ def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
     served = ServedMemory(live, cfg, worker)
 
     async def ask() -> None:
-        served.start()
-        try:
-            with pytest.raises(Refused) as refused:
-                await served.answer("u1", ["Where is the lantern?"], 2)
-            assert refused.value.status == 503 and "10.0.0.7" not in refused.value.message, refused.value.message
-            assert refused.value.message.startswith("the reader gave no answer to this request")
-        finally:
-            assert await served.stop() is None
+        with pytest.raises(Refused) as refused:
+            await served.answer("u1", ["Where is the lantern?"], 2)
+        assert refused.value.status == 503 and "10.0.0.7" not in refused.value.message, refused.value.message
+        assert refused.value.message.startswith("the reader gave no answer to this request")
 
-    asyncio.run(ask())
+    run_served(served, ask)
 
 
 def test_stalled_connections_are_closed(served) -> None:
