@@ -90,6 +90,7 @@ class SummaryConfig:
     max_summaries: int = 60  # per memory, the largest segments win (SPEC write path 3)
     max_excerpts: int = 14  # evenly spaced member turns shown to the LLM (SPEC write path 4)
     excerpt_chars: int = 220  # each excerpt cut to this many characters (SPEC write path 4)
+    excerpt_speaker: bool = False  # false: the whole `DATE... says:` prefix stripped (SPEC write path 4); true: `Speaker: text`
     temperature: float = 0.0  # deterministic summaries (SPEC write path 4)
     max_new_tokens: int = 200  # SPEC write path 4
     min_chars: int = 20  # shorter outputs are dropped (SPEC write path 4)
@@ -239,6 +240,9 @@ class BeamEvalConfig:
 class EvalConfig:
     metrics: list[str] = field(default_factory=lambda: ["paper", "locomo", "memgallery"])  # F1/BLEU-1 variants
     table_metric: str = "paper"  # which variant results.md reports
+    # hit@K and MRR over the final ranked list, summaries holding their ranks (SPEC Evaluation) | episodes:
+    # over its episodes alone (what this package computed before it followed SPEC here)
+    hit_list: str = "final"
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     bootstrap_samples: int = 1000  # 95 % intervals
     permutation_samples: int = 10000  # paired sign-flip test
@@ -475,6 +479,7 @@ _CHOICES: dict[str, Sequence[str | None]] = {
     "eval.beam.partial": ("keep", "floor"),
     "eval.beam.event_ordering": ("tau_f1", "tau", "rubric"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
+    "eval.hit_list": ("final", "episodes"),
     "tracking.wandb.mode": ("online", "offline", "disabled"),
     "method": _REGISTERED["method"],
     "lightmem.routing": ("slm", "mtm", "ltm"),

@@ -178,8 +178,10 @@ def compare_runs(
     values_b = np.array([_value(rows_b[q], metric, variant, path_b, benchmark) for q in shared])
     categories = [str(rows_a[q]["category"]) for q in shared]
 
+    n_boot = settings.bootstrap_samples
+
     def test(mask: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
-        return paired_permutation_test(
+        result = paired_permutation_test(
             values_a[mask],
             values_b[mask],
             n_permutations=n_permutations,
@@ -187,6 +189,12 @@ def compare_runs(
             method=method,
             weights=None if weights is None else weights[mask],
         )
+        # the paired difference's percentile bootstrap interval (SPEC: comparisons get bootstrap 95 % intervals);
+        # the mean of category means resamples within each category, as the tables' intervals do
+        diffs = values_b[mask] - values_a[mask]
+        lo, hi = (bootstrap_mean_ci(diffs, n_boot=n_boot, seed=seed) if weights is None
+                  else bootstrap_category_mean_ci(diffs, labels[mask], n_boot=n_boot, seed=seed))
+        return {**result, "ci95": [float(lo), float(hi)]}
 
     by_category = {}
     labels = np.array(categories)
@@ -210,6 +218,7 @@ def compare_runs(
         "seed": seed,
         "method": method,
         "n_permutations": n_permutations,
+        "n_boot": n_boot,
         "overall": test(everything),
         "category_mean": test(everything, weights),
         "by_category": by_category,
@@ -237,7 +246,8 @@ def _guess_benchmark(rows: Sequence[Mapping[str, Any]] | Any) -> str | None:
 
 
 def format_comparison(result: Mapping[str, Any]) -> str:
-    """Plain-text table: per category and overall mean A, mean B, diff, p, gained, lost."""
+    """Plain-text table: per category and overall mean A, mean B, diff, its 95 % bootstrap interval, p, gained,
+    lost."""
     scale = 100.0
     lines = [
         f"A: {result['run_a']}",
@@ -247,26 +257,24 @@ def format_comparison(result: Mapping[str, Any]) -> str:
             "exact sign-flip permutation test"
             if result["method"] == "exact"
             else f"sign-flip permutation test, {result['n_permutations']} permutations, seed {result['seed']}"
-        ),
+        )
+        + f"; percentile bootstrap of the difference, {result['n_boot']} resamples",
         "",
     ]
     rows: list[list[str]] = []
 
-    def row(label: str, r: Mapping[str, Any], mean_a: float, mean_b: float) -> None:
-        rows.append([label, str(r["n"]), f"{scale * mean_a:.2f}", f"{scale * mean_b:.2f}", f"{scale * r['diff']:+.2f}",
-                     f"{r['p_value']:.4f}", str(r["gained"]), str(r["lost"])])
+    def row(label: str, r: Mapping[str, Any]) -> None:
+        lo, hi = r["ci95"]
+        rows.append([label, str(r["n"]), f"{scale * r['mean_a']:.2f}", f"{scale * r['mean_b']:.2f}",
+                     f"{scale * r['diff']:+.2f}", f"[{scale * lo:+.2f}, {scale * hi:+.2f}]", f"{r['p_value']:.4f}",
+                     str(r["gained"]), str(r["lost"])])
 
     for cat, r in result["by_category"].items():
-        row(r["name"] if r["name"] == cat else f"{r['name']} ({cat})", r, r["mean_a"], r["mean_b"])
-    overall = result["overall"]
-    row("overall", overall, overall["mean_a"], overall["mean_b"])
-    cm = result["category_mean"]
-    # The weighted statistic's means: diff is exact; A and B means are the category means' mean.
-    cats = list(result["by_category"].values())
-    row("average of categories", cm, float(np.mean([c["mean_a"] for c in cats])),
-        float(np.mean([c["mean_b"] for c in cats])))
-    lines.append(console_table(["category", "n", "mean A", "mean B", "diff", "p", "gained", "lost"], rows,
-                               ["left"] + ["right"] * 7))
+        row(r["name"] if r["name"] == cat else f"{r['name']} ({cat})", r)
+    row("overall", result["overall"])
+    row("average of categories", result["category_mean"])  # its means are the category means' mean
+    lines.append(console_table(["category", "n", "mean A", "mean B", "diff", "95 % CI of diff", "p", "gained", "lost"],
+                               rows, ["left"] + ["right"] * 8))
     for side, key in (("A", "only_a"), ("B", "only_b")):
         ids = result[key]
         if ids:

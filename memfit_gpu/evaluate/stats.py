@@ -176,8 +176,9 @@ def paired_permutation_test(
     return {
         "p_value": float(p_value),
         "diff": observed,
-        "mean_a": float(a_values.mean()),
-        "mean_b": float(b_values.mean()),
+        # the statistic's own means (weighted ones with weights): mean_b - mean_a is diff
+        "mean_a": float(a_values.mean() if weights is None else a_values @ w),
+        "mean_b": float(b_values.mean() if weights is None else b_values @ w),
         "gained": int(np.count_nonzero(b_values > a_values)),
         "lost": int(np.count_nonzero(b_values < a_values)),
         "n": int(n),

@@ -285,6 +285,11 @@ def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) ->
             lo, hi = ci["average"]["judge"]
             lines[-1] += f"; of the Average judge: [{_pct(lo)}, {_pct(hi)}]"
         lines[-1] += f" ({ci['n_boot']} resamples, seed {ci['seed']})."
+    unparsed = metrics["overall"].get("judge_unparsed")
+    if unparsed:  # not correct in the judge column, and said here so that a reader can tell
+        lines += ["", f"{unparsed} of {metrics['overall']['judged']} judge replies stated no verdict the parser "
+                  "could read: each is counted as not correct (`unparsed` in its predictions.jsonl row's judge "
+                  "record; metrics.json `judge_unparsed`, also per category)."]
     lines += _text_table(metrics)
     return "\n".join(lines) + "\n"
 

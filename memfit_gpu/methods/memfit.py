@@ -121,7 +121,8 @@ class MemFit:
             embed=lambda texts: encoder.encode(texts, batch_size=cfg.index.encode_batch_size),
             reranker=self.reranker, progress=run.progress, timings=stage_seconds,
         )
-        diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, self.reranker))
+        diagnostics, records = compute_diagnostics(results, questions, view, reranker_info(cfg.rerank, self.reranker),
+                                                 cfg.eval.hit_list)
         diagnostics["retrieve_stage_seconds"] = stage_seconds
         diagnostics["encoder"] = encoder.info()
         diagnostics["summaries_used"] = bool(cfg.retrieve.summaries and view.has_summaries)
@@ -150,7 +151,8 @@ class MemFit:
         results = [RetrievalResult(row["memory_id"], row["question"], row["ranked"], pack, text, row["prf_terms"],
                                    row["reranker"], excerpt_chars_cut=cut)
                    for row, (pack, text, cut) in zip(rows, packs_at(view, cfg, top_kind, top_row), strict=True)]
-        diagnostics, records = compute_diagnostics(results, run.questions, view, rows[0]["reranker"] if rows else None)
+        diagnostics, records = compute_diagnostics(results, run.questions, view, rows[0]["reranker"] if rows else None,
+                                                 cfg.eval.hit_list)
         diagnostics["method"] = {**self.info(), "pack_k": k}
         out = []
         for q, result, record in zip(run.questions, results, records, strict=True):

@@ -24,22 +24,24 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memfit_gpu.quoting import reply_start
+from memfit_gpu.quoting import QUOTE_INDENT, reply_start
 
 NOT_FOUND = "NOT_FOUND"
 
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 _INNER_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL | re.MULTILINE)
-# `Answer:`, `**Answer:**`, `Final answer -` at the start of one of the reply's own lines (column 0).
-_ANSWER_MARKER = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*[:：\-][ \t]*(?:\*\*)?",
+# `Answer:`, `**Answer:**`, `Final answer -` at the start of one of the reply's own lines (column 0); a
+# hyphen joined to the next word ("Answer-driven") is part of a word, not a marker.
+_ANSWER_MARKER = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*(?:[:：]|-(?![^\s*]))[ \t]*(?:\*\*)?",
                             re.IGNORECASE | re.MULTILINE)
-# Where the answer after a marker ends: a blank line, a line the reply quotes (indented, as an echoed
-# excerpt's continuation lines are, or markdown-quoted) or an echoed `EXCERPT n` header.
-_ANSWER_END = re.compile(r"^(?:[ \t]*$|[ \t]+\S|>|EXCERPT \d)", re.MULTILINE)
+# Where the answer after a marker ends: a blank line, a line the reply quotes (indented by QUOTE_INDENT or a
+# tab, as an echoed excerpt's continuation lines are, or markdown-quoted) or an echoed `EXCERPT n` header.
+# A line indented less (a list under "Answer: two hobbies:") is the answer's own.
+_ANSWER_END = re.compile(rf"^(?:[ \t]*$|{QUOTE_INDENT}|\t|>|EXCERPT \d)", re.MULTILINE)
 _QUOTES = [('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"), ("`", "`"), ("**", "**"),
            ("__", "__")]
 _NOT_FOUND = re.compile(r"^[\W_]*not[\s_-]*found[\W_]*$", re.IGNORECASE)
-_NOT_FOUND_LEAD = re.compile(r"^[^\w]*not_found(?![a-z0-9])", re.IGNORECASE)
+_NOT_FOUND_LEAD = re.compile(r"^[^\w]*not_found(?!\w)", re.IGNORECASE)  # not not_found_error
 # A reasoning model's thinking (Qwen3 without enable_thinking=false, gpt-oss through some servers) is not the
 # answer; an unclosed block (cut by max_new_tokens) leaves no answer at all.
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)

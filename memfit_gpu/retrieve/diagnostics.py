@@ -1,8 +1,9 @@
 """Retrieval diagnostics from gold evidence turn ids (SPEC Evaluation).
 
-Per question, over the final ranked EPISODE list (summaries removed, the order the reranker or the
-first stage left): hit@5/10/20/30 (a gold turn in the first K), rr (1 / rank of the first gold
-episode, 0 if none); over the pack: pack_hit (a gold turn among the k selected, before neighbours,
+Per question, over the final ranked list (the order the reranker or the first stage left; a summary
+holds its rank and is never gold): hit@5/10/20/30 (a gold turn in the first K), rr (1 / rank of the
+first gold episode, 0 if none). `hit_list="episodes"` (eval.hit_list) ranks the episodes alone, summaries
+removed. Over the pack: pack_hit (a gold turn among the k selected, before neighbours,
 as the paper counts it), pack_hit_window (after neighbours), all_gold_pack / all_gold_pack_window
 (every matched gold turn there).
 
@@ -54,13 +55,16 @@ def _rates(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[Question], view: ReadView,
-                        reranker: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
+                        reranker: dict[str, Any] | None = None,
+                        hit_list: str = "final") -> tuple[dict[str, Any], list[dict[str, Any] | None]]:
     """(diagnostics.json content, per-question records aligned with `questions`; None = not scorable).
 
     results: RetrievalResult per question (ranked dicts with kind/row, pack); questions: schema
-    Questions (memory_id, category, evidence)."""
+    Questions (memory_id, category, evidence); hit_list: final (summaries hold ranks) | episodes."""
     if len(results) != len(questions):
         raise ValueError(f"diagnostics: {len(results)} results for {len(questions)} questions")
+    if hit_list not in ("final", "episodes"):
+        raise ValueError(f"diagnostics: hit_list must be final or episodes, not {hit_list!r}")
     # A turn id the benchmark repeats names several rows (the loader renamed the later ones "#dup<n>"): a
     # gold id matches all of them, since nothing says which one the annotators meant.
     # An id that only looks renamed (a benchmark's own "x#dup2") still matches itself.
@@ -94,7 +98,9 @@ def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[
             unmatched_only.append(question.question_id)
             records.append(None)
             continue
-        ranked_rows = [c["row"] for c in result.ranked if c["kind"] == "episode"]
+        # a summary's rank holds no gold turn: -1 is no episode row
+        ranked_rows = ([c["row"] if c["kind"] == "episode" else -1 for c in result.ranked] if hit_list == "final"
+                       else [c["row"] for c in result.ranked if c["kind"] == "episode"])
         record = question_diagnostics(ranked_rows, result.pack.selected, result.pack.episodes, gold)
         records.append(record)
         scored.append((str(question.category), record))
@@ -113,5 +119,6 @@ def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[
         "unmatched_evidence": len(unmatched),
         "unmatched_evidence_examples": unmatched[:50],
         "reranker": reranker,
+        "hit_list": hit_list,
     }
     return diagnostics, records

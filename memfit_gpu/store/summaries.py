@@ -1,8 +1,9 @@
 """Summary layer (SPEC write path 3-4): one note per segment, built for every memory in one batch.
 
 A summary prompt shows up to `max_excerpts` evenly spaced member turns. Each excerpt is the turn
-without its `DATE: ... | Speaker X says: ` prefix but kept as `X: text`, so people stay named (the
-summary is read alone), cut to `excerpt_chars` characters, as a `- ` bullet. The instruction is
+without its `DATE: ... | Speaker X says: ` prefix (SPEC write path 4), its whitespace runs made one space
+so that it stays one bullet, cut to `excerpt_chars` characters, as a `- ` bullet. `excerpt_speaker`
+keeps the speaker as `X: text` (what this package did before it followed SPEC here). The instruction is
 `memfit_gpu/prompts/<summary.prompt>` with `{excerpts}` in it.
 
 `generate(prompts) -> texts` is any callable (a reader's summary role, or a plain function): the
@@ -55,10 +56,11 @@ def excerpt_positions(count: int, limit: int) -> np.ndarray:
 
 
 def summary_prompt(job: SummaryJob, cfg: SummaryConfig) -> str:
-    """The prompt of one segment: `max_excerpts` evenly spaced `- speaker: body` bullets in `cfg.prompt`."""
+    """The prompt of one segment: `max_excerpts` evenly spaced `- body` bullets (`- speaker: body` with
+    `cfg.excerpt_speaker`) in `cfg.prompt`."""
     lines = []
     for i in excerpt_positions(len(job.members), cfg.max_excerpts):
-        excerpt = f"{job.speakers[i]}: {job.bodies[i]}"
+        excerpt = f"{job.speakers[i]}: {job.bodies[i]}" if cfg.excerpt_speaker else job.bodies[i]
         lines.append("- " + " ".join(excerpt.split())[: cfg.excerpt_chars])
     template = load_prompt(cfg.prompt)
     if "{excerpts}" not in template:

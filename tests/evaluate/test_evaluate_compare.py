@@ -115,8 +115,19 @@ def test_cli_table_and_json(runs, capsys):
     assert "metric: judge (x100); paired questions: 8; exact sign-flip permutation test" in out
     # the one renderer's console table (memfit_gpu/render.py): cells as formatted, columns padded
     rows = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:] for line in out.splitlines()}
-    assert rows["multi-hop (1)"] == ["3", "33.33", "100.00", "+66.67", "0.5000", "2", "0"]
-    assert rows["overall"] == ["8", "50.00", "75.00", "+25.00", "0.6250", "3", "1"]
+    # diff's 95 % bootstrap interval (SPEC: comparisons get bootstrap intervals): multi-hop's differences are
+    # 1, 1, 0, so 1,000 resamples reach both 0 and 1
+    assert rows["multi-hop (1)"] == ["3", "33.33", "100.00", "+66.67", "[+0.00, +100.00]", "0.5000", "2", "0"]
+    overall = rows["overall"]
+    assert overall[:4] + overall[5:] == ["8", "50.00", "75.00", "+25.00", "0.6250", "3", "1"]
+    result = compare_runs(run_a, run_b, method="exact")
+    lo, hi = result["overall"]["ci95"]
+    assert overall[4] == f"[{100 * lo:+.2f}, {100 * hi:+.2f}]" and lo < 0.25 < hi and result["n_boot"] == 1000
+    # the average of categories: its means are the category means' (mean_b - mean_a = diff), its interval
+    # resamples within each category
+    cm = result["category_mean"]
+    assert cm["mean_b"] - cm["mean_a"] == pytest.approx(cm["diff"])
+    assert cm["ci95"][0] <= cm["diff"] <= cm["ci95"][1]
     assert "only in A: 1 questions (conv-1:q9)" in out
     assert "only in B: 1 questions (conv-1:q10)" in out
 

@@ -142,6 +142,11 @@ def test_weighted_statistic_is_difference_of_category_means():
     expected = category_mean(b, cats) - category_mean(a, cats)
     assert result["diff"] == pytest.approx(expected)
     assert result["diff"] == pytest.approx(0.25)
+    # the means are the statistic's own (the mean of category means), so that mean_b - mean_a is diff
+    # (they were the plain question means, 1/2 and 2/3, in compare --json's category-mean block)
+    assert (result["mean_a"], result["mean_b"]) == (pytest.approx(category_mean(a, cats)),
+                                                    pytest.approx(category_mean(b, cats)))
+    assert result["mean_b"] - result["mean_a"] == pytest.approx(result["diff"])
     # non-zero weighted differences +1/4 (x), -1/8 and +1/8 (y); signed sums of +-1/4 +-1/8 +-1/8 are
     # 1/2, 1/4, 1/4, 0, 0, -1/4, -1/4, -1/2: |.| >= 1/4 in 6 of 8
     assert result["p_value"] == pytest.approx(6 / 8)

@@ -114,6 +114,17 @@ def test_render_markdown_paper_layout():
     assert len(rows) == 1 + 3 + 2  # header, three categories, Average and Overall
 
 
+def test_render_markdown_says_how_many_judge_replies_were_unparsed():
+    """An unparsed judge reply counts as not correct; results.md says how many there were (it did not)."""
+    assert "stated no verdict" not in render_markdown(summarize(ROWS, benchmark="locomo", ci=False))
+    rows = [dict(r) for r in ROWS]
+    rows[1]["judge"] = {"verdict": False, "reason": "unparsed judge reply (x)", "score": 0.0, "unparsed": True}
+    m = summarize(rows, benchmark="locomo", ci=False)
+    assert m["overall"]["judge_unparsed"] == 1 and m["overall"]["judge"] == pytest.approx(4 / 6)
+    assert ("1 of 6 judge replies stated no verdict the parser could read: each is counted as not correct"
+            in render_markdown(m))
+
+
 def test_write_csv(tmp_path):
     m = summarize(ROWS, variant="paper", benchmark="locomo", ci=False)
     path = write_csv(m, tmp_path / "metrics.csv")

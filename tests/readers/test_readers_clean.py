@@ -38,6 +38,15 @@ ANSWERS = [
     ("Not found\nbut probably Paris", "Not found\nbut probably Paris"),
     ("", ""),
     ("   ", ""),
+    # a hyphen joined to a word is no answer marker ("Answer - yes" is one)
+    ("Answer-driven design workshops", "Answer-driven design workshops"),
+    ("final answer-sheet scans", "final answer-sheet scans"),
+    # a list under the marker, indented less than an echoed excerpt's continuation lines (QUOTE_INDENT), is
+    # the answer's own
+    ("Answer: She has two hobbies:\n  - hiking\n  - painting", "She has two hobbies:\n  - hiking\n  - painting"),
+    ("Answer: two hobbies\n\t- hiking", "two hobbies"),
+    # a word that begins with not_found is no abstention
+    ("not_found_error handling", "not_found_error handling"),
 ]
 
 

@@ -170,7 +170,7 @@ def test_summary_prompts_come_through_the_same_loader(tmp_path: Path, monkeypatc
                      event=np.datetime64("2023-05-08T13:56:00"), recorded=np.datetime64("2023-05-08T13:57:00"))
     cfg = MemFitConfig()
     cfg.summary.prompt = "short.txt"
-    assert summary_prompt(job, cfg.summary) == "Summarise:\n- Ann: I adopted a cat.\n- Bob: What is its name?\n"
+    assert summary_prompt(job, cfg.summary) == "Summarise:\n- I adopted a cat.\n- What is its name?\n"
     cfg.summary.prompt = "broken.txt"
     with pytest.raises(PromptError, match=r"summary.prompt='broken.txt': a summary prompt must contain the "
                                           r"\{excerpts\} placeholder"):

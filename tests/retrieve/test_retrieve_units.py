@@ -341,3 +341,20 @@ def test_diagnostics_count_a_repeated_turn_id_as_the_gold_turn() -> None:
     # the renamed id itself names only its own turn
     _, (record,) = compute_diagnostics([result([1, 2], [1])], [question("q4", ["D1#dup2"])], view)
     assert record["rr"] == 0.5 and record["pack_hit"] is False
+
+
+def test_diagnostics_rank_in_the_final_list_where_summaries_hold_ranks() -> None:
+    """SPEC Evaluation: hit@K and MRR over the final ranked list. Five summaries ranked ahead of the gold turn
+    put it at rank 6: no hit@5 and rr 1/6; eval.hit_list=episodes ranks the episodes alone (rank 1)."""
+    view = _tiny_view()
+    ranked = [{"kind": "summary", "row": r} for r in range(5)] + [{"kind": "episode", "row": 1},
+                                                                  {"kind": "episode", "row": 0}]
+    result = SimpleNamespace(ranked=ranked, pack=Pack(episodes=[1], selected=[1]))
+    question = SimpleNamespace(question_id="q", memory_id="m", category="1", evidence=[str(view.ep_turn_id[1])])
+    final, (record,) = compute_diagnostics([result], [question], view)
+    assert (record["hit@5"], record["hit@10"], record["rr"], record["pack_hit"]) == (False, True, 1 / 6, True)
+    assert final["hit_list"] == "final" and final["overall"]["mrr"] == 1 / 6
+    episodes, (alone,) = compute_diagnostics([result], [question], view, hit_list="episodes")
+    assert (alone["hit@5"], alone["rr"]) == (True, 1.0) and episodes["hit_list"] == "episodes"
+    with pytest.raises(ValueError, match="hit_list must be final or episodes, not 'summaries'"):
+        compute_diagnostics([result], [question], view, hit_list="summaries")

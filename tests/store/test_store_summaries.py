@@ -3,6 +3,8 @@ the no-LLM store, and a real SmolLM2 summary through transformers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -33,15 +35,22 @@ INSTRUCTION_TAIL = (
 def test_prompt_is_exact(bi_encoder):
     store = EpisodeStore(None, MemFitConfig(), bi_encoder)
     store.add_memories(_memories(), progress=False)
+    # SPEC write path 4: the whole `DATE: ... | Speaker X says: ` prefix is stripped
     expected = (
         "Below are excerpts from one stretch of a conversation, in the order they were said.\n\n"
-        "- Caroline: I went to the LGBTQ support group yesterday.\n"
-        "- Melanie: That's great, Caroline! How did it feel?\n"
-        "- Caroline: [Image: a photo of a rainbow flag] It was powerful.\n"
-        "- Melanie: I painted a sunrise by the lake last week.\n"
-        "- Caroline: Melanie, that sounds lovely! Send me a picture.\n\n" + INSTRUCTION_TAIL
+        "- I went to the LGBTQ support group yesterday.\n"
+        "- That's great, Caroline! How did it feel?\n"
+        "- [Image: a photo of a rainbow flag] It was powerful.\n"
+        "- I painted a sunrise by the lake last week.\n"
+        "- Melanie, that sounds lovely! Send me a picture.\n\n" + INSTRUCTION_TAIL
     )
     assert summary_prompt(store.summary_job(0, [0, 1, 2, 3, 4]), store.cfg.summary) == expected
+    # summary.excerpt_speaker keeps each speaker as `Name: text`
+    named = replace(store.cfg.summary, excerpt_speaker=True)
+    assert summary_prompt(store.summary_job(0, [0, 1, 2, 3, 4]), named) == expected.replace(
+        "- I went", "- Caroline: I went").replace("- That's", "- Melanie: That's").replace(
+        "- [Image", "- Caroline: [Image").replace("- I painted", "- Melanie: I painted").replace(
+        "- Melanie, that", "- Caroline: Melanie, that")
     assert "{excerpts}" in load_prompt("summary.txt")
 
 
@@ -57,9 +66,11 @@ def test_excerpts_are_evenly_spaced_and_cut(bi_encoder):
     prompt = summary_prompt(store.summary_job(0, np.arange(30)), store.cfg.summary)
     bullets = [line for line in prompt.splitlines() if line.startswith("- ")]
     assert len(bullets) == 14
-    assert [int(b.split()[2]) for b in bullets] == [0, 2, 4, 7, 9, 11, 13, 16, 18, 20, 22, 25, 27, 29]
+    assert [int(b.split()[1]) for b in bullets] == [0, 2, 4, 7, 9, 11, 13, 16, 18, 20, 22, 25, 27, 29]
     assert all(len(b) == 2 + 220 for b in bullets)  # "- " + the excerpt cut to 220 characters
-    assert bullets[0] == "- " + ("Alexandra: 0 " + long_text)[:220]
+    assert bullets[0] == "- " + ("0 " + long_text)[:220]
+    named = summary_prompt(store.summary_job(0, np.arange(30)), replace(store.cfg.summary, excerpt_speaker=True))
+    assert [line for line in named.splitlines() if line.startswith("- ")][0] == "- " + ("Alexandra: 0 " + long_text)[:220]
 
 
 def test_planning_needs_no_store_records_come_from_jobs():
@@ -79,7 +90,7 @@ def test_planning_needs_no_store_records_come_from_jobs():
 
     records = summary_records(jobs, generate, SummaryConfig(), first_row=7)
     assert len(asked) == 1 and len(asked[0]) == 2
-    assert "- Ann: hi\n- Bob: hello there\n- Ann: bye\n" in asked[0][0]
+    assert "- hi\n- hello there\n- bye\n" in asked[0][0]
     assert records == [{"t": "summary", "row": 7, "memory": 2, "text": "Cy lists a, b and c in one breath.",
                         "members": [11, 12, 13], "event": None, "recorded": None, "replaces": 4}]
     assert summary_records(jobs[1:2], generate, SummaryConfig(), first_row=0) == [] and len(asked) == 1
@@ -106,7 +117,7 @@ def test_one_generate_batch_drops_short_outputs_and_keeps_provenance(bi_encoder)
 
     assert store.build_summaries(generate, progress=False) == 1
     assert len(calls) == 1 and len(calls[0]) == 2  # conv-a and conv-c in ONE call; conv-b (2 turns) gets none
-    assert "Jon: Jon talks about his dance studio, part 0." in calls[0][1]
+    assert "\n- Jon talks about his dance studio, part 0.\n" in calls[0][1]
     assert len(store.summaries) == 1
     summary = store.summaries[0]
     assert summary.memory_idx == 0 and summary.members.tolist() == [0, 1, 2, 3, 4] and summary.replaces == -1
