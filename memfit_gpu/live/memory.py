@@ -336,7 +336,7 @@ class Memory:
         if (path / FORGET_PENDING).exists():
             # a compaction stopped after the store's rows were renumbered may have stopped before the method's
             # files followed them (LightMem's notes name rows): following again is the same on either side
-            self.method.compact(self.run, self.store)
+            self.method.compact(self.run, self.store, self._pending_forget())
         self._finish_pending_forget()
         # per user: its turns no consolidation has taken up yet (added since, or before this open)
         self._new_turns: dict[str, int] = {
@@ -497,8 +497,11 @@ class Memory:
                 # the store logged nothing of the failed batch (EpisodeStore._commit): write each add alone
                 log.warning("memfit live: a write batch of %d adds failed; writing each alone", len(writing))
                 for i in writing:
-                    outcome[i] = self.add_batch([requests[i]], max_turns_per_user=max_turns_per_user,
-                                                max_text_bytes_per_user=max_text_bytes_per_user)[0]
+                    try:  # one add's failure is its own: the adds stored before and after it are answered as such
+                        outcome[i] = self.add_batch([requests[i]], max_turns_per_user=max_turns_per_user,
+                                                    max_text_bytes_per_user=max_text_bytes_per_user)[0]
+                    except Exception as exc:  # noqa: BLE001  (that add's answer)
+                        outcome[i] = exc
                 return outcome
             row_of = {(t.user_id, t.turn.turn_id): row for t, row in zip(fresh, rows, strict=True)}
             outcome = [o if isinstance(o, BaseException) else
@@ -511,10 +514,21 @@ class Memory:
                     self._new_turns[user] = self._new_turns.get(user, 0) + sum(1 for t in fresh if t.user_id == user)
                 self._since_snapshot += len(fresh)
                 if self._since_snapshot >= self.cfg.live.snapshot_after_turns:
-                    self.store.snapshot()
-                    self._since_snapshot = 0
+                    self._snapshot()
                 self._wake_if_due()
             return outcome
+
+    def _snapshot(self) -> None:
+        """A snapshot after writes the log already holds (fsynced): one that fails (a full disk) is logged, not
+        raised, so that a stored write is never answered as failed (its client would store it again); the
+        next open replays the log past the last snapshot, and the next write batch tries again."""
+        try:
+            self.store.snapshot()
+        except Exception:  # noqa: BLE001
+            log.exception("memfit live: %s: a snapshot failed; the log holds every write (opening replays it)",
+                          self.path)
+            return
+        self._since_snapshot = 0
 
     def _plan_add(self, user: str, turns: list[tuple[Turn, str | None]], fresh: list[_NewTurn],
                   plan: _BatchPlan) -> list[Added]:
@@ -641,7 +655,9 @@ class Memory:
         The cached replies are dropped once the memory is no longer held: that waits for the reader's turn
         (an answer being generated for another user), which would otherwise hold every user's searches and
         adds. A kill before they are dropped leaves the pending record, and the next open drops them."""
-        with self._compacting:
+        # a consolidation in flight planned its summaries and notes over the rows as they are: the compaction
+        # renumbers them (and the users), so it waits for the consolidation, and the next one plans anew
+        with self._consolidating, self._compacting:
             pending = self.path / FORGET_PENDING
             with self.holding():
                 counts, erased, purged = self._compact_store(pending)
@@ -660,7 +676,7 @@ class Memory:
         counts = self.store.compact()
         erased = self.store.erased
         self.store = EpisodeStore(self.path / "store", self.cfg, self.store.encoder)
-        self.method.compact(self.run, self.store)  # the method follows (rows were renumbered)
+        self.method.compact(self.run, self.store, purged)  # the method follows (rows were renumbered)
         faults.point("compact.method")
         # what the method dropped with the deleted turns (LightMem: the users' notes, whose windows moved)
         # is made again by the next consolidation, whatever live.consolidate_after_turns says
@@ -676,15 +692,21 @@ class Memory:
         self._forgotten_at.update(dict.fromkeys(purged, self._compactions))
         return counts, list(erased), purged
 
+    def _pending_forget(self) -> list[str]:
+        """The users of FORGET_PENDING: those with deleted turns when the last compaction began."""
+        pending = self.path / FORGET_PENDING
+        users = read_json_object(pending, fields={"responses_of": list})["responses_of"]
+        if not all(isinstance(user, str) for user in users):  # erasing other names would leave theirs behind
+            raise DataError(str(pending), None, "responses_of", "expected a list of user ids; nothing was dropped")
+        return users
+
     def _finish_pending_forget(self) -> None:
         """Drop the cached replies a compaction stopped before dropping (FORGET_PENDING), then its record: every
         reply of those users, and every call record of those the store no longer holds (erased)."""
         pending = self.path / FORGET_PENDING
         if not pending.exists():
             return
-        users = read_json_object(pending, fields={"responses_of": list})["responses_of"]
-        if not all(isinstance(user, str) for user in users):  # erasing other names would leave theirs behind
-            raise DataError(str(pending), None, "responses_of", "expected a list of user ids; nothing was dropped")
+        users = self._pending_forget()
         log.warning("memfit live: %s: finishing the last compaction's erasure of %d user(s)' cached replies",
                     self.path, len(users))
         self._forget([u for u in users if u not in self.store.memory_ids], users)
@@ -746,8 +768,7 @@ class Memory:
             with self.holding():
                 for user in users:
                     self._failed_at.pop(user, None)
-                self.store.snapshot()
-                self._since_snapshot = 0
+                self._snapshot()
             self._forget_stale(users, compactions)
             return counts
 

@@ -168,7 +168,10 @@ class LiveMethod(Method, Protocol):
         compaction dropped, are consolidated like new turns."""
         ...
 
-    def compact(self, run: MethodRun, store: EpisodeStore) -> None: ...
+    def compact(self, run: MethodRun, store: EpisodeStore, purged: list[str]) -> None:
+        """The store was compacted (its rows renumbered, deleted turns gone); `purged`: the memories that had
+        deleted turns (what was made over those turns must go, even where a new turn took a deleted one's id)."""
+        ...
 
 
 def query(memory_id: str, question: str, question_id: str | None = None, question_date: str | None = None) -> Question:

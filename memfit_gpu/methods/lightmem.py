@@ -555,14 +555,16 @@ class LightMem:
             out[user] = sum(1 for r in self._user_rows(user, live=True) if r not in noted)
         return out
 
-    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+    def compact(self, run: MethodRun, store: EpisodeStore, purged: list[str]) -> None:
         """After the store's compaction (rows renumbered, deleted turns gone): the log is rewritten with
-        each kept MTM entry's rows renumbered; every record of a user that lost turns goes (its windows
-        moved: the next consolidate writes them again from the turns that are left)."""
+        each kept MTM entry's rows renumbered; every record of a user that lost turns (`purged`, or one whose
+        turns the store no longer has) goes: its windows moved, and the next consolidate writes them again
+        from the turns that are left. A user is dropped by name, not by its turns' ids: a new turn may have
+        taken a deleted turn's id, and a note over the deleted one must not pass for a note over it."""
         assert self.memlog is not None
         path = self.memlog.log.path
         kept: list[dict[str, Any]] = []
-        gone: set[str] = set()
+        gone: set[str] = set(purged)
         for record in self.memlog.log.records[1:]:
             if record.get("t") != "mtm":
                 continue

@@ -216,7 +216,7 @@ class MemFit:
             return {}
         return self.store.unsummarised_counts(memory_ids)
 
-    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+    def compact(self, run: MethodRun, store: EpisodeStore, purged: list[str]) -> None:
         """Nothing of MemFit's own to rewrite: the compacted store is all."""
         self.attach(run, store)
 

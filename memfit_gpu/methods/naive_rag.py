@@ -195,7 +195,7 @@ class NaiveRAG:
     def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
         return {}
 
-    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+    def compact(self, run: MethodRun, store: EpisodeStore, purged: list[str]) -> None:
         """The store's rows were renumbered: chunk it all again."""
         self.attach(run, store)
 

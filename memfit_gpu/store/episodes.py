@@ -75,6 +75,11 @@ log = logging.getLogger(__name__)
 GENERATIONS = itertools.count(1)
 
 
+class StoreClosedError(RuntimeError):
+    """A write to a persistent store whose log is closed (closed, or a compaction that failed half-way): it
+    would be held in memory only, and lost, though the call returned."""
+
+
 @dataclass(frozen=True)
 class DeletePlan:
     """A deletion planned by `EpisodeStore.plan_delete`, not yet written."""
@@ -424,6 +429,7 @@ class EpisodeStore:
         store, so the log never keeps a batch its store did not take, and row numbers stay unique.
         index=False (turns only, append_turns): logged and applied to the metadata; encoding and indexing
         wait for index_pending."""
+        self._check_writable()
         batch_start = len(self._log) if self._log is not None else 0
         try:
             if not index:
@@ -466,12 +472,18 @@ class EpisodeStore:
 
     def _end_batch(self, count: int | None, snapshot: bool = True) -> None:
         """The commit record of a batch of `count` records (format-2 logs; None: written with its last
-        chunk), then the snapshot."""
+        chunk), then the snapshot. The batch is stored once its commit is logged: a snapshot that fails then
+        (a full disk) is logged, not raised, so that no caller takes a stored batch for a failed one (and
+        writes it again); the next open replays the log past the last snapshot."""
         if self._log is not None and self._commits and count is not None:
             self._log.append([{"t": "commit", "records": count}])
         if snapshot:
             t0 = time.perf_counter()
-            self.snapshot()
+            try:
+                self.snapshot()
+            except Exception:  # noqa: BLE001
+                log.exception("EpisodeStore: %s: the batch is stored, but its snapshot failed (opening replays the "
+                              "log past the last snapshot)", self.path)
             self.last_timings["snapshot_s"] = self.last_timings.get("snapshot_s", 0.0) + time.perf_counter() - t0
 
     def add_memories(self, memories: Iterable[Memory], progress: bool = True, precomputed: bool = False) -> np.ndarray:
@@ -485,6 +497,7 @@ class EpisodeStore:
         A failure while writing a later chunk leaves nothing of the batch: a persistent store drops the
         batch's records from its log and reopens itself (then raises); an in-memory store keeps the chunks
         written before the failure (logged at ERROR)."""
+        self._check_writable()
         started = time.perf_counter()
         self.last_timings = {}
         first = self.size
@@ -512,6 +525,12 @@ class EpisodeStore:
             ", ".join(f"{k} {v:.2f}" for k, v in self.last_timings.items() if k not in ("total_s", "chunks")),
         )
         return np.arange(first, self.size, dtype=np.int64)
+
+    def _check_writable(self) -> None:
+        if self.path is not None and self._log is None:
+            raise StoreClosedError(f"{self.path}: the store is closed (or a compaction that failed half-way closed "
+                                   "its log): nothing was written. Open it again (opening finishes or undoes that "
+                                   "compaction)")
 
     def _undo_batch(self, batch_start: int) -> None:
         """After a batch failed once part of it was logged: drop its uncommitted records and reload the
@@ -742,6 +761,9 @@ class EpisodeStore:
             memory = int(record["memory"])
             covered = [int(self.summaries.members[s].max()) for s in self.summaries.live_rows(memory)
                        if len(self.summaries.members[s])]
+            if (self.memory_idx[members] != memory).any():  # planned over rows since renumbered: never another's
+                raise ValueError(f"summary record of memory {memory} names rows of another memory: "
+                                 f"{members.tolist()[:10]}")
             if self.deleted[members].any() or (covered and members.min() <= max(covered)):
                 continue
             kept.append({**record, "row": len(self.summaries) + len(kept)})

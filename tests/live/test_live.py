@@ -618,6 +618,43 @@ def test_a_batch_whose_write_fails_is_written_add_by_add(tmp_path: Path, monkeyp
     assert [(r["row"], r["text"][-5:]) for r in records if r.get("t") == "episode"] == [(0, " bees"), (1, "goats")]
 
 
+def test_one_add_that_fails_alone_leaves_the_others_of_its_batch_answered(tmp_path: Path, monkeypatch) -> None:
+    """When the batched write failed and the adds were written one by one, an add that failed again alone
+    raised out of the loop: the whole batch was answered as failed though the adds before it were stored,
+    and the server's retry stored them twice (new automatic turn ids). Now that add alone gets its error."""
+    with Memory.open(tmp_path / "m", DEMO, overrides=CHEAP) as memory:
+        encode = memory.store.encoder.encode
+
+        def fragile(texts, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - one text breaks the encoder
+            if any("POISON" in t for t in texts):
+                raise RuntimeError("the encoder broke on one text")
+            return encode(texts, *args, **kwargs)
+
+        monkeypatch.setattr(memory.store.encoder, "encode", fragile)
+        out = memory.add_batch([("u1", [{"speaker": "Ann", "text": "bees"}]), ("u3", [{"speaker": "Cy", "text": "POISON"}]),
+                                ("u2", [{"speaker": "Bob", "text": "goats"}])])
+        assert [a[0].turn_id for a in (out[0], out[2])] == ["t1", "t1"]
+        assert isinstance(out[1], RuntimeError) and "broke on one text" in str(out[1])
+        assert memory.users() == ["u1", "u2"]
+        assert [t["text"] for t in memory.turns("u1")] == ["bees"]
+
+
+def test_a_snapshot_that_fails_after_an_add_is_stored_answers_the_add_as_stored(tmp_path: Path, monkeypatch) -> None:
+    """The snapshot after an add (live.snapshot_after_turns) met a full disk: the add was answered as failed
+    (507 from the server) though its turns were logged and fsynced, and the client's retry stored them again.
+    Now the snapshot's failure is logged; the add is answered, and the next open replays the log."""
+    folder = tmp_path / "m"
+    with Memory.open(folder, DEMO, overrides=[*CHEAP, "live.snapshot_after_turns=2"]) as memory:
+        memory.add("u", [{"speaker": "Ann", "text": "turn 0"}])
+        monkeypatch.setenv("MEMFIT_IO_FAULT", "meta.json:ENOSPC")  # the next snapshot's last file
+        added = memory.add("u", [{"speaker": "Ann", "text": "I moved to Lisbon in May."}])
+        assert [a.turn_id for a in added] == ["t2"]
+        monkeypatch.delenv("MEMFIT_IO_FAULT")
+        assert [t["text"] for t in memory.turns("u")] == ["turn 0", "I moved to Lisbon in May."]
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        assert [t["turn_id"] for t in memory.turns("u")] == ["t1", "t2"]
+
+
 def test_a_search_that_breaks_the_batched_read_fails_alone(tmp_path: Path, monkeypatch) -> None:
     """A search that passes the checks but makes the batched read raise fails alone: the others of its
     batch are read again alone and answered. (The method's read is made to raise for one query.)"""

@@ -30,6 +30,9 @@ SUN_NEW_YEAR = date(2023, 1, 1)
     "text, anchor, expected",
     [
         ("I went there yesterday.", MON, "I went there yesterday (7 May 2023)."),
+        # not "yesterday" inside it (it was resolved as yesterday: a day late)
+        ("the day before yesterday we met", MON, "the day before yesterday (6 May 2023) we met"),
+        ("Day before yesterday", SUN_NEW_YEAR, "Day before yesterday (30 December 2022)"),
         ("Yesterday was fun", SUN_NEW_YEAR, "Yesterday (31 December 2022) was fun"),
         ("I moved 3 days ago", MON, "I moved 3 days ago (5 May 2023)"),
         ("I moved 1 day ago", MON, "I moved 1 day ago (7 May 2023)"),
@@ -115,6 +118,16 @@ def test_years() -> None:
         ("What may Caroline do next?", set()),
         ("May I ask you something", set()),
         ("she may be in june", {6}),
+        # "may" after a word that names a time of the year, or beside another month
+        ("What did she do last May?", {5}),
+        ("early may", {5}),
+        ("during May", {5}),
+        ("between March and early May", {3, 5}),
+        ("Which month, May or June?", {5, 6}),
+        ("from april to may", {4, 5}),
+        ("It may last", set()),
+        ("They may or may not come", set()),
+        ("this may help", set()),
         ("marching and decorating", set()),
         ("Mar and Dec", {3, 12}),
     ],
@@ -145,7 +158,7 @@ def test_text_mentions() -> None:
 # ---------------------------------------------------------------- fast paths change nothing matched
 _PIECES = ["yesterday", "Yesterday", "2", "٣", "a", "an", "one", "Twelve", "day", "days", "weeks", "month",
            "years", "ago", "AGO", "last", "Last", "this", "next", "week", "monday", "Friday", "may", "May",
-           "sept", "in", "of", "8th", "2023", "the", "x", "ſ", "K", ",", ".", " ", "  ", "\n", "-"]
+           "sept", "in", "of", "8th", "2023", "the", "before", "june", "or", "early", "x", "ſ", "K", ",", ".", " ", "  ", "\n", "-"]
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)
@@ -157,7 +170,7 @@ def test_lookahead_regexes_match_what_the_plain_ones_match(text: str) -> None:
     from memfit_gpu.retrieve.pack import may_hold_relative_date
 
     anchor = date(2023, 5, 8)
-    plain_relative = re.compile(dates._RELATIVE_RE.pattern.replace("(?=[yaotfsenl\\d])", "", 1), re.IGNORECASE)
+    plain_relative = re.compile(dates._RELATIVE_RE.pattern.replace("(?=[yaotfsenld\\d])", "", 1), re.IGNORECASE)
     assert plain_relative.pattern != dates._RELATIVE_RE.pattern
     expected = plain_relative.sub(lambda m: f"{m.group(0)} ({dates.resolve_phrase(m, anchor)})", text)
     assert resolve_relative_dates(text, anchor) == expected

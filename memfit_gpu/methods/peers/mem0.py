@@ -401,7 +401,7 @@ class Mem0Method:
     def unconsolidated(self, memory_ids: list[str]) -> dict[str, int]:
         return {}
 
-    def compact(self, run: MethodRun, store: EpisodeStore) -> None:
+    def compact(self, run: MethodRun, store: EpisodeStore, purged: list[str]) -> None:
         """The store was compacted (a deleted user's every byte leaves it): mem0's files follow. Its two
         SQLite files (the history and the embedded Qdrant's points) are rewritten without the free pages that
         deleted rows leave, and added.jsonl without the retired batches."""
