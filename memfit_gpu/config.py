@@ -122,7 +122,7 @@ class RetrieveConfig:
     alpha: float = 0.7  # fused = alpha * dense + (1 - alpha) * bm25, min-max over the union
     dense_min_cosine: float = 0.0  # dense keeps only cosine > 0
     boosts: BoostConfig = field(default_factory=BoostConfig)
-    boosts_enabled: bool = True  # plain retrieval turns boosts off with the rest
+    boosts_enabled: bool = True  # SPEC read path 2; plain retrieval keeps them (they are no ablation switch)
     summaries: bool = True  # search the summary layer at all (SPEC read path 3)
     summary_top_k: int = 10  # hybrid over summaries, top 10
     pool_size: int = 50  # round-robin pool of episode and summary hits (SPEC read path 4)

@@ -593,7 +593,10 @@ class Memory:
 
     def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
         """Delete turns of a user (SPEC write path 5): gone from every index at once; a summary covering one
-        is retired and rebuilt over the rest with the reader. Their text leaves the disk with `compact()`."""
+        is retired and rebuilt over the rest with the reader. Their text leaves the disk with `compact()`.
+        A deletion never waits on the reader's health: when the rebuild fails (the reader unreachable), the
+        turns are deleted and the covering summaries retired all the same, and their segment stays without
+        a summary (logged; `summaries_rebuilt` counts what was rebuilt)."""
         turn_ids = _names(turn_ids, "delete: turn_ids")
         if not turn_ids:
             raise ValueError(f"delete: no turn ids given for user {user_id!r}")
@@ -612,12 +615,24 @@ class Memory:
         # the rebuilt summaries' LLM calls hold neither the memory (every user's searches and writes go on) nor
         # the reader ahead of answers waiting (background work); the deletion lands with them, planned again
         with background_calls():
-            rebuilt = summary_records(plan.rebuilds, self._summary_generate, self.cfg.summary, 0)
+            rebuilt = self._rebuilt(plan)
         with self.holding():
             again = planned()  # another call may have changed this user's turns or summaries meanwhile
-            if not again.same_as(plan):
-                rebuilt = summary_records(again.rebuilds, self._summary_generate, self.cfg.summary, 0)
-            return self._commit_delete(again, rebuilt, generated=True)
+            if rebuilt is not None and not again.same_as(plan):
+                rebuilt = self._rebuilt(again)
+            return self._commit_delete(again, rebuilt or [], generated=rebuilt is not None)
+
+    def _rebuilt(self, plan: DeletePlan) -> list[dict[str, Any]] | None:
+        """The summaries rebuilt over a deletion's remaining turns, or None when the reader failed (the
+        deletion goes ahead without them)."""
+        try:
+            return summary_records(plan.rebuilds, self._summary_generate, self.cfg.summary, 0)
+        except Exception as exc:  # noqa: BLE001  (a deletion must not wait on the reader)
+            log.warning("memfit live: %s: a deletion's %d summar%s could not be rebuilt (%s: %s); the turns are "
+                        "deleted and the covering summaries retired, their segment left without one", self.path,
+                        len(plan.rebuilds), "y" if len(plan.rebuilds) == 1 else "ies", type(exc).__name__,
+                        str(exc)[:200])
+            return None
 
     def _commit_delete(self, plan: DeletePlan, rebuilt: list[dict[str, Any]], generated: bool) -> dict[str, int]:
         """The deletion and its rebuilt summaries in one write batch (holding the memory); the ledger saved

@@ -23,7 +23,6 @@ SWITCHES: dict[str, Any] = {
     "retrieve.scan_top_k": 30,
     "retrieve.summaries": False,
     "retrieve.summary_expansion": False,
-    "retrieve.boosts_enabled": False,
     "retrieve.prf.enabled": False,
     "rerank.rerank_pool": 40,
     "pack.context_window": 0,

@@ -10,13 +10,15 @@ Query constraints, from the lowercased question
   as a whole word (`\\b` on both sides), compared lowercased.
 - year: every `\\b20\\d\\d\\b`.
 - month: full month names, 3-letter abbreviations and "sept", whole words. The modal verb "may" is
-  a month only when it looks like a date: preceded by "in"/"of" ("in may", "of may"), preceded by a
-  day number ("8 may", "8th may"), or followed by a day number or a year ("may 8", "may 8th",
-  "may 2023", "may, 2023"). "What may Caroline do" is not a month.
+  a month only when it looks like a date: preceded by "in"/"of" ("in may", "of may"), by a word for a
+  time of the year (last, early, late, mid, during, since, until, till, through, before, after: "last may",
+  "early may"), by a day number ("8 may", "8th may"), or by another month and and/or/to/through ("march
+  and may"); or followed by a day number or a year ("may 8", "may 8th", "may 2023", "may, 2023") or by
+  and/or/to/through and another month ("may or june"). "What may Caroline do" is not a month.
 
 Relative dates, resolved against the episode's session date (the anchor) and appended in
 parentheses after the phrase, e.g. "yesterday" -> "yesterday (7 May 2023)":
-- "yesterday" -> anchor - 1 day.
+- "yesterday" -> anchor - 1 day; "(the) day before yesterday" -> anchor - 2 days.
 - "N days ago" / "N weeks ago" -> anchor - N days / - 7N days (N a numeral, a number word up to
   twelve, or "a"/"an" = 1).
 - "last week" -> "the week before {anchor}".
@@ -45,8 +47,11 @@ _MONTH_BY_WORD: dict[str, int] = {**MONTH_NUMBER, "sept": 9}
 _MONTH_WORD_RE = re.compile(r"(?=[jfmasond])\b(" + "|".join(sorted(_MONTH_BY_WORD, key=len, reverse=True)) + r")\b")
 _YEAR_RE = re.compile(r"\b20\d\d\b")
 # "may" counts as a month only in these contexts (see module docstring).
-_MAY_BEFORE_RE = re.compile(r"(?:\b(?:in|of)|\b\d{1,2}(?:st|nd|rd|th)?)\s+$")
-_MAY_AFTER_RE = re.compile(r"^,?\s+(?:\d{1,2}(?:st|nd|rd|th)?\b|20\d\d\b|\d{4}\b)")
+_OTHER_MONTHS = "|".join(sorted((w for w in _MONTH_BY_WORD if w != "may"), key=len, reverse=True))
+_MAY_BEFORE_RE = re.compile(r"(?:\b(?:in|of|last|early|late|mid|during|since|until|till|through|before|after)"
+                            r"|\b\d{1,2}(?:st|nd|rd|th)?|\b(?:" + _OTHER_MONTHS + r")\s+(?:and|or|to|through|-))\s+$")
+_MAY_AFTER_RE = re.compile(r"^,?\s+(?:\d{1,2}(?:st|nd|rd|th)?\b|20\d\d\b|\d{4}\b|(?:and|or|to|through|-)\s+(?:"
+                           + _OTHER_MONTHS + r")\b)")
 
 
 @dataclass(frozen=True)
@@ -113,11 +118,12 @@ _NUMBER_WORDS = {
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _NUM = r"(\d+|" + "|".join(_NUMBER_WORDS) + r")"
 
-# The lookahead names every phrase's possible first character (y, a digit, a number word's, last/
+# The lookahead names every phrase's possible first character (y, d, a digit, a number word's, last/
 # this/next): a no-op for what matches, it lets the engine skip most positions cheaply.
 _RELATIVE_RE = re.compile(
-    r"(?=[yaotfsenl\d])\b(?:"
-    r"(?P<yesterday>yesterday)"
+    r"(?=[yaotfsenld\d])\b(?:"
+    r"(?P<daybefore>day\s+before\s+yesterday)"  # before "yesterday": it holds it
+    r"|(?P<yesterday>yesterday)"
     r"|(?P<n>" + _NUM[1:-1] + r")\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<lastweek>last\s+week)"
     r"|last\s+(?P<weekday>" + "|".join(_WEEKDAYS) + r")"
@@ -167,6 +173,8 @@ def resolve_phrase(match: re.Match[str], anchor: date) -> str | None:
 
 def _resolve(match: re.Match[str], anchor: date) -> str:
     groups = match.groupdict()
+    if groups["daybefore"]:
+        return format_date(anchor - timedelta(days=2))
     if groups["yesterday"]:
         return format_date(anchor - timedelta(days=1))
     if groups["n"]:

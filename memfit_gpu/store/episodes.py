@@ -575,15 +575,17 @@ class EpisodeStore:
         return [] if memory is None else self.memory_rows(memory).tolist()
 
     def conversation(self, memory_id: str) -> Memory:
-        """One memory's live turns as the data schema's Memory (what a loader yields): its speakers, and its
-        turns in conversation order, each with its id, speaker, own words, timestamp, date text and images
+        """One memory's live turns as the data schema's Memory (what a loader yields): its speakers (those of a
+        live turn: a deleted turn's speaker is no more named than its words), and its turns in conversation order, each with its id, speaker, own words, timestamp, date text and images
         (caption and id; the store keeps no image paths), in sessions: a new session entry wherever the session
         id changes, so that sessions whose turns interleave come back in that order (one id may then have
         several entries, as the own-data format allows; grouping them reordered the conversation)."""
-        memory = Memory(memory_id, speakers=list(self.memory_speakers[self.memory_of(memory_id)])
+        rows = self.live_turns(memory_id)
+        speaking = {self.speaker_name(row) for row in rows}
+        memory = Memory(memory_id, speakers=[s for s in self.memory_speakers[self.memory_of(memory_id)] if s in speaking]
                         if memory_id in self.columns.memory_index else [])
         sessions: list[Session] = []
-        for row in self.live_turns(memory_id):
+        for row in rows:
             speaker = self.speaker_name(row)
             text = self.text[row]
             date = text[len("DATE: "):len(text) - len(self.body(row)) - len(f" | Speaker {speaker} says: ")]

@@ -188,6 +188,29 @@ def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_pat
         assert [(h.turn_ids, round(h.score, 5)) for h in after[0]] == [(h.turn_ids, round(h.score, 5)) for h in before[0]]
 
 
+def test_a_delete_goes_ahead_when_the_reader_cannot_rebuild_the_summary(tmp_path: Path, conv_turns, monkeypatch) -> None:
+    """A deleted turn covered by a summary: the summary is rebuilt over the rest with the reader. With the reader
+    unreachable the delete raised, and the turn stayed searchable; now the turn is deleted, the summary that
+    quotes it retired, and the segment left without one."""
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=[*CHEAP, "summary.enabled=true", "summary.min_chars=1"]) as memory:
+        secret = {"speaker": "Eve", "text": "my locker code is zebra-4471", "turn_id": "s1"}
+        memory.add("u", [*conv_turns[:30], secret, *conv_turns[30:60]])
+        assert memory.consolidate(["u"])["summaries"] > 0
+        store = memory.store
+        row = store.row_of("u", "s1")
+        covering = [s for s in store.summaries.live_rows(store.memory_of("u")) if row in store.summaries.members[s]]
+        assert covering, "the secret's segment has a summary"
+
+        def unreachable(requests):  # noqa: ANN001, ANN202
+            raise ConnectionError("the reader's server is down")
+
+        monkeypatch.setattr(memory.reader().backend, "generate", unreachable)
+        counts = memory.delete("u", ["s1"])
+        assert counts == {"episodes": 1, "summaries_retired": len(covering), "summaries_rebuilt": 0}
+        assert all("zebra" not in h.text for h in memory.search("u", ["locker code zebra"], k=20)[0])
+        assert not set(covering) & set(store.summaries.live_rows(store.memory_of("u")).tolist())
+
+
 @pytest.mark.parametrize("method", ["plain", "naive_rag"])
 def test_a_method_grown_turn_by_turn_reads_as_one_built_at_once(tmp_path: Path, conv_turns, method: str) -> None:
     """Incremental writes (many small adds, a deletion) give the reads of the same turns written at once."""

@@ -212,3 +212,18 @@ def test_an_export_gives_each_image_its_caption_and_id_back(tmp_path: Path) -> N
         target.import_memories(read(file)[0].memories)
         assert target.export("u1") == line
         assert target.store.image_ids[0] == ("cat1",)
+
+
+def test_an_export_names_no_speaker_whose_every_turn_was_deleted(tmp_path: Path) -> None:
+    """The export listed every speaker the user's memory ever had: a speaker whose only turn was deleted was
+    still named, even after delete_user and a new add (until a compaction). It names the live turns' speakers."""
+    secret = {"speaker": "Dr. Zhivago Secret", "text": "Call me at the clinic.", "turn_id": "s1"}
+    with Memory.open(tmp_path / "m", DEMO, overrides=OVERRIDES) as memory:
+        memory.add("u1", [{"speaker": "Ann", "text": "I keep bees.", "turn_id": "a1"}, secret])
+        assert memory.export("u1")["speakers"] == ["Ann", "Dr. Zhivago Secret"]
+        memory.delete("u1", ["s1"])
+        assert memory.export("u1")["speakers"] == ["Ann"]
+        memory.delete_user("u1")
+        memory.add("u1", [{"speaker": "Bob", "text": "A new start.", "turn_id": "b1"}])
+        assert memory.export("u1")["speakers"] == ["Bob"]
+        assert "Zhivago" not in json.dumps(memory.export("u1"))

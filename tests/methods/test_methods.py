@@ -80,6 +80,11 @@ def test_plain_switches_are_the_ablation_file():
     expected = load_config(REPO / "configs" / "demo.yaml",
                            ["method=plain", "summary.enabled=false"] + [f"{k}={v}" for k, v in SWITCHES.items()])
     assert plain == expected and plain != base
+    # SPEC: plain = its five ablation switches off (context window, PRF, summary expansion, wide scan,
+    # summaries); the metadata boosts are none of them (they were turned off too)
+    assert {key.split(".")[-1] for key in SWITCHES} == {"scan_top_k", "rerank_pool", "summaries", "summary_expansion",
+                                                         "enabled", "context_window"}
+    assert plain.retrieve.boosts_enabled and plain.retrieve.boosts == base.retrieve.boosts
 
 
 # ---------------------------------------------------------------------------------------------- naive RAG
