@@ -255,6 +255,34 @@ def import_problems(memories: Sequence[DataMemory], source: str = "import",
                 parse_turn(raw, memory.memory_id, position, source, item=item, where=where)
             except DataError as exc:
                 problems.append(exc)
+        problems += _summary_problems(memory, source, item)
+    return problems
+
+
+def _summary_problems(memory: DataMemory, source: str, item: str) -> list[DataError]:
+    """Why a memory's exported summaries (`extra["summaries"]`) would fail once its turns are stored: checked
+    first, so that the import stays all or nothing (data/jsonl.py checks a file's the same way)."""
+    problems: list[DataError] = []
+    own = {turn.turn_id for session in memory.sessions for turn in session.turns}
+    for n, summary in enumerate(memory.extra.get("summaries", [])):
+        where = f"summaries[{n}]."
+        if not isinstance(summary, dict):
+            problems.append(DataError(source, item, f"summaries[{n}]", "expected an object"))
+            continue
+        text, covered = summary.get("text"), summary.get("turn_ids")
+        if not isinstance(text, str) or not text.strip():
+            problems.append(DataError(source, item, f"{where}text", "a summary's text is a non-empty string"))
+        if (not isinstance(covered, (list, tuple)) or not covered
+                or not all(isinstance(t, str) and t in own for t in covered)):
+            problems.append(DataError(source, item, f"{where}turn_ids",
+                                      "a list of the turn ids of this memory's own turns, at least one"))
+        for name in ("event", "recorded"):
+            value = summary.get(name)
+            try:
+                if value is not None:
+                    datetime.fromisoformat(value)
+            except (TypeError, ValueError):
+                problems.append(DataError(source, item, f"{where}{name}", f"not an ISO 8601 timestamp: {value!r:.40}"))
     return problems
 
 

@@ -227,3 +227,23 @@ def test_an_export_names_no_speaker_whose_every_turn_was_deleted(tmp_path: Path)
         memory.add("u1", [{"speaker": "Bob", "text": "A new start.", "turn_id": "b1"}])
         assert memory.export("u1")["speakers"] == ["Bob"]
         assert "Zhivago" not in json.dumps(memory.export("u1"))
+
+
+def test_an_import_whose_summary_cannot_be_stored_stores_nothing(tmp_path: Path) -> None:
+    """import_memories added every turn, then failed on a summary naming a turn the memory does not have (or
+    a bad event time): the turns stayed without their summaries. Summaries are checked first now."""
+    from memfit_gpu.data.schema import DataError, Session, Turn
+    from memfit_gpu.data.schema import Memory as DataMemory
+
+    memory = DataMemory("u2", sessions=[Session("s1", "", "", [Turn("a1", "Ann", "I keep bees.", "", "")])])
+    memory.extra["summaries"] = [{"text": "Ann keeps bees.", "turn_ids": ["a1", "nope"]},
+                                 {"text": "Ann keeps bees.", "turn_ids": ["a1"], "event": "last spring"}]
+    with Memory.open(tmp_path / "m", DEMO, overrides=OVERRIDES) as live:
+        with pytest.raises(DataError) as refused:
+            live.import_memories([memory])
+        assert str(refused.value) == ("import, item user 'u2', field 'summaries[0].turn_ids': a list of the turn ids "
+                                      "of this memory's own turns, at least one")
+        assert live.users() == []
+        memory.extra["summaries"] = memory.extra["summaries"][:1]
+        memory.extra["summaries"][0]["turn_ids"] = ["a1"]
+        assert live.import_memories([memory])["summaries"] == 1
