@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -420,6 +421,7 @@ class Memory:
         # durable when add returns: every write batch is fsynced; the memory's own folder holds the store
         cfg = replace(cfg, store=replace(cfg.store, fsync=True, path=None))
         folder = Path(path)
+        created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         stack = contextlib.ExitStack()
         stack.enter_context(exclusive(lock_path(folder), "close the Memory (or stop `memfit serve`) that has it open"))
@@ -427,6 +429,8 @@ class Memory:
             return cls(folder, cfg, stack)
         except BaseException:
             stack.close()
+            if created:  # an open that failed leaves no folder it made (its lock file, a store with nothing in it)
+                shutil.rmtree(folder, ignore_errors=True)
             raise
 
     def _method_run(self, questions: list[Question]) -> MethodRun:

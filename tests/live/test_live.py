@@ -165,6 +165,25 @@ def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
         Memory.open(tmp_path / "m3", config=DEMO, overrides=CHEAP)
 
 
+def test_an_open_that_fails_leaves_no_folder_it_made(tmp_path: Path, monkeypatch) -> None:
+    """A Memory.open that failed once it had made the folder left it behind, holding the lock file (and what
+    the store had begun). A folder it made is removed now; one that was there stays, with what it held."""
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the store could not open")
+
+    monkeypatch.setattr("memfit_gpu.live.memory.EpisodeStore", broken)
+    with pytest.raises(RuntimeError, match="could not open"):
+        Memory.open(tmp_path / "new" / "m", config=DEMO, overrides=CHEAP)
+    assert not (tmp_path / "new" / "m").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match="could not open"):
+        Memory.open(tmp_path / "kept", config=DEMO, overrides=CHEAP)
+    assert (tmp_path / "kept" / "notes.txt").read_text() == "mine"
+    monkeypatch.undo()
+    Memory.open(tmp_path / "new" / "m", config=DEMO, overrides=CHEAP).close()
+
+
 def test_deleting_removes_turns_from_every_read_and_compaction_from_disk(tmp_path: Path, conv_turns) -> None:
     with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
         memory.add("keep", conv_turns[:20])
