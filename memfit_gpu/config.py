@@ -114,6 +114,9 @@ class BoostConfig:
     year: float = 0.05  # SPEC read path 2: added when the question names the turn's year
     min_speaker_chars: int = 3  # names longer than 2 characters, whole word
     speaker_match: str = "speaker"  # speaker = the speaker's own turns (paper, released code) | mention = any turn naming them
+    # SPEC read path 3: summaries get the same hybrid (step 1), and the boosts (step 2) are the episodes'; true boosts a
+    # summary too, by its members' speakers and its event time (what this package did before it followed SPEC here)
+    summaries: bool = False
 
 
 @dataclass

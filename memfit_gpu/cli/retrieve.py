@@ -12,7 +12,8 @@ in one batched pass per stage, and write:
   DIR/packs.jsonl       one line per question: ranked candidates with stage scores (bm25, dense,
                         fused, boost, source, rerank), the pack (episode rows + turn ids, summaries
                         with members), the excerpt text, and its retrieval diagnostics
-  DIR/diagnostics.json  hit@5/10/20/30 over the final ranked episode list, pack_hit (a gold turn among
+  DIR/diagnostics.json  hit@5/10/20/30 over the final ranked list (a summary holds its rank;
+                        eval.hit_list=episodes ranks the episodes alone), pack_hit (a gold turn among
                         the k selected, before neighbours), pack_hit_window, all_gold_pack, mrr,
                         overall and per category; unmatched evidence ids and questions without
                         evidence are counted, not dropped; which reranker ran, with which weights

@@ -474,7 +474,8 @@ def retrieval_diagnostics(runs: Sequence[Run]) -> Table:
         table.rows.append(row)
     table.notes = [
         "Pack hit: a gold evidence turn among the k selected episodes, before neighbour turns are added; Hit@30: "
-        "in the first 30 of the final ranked episode list. n = questions with matched gold evidence.",
+        "in the first 30 of the final ranked list (each run's diagnostics.json `hit_list` says whether summaries "
+        "held ranks in it). n = questions with matched gold evidence.",
     ]
     return table
 

@@ -147,10 +147,17 @@ def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
                 full(hits.boost, 0.0), full(hits.score, float("-inf")))
 
 
-def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speaker_mask: np.ndarray,
-           year: np.ndarray, month: np.ndarray) -> Hits:
-    """Boosted (when enabled) and ranked: score desc, ties by lower row."""
-    if cfg.retrieve.boosts_enabled:
+def boosted(cfg: MemFitConfig, kind: str) -> bool:
+    """Whether hits of `kind` (ep | sm) get the boosts: episodes with retrieve.boosts_enabled, summaries also
+    only with retrieve.boosts.summaries (SPEC read path 3 searches them with step 1's hybrid alone)."""
+    rcfg = cfg.retrieve
+    return rcfg.boosts_enabled and (kind == "ep" or rcfg.boosts.summaries)
+
+
+def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speaker_mask: np.ndarray | None,
+           year: np.ndarray, month: np.ndarray, kind: str) -> Hits:
+    """Boosted (when `boosted`) and ranked: score desc, ties by lower row."""
+    if boosted(cfg, kind):
         hits = add_boosts(hits, cfg.retrieve.boosts, *cons, speaker_mask, year, month)
     return hits.ranked()
 
@@ -199,7 +206,7 @@ def _fused_search(bm25: LexicalIndex, dense: DenseSearch, tokens: Sequence[list[
 def _boost_inputs(view: ReadView, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], kind: str,
                   device: torch.device) -> BoostInputs | None:
     rcfg = cfg.retrieve
-    if not rcfg.boosts_enabled:
+    if not boosted(cfg, kind):
         return None
     min_chars, match = rcfg.boosts.min_speaker_chars, rcfg.boosts.speaker_match
     if kind == "ep":
@@ -264,7 +271,8 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
         ep = hybrid_search(view.ep_bm25, view.ep_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                            rcfg.dense_min_cosine, timings=timings)
         boost_start = time.perf_counter()
-        ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month)
+        ep = _boost(ep, cfg, cons, view.episode_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.ep_year_month,
+                    "ep")
         tick(timings, StageKey.BOOST, boost_start, device)
 
     clock = tick(timings, StageKey.EPISODES, clock, device)
@@ -276,7 +284,8 @@ def _retrieve_chunk(view: ReadView, cfg: MemFitConfig, questions: list[str], mem
     elif rcfg.summaries and view.has_summaries:
         sm = hybrid_search(view.sm_bm25, view.sm_dense, tokens, q_emb, mems, rcfg.scan_top_k, rcfg.alpha,
                            rcfg.dense_min_cosine)
-        sm = _boost(sm, cfg, cons, view.summary_speaker_mask(min_chars, rcfg.boosts.speaker_match), *view.sm_year_month)
+        mask = view.summary_speaker_mask(min_chars, rcfg.boosts.speaker_match) if boosted(cfg, "sm") else None
+        sm = _boost(sm, cfg, cons, mask, *view.sm_year_month, "sm")
         sm = sm.head(rcfg.summary_top_k)
 
     clock = tick(timings, StageKey.SUMMARIES, clock, device)

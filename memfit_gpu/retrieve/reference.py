@@ -126,7 +126,7 @@ def retrieve_one(view: ReadView, cfg: MemFitConfig, question: str, memory_id: st
     if use_summaries:
         summaries = hybrid_one(view.sm_bm25, view.sm_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                                rcfg.alpha, rcfg.dense_min_cosine)
-        if rcfg.boosts_enabled:
+        if rcfg.boosts_enabled and rcfg.boosts.summaries:  # SPEC read path 3: step 1's hybrid alone (by default)
             _add_boosts(summaries, cfg, wanted, view.sm_time, summary_names)
         summaries = summaries[: rcfg.summary_top_k]
 

@@ -47,7 +47,7 @@ def _both(setup, overrides: list[str], reference: bool = True):
 CONFIGS = [
     [],
     ["retrieve.prf.term_order=alphabetical", "pack.context_window=2"],
-    ["retrieve.boosts.speaker_match=mention"],
+    ["retrieve.boosts.speaker_match=mention", "retrieve.boosts.summaries=true"],
     ["retrieve.summaries=false"],
     ["retrieve.scan_top_k=30", "rerank.rerank_pool=20", "pack.k=5", "retrieve.boosts_enabled=false"],
     ["retrieve.summary_expansion_top=10", "retrieve.prf.docs=4", "retrieve.alpha=0.5", "pack.context_window=0"],
@@ -89,6 +89,10 @@ def test_switches_change_what_they_should(setup) -> None:
     _, _, plain, _ = _both(setup, ["retrieve.boosts_enabled=false"], reference=False)
     assert all(c["boost"] == 0.0 for r in plain for c in r.ranked)
     assert any(c["boost"] > 0 for r in paper for c in r.ranked)
+    # SPEC read path 3: summaries get step 1's hybrid alone; retrieve.boosts.summaries boosts them as well
+    assert all(c["boost"] == 0.0 for r in paper for c in r.ranked if c["kind"] == "summary")
+    _, _, summaries_boosted, _ = _both(setup, ["retrieve.boosts.summaries=true"], reference=False)
+    assert any(c["boost"] > 0 for r in summaries_boosted for c in r.ranked if c["kind"] == "summary")
 
 
 def test_cross_encoder_rerank_batched_equals_reference(setup, tmp_path) -> None:

@@ -302,7 +302,8 @@ def case_retrieve_batch() -> dict:
     view, cfg, texts, mems, embed = _view_with_summaries(24)
     q_emb = embed(texts)
     checked, ok, details = 0, True, []
-    for overrides in ([], ["retrieve.boosts.speaker_match=mention", "retrieve.prf.term_order=alphabetical"],
+    for overrides in ([], ["retrieve.boosts.speaker_match=mention", "retrieve.prf.term_order=alphabetical",
+                           "retrieve.boosts.summaries=true"],
                       ["retrieve.boosts_enabled=false", "retrieve.scan_top_k=7", "retrieve.summary_top_k=3"]):
         runs = {}
         for kernels in ("torch", "triton"):
