@@ -8,8 +8,9 @@ A record (README.md "provenance.json" says what each field means) holds:
     devices     devices.describe(): the CPU, the visible GPUs, CUDA and the driver
     data        the benchmark, its split, each file read (bytes, sha256), the loader's quirk counts
     categories  the category id -> name map and where it is written (the benchmark's official scorer)
-    models      every model the configuration loads: its id, where it came from, its weight files' sha256, and
-                the encoders' compute dtype (float32 in a record written before it was recorded)
+    models      every model the configuration loads: its id, where it came from, its weight files' sha256, the
+                encoders' compute dtype (float32 in a record written before it was recorded) and an in-process
+                reader's (`reader_dtype`; not compared with a record written before it was recorded)
     judge       the judge's backend, model and prompt files (sha256), or {"enabled": false}
     prompts     the reader's prompt files (answer, summaries, ...) by sha256
     changes     resumes under different provenance that --allow-provenance-change let through
@@ -70,6 +71,9 @@ NOTES = {"code": "code version", "python": "python", "packages": "package versio
 # Leaves added to records after runs were made, with the value every earlier run had: a record without one
 # is taken to hold that value (the encoders' dtype: "auto" was float32 everywhere before it was recorded).
 ADDED = {"dtype": "float32"}
+# Leaves added to records later whose value earlier runs left unknown: a record without one is not compared on it
+# (an in-process reader's dtype: "auto" was bf16 or float32 by the machine, and nothing wrote down which).
+UNRECORDED = frozenset({"reader_dtype"})
 
 
 class ProvenanceError(ValueError):
@@ -203,7 +207,14 @@ def differences(before: Mapping[str, Any], after: Mapping[str, Any],
     a, b = _leaves(before, sections), _leaves(after, sections)
     order = {section: i for i, section in enumerate(sections)}
     keys = sorted(a.keys() | b.keys(), key=lambda k: (order[k.split(".", 1)[0]], k))
-    return [Difference(k, a.get(k), b.get(k)) for k in keys if _value(a, k) != _value(b, k)]
+    return [Difference(k, a.get(k), b.get(k)) for k in keys
+            if _value(a, k) != _value(b, k) and not (k not in a and _model_leaf(k) in UNRECORDED)]
+
+
+def _model_leaf(key: str) -> str | None:
+    """The leaf name of a model entry's key (models.<role>.<leaf>), else None."""
+    parts = key.split(".")
+    return parts[2] if len(parts) == 3 and parts[0] == "models" else None
 
 
 def _value(leaves: Mapping[str, Any], key: str) -> Any:

@@ -29,7 +29,7 @@ from memfit_gpu.config import MemFitConfig, ReaderConfig
 from memfit_gpu.data import Benchmark, resolve_data_path
 from memfit_gpu.data.registry import benchmark_spec
 from memfit_gpu.data.stats import quirk_counts
-from memfit_gpu.devices import resolve_dtype, visible_devices
+from memfit_gpu.devices import first_device, reader_dtype, resolve_dtype, visible_devices
 from memfit_gpu.digests import file_sha256, text_sha256
 from memfit_gpu.evaluate.judge import judge_settings
 from memfit_gpu.methods.registry import method_entry
@@ -57,6 +57,9 @@ class ModelUse:
     # an encoder's dtype setting (its key, its value) and index.device: model_record resolves what it computes in
     dtype: tuple[str, str] | None = None
     device: str = "auto"
+    # an in-process reader's reader.dtype (the transformers backend): model_record resolves the dtype its weights
+    # compute in where the reader loads (devices.reader_dtype: "auto" depends on the GPU's or the CPU's bf16)
+    reader_dtype: str | None = None
     resolved: ResolvedModel | None = None  # its weights as models.resolve found them (resolve_inputs); None: not yet
 
 
@@ -96,7 +99,8 @@ def model_uses(cfg: MemFitConfig, *, retrieval: bool = True, readers: bool = Tru
         for role, reader, key in roles:
             weights = backend_entry(reader.backend).weights
             uses.append(ModelUse(role, "reader", reader.model, key, reader.backend, weights,
-                                 () if weights else tuple(reader.base_urls)))
+                                 () if weights else tuple(reader.base_urls),
+                                 reader_dtype=reader.dtype if reader.backend == "transformers" else None))
     return uses
 
 
@@ -178,6 +182,9 @@ def model_record(use: ModelUse) -> dict[str, Any]:
     if use.dtype is not None:
         key, value = use.dtype
         record["dtype"] = str(resolve_dtype(value, visible_devices(use.device), key)).removeprefix("torch.")
+    if use.reader_dtype is not None:  # where TransformersBackend loads it: the first GPU, else the CPU
+        record["reader_dtype"] = str(reader_dtype(use.reader_dtype, first_device("auto"),
+                                                  f"{use.config_key.rsplit('.', 1)[0]}.dtype")).removeprefix("torch.")
     if not use.weights:
         return {**record, "source": "server", "base_urls": list(use.base_urls)}
     resolved = use.resolved

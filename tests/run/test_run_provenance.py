@@ -8,6 +8,7 @@ write them are tested in test_run_pipeline.py, test_retrieve_cli.py and test_run
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -241,3 +242,31 @@ def test_the_record_names_the_encoders_dtype_that_auto_chose(record: dict, minil
     bf16 = copy.deepcopy(record)
     bf16["models"]["encoder"]["dtype"] = "bfloat16"
     assert [d.field for d in provenance.differences(older, bf16)] == ["models.encoder.dtype"]
+
+
+def test_the_record_names_the_in_process_readers_dtype_and_a_resume_on_another_one_is_refused(
+        record: dict, monkeypatch) -> None:
+    """reader.dtype "auto" is bf16 on a CPU with native bf16 (AVX512-BF16, AMX) or a bf16 GPU, float32 (fp16) on
+    one without: a run requeued onto another kind of node resumed without a word, its answers from then on made
+    in another dtype. The transformers reader's dtype is recorded (and compared on resume); a record written
+    before it was recorded does not name it and is not compared on it; a server's reader has none."""
+    from memfit_gpu.run.inputs import model_record
+
+    cfg = load_config(SMOKE)
+    server_judge = dataclasses.replace(cfg.reader, backend="openai", model="judge", base_urls=["http://x"])
+    for native, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr("memfit_gpu.devices.cpu_native_bf16", lambda v=native: v)
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+        records = {u.role: model_record(u) for u in with_weights(model_uses(cfg, judge=server_judge))}
+        assert records["reader"]["reader_dtype"] == want and "reader_dtype" not in records["judge"]
+    assert model_record(with_weights(model_uses(load_config(SMOKE, ["reader.dtype=float32"])))[1])[
+        "reader_dtype"] == "float32"
+    here = copy.deepcopy(record)
+    here["models"]["reader"] = records["reader"]  # float32: the last one made
+    older = copy.deepcopy(here)
+    del older["models"]["reader"]["reader_dtype"]
+    assert provenance.differences(older, here) == []
+    other = copy.deepcopy(here)
+    other["models"]["reader"]["reader_dtype"] = "bfloat16"
+    assert [(d.field, d.before, d.after) for d in provenance.differences(here, other)] == [
+        ("models.reader.reader_dtype", "float32", "bfloat16")]
