@@ -132,6 +132,8 @@ def summarize(
     metrics: dict[str, Any] = {
         "benchmark": benchmark,
         "questions": len(evaluated),
+        # answers the reader failed alone (its error in the row's reader_error): scored as empty predictions
+        "reader_errors": sum(1 for r in evaluated if r.get("reader_error")),
         "metric_variant": variant,
         "variants": variants,
         "averaging": averaging,
@@ -285,6 +287,10 @@ def render_markdown(metrics: Mapping[str, Any], benchmark: str | None = None) ->
             lo, hi = ci["average"]["judge"]
             lines[-1] += f"; of the Average judge: [{_pct(lo)}, {_pct(hi)}]"
         lines[-1] += f" ({ci['n_boot']} resamples, seed {ci['seed']})."
+    failed = metrics.get("reader_errors")
+    if failed:
+        lines += ["", f"{failed} of {metrics['questions']} answers failed at the reader and are scored as empty "
+                  "predictions (each row's `reader_error` in predictions.jsonl says why)."]
     unparsed = metrics["overall"].get("judge_unparsed")
     if unparsed:  # not correct in the judge column, and said here so that a reader can tell
         lines += ["", f"{unparsed} of {metrics['overall']['judged']} judge replies stated no verdict the parser "

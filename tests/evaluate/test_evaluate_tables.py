@@ -125,6 +125,17 @@ def test_render_markdown_says_how_many_judge_replies_were_unparsed():
             in render_markdown(m))
 
 
+def test_render_markdown_says_how_many_answers_failed_at_the_reader():
+    """A request the reader failed alone is answered empty for good (scored as such); results.md said nothing."""
+    assert summarize(ROWS, benchmark="locomo", ci=False)["reader_errors"] == 0
+    rows = [dict(r) for r in ROWS]
+    rows[1]["reader_error"] = "prompt too long"
+    rows[6]["reader_error"] = "not evaluated: not counted"
+    m = summarize(rows, benchmark="locomo", ci=False)
+    assert m["reader_errors"] == 1
+    assert "1 of 6 answers failed at the reader and are scored as empty predictions" in render_markdown(m)
+
+
 def test_write_csv(tmp_path):
     m = summarize(ROWS, variant="paper", benchmark="locomo", ci=False)
     path = write_csv(m, tmp_path / "metrics.csv")
