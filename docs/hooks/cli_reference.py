@@ -54,7 +54,8 @@ def render() -> str:
             "",
             "Generated from the argparse parsers each time the site is built (`python docs/hooks/cli_reference.py` "
             "prints this page): every subcommand's `--help` as `memfit` prints it. Every command that takes "
-            "`--config` also takes trailing dot-list overrides (`retrieve.scan_top_k=30 rerank.backend=none`); "
+            "`--config`, but the `memfit store` actions, also takes trailing dot-list overrides "
+            "(`retrieve.scan_top_k=30 rerank.backend=none`); "
             "the keys are in the [configuration reference](config.md).",
             "",
             "## memfit",

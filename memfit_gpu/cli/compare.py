@@ -13,9 +13,11 @@ questions present in only one run are counted and listed, not tested. Rows with 
 (LoCoMo category 5) are left out.
 
 For every category, overall, and the average of category means, prints mean A, mean B, their
-difference (B - A), the two-sided p-value of a paired sign-flip permutation test (seeded, with the
-+1 correction, so p >= 1/(permutations+1)), and how many questions B gained (A wrong -> B right;
-for F1: B higher) and lost.
+difference (B - A) with its 95 % interval (percentile bootstrap over questions, RUN_A's
+eval.bootstrap_samples resamples, seeded; within each category for the average of categories), the
+two-sided p-value of a paired sign-flip permutation test (seeded, with the +1 correction, so
+p >= 1/(permutations+1)), and how many questions B gained (A wrong -> B right; for F1: B higher) and
+lost.
 
 --metric judge uses the judge verdicts (default when every paired question has one in both runs);
 --metric f1 uses token F1 under --variant (the stored score, or scored from prediction and gold
@@ -29,7 +31,9 @@ numbers incomparable; `note:` for the code version, python, packages and devices
 them: 'runs/s/points/method=naive_rag,*'). Printed per category, overall and for the average of
 categories, as the LightMem-SLM paper's Table 8: each system's F1 mean ± std over its seeds, the
 difference B - A, its 95 % interval (percentile bootstrap over questions of each question's F1
-averaged over the seeds) and the p-value of the paired sign-flip permutation test on the same values."""
+averaged over the seeds; --bootstrap resamples) and the p-value of the paired sign-flip permutation
+test on the same values (--permutations and --seed as for two runs, from the first A run's config;
+--exact is for two runs only)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,9 +94,12 @@ def run(args: argparse.Namespace) -> int:
     )
 
     if args.seeds:
+        if args.exact:
+            from memfit_gpu.cli.errors import UsageError
+
+            raise UsageError("--exact tests two runs; --seeds samples its sign flips (--permutations)")
         result = compare_seeds(_expand(args.run_a), _expand(args.run_b), variant=args.variant,
-                               n_permutations=args.permutations or 10_000, n_boot=args.bootstrap,
-                               seed=args.seed or 0)
+                               n_permutations=args.permutations, n_boot=args.bootstrap, seed=args.seed)
         print(json.dumps(result) if args.json else format_seed_comparison(result), end="" if not args.json else "\n")
         return 0
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 DESCRIPTION = """\
-One row per finished run directory (any method: memfit, plain, naive_rag, full_context, lightmem_slm),
+One row per finished run directory (any method: memfit, plain, naive_rag, full_context, lightmem_slm, mem0),
 from what the run wrote (memfit_gpu/evaluate/efficiency.py says where each number comes from):
   method, reader            config.yaml (`method` absent = memfit)
   write_* / read_*          LLM calls (generated + cached) and tokens (generated calls only) of the
-                            ledger's write phase (summary, mtm_summary, consolidate) and read phase
-                            (answer, rewrite, rerank_slm); the judge is evaluation and left out
+                            ledger's write phase (summary, mtm_summary, consolidate, mem0_write) and
+                            read phase (answer, rewrite, rerank_slm, mem0_read); the judge is evaluation
+                            and left out
   cached                    requests served from the response cache (their tokens are not counted)
   build_s                   timings.json build + summaries
   latency_s_per_question    (timings.json retrieve + the answer role's wall time in ledger.json) /

@@ -39,7 +39,8 @@ directory in use is refused.
 
   delete   tombstones turns: they leave every index and every later retrieval, in one logged batch.
            A summary that covers one of them is retired and, by default, rebuilt over the remaining
-           turns with the config's reader through the run's response cache (one LLM batch);
+           turns with the config's reader (one LLM batch), through the run's response cache where DIR
+           is a run directory (elsewhere uncached, and in no ledger.json);
            --no-resummarize retires it without a reader (that segment is left without a summary).
            The text stays in the append-only log until `compact`.
   compact  rewrites the log and the index snapshots without deleted turns and retired summaries (rows
@@ -73,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION")
     commands.required = True
     delete = commands.add_parser("delete", help="tombstone turns of one memory (and rebuild their summaries)")
-    delete.add_argument("dir", metavar="DIR", help="run directory or store folder")
+    delete.add_argument("dir", metavar="DIR", help="run directory, live memory folder or store folder")
     delete.add_argument("--memory", required=True, help="memory id (e.g. conv-26)")
     delete.add_argument("--turn", required=True, action="append", help="turn id (e.g. D1:3); repeat for more")
     delete.add_argument("--no-resummarize", action="store_true",
@@ -81,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
     delete.set_defaults(func=delete_command, user_errors=user_errors)
     compact = commands.add_parser("compact", help="rewrite the store without deleted turns and retired summaries")
-    compact.add_argument("dir", metavar="DIR", help="run directory or store folder")
+    compact.add_argument("dir", metavar="DIR", help="run directory, live memory folder or store folder")
     compact.add_argument("--config", help="config the store was built with (default: the run directory's config.yaml)")
     compact.set_defaults(func=compact_command, user_errors=user_errors)
     repair = commands.add_parser("repair", help="drop the write batches a store's replay refuses (older logs)")

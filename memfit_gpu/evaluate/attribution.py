@@ -17,7 +17,8 @@ Each question gets one outcome, the first of these that holds (`attribute`, the 
   without a ranking, none in its pack (the pack is all it retrieved).
 
 The ranking is the method's own (`evidence_of` reads it from the pack row): memfit and plain rank turns and
-summaries (`ranked`; a turn's rank counts the turns before it, as hit@k and MRR do), naive_rag ranks chunks
+summaries (`ranked`; a turn's rank counts what the run's hit@k and MRR count: every item before it, summaries
+included, with eval.hit_list=final, the turns alone with `episodes`), naive_rag ranks chunks
 (`chunks`: a turn's rank is its first chunk's); full_context, lightmem_slm and a method that writes neither
 have no ranking ("no ranking"). Evidence ids match a turn as the diagnostics match them: the id itself, or a
 turn the loader renamed from it (`<id>#dup<n>`).
@@ -75,13 +76,16 @@ def _first(ids: Iterable[Iterable[str]], evidence_id: str) -> int | None:
     return None
 
 
-def evidence_of(pack: Mapping[str, Any]) -> Evidence:
-    """The evidence of one packs.jsonl row, in the method's own terms (module doc)."""
+def evidence_of(pack: Mapping[str, Any], hit_list: str = "final") -> Evidence:
+    """The evidence of one packs.jsonl row, in the method's own terms (module doc); hit_list: the run's
+    eval.hit_list (final: a summary holds a rank, as in the run's hit@k; episodes: the turns alone)."""
     evidence = [str(e) for e in pack.get("evidence") or []]
     retrieval = pack.get("retrieval")
     if "ranked" in pack:
         ranking: str | None = "turn"
-        order: list[list[str]] = [[c["turn_id"]] for c in pack["ranked"] if c.get("kind") == "episode"]
+        order: list[list[str]] = ([[c["turn_id"]] if c.get("kind") == "episode" else [] for c in pack["ranked"]]
+                                  if hit_list == "final" else
+                                  [[c["turn_id"]] for c in pack["ranked"] if c.get("kind") == "episode"])
     elif "chunks" in pack:
         ranking, order = "chunk", [list(c.get("turn_ids") or []) for c in pack["chunks"]]
     else:
@@ -130,9 +134,9 @@ class Attributed:
 
 
 def attribute_run(packs: Mapping[str, Mapping[str, Any]], predictions: Iterable[Mapping[str, Any]], variant: str,
-                  top_n: int = DEFAULT_TOP_N) -> list[Attributed]:
+                  top_n: int = DEFAULT_TOP_N, hit_list: str = "final") -> list[Attributed]:
     """Every evaluated prediction's outcome, in the predictions' order. packs: packs.jsonl rows by question id;
-    a prediction without its pack row is an error naming the question."""
+    a prediction without its pack row is an error naming the question. hit_list: the run's eval.hit_list."""
     out = []
     for row in predictions:
         if not row.get("evaluated", True):
@@ -141,7 +145,7 @@ def attribute_run(packs: Mapping[str, Mapping[str, Any]], predictions: Iterable[
         if qid not in packs:
             raise KeyError(f"question {qid} has a prediction but no packs.jsonl row")
         correct = is_correct(row, variant)
-        evidence = evidence_of(packs[qid])
+        evidence = evidence_of(packs[qid], hit_list)
         out.append(Attributed(qid, str(row["category"]), correct, attribute(correct, evidence, top_n), evidence))
     return out
 

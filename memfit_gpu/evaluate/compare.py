@@ -307,7 +307,7 @@ def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], 
 
 
 def compare_seeds(runs_a: Sequence[str | Path], runs_b: Sequence[str | Path], variant: str = "paper",
-                  n_permutations: int = 10_000, n_boot: int = 10_000, seed: int = 0,
+                  n_permutations: int | None = None, n_boot: int = 10_000, seed: int | None = None,
                   level: float = 0.95) -> dict[str, Any]:
     """System B (several seed runs) against system A (several seed runs), per category, overall and for the
     mean of category means, in the layout of the LightMem-SLM paper's Table 8.
@@ -316,12 +316,16 @@ def compare_seeds(runs_a: Sequence[str | Path], runs_b: Sequence[str | Path], va
     deviation (ddof 1; None for one run). The difference is mean B - mean A. Its interval and p-value treat
     questions as the units: each question's F1 averaged over the side's seeds, the paired difference
     bootstrapped over questions (percentile, `n_boot` resamples; the category mean resampled within each
-    category) and tested with the paired sign-flip permutation test (`n_permutations`, seeded)."""
+    category) and tested with the paired sign-flip permutation test (`n_permutations`, seeded). n_permutations /
+    seed: None = the first A run's eval.permutation_samples / eval.seed, as compare_runs takes them."""
     if not runs_a or not runs_b:
         raise ValueError("compare --seeds needs at least one run on each side")
     if variant not in VARIANTS:
         raise ValueError(f"unknown metric variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     files_a, ids_a, cats, values_a = _seed_values(runs_a, variant)
+    settings = (_config_of(files_a[0]) or MemFitConfig()).eval
+    n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
+    seed = settings.seed if seed is None else seed
     files_b, ids_b, _, values_b = _seed_values(runs_b, variant)
     if set(ids_a) != set(ids_b):
         raise PredictionsError(f"{files_a[0]} and {files_b[0]} answer different questions "

@@ -701,7 +701,9 @@ class Memory:
 
         The cached replies are dropped once the memory is no longer held: that waits for the reader's turn
         (an answer being generated for another user), which would otherwise hold every user's searches and
-        adds. A kill before they are dropped leaves the pending record, and the next open drops them."""
+        adds. A kill before they are dropped leaves the pending record, and the next open drops them. A
+        compaction first waits for a consolidation in flight (it planned over the rows a compaction
+        renumbers; the next one plans anew); other users' searches and adds go on meanwhile."""
         # a consolidation in flight planned its summaries and notes over the rows as they are: the compaction
         # renumbers them (and the users), so it waits for the consolidation, and the next one plans anew
         with self._consolidating, self._compacting:

@@ -78,7 +78,7 @@ class Report:
 def question_records(run: RunFiles, top_n: int = DEFAULT_TOP_N) -> list[dict[str, Any]]:
     """One record per evaluated question of the run: what the viewer shows and the W&B table holds (its flat part:
     TABLE_COLUMNS)."""
-    attributed = {a.question_id: a for a in attribute_run(run.packs, run.predictions, run.variant, top_n)}
+    attributed = {a.question_id: a for a in attribute_run(run.packs, run.predictions, run.variant, top_n, run.hit_list)}
     out = []
     for row in run.predictions:
         a = attributed[row["question_id"]]
@@ -420,7 +420,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path, online: str | 
     bench_online = _read_online(Path(online)) if online is not None else None
 
     records = [question_records(run, top_n) for run in runs]
-    attributed = [attribute_run(run.packs, run.predictions, run.variant, top_n) for run in runs]
+    attributed = [attribute_run(run.packs, run.predictions, run.variant, top_n, run.hit_list) for run in runs]
     categories = category_order(str(r["category"]) for run in runs for r in run.predictions)
     benchmark = runs[0].benchmark
     labels = [category_name(c, benchmark) for c in categories]

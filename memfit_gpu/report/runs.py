@@ -56,6 +56,11 @@ class RunFiles:
         return self.metrics.get("benchmark")
 
     @property
+    def hit_list(self) -> str:
+        """What the run's hit@k ranked over (eval.hit_list); a run made before the setting ranked the turns alone."""
+        return str((self.config.get("eval") or {}).get("hit_list", "episodes"))
+
+    @property
     def method(self) -> str:
         return str(self.config.get("method", "memfit"))
 

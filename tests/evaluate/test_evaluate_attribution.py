@@ -52,21 +52,26 @@ def test_one_hand_made_question_per_outcome() -> None:
         "no_evidence": memfit_row("no_evidence", [], RANKED, ["D1:1", "D1:2"]),
         # D1:2 selected (pack hit), the answer wrong
         "reader_missed": memfit_row("reader_missed", ["D1:2"], RANKED, ["D1:1", "D1:2"]),
-        # D1:5 ranked 5th (the summary at position 2 counts no turn): within --top-n 5, not in the top-2 pack
+        # D1:5 ranked 6th (the summary at position 2 holds a rank, as in hit@k): within --top-n 6, not in the pack
         "cut_from_pack": memfit_row("cut_from_pack", ["D1:5"], RANKED, ["D1:1", "D1:2"]),
-        # D1:6 ranked 6th: past --top-n 5; D9:9 not ranked at all
+        # D1:6 ranked 7th: past --top-n 6; D9:9 not ranked at all
         "not_retrieved": memfit_row("not_retrieved", ["D1:6", "D9:9"], RANKED, ["D1:1", "D1:2"]),
     }
     predictions = [prediction("correct", 1.0), prediction("no_evidence", 0.0), prediction("reader_missed", 0.2),
                    prediction("cut_from_pack", 0.0), prediction("not_retrieved", 0.49)]
-    found = attribute_run(packs, predictions, "paper", top_n=5)
+    found = attribute_run(packs, predictions, "paper", top_n=6)
     assert [(a.question_id, a.outcome) for a in found] == [(q, q) for q in packs]
-    assert found[3].evidence.ranks == {"D1:5": 5} and found[4].evidence.ranks == {"D1:6": 6, "D9:9": None}
-    assert found[4].evidence.best_rank == 6
-    # one rank deeper and the 6th turn counts as retrieved: cut from the pack
-    assert attribute(False, found[4].evidence, top_n=6) == "cut_from_pack"
+    assert found[3].evidence.ranks == {"D1:5": 6} and found[4].evidence.ranks == {"D1:6": 7, "D9:9": None}
+    assert found[4].evidence.best_rank == 7
+    # one rank deeper and the 7th item counts as retrieved: cut from the pack
+    assert attribute(False, found[4].evidence, top_n=7) == "cut_from_pack"
     assert set(OUTCOMES) == {a.outcome for a in found}
     assert outcome_counts(found) == {"1": dict.fromkeys(OUTCOMES, 1)}
+    # a run that ranked the turns alone (eval.hit_list=episodes, and every run made before it): the summary holds
+    # no rank, D1:5 is 5th
+    alone = attribute_run(packs, predictions, "paper", top_n=5, hit_list="episodes")
+    assert [a.outcome for a in alone] == [a.outcome for a in found]
+    assert alone[3].evidence.ranks == {"D1:5": 5} and alone[4].evidence.best_rank == 6
 
 
 def test_correct_is_the_judge_verdict_where_there_is_one_else_f1_at_least_a_half() -> None:
@@ -103,7 +108,8 @@ def test_every_methods_row_shape() -> None:
     assert attribute(False, evidence) == "not_retrieved"
     # an evidence id matches the turns the loader renamed from it (`<id>#dup<n>`), as the diagnostics match it
     renamed = memfit_row("q", ["D1:2"], ["D1:1", "D1:2#dup2"], ["D1:1"])
-    assert dict(evidence_of(renamed).ranks) == {"D1:2": 2}
+    assert dict(evidence_of(renamed).ranks) == {"D1:2": 3}  # after the summary at position 2
+    assert dict(evidence_of(renamed, "episodes").ranks) == {"D1:2": 2}
 
 
 def test_an_unannotated_wrong_answer_and_a_missing_pack_row() -> None:

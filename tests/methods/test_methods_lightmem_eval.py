@@ -266,6 +266,24 @@ def test_compare_seeds_means_std_interval_and_p(tmp_path: Path):
         compare_seeds(a, b)
 
 
+def test_compare_seeds_takes_permutations_and_seed_from_the_first_a_runs_config(tmp_path: Path, capsys):
+    """--seeds took 10,000 permutations and seed 0 whatever the runs' config said (--help said RUN_A's config),
+    and ignored --exact without a word. Now it reads them as two-run compare does, and refuses --exact."""
+    from memfit_gpu.cli import main
+    from memfit_gpu.config import to_yaml
+
+    cats = ["1", "1", "2", "2"]
+    a = [_seed_run(tmp_path / "a0", [0.0, 0.5, 1.0, 0.0], cats), _seed_run(tmp_path / "a1", [0.5, 0.5, 0.5, 0.0], cats)]
+    b = [_seed_run(tmp_path / "b0", [1.0, 0.5, 1.0, 0.5], cats)]
+    assert (compare_seeds(a, b)["n_permutations"], compare_seeds(a, b)["seed"]) == (10_000, 0)
+    (a[0] / "config.yaml").write_text(to_yaml(load_config(None, ["eval.permutation_samples=300", "eval.seed=7"])))
+    configured = compare_seeds(a, b)
+    assert (configured["n_permutations"], configured["seed"]) == (300, 7)
+    assert configured == compare_seeds(a, b, n_permutations=300, seed=7)
+    assert main(["compare", "--seeds", "--exact", str(tmp_path / "a*"), str(tmp_path / "b*")]) == 2
+    assert "--exact tests two runs" in capsys.readouterr().err
+
+
 def test_aggregate_by_seed_gives_mean_and_std_per_group(tmp_path: Path):
     points = []
     for method, seed, f1 in (("naive_rag", 0, 0.2), ("naive_rag", 1, 0.4), ("lightmem_slm", 0, 0.5),
