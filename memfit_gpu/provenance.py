@@ -71,7 +71,8 @@ NOTES = {"code": "code version", "python": "python", "packages": "package versio
 # Leaves added to records after runs were made, with the value every earlier run had: a record without one
 # is taken to hold that value (the encoders' dtype: "auto" was float32 everywhere before it was recorded).
 ADDED = {"dtype": "float32"}
-# Leaves added to records later whose value earlier runs left unknown: a record without one is not compared on it
+# Leaves added to records later whose value earlier runs left unknown: two records are not compared on one that
+# either lacks (a resume of an older run, `memfit compare NEW OLD` and OLD NEW alike)
 # (an in-process reader's dtype: "auto" was bf16 or float32 by the machine, and nothing wrote down which).
 UNRECORDED = frozenset({"reader_dtype"})
 
@@ -208,7 +209,7 @@ def differences(before: Mapping[str, Any], after: Mapping[str, Any],
     order = {section: i for i, section in enumerate(sections)}
     keys = sorted(a.keys() | b.keys(), key=lambda k: (order[k.split(".", 1)[0]], k))
     return [Difference(k, a.get(k), b.get(k)) for k in keys
-            if _value(a, k) != _value(b, k) and not (k not in a and _model_leaf(k) in UNRECORDED)]
+            if _value(a, k) != _value(b, k) and not ((k not in a or k not in b) and _model_leaf(k) in UNRECORDED)]
 
 
 def _model_leaf(key: str) -> str | None:

@@ -94,6 +94,13 @@ def test_a_method_entry_carries_its_roles_settings_and_prompt_folder() -> None:
         older = type("MemFit", (), {m: lambda self, *args: None for m in LIVE_MEMBERS if m != "unconsolidated"})
         register_method("half_live", MethodEntry(older, live=True))
     assert "half_live" not in METHODS
+    # one whose compact takes (run, store), written before a compaction named the users that had deleted turns:
+    # refused here, not at a compaction that has rewritten the store already (and at every open after it)
+    two_args = type("MemFit", (), {**{m: lambda self, *args: None for m in LIVE_MEMBERS},
+                                   "compact": lambda self, run, store: None})
+    with pytest.raises(ValueError, match=r"method 'old_compact': MemFit.compact must take \(run, store, purged\)"):
+        register_method("old_compact", MethodEntry(two_args, live=True))
+    assert "old_compact" not in METHODS
 
 
 def test_what_asks_a_backend_entry() -> None:

@@ -13,7 +13,7 @@ questions present in only one run are counted and listed, not tested. Rows with 
 (LoCoMo category 5) are left out.
 
 For every category, overall, and the average of category means, prints mean A, mean B, their
-difference (B - A) with its 95 % interval (percentile bootstrap over questions, RUN_A's
+difference (B - A) with its 95 % interval (percentile bootstrap over questions, --bootstrap or RUN_A's
 eval.bootstrap_samples resamples, seeded; within each category for the average of categories), the
 two-sided p-value of a paired sign-flip permutation test (seeded, with the +1 correction, so
 p >= 1/(permutations+1)), and how many questions B gained (A wrong -> B right; for F1: B higher) and
@@ -64,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", action="store_true",
                         help="DIR_A and DIR_B are quoted glob patterns of seed runs: F1 mean ± std over seeds, the "
                              "difference with its 95 %% CI and p-value (Table 8 of the LightMem-SLM paper)")
-    parser.add_argument("--bootstrap", type=int, default=10_000, help="--seeds: bootstrap resamples (default 10000)")
+    parser.add_argument("--bootstrap", type=int, default=None,
+                        help="bootstrap resamples of each difference's interval (default: RUN_A's "
+                             "eval.bootstrap_samples, 1000 unless set; --seeds: 10000)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(func=run, user_errors=user_errors)
 
@@ -99,14 +101,15 @@ def run(args: argparse.Namespace) -> int:
 
             raise UsageError("--exact tests two runs; --seeds samples its sign flips (--permutations)")
         result = compare_seeds(_expand(args.run_a), _expand(args.run_b), variant=args.variant,
-                               n_permutations=args.permutations, n_boot=args.bootstrap, seed=args.seed)
+                               n_permutations=args.permutations, seed=args.seed,
+                               n_boot=10_000 if args.bootstrap is None else args.bootstrap)
         print(json.dumps(result) if args.json else format_seed_comparison(result), end="" if not args.json else "\n")
         return 0
 
     result = compare_runs(
         args.run_a, args.run_b, metric=args.metric, variant=args.variant,
         n_permutations=args.permutations, seed=args.seed,
-        method="exact" if args.exact else "monte_carlo",
+        method="exact" if args.exact else "monte_carlo", n_boot=args.bootstrap,
     )  # fmt: skip
     if args.json:
         print(json.dumps(result))

@@ -129,13 +129,15 @@ def compare_runs(
     n_permutations: int | None = None,
     seed: int | None = None,
     method: str = "monte_carlo",
+    n_boot: int | None = None,
 ) -> dict[str, Any]:
-    """Permutation tests of B against A, overall, per category and for the mean of category means.
+    """Permutation tests of B against A, overall, per category and for the mean of category means, and each
+    difference's percentile bootstrap interval.
 
     metric: "judge" | "f1" | None (judge verdicts when every paired question has one in both runs,
     else F1 under `variant`). method: "monte_carlo" | "exact" (see stats.paired_permutation_test).
-    n_permutations / seed: None = run A's eval.permutation_samples / eval.seed (its config.yaml; the
-    config defaults when A is a bare predictions file).
+    n_permutations / seed / n_boot: None = run A's eval.permutation_samples / eval.seed / eval.bootstrap_samples
+    (its config.yaml; the config defaults when A is a bare predictions file).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown metric variant {variant!r}; choose one of {', '.join(VARIANTS)}")
@@ -178,7 +180,9 @@ def compare_runs(
     values_b = np.array([_value(rows_b[q], metric, variant, path_b, benchmark) for q in shared])
     categories = [str(rows_a[q]["category"]) for q in shared]
 
-    n_boot = settings.bootstrap_samples
+    n_boot = settings.bootstrap_samples if n_boot is None else n_boot
+    if n_boot < 1:
+        raise ValueError(f"bootstrap resamples must be at least 1, got {n_boot}")
 
     def test(mask: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
         result = paired_permutation_test(

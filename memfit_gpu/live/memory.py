@@ -69,6 +69,9 @@ LIVE_SESSION = "live"  # the session of a turn given without timestamp or sessio
 # The users whose cached replies a compaction must drop, written before the store is rewritten and removed once
 # cache.sqlite is: a compaction stopped between the two finishes dropping them when the memory is next opened
 FORGET_PENDING = "forget.pending.json"
+# A deletion's summaries are rebuilt off the memory, then the deletion planned again: when another call changed
+# them meanwhile, this many tries before the deletion lands without its rebuilt summaries.
+DELETE_ATTEMPTS = 3
 
 
 class UnknownUserError(KeyError):
@@ -196,14 +199,7 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
     speaker, body = text("speaker", True), text("text", True)
     stamp = text("timestamp", False)
     if stamp is not None:
-        try:
-            when = datetime.fromisoformat(stamp)
-        except ValueError:
-            raise DataError(source, item, f"{where}timestamp", f"{stamp!r:.60} is not an ISO 8601 date or time "
-                                                       "(e.g. 2024-03-02T10:00:00)") from None
-        if when.tzinfo is not None:
-            raise DataError(source, item, f"{where}timestamp", f"{stamp!r:.60} has a UTC offset: give local time without one")
-        stamp = when.isoformat()
+        stamp = local_time(stamp, source, item, f"{where}timestamp")
     images = []
     if not isinstance(raw.get("images") or [], (list, tuple)):
         raise DataError(source, item, f"{where}images", f"a list of images, got {type(raw['images']).__name__}")
@@ -260,6 +256,19 @@ def import_problems(memories: Sequence[DataMemory], source: str = "import",
     return problems
 
 
+def local_time(value: Any, source: str, item: str | None, field_path: str) -> str:
+    """An ISO 8601 local date or time as the store keeps it (`datetime.isoformat`); DataError naming the field
+    for anything else, a UTC offset included (data/jsonl.py reads a file's the same way)."""
+    try:
+        when = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise DataError(source, item, field_path, f"{value!r:.60} is not an ISO 8601 date or time "
+                                                  "(e.g. 2024-03-02T10:00:00)") from None
+    if when.tzinfo is not None:
+        raise DataError(source, item, field_path, f"{value!r:.60} has a UTC offset: give local time without one")
+    return when.isoformat()
+
+
 def _summary_problems(memory: DataMemory, source: str, item: str) -> list[DataError]:
     """Why a memory's exported summaries (`extra["summaries"]`) would fail once its turns are stored: checked
     first, so that the import stays all or nothing (data/jsonl.py checks a file's the same way)."""
@@ -278,12 +287,11 @@ def _summary_problems(memory: DataMemory, source: str, item: str) -> list[DataEr
             problems.append(DataError(source, item, f"{where}turn_ids",
                                       "a list of the turn ids of this memory's own turns, at least one"))
         for name in ("event", "recorded"):
-            value = summary.get(name)
             try:
-                if value is not None:
-                    datetime.fromisoformat(value)
-            except (TypeError, ValueError):
-                problems.append(DataError(source, item, f"{where}{name}", f"not an ISO 8601 timestamp: {value!r:.40}"))
+                if summary.get(name) is not None:
+                    local_time(summary[name], source, item, f"{where}{name}")
+            except DataError as exc:
+                problems.append(exc)
     return problems
 
 
@@ -428,9 +436,9 @@ class Memory:
         try:
             return cls(folder, cfg, stack)
         except BaseException:
+            if created:  # an open that failed leaves no folder it made (its lock file, a store with nothing in it);
+                shutil.rmtree(folder, ignore_errors=True)  # removed while the lock is held: no other open is in it
             stack.close()
-            if created:  # an open that failed leaves no folder it made (its lock file, a store with nothing in it)
-                shutil.rmtree(folder, ignore_errors=True)
             raise
 
     def _method_run(self, questions: list[Question]) -> MethodRun:
@@ -645,14 +653,22 @@ class Memory:
             if not plan.rebuilds:
                 return self._commit_delete(plan, [], generated=False)
         # the rebuilt summaries' LLM calls hold neither the memory (every user's searches and writes go on) nor
-        # the reader ahead of answers waiting (background work); the deletion lands with them, planned again
-        with background_calls():
-            rebuilt = self._rebuilt(plan)
-        with self.holding():
-            again = planned()  # another call may have changed this user's turns or summaries meanwhile
-            if rebuilt is not None and not again.same_as(plan):
-                rebuilt = self._rebuilt(again)
-            return self._commit_delete(again, rebuilt or [], generated=rebuilt is not None)
+        # the reader ahead of answers waiting (background work); the deletion lands with them, planned again,
+        # and rebuilt again (still off the memory) when another call changed this user's summaries meanwhile
+        for attempt in range(DELETE_ATTEMPTS):
+            with background_calls():
+                rebuilt = self._rebuilt(plan)
+            with self.holding():
+                again = planned()
+                if rebuilt is None or again.same_as(plan):
+                    return self._commit_delete(again, [] if rebuilt is None else rebuilt, generated=rebuilt is not None)
+                if attempt == DELETE_ATTEMPTS - 1:  # the user's summaries keep changing: the deletion goes first
+                    log.warning("memfit live: %s: a deletion's summaries changed under it %d times; the turns are "
+                                "deleted and the covering summaries retired without a rebuild", self.path,
+                                DELETE_ATTEMPTS)
+                    return self._commit_delete(again, [], generated=True)
+            plan = again
+        raise AssertionError("unreachable")
 
     def _rebuilt(self, plan: DeletePlan) -> list[dict[str, Any]] | None:
         """The summaries rebuilt over a deletion's remaining turns, or None when the reader failed (the
@@ -925,9 +941,10 @@ class Memory:
         with self.holding():
             for memory in memories:
                 for summary in memory.extra.get("summaries", []):
+                    times = {name: None if summary.get(name) is None else local_time(summary[name], "import", None, name)
+                             for name in ("event", "recorded")}  # as the store keeps a turn's (checked above)
                     records.append({"t": "summary", "row": 0, "memory": self.store.memory_of(memory.memory_id),
-                                    "text": summary["text"], "event": summary.get("event"),
-                                    "recorded": summary.get("recorded"), "replaces": None,
+                                    "text": summary["text"], **times, "replaces": None,
                                     "members": [self.store.row_of(memory.memory_id, t) for t in summary["turn_ids"]]})
             stored = self.store.commit_summaries(records) if records else 0
         return {"users": len(memories), "turns": sum(not a.duplicate for a in added),

@@ -13,6 +13,7 @@ my_note, and provenance.json hashes the prompt folder's files; config.METHODS li
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -110,6 +111,11 @@ def register_method(name: str, entry: MethodEntry) -> None:
         if missing:
             raise ValueError(f"method {name!r}: live=True asks for a LiveMethod (methods/base.py); "
                              f"{entry.make.__name__} lacks {', '.join(missing)}")
+        try:  # refused here, not at a compaction that has already rewritten the store (and at every open after it)
+            inspect.signature(entry.make.compact).bind(None, None, None, None)
+        except TypeError:
+            raise ValueError(f"method {name!r}: {entry.make.__name__}.compact must take (run, store, purged): the "
+                             "memories that had deleted turns come third (methods/base.py LiveMethod)") from None
     for role, phase in entry.roles.items():
         register_role(role, phase)
     if entry.settings is not None and entry.settings not in _BUILT_IN_SECTIONS:

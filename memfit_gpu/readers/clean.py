@@ -31,8 +31,9 @@ NOT_FOUND = "NOT_FOUND"
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 _INNER_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n(.*?)\n?```", re.DOTALL | re.MULTILINE)
 # `Answer:`, `**Answer:**`, `Final answer -` at the start of one of the reply's own lines (column 0); a
-# hyphen joined to the next word ("Answer-driven") is part of a word, not a marker.
-_ANSWER_MARKER = re.compile(r"^(?:\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*(?:[:：]|-(?![^\s*]))[ \t]*(?:\*\*)?",
+# hyphen joined to a letter ("Answer-driven") is part of a word, not a marker. The `**` closing a bold marker
+# goes with it, not one that opens a bold answer ("Answer: **Paris**").
+_ANSWER_MARKER = re.compile(r"^(\*\*)?(?:final\s+)?answer(?:\*\*)?[ \t]*(?:[:：]|-(?![^\W\d_]))[ \t]*(?(1)(?:\*\*)?)",
                             re.IGNORECASE | re.MULTILINE)
 # Where the answer after a marker ends: a blank line, a line the reply quotes (indented by QUOTE_INDENT or a
 # tab, as an echoed excerpt's continuation lines are, or markdown-quoted) or an echoed `EXCERPT n` header.

@@ -57,8 +57,9 @@ class RunFiles:
 
     @property
     def hit_list(self) -> str:
-        """What the run's hit@k ranked over (eval.hit_list); a run made before the setting ranked the turns alone."""
-        return str((self.config.get("eval") or {}).get("hit_list", "episodes"))
+        """What the run's hit@k ranked over, as its diagnostics record it (eval.hit_list when they were made); a run
+        whose diagnostics were made before the setting ranked the turns alone."""
+        return str((self.metrics.get("retrieval") or {}).get("hit_list", "episodes"))
 
     @property
     def method(self) -> str:

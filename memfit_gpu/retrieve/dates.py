@@ -12,13 +12,14 @@ Query constraints, from the lowercased question
 - month: full month names, 3-letter abbreviations and "sept", whole words. The modal verb "may" is
   a month only when it looks like a date: preceded by "in"/"of" ("in may", "of may"), by a word for a
   time of the year (last, early, late, mid, during, since, until, till, through, before, after: "last may",
-  "early may"), by a day number ("8 may", "8th may"), or by another month and and/or/to/through ("march
-  and may"); or followed by a day number or a year ("may 8", "may 8th", "may 2023", "may, 2023") or by
-  and/or/to/through and another month ("may or june"). "What may Caroline do" is not a month.
+  "early may", "mid-may"), by a day number ("8 may", "8th may"), or by another month and and/or/to/through
+  or a dash, comma or slash ("march and may", "march-may"); or followed by a day number or a year ("may 8",
+  "may 8th", "may 2023", "may, 2023") or by such a word or mark and another month ("may or june",
+  "may-june", "may, june"). "What may Caroline do" is not a month.
 
 Relative dates, resolved against the episode's session date (the anchor) and appended in
 parentheses after the phrase, e.g. "yesterday" -> "yesterday (7 May 2023)":
-- "yesterday" -> anchor - 1 day; "(the) day before yesterday" -> anchor - 2 days.
+- "yesterday" -> anchor - 1 day; "(the) day before yesterday" (or hyphenated) -> anchor - 2 days.
 - "N days ago" / "N weeks ago" -> anchor - N days / - 7N days (N a numeral, a number word up to
   twelve, or "a"/"an" = 1).
 - "last week" -> "the week before {anchor}".
@@ -48,10 +49,12 @@ _MONTH_WORD_RE = re.compile(r"(?=[jfmasond])\b(" + "|".join(sorted(_MONTH_BY_WOR
 _YEAR_RE = re.compile(r"\b20\d\d\b")
 # "may" counts as a month only in these contexts (see module docstring).
 _OTHER_MONTHS = "|".join(sorted((w for w in _MONTH_BY_WORD if w != "may"), key=len, reverse=True))
-_MAY_BEFORE_RE = re.compile(r"(?:\b(?:in|of|last|early|late|mid|during|since|until|till|through|before|after)"
-                            r"|\b\d{1,2}(?:st|nd|rd|th)?|\b(?:" + _OTHER_MONTHS + r")\s+(?:and|or|to|through|-))\s+$")
-_MAY_AFTER_RE = re.compile(r"^,?\s+(?:\d{1,2}(?:st|nd|rd|th)?\b|20\d\d\b|\d{4}\b|(?:and|or|to|through|-)\s+(?:"
-                           + _OTHER_MONTHS + r")\b)")
+_MAY_BEFORE_RE = re.compile(r"(?:\b(?:(?:in|of|last|during|since|until|till|through|before|after)\s+"
+                            r"|(?:early|late|mid)(?:\s+|-))"
+                            r"|\b\d{1,2}(?:st|nd|rd|th)?\s+"
+                            r"|\b(?:" + _OTHER_MONTHS + r")(?:\s+(?:and|or|to|through)\s+|\s*[-–,/]\s*))$")
+_MAY_AFTER_RE = re.compile(r"^(?:,?\s+(?:\d{1,2}(?:st|nd|rd|th)?\b|20\d\d\b|\d{4}\b)"
+                           r"|(?:\s+(?:and|or|to|through)\s+|\s*[-–,/]\s*)(?:" + _OTHER_MONTHS + r")\b)")
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ _NUM = r"(\d+|" + "|".join(_NUMBER_WORDS) + r")"
 # this/next): a no-op for what matches, it lets the engine skip most positions cheaply.
 _RELATIVE_RE = re.compile(
     r"(?=[yaotfsenld\d])\b(?:"
-    r"(?P<daybefore>day\s+before\s+yesterday)"  # before "yesterday": it holds it
+    r"(?P<daybefore>day[\s-]+before[\s-]+yesterday)"  # before "yesterday": it holds it
     r"|(?P<yesterday>yesterday)"
     r"|(?P<n>" + _NUM[1:-1] + r")\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<lastweek>last\s+week)"

@@ -128,6 +128,9 @@ def test_cli_table_and_json(runs, capsys):
     cm = result["category_mean"]
     assert cm["mean_b"] - cm["mean_a"] == pytest.approx(cm["diff"])
     assert cm["ci95"][0] <= cm["diff"] <= cm["ci95"][1]
+    # --bootstrap sets the resamples (it was read by --seeds alone)
+    assert main(["compare", str(run_a), str(run_b), "--json", "--bootstrap", "200"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_boot"] == 200
     assert "only in A: 1 questions (conv-1:q9)" in out
     assert "only in B: 1 questions (conv-1:q10)" in out
 

@@ -10,6 +10,7 @@ never what a reader says.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,6 +31,7 @@ from memfit_gpu.config import ConfigError
 from memfit_gpu.data import load_benchmark
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.faults import TRACE_ENV, parse_trace
+from memfit_gpu.files import StorageError
 from memfit_gpu.live import Memory, TurnConflictError, UnknownUserError, live_methods
 from memfit_gpu.live.memory import UserFullError
 from memfit_gpu.locks import DirectoryBusyError
@@ -695,6 +697,15 @@ def test_a_snapshot_that_fails_after_an_add_is_stored_answers_the_add_as_stored(
         assert [t["text"] for t in memory.turns("u")] == ["turn 0", "I moved to Lisbon in May."]
     with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
         assert [t["turn_id"] for t in memory.turns("u")] == ["t1", "t2"]
+        # a delete's batch ends with the store's own snapshot (EpisodeStore._end_batch): stored, so answered
+        def full_disk() -> None:
+            raise StorageError(str(folder / "store" / "snapshots"), "No space left on device", errno.ENOSPC)
+
+        monkeypatch.setattr(memory.store, "snapshot", full_disk)
+        assert memory.delete("u", ["t1"])["episodes"] == 1
+        monkeypatch.undo()
+    with Memory.open(folder, DEMO, overrides=CHEAP) as memory:
+        assert [t["turn_id"] for t in memory.turns("u")] == ["t2"]
 
 
 def test_a_search_that_breaks_the_batched_read_fails_alone(tmp_path: Path, monkeypatch) -> None:

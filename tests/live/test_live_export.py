@@ -11,6 +11,7 @@ echo backend (tests/seam_echo_backend.py: summaries and notes quote the first ex
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,8 +231,9 @@ def test_an_export_names_no_speaker_whose_every_turn_was_deleted(tmp_path: Path)
 
 
 def test_an_import_whose_summary_cannot_be_stored_stores_nothing(tmp_path: Path) -> None:
-    """import_memories added every turn, then failed on a summary naming a turn the memory does not have (or
-    a bad event time): the turns stayed without their summaries. Summaries are checked first now."""
+    """import_memories added every turn, then failed on a summary naming a turn the memory does not have: the
+    turns stayed without their summaries. Summaries are checked first now, their times by the rule of a turn's
+    (a time that is no ISO 8601 local time was stored as unknown, one with a UTC offset shifted to UTC)."""
     from memfit_gpu.data.schema import DataError, Session, Turn
     from memfit_gpu.data.schema import Memory as DataMemory
 
@@ -244,6 +246,12 @@ def test_an_import_whose_summary_cannot_be_stored_stores_nothing(tmp_path: Path)
         assert str(refused.value) == ("import, item user 'u2', field 'summaries[0].turn_ids': a list of the turn ids "
                                       "of this memory's own turns, at least one")
         assert live.users() == []
-        memory.extra["summaries"] = memory.extra["summaries"][:1]
-        memory.extra["summaries"][0]["turn_ids"] = ["a1"]
+        for event, why in (("last spring", "'last spring' is not an ISO 8601 date or time"),
+                           ("2023-05-08T13:56:00+02:00", "has a UTC offset: give local time without one")):
+            memory.extra["summaries"] = [{"text": "Ann keeps bees.", "turn_ids": ["a1"], "event": event}]
+            with pytest.raises(DataError, match="field 'summaries\\[0\\].event': .*" + re.escape(why)):
+                live.import_memories([memory])
+            assert live.users() == []
+        memory.extra["summaries"] = [{"text": "Ann keeps bees.", "turn_ids": ["a1"], "event": "20230508T135600"}]
         assert live.import_memories([memory])["summaries"] == 1
+        assert live.export("u2", summaries=True)["summaries"][0]["event"] == "2023-05-08T13:56:00"

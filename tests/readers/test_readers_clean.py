@@ -41,6 +41,10 @@ ANSWERS = [
     # a hyphen joined to a word is no answer marker ("Answer - yes" is one)
     ("Answer-driven design workshops", "Answer-driven design workshops"),
     ("final answer-sheet scans", "final answer-sheet scans"),
+    ('Answer -"Paris"', "Paris"),
+    ("Answer -1", "1"),
+    ("Answer: **Paris**", "Paris"),
+    ("**Answer**: Paris", "Paris"),
     # a list under the marker, indented less than an echoed excerpt's continuation lines (QUOTE_INDENT), is
     # the answer's own
     ("Answer: She has two hobbies:\n  - hiking\n  - painting", "She has two hobbies:\n  - hiking\n  - painting"),

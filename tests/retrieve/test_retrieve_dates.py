@@ -33,6 +33,7 @@ SUN_NEW_YEAR = date(2023, 1, 1)
         # not "yesterday" inside it (it was resolved as yesterday: a day late)
         ("the day before yesterday we met", MON, "the day before yesterday (6 May 2023) we met"),
         ("Day before yesterday", SUN_NEW_YEAR, "Day before yesterday (30 December 2022)"),
+        ("the day-before-yesterday", MON, "the day-before-yesterday (6 May 2023)"),
         ("Yesterday was fun", SUN_NEW_YEAR, "Yesterday (31 December 2022) was fun"),
         ("I moved 3 days ago", MON, "I moved 3 days ago (5 May 2023)"),
         ("I moved 1 day ago", MON, "I moved 1 day ago (7 May 2023)"),
@@ -128,6 +129,12 @@ def test_years() -> None:
         ("It may last", set()),
         ("They may or may not come", set()),
         ("this may help", set()),
+        ("What did she do in mid-May?", {5}),
+        ("late-May", {5}),
+        ("march-may", {3, 5}),
+        ("may-june", {5, 6}),
+        ("May, June", {5, 6}),
+        ("may, she said", set()),
         ("marching and decorating", set()),
         ("Mar and Dec", {3, 12}),
     ],
@@ -158,7 +165,7 @@ def test_text_mentions() -> None:
 # ---------------------------------------------------------------- fast paths change nothing matched
 _PIECES = ["yesterday", "Yesterday", "2", "٣", "a", "an", "one", "Twelve", "day", "days", "weeks", "month",
            "years", "ago", "AGO", "last", "Last", "this", "next", "week", "monday", "Friday", "may", "May",
-           "sept", "in", "of", "8th", "2023", "the", "before", "june", "or", "early", "x", "ſ", "K", ",", ".", " ", "  ", "\n", "-"]
+           "sept", "in", "of", "8th", "2023", "the", "before", "june", "or", "early", "day-before-yesterday", "x", "ſ", "K", ",", ".", " ", "  ", "\n", "-"]
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)

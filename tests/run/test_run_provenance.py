@@ -265,7 +265,8 @@ def test_the_record_names_the_in_process_readers_dtype_and_a_resume_on_another_o
     here["models"]["reader"] = records["reader"]  # float32: the last one made
     older = copy.deepcopy(here)
     del older["models"]["reader"]["reader_dtype"]
-    assert provenance.differences(older, here) == []
+    assert provenance.differences(older, here) == [] and provenance.differences(here, older) == []
+    assert provenance.drift({"A": here, "B": older}) == provenance.drift({"A": older, "B": here}) == []
     other = copy.deepcopy(here)
     other["models"]["reader"]["reader_dtype"] = "bfloat16"
     assert [(d.field, d.before, d.after) for d in provenance.differences(here, other)] == [
