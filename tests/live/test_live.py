@@ -232,6 +232,54 @@ def test_a_delete_goes_ahead_when_the_reader_cannot_rebuild_the_summary(tmp_path
         assert not set(covering) & set(store.summaries.live_rows(store.memory_of("u")).tolist())
 
 
+def test_a_delete_whose_summaries_changed_meanwhile_rebuilds_again_off_the_memory(tmp_path: Path, conv_turns,
+                                                                                     monkeypatch) -> None:
+    """A delete rebuilds the covering summary without holding the memory, then plans again. When another delete
+    had changed that user's summaries meanwhile, the rebuild was made again holding the memory (every user's
+    searches and adds waited for the LLM). It is made again off the memory now, and both deletions land."""
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=[*CHEAP, "summary.enabled=true", "summary.min_chars=1"]) as memory:
+        memory.add("u", conv_turns[:60])
+        assert memory.consolidate(["u"])["summaries"] > 0
+        store = memory.store
+        summary = int(store.summaries.live_rows(store.memory_of("u"))[0])
+        first, second = (str(store.turn_id[r]) for r in store.summaries.members[summary][:2])
+        generate, inside, release = memory._summary_generate, threading.Event(), threading.Event()
+        calls: list[bool] = []  # per rebuild: was the memory free meanwhile?
+
+        def memory_free() -> bool:
+            free: list[bool] = []
+
+            def probe() -> None:
+                if memory._lock.acquire(timeout=2):
+                    memory._lock.release()
+                    free.append(True)
+
+            prober = threading.Thread(target=probe)
+            prober.start()
+            prober.join()
+            return bool(free)
+
+        def gated(prompts):  # noqa: ANN001, ANN202 - the first rebuild is held (before the reader) until the other
+            calls.append(memory_free())  # delete landed
+            if len(calls) == 1:
+                inside.set()
+                assert release.wait(60)
+            return generate(prompts)
+
+        monkeypatch.setattr(memory, "_summary_generate", gated)
+        results: list[dict[str, int]] = []
+        deleting = threading.Thread(target=lambda: results.append(memory.delete("u", [first])))
+        deleting.start()
+        assert inside.wait(60)
+        assert memory.delete("u", [second])["summaries_rebuilt"] == 1  # the other delete changes the summary
+        release.set()
+        deleting.join(60)
+        assert results and results[0]["episodes"] == 1 and results[0]["summaries_rebuilt"] == 1
+        assert len(calls) == 3 and all(calls), calls  # the third: made again, off the memory
+        live = store.summaries.live_rows(store.memory_of("u"))
+        assert not any(str(store.turn_id[m]) in (first, second) for s in live for m in store.summaries.members[s])
+
+
 @pytest.mark.parametrize("method", ["plain", "naive_rag"])
 def test_a_method_grown_turn_by_turn_reads_as_one_built_at_once(tmp_path: Path, conv_turns, method: str) -> None:
     """Incremental writes (many small adds, a deletion) give the reads of the same turns written at once."""
