@@ -24,7 +24,7 @@ from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.kernels import resolve_backend
 from memfit_gpu.kernels.hybrid_topk import BoostInputs, hybrid_topk_triton
-from memfit_gpu.retrieve.boosts import add_boosts, constraint_tensors
+from memfit_gpu.retrieve.boosts import add_boosts, boosted, constraint_tensors
 from memfit_gpu.retrieve.dates import parse_constraints
 from memfit_gpu.retrieve.hybrid import Hits, hybrid_search
 from memfit_gpu.retrieve.pack import Pack, build_packs, format_excerpts_batch
@@ -145,13 +145,6 @@ def _expand(hits: Hits, index: torch.Tensor, n_q: int) -> Hits:
 
     return Hits(full(hits.rows, -1), full(hits.bm25, 0.0), full(hits.dense, 0.0), full(hits.fused, 0.0),
                 full(hits.boost, 0.0), full(hits.score, float("-inf")))
-
-
-def boosted(cfg: MemFitConfig, kind: str) -> bool:
-    """Whether hits of `kind` (ep | sm) get the boosts: episodes with retrieve.boosts_enabled, summaries also
-    only with retrieve.boosts.summaries (SPEC read path 3 searches them with step 1's hybrid alone)."""
-    rcfg = cfg.retrieve
-    return rcfg.boosts_enabled and (kind == "ep" or rcfg.boosts.summaries)
 
 
 def _boost(hits: Hits, cfg: MemFitConfig, cons: tuple[torch.Tensor, ...], speaker_mask: np.ndarray | None,

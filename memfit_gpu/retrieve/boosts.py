@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from memfit_gpu.config import BoostConfig
+from memfit_gpu.config import BoostConfig, MemFitConfig
 from memfit_gpu.retrieve.dates import QueryConstraints
 from memfit_gpu.retrieve.hybrid import Hits
 
@@ -61,3 +61,11 @@ def add_boosts(hits: Hits, cfg: BoostConfig, speaker_bits: torch.Tensor, years: 
     boost = torch.where(valid, boost, 0.0)
     score = torch.where(valid, hits.fused + boost, -torch.inf)
     return Hits(hits.rows, hits.bm25, hits.dense, hits.fused, boost, score)
+
+
+def boosted(cfg: MemFitConfig, kind: str) -> bool:
+    """Whether hits of `kind` (ep | sm) get the boosts, in both read paths: episodes with
+    retrieve.boosts_enabled, summaries also only with retrieve.boosts.summaries (SPEC read path 3 searches them
+    with step 1's hybrid alone)."""
+    rcfg = cfg.retrieve
+    return rcfg.boosts_enabled and (kind == "ep" or rcfg.boosts.summaries)

@@ -21,6 +21,7 @@ from memfit_gpu.index.protocols import DenseSearch, LexicalIndex
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.names import normalise
 from memfit_gpu.retrieve.batched import RetrievalResult
+from memfit_gpu.retrieve.boosts import boosted
 from memfit_gpu.retrieve.dates import parse_constraints, text_mentions
 from memfit_gpu.retrieve.pack import Pack, format_excerpts
 from memfit_gpu.retrieve.pool import EPISODE, SUMMARY
@@ -117,7 +118,7 @@ def retrieve_one(view: ReadView, cfg: MemFitConfig, question: str, memory_id: st
             return text_mentions(view.sm_text[row], name)
         return any(normalise(view.ep_speaker[m]) == name for m in view.sm_members[row])
 
-    if rcfg.boosts_enabled:
+    if boosted(cfg, "ep"):
         _add_boosts(episodes, cfg, wanted, view.ep_time, episode_names)
 
     # 3: summaries
@@ -126,7 +127,7 @@ def retrieve_one(view: ReadView, cfg: MemFitConfig, question: str, memory_id: st
     if use_summaries:
         summaries = hybrid_one(view.sm_bm25, view.sm_dense, tokens, question_embedding, memory, rcfg.scan_top_k,
                                rcfg.alpha, rcfg.dense_min_cosine)
-        if rcfg.boosts_enabled and rcfg.boosts.summaries:  # SPEC read path 3: step 1's hybrid alone (by default)
+        if boosted(cfg, "sm"):  # SPEC read path 3: step 1's hybrid alone (by default)
             _add_boosts(summaries, cfg, wanted, view.sm_time, summary_names)
         summaries = summaries[: rcfg.summary_top_k]
 

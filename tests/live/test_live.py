@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
 from support.env import memfit_env
+from support.gates import gate
 
 from memfit_gpu.config import ConfigError
 from memfit_gpu.data import load_benchmark
@@ -529,16 +530,7 @@ def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search(tmp_path: Pa
         store = memory.store
         covered = next(s for s in store.summaries.live_rows(store.memory_of("u1")) if len(store.summaries.members[s]) > 3)
         victim = store.turn_id[int(store.summaries.members[covered][1])]
-        backend = memory.reader().backend
-        generate, inside, release = backend.generate, threading.Event(), threading.Event()
-
-        def gated(requests):  # noqa: ANN001, ANN202
-            if any(r.role == "summary" for r in requests):
-                inside.set()
-                assert release.wait(30)
-            return generate(requests)
-
-        monkeypatch.setattr(backend, "generate", gated)
+        inside, release = gate(monkeypatch, memory, lambda requests: any(r.role == "summary" for r in requests))
         deleted: list[dict[str, int]] = []
         deleting = threading.Thread(target=lambda: deleted.append(memory.delete("u1", [victim])))
         deleting.start()

@@ -25,6 +25,7 @@ import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo)
 from support.env import memfit_env
 from support.files import files_holding
+from support.gates import gate
 from support.live_server import DEMO, LiveServer
 
 from memfit_gpu.data.schema import DataError
@@ -273,16 +274,8 @@ def test_a_compaction_waits_for_a_consolidation_in_flight(
                                              [{"speaker": "Cy", "text": f"Trains are fine {i}.", "turn_id": f"c{i}"}
                                               for i in range(2)]])
         memory.delete_user("gone")  # the first user: a compaction renumbers every later row and user
-        backend = memory.reader().backend
-        generate, inside, release = backend.generate, threading.Event(), threading.Event()
-
-        def gated(requests):  # noqa: ANN001, ANN202  (the consolidation's LLM call, held until released)
-            if any(r.role != "answer" for r in requests):
-                inside.set()
-                assert release.wait(60)
-            return generate(requests)
-
-        monkeypatch.setattr(backend, "generate", gated)
+        # the consolidation's LLM call, held until released
+        inside, release = gate(monkeypatch, memory, lambda requests: any(r.role != "answer" for r in requests))
         consolidated: list[dict[str, int]] = []
         compacted: list[dict[str, int]] = []
         consolidating = threading.Thread(target=lambda: consolidated.append(memory.consolidate([KEPT])))

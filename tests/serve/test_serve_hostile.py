@@ -32,6 +32,7 @@ from urllib.parse import quote, unquote
 import httpx
 import pytest
 import seam_echo_backend  # noqa: F401  (registers reader.backend=echo for the in-process memory)
+from support.gates import gate
 from support.live_server import CHEAP, DEMO, REPO, LiveServer
 
 from memfit_gpu.config import load_config
@@ -377,22 +378,6 @@ def test_adds_stop_short_of_a_full_disk_while_reads_and_deletes_go_on(tmp_path: 
 
     run_served(served, requests)
     assert [t["turn_id"] for t in Memory.open(tmp_path / "memory", cfg).turns("u1")] == ["u1-1"]
-
-
-def gate(monkeypatch: pytest.MonkeyPatch, live: Memory, held: Any) -> tuple[threading.Event, threading.Event]:
-    """The memory's reader holds a batch for which `held(requests)` is true until the test sets `release`
-    (`inside` is set once it is held): a generation in flight, as long as the test needs it."""
-    backend = live.reader().backend
-    generate, inside, release = backend.generate, threading.Event(), threading.Event()
-
-    def gated(requests):  # noqa: ANN001, ANN202
-        if held(requests):
-            inside.set()
-            assert release.wait(30)
-        return generate(requests)
-
-    monkeypatch.setattr(backend, "generate", gated)
-    return inside, release
 
 
 def test_a_delete_rebuilding_a_summary_holds_no_other_user_s_search_on_the_server(
