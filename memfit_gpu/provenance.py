@@ -220,9 +220,9 @@ def _model_leaf(key: str) -> str | None:
 
 def _value(leaves: Mapping[str, Any], key: str) -> Any:
     """A leaf's value; an ADDED leaf a model's entry lacks (a record written before it was added) as ADDED says."""
-    parts = key.split(".")
-    if key not in leaves and len(parts) == 3 and parts[0] == "models" and parts[2] in ADDED:
-        return ADDED[parts[2]]
+    leaf = _model_leaf(key)
+    if key not in leaves and leaf in ADDED:
+        return ADDED[leaf]
     return leaves.get(key)
 
 
