@@ -178,15 +178,23 @@ class _Line:
         if value is None:
             return None
         try:
-            when = datetime.fromisoformat(value)
-        except ValueError:
-            self.report.error(self.item, f"{where}{key}", f"{value!r} is not an ISO 8601 date or time "
-                                                          "(e.g. 2024-03-02 or 2024-03-02T10:00:00)")
+            return local_time(value)
+        except ValueError as exc:
+            self.report.error(self.item, f"{where}{key}", str(exc))
             return None
-        if when.tzinfo is not None:
-            self.report.error(self.item, f"{where}{key}", f"{value!r} has a UTC offset: give local time without one")
-            return None
-        return when.isoformat()
+
+
+def local_time(value: object) -> str:
+    """An ISO 8601 local date or time as the store keeps it (`datetime.isoformat`); ValueError saying why for
+    anything else, a UTC offset included. The one rule for a file's times and a live memory's (live/memory.py)."""
+    try:
+        when = datetime.fromisoformat(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r:.60} is not an ISO 8601 date or time "
+                         "(e.g. 2024-03-02 or 2024-03-02T10:00:00)") from None
+    if when.tzinfo is not None:
+        raise ValueError(f"{value!r:.60} has a UTC offset: give local time without one")
+    return when.isoformat()
 
 
 def date_text(timestamp: str) -> str:

@@ -30,7 +30,6 @@ import shutil
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import numpy as np
 
 from memfit_gpu import faults
 from memfit_gpu.config import ConfigError, MemFitConfig, load_config
-from memfit_gpu.data.jsonl import date_text, memory_json
+from memfit_gpu.data.jsonl import date_text, local_time, memory_json
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Question, Turn, encoding_problem
 from memfit_gpu.data.schema import Memory as DataMemory
 from memfit_gpu.devices import in_fresh_thread
@@ -199,7 +198,7 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
     speaker, body = text("speaker", True), text("text", True)
     stamp = text("timestamp", False)
     if stamp is not None:
-        stamp = local_time(stamp, source, item, f"{where}timestamp")
+        stamp = _stored_time(stamp, source, item, f"{where}timestamp")
     images = []
     if not isinstance(raw.get("images") or [], (list, tuple)):
         raise DataError(source, item, f"{where}images", f"a list of images, got {type(raw['images']).__name__}")
@@ -256,17 +255,13 @@ def import_problems(memories: Sequence[DataMemory], source: str = "import",
     return problems
 
 
-def local_time(value: Any, source: str, item: str | None, field_path: str) -> str:
-    """An ISO 8601 local date or time as the store keeps it (`datetime.isoformat`); DataError naming the field
-    for anything else, a UTC offset included (data/jsonl.py reads a file's the same way)."""
+def _stored_time(value: Any, source: str, item: str | None, field_path: str) -> str:
+    """A turn's or an imported summary's time by data/jsonl.py's rule (a file's times), as a DataError naming
+    the field."""
     try:
-        when = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise DataError(source, item, field_path, f"{value!r:.60} is not an ISO 8601 date or time "
-                                                  "(e.g. 2024-03-02T10:00:00)") from None
-    if when.tzinfo is not None:
-        raise DataError(source, item, field_path, f"{value!r:.60} has a UTC offset: give local time without one")
-    return when.isoformat()
+        return local_time(value)
+    except ValueError as exc:
+        raise DataError(source, item, field_path, str(exc)) from None
 
 
 def _summary_problems(memory: DataMemory, source: str, item: str) -> list[DataError]:
@@ -289,7 +284,7 @@ def _summary_problems(memory: DataMemory, source: str, item: str) -> list[DataEr
         for name in ("event", "recorded"):
             try:
                 if summary.get(name) is not None:
-                    local_time(summary[name], source, item, f"{where}{name}")
+                    _stored_time(summary[name], source, item, f"{where}{name}")
             except DataError as exc:
                 problems.append(exc)
     return problems
@@ -941,7 +936,7 @@ class Memory:
         with self.holding():
             for memory in memories:
                 for summary in memory.extra.get("summaries", []):
-                    times = {name: None if summary.get(name) is None else local_time(summary[name], "import", None, name)
+                    times = {name: None if summary.get(name) is None else _stored_time(summary[name], "import", None, name)
                              for name in ("event", "recorded")}  # as the store keeps a turn's (checked above)
                     records.append({"t": "summary", "row": 0, "memory": self.store.memory_of(memory.memory_id),
                                     "text": summary["text"], **times, "replaces": None,
