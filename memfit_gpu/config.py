@@ -239,6 +239,10 @@ class BeamEvalConfig:
     accept_at: float = 0.5
 
 
+# what hit@K and MRR rank over (eval.hit_list): config's choices and retrieve/diagnostics.py's check
+HIT_LISTS = ("final", "episodes")
+
+
 @dataclass
 class EvalConfig:
     metrics: list[str] = field(default_factory=lambda: ["paper", "locomo", "memgallery"])  # F1/BLEU-1 variants
@@ -482,7 +486,7 @@ _CHOICES: dict[str, Sequence[str | None]] = {
     "eval.beam.partial": ("keep", "floor"),
     "eval.beam.event_ordering": ("tau_f1", "tau", "rubric"),
     "eval.table_metric": ("paper", "locomo", "memgallery"),
-    "eval.hit_list": ("final", "episodes"),
+    "eval.hit_list": HIT_LISTS,
     "tracking.wandb.mode": ("online", "offline", "disabled"),
     "method": _REGISTERED["method"],
     "lightmem.routing": ("slm", "mtm", "ltm"),

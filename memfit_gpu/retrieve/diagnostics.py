@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memfit_gpu.config import HIT_LISTS
 from memfit_gpu.data.schema import Question, written_turn_id
 from memfit_gpu.retrieve.batched import RetrievalResult
 from memfit_gpu.retrieve.view import ReadView
@@ -63,8 +64,8 @@ def compute_diagnostics(results: Sequence[RetrievalResult], questions: Sequence[
     Questions (memory_id, category, evidence); hit_list: final (summaries hold ranks) | episodes."""
     if len(results) != len(questions):
         raise ValueError(f"diagnostics: {len(results)} results for {len(questions)} questions")
-    if hit_list not in ("final", "episodes"):
-        raise ValueError(f"diagnostics: hit_list must be final or episodes, not {hit_list!r}")
+    if hit_list not in HIT_LISTS:
+        raise ValueError(f"diagnostics: hit_list must be one of {', '.join(HIT_LISTS)}, not {hit_list!r}")
     # A turn id the benchmark repeats names several rows (the loader renamed the later ones "#dup<n>"): a
     # gold id matches all of them, since nothing says which one the annotators meant.
     # An id that only looks renamed (a benchmark's own "x#dup2") still matches itself.

@@ -356,5 +356,5 @@ def test_diagnostics_rank_in_the_final_list_where_summaries_hold_ranks() -> None
     assert final["hit_list"] == "final" and final["overall"]["mrr"] == 1 / 6
     episodes, (alone,) = compute_diagnostics([result], [question], view, hit_list="episodes")
     assert (alone["hit@5"], alone["rr"]) == (True, 1.0) and episodes["hit_list"] == "episodes"
-    with pytest.raises(ValueError, match="hit_list must be final or episodes, not 'summaries'"):
+    with pytest.raises(ValueError, match="hit_list must be one of final, episodes, not 'summaries'"):
         compute_diagnostics([result], [question], view, hit_list="summaries")
