@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import errno
 import glob
+import hashlib
 import json
 import logging
 import math
 import os
 import secrets
+import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -96,7 +99,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         try:
             faults.io_fault(path)
             # a name of this writer's own, created exclusively, with the mode any new file gets (umask)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.tmp")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
+                                 f"-{_writer_place()}.tmp")
             with open(tmp, "x", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
@@ -115,21 +119,45 @@ def temporaries(path: Path) -> list[Path]:
     return list(path.parent.glob(f".{glob.escape(path.name)}.*-*-*.tmp"))
 
 
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporary files beside `path` left by writers that were killed before their rename (their process
-    is gone): removed, so no old copy of the file's contents outlives it."""
-    for stray in temporaries(path):
-        pid = stray.name[len(path.name) + 2:].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            with suppress(OSError):
-                stray.unlink()
-        except PermissionError:  # another user's live process
-            pass
+# A temporary file whose writer cannot be asked whether it lives (another node's, another PID namespace's, an
+# older memfit's without the place in its name) is another writer's for this long: no text write takes an hour.
+FOREIGN_TEMPORARY_S = 3600.0
+_PLACE: list[str] = []
 
+
+def _writer_place() -> str:
+    """Where this process's PIDs mean something: its host and PID namespace, hashed to 8 hex digits. A PID
+    is asked after (os.kill) only in the place that gave it: two SLURM tasks on two nodes share the sweep's
+    folder, and a PID of the one is a dead or unrelated process on the other."""
+    if not _PLACE:
+        try:
+            namespace = os.readlink("/proc/self/ns/pid")
+        except OSError:  # no /proc (macOS): the host alone
+            namespace = ""
+        _PLACE.append(hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode()).hexdigest()[:8])
+    return _PLACE[0]
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary files beside `path` left by writers that were killed before their rename: removed, so no
+    old copy of the file's contents outlives it. A writer of this place is gone when its process is; any
+    other's temporary goes once it is FOREIGN_TEMPORARY_S old (a live writer elsewhere keeps its own)."""
+    for stray in temporaries(path):
+        pid, *rest = stray.name[len(path.name) + 2:-len(".tmp")].split("-")
+        if len(rest) == 3 and rest[2] == _writer_place() and pid.isdigit():
+            if int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with suppress(OSError):
+                    stray.unlink()
+            except PermissionError:  # another user's live process
+                pass
+            continue
+        with suppress(OSError):
+            if time.time() - stray.stat().st_mtime > FOREIGN_TEMPORARY_S:
+                stray.unlink()
 
 
 def write_output(path: str | Path, text: str) -> None:

@@ -10,11 +10,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from memfit_gpu import faults
+from memfit_gpu import faults, files
 from memfit_gpu.cli import main
 from memfit_gpu.cli.errors import storage_line
 from memfit_gpu.faults import IO_FAULT_ENV
@@ -295,3 +296,25 @@ def test_a_run_whose_cached_answer_was_changed_exits_2_naming_the_cache(
     assert code == 2 and "Traceback" not in "\n".join(err)
     assert err[-1].startswith(f"memfit run: error: {out / 'cache.sqlite'}: damaged (the cached response under key ")
     assert "does not match its digest" in err[-1] and not (out / "predictions.jsonl").exists()
+
+
+def test_a_temporary_of_another_node_is_kept_while_its_writer_may_live(tmp_path: Path) -> None:
+    """Two SLURM tasks on two nodes write one sweep.json: a PID in the other node's temporary name is a dead or
+    unrelated process here, and its live write was deleted (its rename then failed). Only this place's dead
+    writers' temporaries go at once; anyone else's once no write could still be under way."""
+    target = tmp_path / "sweep.json"
+    atomic_write_text(target, "first")
+    dead = 2 ** 22 + 12345  # above pid_max's default: no process has it
+    here = tmp_path / f".sweep.json.{dead}-1-abcd1234-{files._writer_place()}.tmp"
+    elsewhere = tmp_path / f".sweep.json.{dead}-1-abcd1234-0badf00d.tmp"
+    older = tmp_path / f".sweep.json.{dead}-1-abcd1234.tmp"  # an older memfit's name, place unknown
+    alive = tmp_path / f".sweep.json.{os.getppid()}-1-abcd1234-{files._writer_place()}.tmp"
+    for stray in (here, elsewhere, older, alive):
+        stray.write_text("half")
+    atomic_write_text(target, "second")
+    assert sorted(p.name for p in temporaries(target)) == sorted([elsewhere.name, older.name, alive.name])
+    past = time.time() - files.FOREIGN_TEMPORARY_S - 5
+    for stray in (elsewhere, older, alive):
+        os.utime(stray, (past, past))
+    atomic_write_text(target, "third")
+    assert temporaries(target) == [alive] and target.read_text() == "third"
