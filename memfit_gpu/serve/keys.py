@@ -102,6 +102,12 @@ class KeyRing:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise DataError(str(path), None, None, f"not UTF-8 text (byte {exc.start}): a keys file is JSON Lines") from None
+        return cls.parse(text, path)
+
+    @classmethod
+    def parse(cls, text: str, path: Path) -> KeyRing:
+        """The keys of a keys file's `text` (what `load` read from `path`); a DataError naming the line and the
+        field."""
         keys = []
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -170,6 +176,8 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
         text = raw.decode("utf-8")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         taken = {k.name for k in existing}
+        if name is not None and not name.strip():  # stored as no name: key<line>, maybe another key's name
+            raise DataError(str(path), None, "name", "a key's name is a non-empty label (leave it out for key<N>)")
         if name is not None and name in taken:
             raise DataError(str(path), None, "name", f"{name!r} is the name of another key in it")
         # named by the line it goes on, as a hand-written key without a name is (a revoked key's line stays,
@@ -179,6 +187,8 @@ def new_key(path: str | Path, users: Sequence[str], name: str | None = None, adm
             number += 1
         entry = ApiKey(name or f"key{number}", digest(key), frozenset(users), admin)
         kept = text.rstrip("\n") + "\n" if text.strip() else ""  # the other keys' lines as they were, byte for byte
+        # never write a file that does not read: a server serving from it would refuse every key
+        KeyRing.parse(kept + json.dumps(entry.to_json()) + "\n", path)
         atomic_write_text(path, kept + json.dumps(entry.to_json()) + "\n")
     return key
 

@@ -123,3 +123,17 @@ def test_a_server_reads_its_keys_file_again_when_it_changes(tmp_path: Path, caps
         assert server.stop() == 0
     finally:
         server.kill()
+
+
+def test_an_empty_key_name_is_refused_not_stored_as_another_key_s(tmp_path: Path, capsys) -> None:
+    """`memfit keys new --name ""` stored an empty name, which reads as `key<line>`: the name of a key already
+    there. The file then no longer read, so a running server refused every user's key, and neither `keys new`
+    nor `keys revoke` could mend it."""
+    keys = tmp_path / "keys.jsonl"
+    new_key(keys, ["alice"], name="key2")
+    before = keys.read_bytes()
+    for empty in ("", "  "):
+        assert main(["keys", "new", "--keys", str(keys), "--user", "bob", "--name", empty]) == 2
+        assert "field 'name': a key's name is a non-empty label" in capsys.readouterr().err
+        assert keys.read_bytes() == before
+    assert [k.name for k in KeyRing.load(keys).keys] == ["key2"]
