@@ -80,7 +80,8 @@ class MemFit:
         cfg = self.cfg = self.path_config(run.cfg)
         self.reranker = load_reranker(cfg.rerank, cfg.index)
         self.encoder = load_bi_encoder(cfg.index)
-        self.store = EpisodeStore(run.store_location(), cfg, self.encoder)
+        # another run's store (`memfit retrieve --store`) is read, never written: no snapshot, no repair
+        self.store = EpisodeStore(run.store_location(), cfg, self.encoder, read_only=run.store_path is not None)
         held = set(self.store.memory_ids)
         new = [m for m in run.memories if m.memory_id not in held]
         if new and run.store_path is not None:

@@ -101,8 +101,13 @@ class EpisodeStore:
     columns and their record handlers are `self.columns` (store/columns.py); the write batch's records
     come from store/write_path.py, opening and log replay from store/replay.py."""
 
-    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None):
+    def __init__(self, path: str | Path | None, cfg: MemFitConfig | None = None, encoder: TextEncoder | None = None,
+                 read_only: bool = False):
+        """read_only: read the store at `path` without changing a byte of its folder (no snapshot, no repair, no
+        write: `memfit retrieve --store` reads another run's store); what an open to write would mend is refused
+        (store/replay.py open_log)."""
         self.cfg = cfg or MemFitConfig()
+        self.read_only = read_only
         if encoder is None:
             encoder = load_bi_encoder(self.cfg.index)
         self.encoder = encoder
@@ -527,6 +532,8 @@ class EpisodeStore:
         return np.arange(first, self.size, dtype=np.int64)
 
     def _check_writable(self) -> None:
+        if self.read_only:
+            raise StoreClosedError(f"{self.path}: the store was opened to read only: nothing was written")
         if self.path is not None and self._log is None:
             raise StoreClosedError(f"{self.path}: the store is closed (or a compaction that failed half-way closed "
                                    "its log): nothing was written. Open it again (opening finishes or undoes that "
@@ -805,7 +812,7 @@ class EpisodeStore:
         every record applied to the columns (cheap, no model), the records after the snapshot replayed
         into the indexes, and a new snapshot when there were any, so the next open encodes nothing."""
         assert self.path is not None
-        opened = open_log(self.path, self._snapshot_dir(), self.cfg, self.dim)
+        opened = open_log(self.path, self._snapshot_dir(), self.cfg, self.dim, self.read_only)
         self._log, self._commits = opened.log, opened.commits
         if opened.created:
             return
@@ -824,7 +831,7 @@ class EpisodeStore:
                     tail, f"the snapshot of record {covered}" if covered else "no usable snapshot", texts)
         for chunk in replay_chunks(self._log, covered, self.dim, self.cfg.store.write_budget_mb):
             self._index_records(chunk)
-        if tail:  # so that the next open loads everything from a snapshot and encodes nothing
+        if tail and not self.read_only:  # so that the next open loads everything from a snapshot and encodes nothing
             self.snapshot()
         log.info("EpisodeStore: opened %s: %d memories, %d episodes (%d live), %d summaries",
                  self.path, len(self.memory_ids), self.size, int((~self.deleted).sum()), len(self.summaries))
@@ -837,7 +844,7 @@ class EpisodeStore:
     def snapshot(self) -> None:
         """Write index state covering every record logged so far (no-op in memory or when current);
         see store/snapshot.py."""
-        if self._log is None or len(self._log) == self._snapshot_records:
+        if self._log is None or len(self._log) == self._snapshot_records or self.read_only:
             return
         self.index_pending()  # a snapshot never covers a logged turn its indexes lack
         count = len(self._log)
@@ -879,6 +886,7 @@ class EpisodeStore:
         or undoes the swap. The store is closed afterwards: open it again to use it. Returns counts."""
         if self._log is None or self.path is None:
             raise ValueError("EpisodeStore.compact: an in-memory store has nothing on disk to compact")
+        self._check_writable()
         for memory in range(len(self.memory_ids)):
             kind = self.episode_dense.memory_kind(memory)
             if kind not in (None, "Flat"):

@@ -57,10 +57,16 @@ def committed_records(record_log: RecordLog) -> int:
     return committed
 
 
-def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> OpenedLog:
+def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int, read_only: bool = False) -> OpenedLog:
     """The store folder's log, made ready to replay: a killed compaction finished or undone, a killed
     snapshot's staging folder removed, a new log given its header, an old one's header checked against
-    the encoder and its uncommitted last batch dropped whole."""
+    the encoder and its uncommitted last batch dropped whole.
+
+    read_only: change no byte of the folder (`memfit retrieve --store`, whose store is another's); what an
+    open to write would mend (a compaction or a batch a killed writer left, a log a snapshot outruns) is then
+    a StoreCorruptError saying what to run, never dropped."""
+    if read_only:
+        return _open_to_read(path, snapshots, cfg, dim)
     compaction.finish_compaction(path)
     path.mkdir(parents=True, exist_ok=True)
     clear_staging(snapshots)  # a snapshot interrupted while being written
@@ -76,6 +82,34 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> Opened
     if not len(record_log):
         record_log.append([{"t": "header", "format": LOG_FORMAT, "encoder": cfg.index.encoder, "dim": dim}])
         return OpenedLog(record_log, commits=True, created=True)
+    commits = _checked_header(record_log, cfg, dim)
+    committed = committed_records(record_log) if commits else len(record_log)
+    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
+    if widest is not None and widest[0] > committed:
+        # a snapshot is written after the records it covers were committed, and an fsynced log (store.fsync: every
+        # live memory's) keeps what it committed through any crash: the log lost acknowledged records to an outside
+        # hand (cut short, an older copy put back). Opening would serve a smaller memory, and the next snapshots
+        # would prune the only trace of the loss. (Without fsync, an OS crash may lose the log's last writes and
+        # keep a later snapshot: that snapshot is skipped and a benchmark build writes them again.)
+        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest) +
+                                "Put the whole log back; to open the store as the log now stands, losing those "
+                                "records, remove the snapshots that cover more than it holds")
+    if commits:
+        if committed < len(record_log):
+            log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
+                        "killed): dropping them whole", record_log.path, len(record_log) - committed)
+            record_log.drop_records(committed)
+    return OpenedLog(record_log, commits=commits, created=False)
+
+
+def _outrun(committed: int, widest: tuple[int, Path]) -> str:
+    return (f"holds {committed} committed records, while {widest[1]} (its checksums intact) covers {widest[0]}: "
+            "records the store had acknowledged are missing from the log (it was cut short or replaced by an older "
+            "copy); nothing was opened or dropped. ")
+
+
+def _checked_header(record_log: RecordLog, cfg: MemFitConfig, dim: int) -> bool:
+    """The log's header checked against this memfit and the encoder; whether its batches end in commits."""
     header = next(record_log.iter_records(0, 1))
     if header.get("t") != "header":
         raise ValueError(f"{record_log.path}: first record is not a store header")
@@ -87,26 +121,29 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> Opened
                          f"({header.get('encoder')}), the encoder gives {dim}-d")
     if header.get("encoder") != cfg.index.encoder:
         log.warning("%s: built with encoder %s, opened with %s", record_log.path, header.get("encoder"), cfg.index.encoder)
-    commits = header.get("format") == LOG_FORMAT
-    committed = committed_records(record_log) if commits else len(record_log)
-    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
-    if widest is not None and widest[0] > committed:
-        # a snapshot is written after the records it covers were committed, and an fsynced log (store.fsync: every
-        # live memory's) keeps what it committed through any crash: the log lost acknowledged records to an outside
-        # hand (cut short, an older copy put back). Opening would serve a smaller memory, and the next snapshots
-        # would prune the only trace of the loss. (Without fsync, an OS crash may lose the log's last writes and
-        # keep a later snapshot: that snapshot is skipped and a benchmark build writes them again.)
+    return header.get("format") == LOG_FORMAT
+
+
+def _open_to_read(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> OpenedLog:
+    """open_log(read_only=True): the log as it stands, refused where an open to write would change it."""
+    log_path = path / "log.jsonl"
+    mend = f"open it to write once (`memfit store repair {path}` shows and mends what is left), then read it"
+    if not log_path.is_file() or not log_path.stat().st_size:
+        interrupted = any(d.exists() for d in compaction.compaction_dirs(path))
         raise StoreCorruptError(str(log_path), None, None,
-                                f"holds {committed} committed records, while {widest[1]} (its checksums intact) covers "
-                                f"{widest[0]}: records the store had acknowledged are missing from the log (it was "
-                                "cut short or replaced by an older copy); nothing was opened or dropped. "
-                                "Put the whole log back; to open the store as the log now stands, losing those "
-                                "records, remove the snapshots that cover more than it holds")
-    if commits:
-        if committed < len(record_log):
-            log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
-                        "killed): dropping them whole", record_log.path, len(record_log) - committed)
-            record_log.drop_records(committed)
+                                "a compaction of this store was interrupted mid-swap: " + mend if interrupted
+                                else "no store log there: not a store (or not built yet); nothing was read")
+    record_log = RecordLog(log_path, read_only=True)
+    commits = _checked_header(record_log, cfg, dim)
+    committed = committed_records(record_log) if commits else len(record_log)
+    if committed < len(record_log):
+        raise StoreCorruptError(str(log_path), None, None,
+                                f"the last {len(record_log) - committed} records are a write batch that was never "
+                                "committed (its writer was killed, or the log was cut short); opened to read only, "
+                                f"nothing was dropped: {mend}")
+    widest = widest_snapshot(snapshots)
+    if widest is not None and widest[0] > committed:  # whether an OS crash or an outside hand cut it: not ours to drop
+        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest) + mend)
     return OpenedLog(record_log, commits=commits, created=False)
 
 

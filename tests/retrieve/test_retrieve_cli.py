@@ -185,3 +185,27 @@ def test_a_huge_turn_is_reported_and_cut_in_every_excerpt(tmp_path, locomo_path)
             in row["excerpts"]
         assert len(row["excerpts"]) < 100_000 + 30 * 1_000
     assert all("excerpt_chars_cut" not in row for row in rows.values() if row not in with_huge)
+
+
+def test_retrieve_reads_a_given_store_without_changing_a_byte_of_it(tmp_path, locomo_path, smoke_run_dir,
+                                                                     capsys) -> None:
+    """`--store` names another run's store, "never written": it was opened to write, so a log whose last commit
+    was cut short lost its last (committed, snapshotted) batch and got a new snapshot before the command failed.
+    Now the store reads as it stands, or the command refuses it (exit 2) leaving every byte as it was."""
+    def folder(path: Path) -> dict[str, str]:
+        return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(path.rglob("*")) if p.is_file()}
+
+    store = tmp_path / "store"
+    shutil.copytree(smoke_run_dir[0] / "store", store)
+    before = folder(store)
+    args = ["retrieve", "--config", "configs/smoke.yaml", "--benchmark", "locomo", "--data", str(locomo_path),
+            "--store", str(store)]
+    assert main([*args, "--out", str(tmp_path / "read")]) == 0 and folder(store) == before
+    assert (tmp_path / "read" / "packs.jsonl").read_text().count("\n") == 6
+    log_path = store / "log.jsonl"
+    log_path.write_bytes(log_path.read_bytes()[:-30])  # the last commit record cut short
+    cut = folder(store)
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "refused")]) == 2
+    assert "write batch that was never committed" in capsys.readouterr().err and folder(store) == cut

@@ -20,6 +20,7 @@ from memfit_gpu.data.schema import Image, Memory, Session, Turn
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import EpisodeStore, compaction, episode_text
+from memfit_gpu.store.episodes import StoreClosedError
 from memfit_gpu.store.log import StoreCorruptError
 from memfit_gpu.store.snapshot import meta_digest
 
@@ -686,3 +687,33 @@ def test_compact_killed_at_any_step_leaves_the_old_or_the_new_store(tmp_path, bi
 def test_compact_of_an_in_memory_store_is_an_error(bi_encoder):
     with pytest.raises(ValueError, match="in-memory store has nothing on disk"):
         EpisodeStore(None, MemFitConfig(), bi_encoder).compact()
+
+
+def _folder_bytes(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+
+
+def test_a_store_opened_to_read_changes_no_byte_and_refuses_what_a_writer_would_mend(tmp_path, bi_encoder):
+    """`memfit retrieve --store` reads another run's store: it opened it to write, so a log whose last commit
+    was cut short had its last batch dropped (12 committed, snapshotted episodes gone from the log) and a new
+    snapshot written, before the run failed anyway. Opened to read, the folder is never changed: a clean store
+    reads as a writer would, and what a writer would mend is refused, saying what to run."""
+    store, _ = _store_with_live_turn(tmp_path, bi_encoder)
+    store.snapshot()
+    store.close()
+    before = _folder_bytes(tmp_path)
+    reader = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
+    assert reader.size == 8 and reader.body(7) == "Back from camping!" and _folder_bytes(tmp_path) == before
+    with pytest.raises(StoreClosedError, match="opened to read only: nothing was written"):
+        reader.append_turn("conv-a", _turn("D3:2", "Melanie", "Again!", JUNE, "2023-06-28T10:00:00"))
+    assert _folder_bytes(tmp_path) == before
+    log_path = Path(tmp_path) / "log.jsonl"
+    log_path.write_bytes(before["log.jsonl"][:-30])  # the last commit record cut short
+    cut = _folder_bytes(tmp_path)
+    with pytest.raises(StoreCorruptError, match=r"write batch that was never committed .* nothing was dropped: "
+                                                r"open it to write once \(`memfit store repair"):
+        EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
+    assert _folder_bytes(tmp_path) == cut
+    (Path(tmp_path) / "log.jsonl").unlink()
+    with pytest.raises(StoreCorruptError, match="no store log there"):
+        EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
