@@ -172,6 +172,7 @@ def _lock_of(store: Path, run_dir: Path | None) -> Path:
 
 def repair_command(args: argparse.Namespace) -> int:
     from memfit_gpu.run.directory import is_memory_folder, is_run_directory, run_config
+    from memfit_gpu.store.compaction import interrupted
     from memfit_gpu.store.repair import repair_store
 
     path = Path(args.dir)
@@ -183,15 +184,20 @@ def repair_command(args: argparse.Namespace) -> int:
     else:
         store = path
         run_dir = path.parent if is_run_directory(path.parent) else None
-    if not (store / "log.jsonl").is_file():
+    if not (store / "log.jsonl").is_file() and not interrupted(store):
         raise FileNotFoundError(f"{path}: {_NOT_A_TARGET}")
     with locked(_lock_of(store, run_dir)):
         report = repair_store(store, dry_run=args.dry_run)
     if report.torn_bytes:  # what any open to write does too; said here so that a dry run shows it
         print(f"  the log {'ends' if args.dry_run else 'ended'} in a torn record of {report.torn_bytes} bytes (a "
               f"killed writer's): {'the repair cuts it off' if args.dry_run else 'cut off'}, as any open does")
+    if report.uncommitted:  # likewise (a store opened to read only, `memfit retrieve --store`, refuses it)
+        print(f"  the log {'ends' if args.dry_run else 'ended'} in a write batch of {report.uncommitted} records that "
+              f"was never committed (a killed writer's): {'the repair drops it' if args.dry_run else 'dropped'}, as "
+              "any open to write does")
     if not report.dropped:
-        print(f"memfit store repair: {store}: all {report.batches} write batches apply; nothing to repair")
+        print(f"memfit store repair: {store}: all {report.batches} write batches apply; nothing "
+              f"{'else ' if report.torn_bytes or report.uncommitted else ''}to repair")
         return 0
     for item in report.dropped:
         print(f"  log record {item['log_record']}: {item['reason']} ({item['records']} records"

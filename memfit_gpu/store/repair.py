@@ -28,6 +28,7 @@ import torch
 from memfit_gpu import faults
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.files import write_jsonl_atomic
+from memfit_gpu.store import compaction
 from memfit_gpu.store.columns import RecordRefused
 from memfit_gpu.store.compaction import fsync_dir
 from memfit_gpu.store.episodes import EpisodeStore
@@ -56,11 +57,13 @@ class RepairReport:
     dropped_file: str | None = None
     snapshots_removed: int = 0
     torn_bytes: int = 0  # a torn last record a killed writer left: cut off (a dry run: left in place)
+    uncommitted: int = 0  # records of a last batch without its commit record (a killed writer's): dropped whole
 
     def to_json(self) -> dict[str, Any]:
         return {"batches": self.batches, "batches_dropped": len(self.dropped), "records_dropped": self.records_dropped,
                 "dropped": self.dropped, "backup": self.backup, "dropped_file": self.dropped_file,
-                "snapshots_removed": self.snapshots_removed, "torn_bytes": self.torn_bytes}
+                "snapshots_removed": self.snapshots_removed, "torn_bytes": self.torn_bytes,
+                "uncommitted": self.uncommitted}
 
 
 def _batches(records: list[dict[str, Any]], commits: bool) -> list[list[dict[str, Any]]]:
@@ -81,6 +84,8 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
     change nothing. The caller holds the store's lock."""
     store = Path(store)
     path = store / "log.jsonl"
+    if not dry_run:  # as any open to write: a killed compaction finished or undone first
+        compaction.finish_compaction(store)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no store log there")
     report = RepairReport()
@@ -132,7 +137,14 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
                                    "records": len(body), "kept_memory_records": len(salvaged)})
             log.warning("%s: dropping the batch at record %d (%d records): %s", path, position + 1, len(body), exc.reason)
         position += len(batch)
-    if dry_run or first_change is None:
+    report.uncommitted = len(records) - sum(len(batch) for batch in _batches(records, commits))
+    if dry_run:
+        return report
+    if first_change is None:
+        if report.uncommitted:  # what any open to write drops, dropped here too (read-only opens refuse it)
+            tail = RecordLog(path)
+            tail.drop_records(len(records) - report.uncommitted)
+            tail.close()
         return report
     # Every step leaves a store that opens as the old one or the repaired one, so a kill anywhere is undone by
     # the same command again: the dropped records and the new log beside the old; the snapshots past the first

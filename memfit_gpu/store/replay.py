@@ -91,9 +91,7 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int, read_only
         # hand (cut short, an older copy put back). Opening would serve a smaller memory, and the next snapshots
         # would prune the only trace of the loss. (Without fsync, an OS crash may lose the log's last writes and
         # keep a later snapshot: that snapshot is skipped and a benchmark build writes them again.)
-        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest) +
-                                "Put the whole log back; to open the store as the log now stands, losing those "
-                                "records, remove the snapshots that cover more than it holds")
+        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest))
     if commits:
         if committed < len(record_log):
             log.warning("%s: the last %d records are a write batch that was never committed (its writer was "
@@ -105,7 +103,8 @@ def open_log(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int, read_only
 def _outrun(committed: int, widest: tuple[int, Path]) -> str:
     return (f"holds {committed} committed records, while {widest[1]} (its checksums intact) covers {widest[0]}: "
             "records the store had acknowledged are missing from the log (it was cut short or replaced by an older "
-            "copy); nothing was opened or dropped. ")
+            "copy); nothing was opened or dropped. Put the whole log back; to open the store as the log now stands, "
+            "losing those records, remove the snapshots that cover more than it holds")
 
 
 def _checked_header(record_log: RecordLog, cfg: MemFitConfig, dim: int) -> bool:
@@ -141,9 +140,9 @@ def _open_to_read(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> O
                                 f"the last {len(record_log) - committed} records are a write batch that was never "
                                 "committed (its writer was killed, or the log was cut short); opened to read only, "
                                 f"nothing was dropped: {mend}")
-    widest = widest_snapshot(snapshots)
-    if widest is not None and widest[0] > committed:  # whether an OS crash or an outside hand cut it: not ours to drop
-        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest) + mend)
+    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
+    if widest is not None and widest[0] > committed:  # as an open to write refuses it (open_log says why)
+        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest))
     return OpenedLog(record_log, commits=commits, created=False)
 
 

@@ -22,6 +22,7 @@ from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import EpisodeStore, compaction, episode_text
 from memfit_gpu.store.episodes import StoreClosedError
 from memfit_gpu.store.log import StoreCorruptError
+from memfit_gpu.store.repair import repair_store
 from memfit_gpu.store.snapshot import meta_digest
 
 pytestmark = pytest.mark.slow  # real model weights (the session's bi_encoder)
@@ -714,6 +715,11 @@ def test_a_store_opened_to_read_changes_no_byte_and_refuses_what_a_writer_would_
                                                 r"open it to write once \(`memfit store repair"):
         EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
     assert _folder_bytes(tmp_path) == cut
+    # `memfit store repair` says so (its dry run said "nothing to repair") and drops it, as an open to write does
+    assert repair_store(tmp_path, dry_run=True).uncommitted == 1 and _folder_bytes(tmp_path) == cut
+    assert repair_store(tmp_path).uncommitted == 1
+    mended = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
+    assert mended.size == 7 and mended.turn_id.tolist()[-1] == "D1:2"
     (Path(tmp_path) / "log.jsonl").unlink()
     with pytest.raises(StoreCorruptError, match="no store log there"):
         EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
