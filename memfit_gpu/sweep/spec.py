@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import string
 import sys
@@ -31,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
-from memfit_gpu.config import ConfigError, load_config
-from memfit_gpu.data import DataNotFoundError, data_location
+from memfit_gpu.config import ConfigError, MemFitConfig, load_config
+from memfit_gpu.data import DataNotFoundError, data_location, resolve_data_path
 from memfit_gpu.mappings import flatten
 
 log = logging.getLogger(__name__)
@@ -146,16 +148,31 @@ class SweepSpec:
 
 
 def override_arg(key: str, value: Any) -> str:
-    """`key=value` as OmegaConf's dot-list reads it back to the same value."""
+    """`key=value` as OmegaConf's dot-list reads it back to the same value (a text YAML would read as
+    another type, "1.10" or "on", is quoted)."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif value is None:
         text = "null"
     elif isinstance(value, (list, dict)):
         text = json.dumps(value)  # JSON is YAML flow syntax
+    elif isinstance(value, str) and not _reads_back(value):
+        text = json.dumps(value)  # a YAML double-quoted scalar
     else:
         text = str(value)
     return f"{key}={text}"
+
+
+def dotlist_value(text: str) -> Any:
+    """The value `key=text` gives on a command line (OmegaConf's dot-list: YAML), as `memfit run` reads it."""
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]), resolve=False)["value"]
+
+
+def _reads_back(text: str) -> bool:
+    try:
+        return dotlist_value(text) == text
+    except Exception:  # noqa: BLE001  (whatever the dot-list parser refuses is quoted)
+        return False
 
 
 def _id_value(value: Any) -> str:
@@ -310,11 +327,13 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     name = str(data.get("name") or path.stem)
     _check_sweep_name(name, str(path))
     fixed = _flat_mapping(data.get("fixed"), f"{path}: fixed")
+    from_command_line: set[str] = set()
     for item in extra_overrides:
         if "=" not in item:
             raise SweepError(f"override {item!r} is not key=value (e.g. reader.backend=openai)")
         key, value = item.split("=", 1)
-        fixed[key] = value  # kept as text: override_arg passes it through as typed
+        fixed[key] = dotlist_value(value)  # as `memfit run key=value` reads it (pack.k=3 is 3, [a,b] a list)
+        from_command_line.add(key)
 
     grid = _flat_mapping(data.get("grid"), f"{path}: grid")
     for key, values in grid.items():
@@ -350,6 +369,14 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     if both:
         raise SweepError(f"{path}: {both[0]} is set by fixed: (or a command-line override) and by grid, which "
                          "would replace it at every point; set it in one place")
+    # a command-line override is one every point gets (its --help): a point of the file that sets the key too
+    # would keep its own value, so the override would hold at some points only
+    for i, point in enumerate(overrides[len(overrides) - len(explicit):] if explicit else []):
+        clash = sorted(k for k in from_command_line for v in flatten(point)
+                       if k == v or k.startswith(f"{v}.") or v.startswith(f"{k}."))
+        if clash:
+            raise SweepError(f"{path}: the command-line override {clash[0]} is also set by points[{i}], which would "
+                             "keep its own value there; change it in the sweep file")
     slurm_data = _flat_mapping(data.get("slurm"), f"{path}: slurm")
     allowed = {f.name for f in dataclasses.fields(SlurmSettings)}
     bad = sorted(set(slurm_data) - allowed)
@@ -385,25 +412,36 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
 def pin_data_location(spec: SweepSpec) -> SweepSpec:
     """The spec with `data.path` fixed to where this process finds the data, when the config leaves it
     to the environment ($MEMFIT_DATA_DIR, the fetch cache): SLURM tasks and local points then read the
-    same files, whatever their own environment holds. A sweep whose data cannot be found stops here,
-    before anything is submitted."""
-    pinned: dict[str, Any] = {}
+    same files, whatever their own environment holds. Points that read other splits (BEAM's, each in a
+    folder of its own) get the folder holding them all, where each point's split finds its own files. A
+    sweep whose data cannot be found stops here, before anything is submitted."""
+    found: dict[str, tuple[MemFitConfig, list[Path], str]] = {}  # per point: config, files, data.path
     for point in spec.points:
         cfg = load_config(spec.config, point_overrides(spec.name, spec.fixed, point))
         if cfg.data.path is not None:
             continue
         try:
-            where = str(data_location(cfg.data.benchmark, None, cfg.data.split))
+            found[point.point_id] = (cfg, resolve_data_path(cfg.data.benchmark, None, cfg.data.split),
+                                     str(data_location(cfg.data.benchmark, None, cfg.data.split)))
         except DataNotFoundError as exc:
             raise SweepError(f"{spec.source}: point {point.point_id}: {exc}") from None
-        if pinned.get("data.path", where) != where:
-            raise SweepError(f"{spec.source}: points read different benchmarks; give each its data.path")
-        pinned["data.path"] = where
-    if not pinned:
+    if not found:
         return spec
-    log.info("sweep %s: data.path=%s for every point (found here; tasks get it explicitly)", spec.name,
-             pinned["data.path"])
-    return dataclasses.replace(spec, fixed={**spec.fixed, **pinned})
+    locations = {location for _, _, location in found.values()}
+    where = next(iter(locations))
+    if len(locations) > 1:
+        where = os.path.commonpath(sorted(locations))
+        for point_id, (cfg, files, _) in found.items():
+            try:
+                same = ([f.resolve() for f in resolve_data_path(cfg.data.benchmark, where, cfg.data.split)]
+                        == [f.resolve() for f in files])
+            except DataNotFoundError:
+                same = False
+            if not same:
+                raise SweepError(f"{spec.source}: point {point_id}: the points read data in different places "
+                                 f"({', '.join(sorted(locations))}) that no one data.path finds; give each its data.path")
+    log.info("sweep %s: data.path=%s for every point (found here; tasks get it explicitly)", spec.name, where)
+    return dataclasses.replace(spec, fixed={**spec.fixed, "data.path": where})
 
 
 def point_overrides(sweep_name: str, fixed: dict[str, Any], point: SweepPoint) -> list[str]:

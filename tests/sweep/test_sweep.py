@@ -14,6 +14,7 @@ from support.env import memfit_env
 from memfit_gpu.cli import main as memfit_main
 from memfit_gpu.cli.sweep import same_config
 from memfit_gpu.config import load_config, to_yaml
+from memfit_gpu.data import resolve_data_path
 from memfit_gpu.sweep import slurm, watch
 from memfit_gpu.sweep import spec as spec_module
 from memfit_gpu.sweep.aggregate import aggregate, predictions_dataset, to_csv, to_markdown
@@ -756,3 +757,47 @@ def test_a_local_sweep_killed_at_each_save_of_its_record_finishes_every_point_on
         assert record["state"] == "done" and [p["state"] for p in record["points"]] == ["done"], n
         starts = (out / "starts.log").read_text().split()
         assert starts == started_before + ([] if done_before else ["k=5"]), (n, started_before, starts)
+
+
+def test_a_text_value_reaches_its_point_as_the_same_text() -> None:
+    """`reader.model: "1.10"` and `eval.judge.model: "on"` in a sweep file ran as '1.1' and 'True': the override
+    wrote the text unquoted and the point's dot-list read it back as YAML. A command-line value is read as
+    `memfit run key=value` reads it."""
+    assert override_arg("reader.model", "1.10") == 'reader.model="1.10"'
+    assert override_arg("reader.model", "Qwen/Qwen2.5-7B-Instruct") == "reader.model=Qwen/Qwen2.5-7B-Instruct"
+    cfg = load_config(BASE, [override_arg("reader.model", "1.10"), override_arg("eval.judge.model", "on"),
+                             override_arg("tracking.wandb.group", "a: b # c")])
+    assert (cfg.reader.model, cfg.eval.judge.model, cfg.tracking.wandb.group) == ("1.10", "on", "a: b # c")
+
+
+def test_a_command_line_override_a_point_also_sets_is_refused(tmp_path: Path) -> None:
+    """`memfit sweep ... pack.k=3` is "an override every point gets", but a point of the file that set pack.k kept
+    its own 7: the override held at some points only."""
+    path = write_sweep(tmp_path, "name: s\nconfig: BASE\npoints:\n  - {name: a, retrieve.alpha: 0.3}\n"
+                                 "  - {name: b, pack.k: 7}\n")
+    assert load_sweep(path, ["pack.context_window=0"]).fixed == {"pack.context_window": 0}  # typed, as `memfit run` reads it
+    with pytest.raises(SweepError, match=r"the command-line override pack.k is also set by points\[1\]"):
+        load_sweep(path, ["pack.context_window=0", "pack.k=3"])
+    # a fixed: key of the file stays the default of the points that do not set it (documented)
+    fixed = write_sweep(tmp_path, "name: s\nconfig: BASE\nfixed: {pack.k: 3}\npoints:\n  - {name: b, pack.k: 7}\n")
+    assert load_sweep(fixed).points[0].overrides == {"pack.k": 7}
+
+
+def test_points_of_several_beam_splits_get_the_folder_holding_them(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """BEAM's splits lie in folders of their own: the splits sweep stopped at once with "points read different
+    benchmarks". The points now get the folder holding them, where each point's split finds its own files."""
+    data = tmp_path / "data"
+    for split in ("100K", "500K"):
+        (data / "beam" / split / "1").mkdir(parents=True)
+        (data / "beam" / split / "1" / "chat.json").write_text("[]")
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("MEMFIT_DATA_DIR", str(data))
+    path = write_sweep(tmp_path, f"name: s\nconfig: {REPO / 'configs' / 'demo_beam.yaml'}\n"
+                                 "grid: {data.split: [100K, 500K]}\n")
+    pinned = pin_data_location(load_sweep(path))
+    assert pinned.fixed["data.path"] == str((data / "beam").resolve())
+    for point in pinned.points:
+        cfg = load_config(pinned.config, point_overrides(pinned.name, pinned.fixed, point))
+        assert resolve_data_path("beam", cfg.data.path, cfg.data.split) == [
+            (data / "beam" / cfg.data.split / "1" / "chat.json").resolve()]
