@@ -187,17 +187,27 @@ def _selection_as_now(cfg: MemFitConfig) -> MemFitConfig:
     return cfg
 
 
+def _what_not_where(cfg: MemFitConfig) -> MemFitConfig:
+    """`cfg` without the keys that say where its inputs lie (provenance.WHERE's, in the config): the data's
+    path and the servers' URLs. A requeued SLURM task that finds the data or a judge at another path (a
+    sweep pins data.path where each task finds it) resumes the same run; provenance.json compares what the
+    inputs hold (the data files' sha256, the models), and refuses a resume where that differs."""
+    return replace(cfg, data=replace(cfg.data, path=None), reader=replace(cfg.reader, base_urls=[]),
+                   eval=replace(cfg.eval, judge=replace(cfg.eval.judge, base_urls=[])))
+
+
 def record_config(cfg: MemFitConfig, out: Path) -> None:
-    """A resumed run must have the configuration it started with: anything else mixes two runs."""
+    """A resumed run must have the configuration it started with: anything else mixes two runs (where its
+    inputs lie aside: `_what_not_where`)."""
     resolved = out / "config.yaml"
     text = to_yaml(cfg)
     if not resolved.exists():
         atomic_write_text(resolved, text)
         faults.point("config")
         return
-    before = run_config(out)
-    if _selection_as_now(before) != _selection_as_now(cfg):
-        flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(cfg))
+    before, now = _what_not_where(run_config(out)), _what_not_where(cfg)
+    if _selection_as_now(before) != _selection_as_now(now):
+        flat_a, flat_b = flatten(to_dict(before)), flatten(to_dict(now))
         diff = sorted(k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k))
         raise RunError(
             f"{out} was started with a different configuration ({', '.join(diff[:8])}"

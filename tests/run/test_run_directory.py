@@ -151,3 +151,19 @@ def test_a_run_started_under_the_old_category_default_resumes_where_it_selects_t
         else:
             with pytest.raises(RunError, match=r"started with a different configuration \(data.exclude_categories\)"):
                 record_config(now, out)
+
+
+def test_a_resume_with_its_data_or_servers_elsewhere_is_the_same_run(tmp_path: Path) -> None:
+    """A sweep pins data.path to where each task finds the data, and a requeued task may find it (or its judge
+    server) elsewhere: such a resume was refused as "a different configuration (data.path)". Where the inputs
+    lie is not compared (provenance.json compares what they hold); anything else still is."""
+    out = tmp_path / "run"
+    out.mkdir()
+    record_config(load_config(None, ["data.path=/nodeA/data/locomo10.json", "reader.backend=openai",
+                                     "reader.base_urls=[http://nodeA:8000/v1]"]), out)
+    record_config(load_config(None, ["data.path=/nodeB/shared/locomo10.json", "reader.backend=openai",
+                                     "reader.base_urls=[http://nodeB:8000/v1]",
+                                     "eval.judge.base_urls=[http://nodeB:8200/v1]"]), out)
+    with pytest.raises(RunError, match=r"different configuration \(pack.k\)"):
+        record_config(load_config(None, ["data.path=/nodeB/shared/locomo10.json", "reader.backend=openai",
+                                         "reader.base_urls=[http://nodeB:8000/v1]", "pack.k=5"]), out)
