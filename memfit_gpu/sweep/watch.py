@@ -25,11 +25,12 @@ from pathlib import Path
 
 from memfit_gpu.sweep.spec import SweepError
 
-# squeue states in which a task may still produce work (anything else, or gone from squeue, has ended)
+# squeue states in which a task may still produce work (anything else, or gone from squeue, has ended):
+# STOPPED (SIGSTOP, its node kept), SPECIAL_EXIT and RESV_DEL_HOLD (held, released by `scontrol release`) go on
 ACTIVE_STATES = frozenset(
     {
         "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-        "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT",
+        "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT", "RESV_DEL_HOLD",
     }
 )
 # A task that ends without a result file is only taken as ended once it has looked ended this long:

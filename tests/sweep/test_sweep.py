@@ -554,6 +554,11 @@ def test_watcher_settles_an_end_without_a_result_file(tmp_path: Path, monkeypatc
     assert watcher.poll(last)["3_0"].active
     listing["3_0"] = "FAILED"
     assert not watcher.poll(last)["3_0"].ended
+    # stopped or held tasks go on once continued or released: never resubmitted beside themselves
+    for waiting in ("STOPPED", "SPECIAL_EXIT", "RESV_DEL_HOLD"):
+        listing["3_0"] = waiting
+        clock.now += 60.0
+        assert watcher.poll(last)["3_0"] == watch.TaskView(waiting, active=True, ended=False), waiting
 
 
 def test_squeue_states_prefer_a_live_record_of_a_task_listed_twice(monkeypatch: pytest.MonkeyPatch) -> None:
