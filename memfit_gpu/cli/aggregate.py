@@ -27,6 +27,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         provenance_drift,
         to_csv,
         to_markdown,
+        unfinished_points,
     )
 
     sweep_dir = Path(args.dir)
@@ -48,7 +49,12 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     if args.parquet:
         table = predictions_dataset(sweep_dir)
         table.to_parquet(args.parquet)
-        log.info("wrote %d predictions of the sweep's points to %s", table.num_rows, args.parquet)
+        log.info("wrote %d predictions of the sweep's finished points to %s", table.num_rows, args.parquet)
+    unfinished = unfinished_points(sweep_dir)
+    if unfinished and (args.by or args.parquet):  # the plain table lists them, with their status
+        log.warning("%d of the sweep's points have not finished and are left out of %s: %s", len(unfinished),
+                    " and ".join(w for w, on in (("the means", args.by), ("the Parquet table", args.parquet)) if on),
+                    ", ".join(unfinished[:10]) + (" ..." if len(unfinished) > 10 else ""))
     return 0
 
 
@@ -67,8 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--by", metavar="KEY",
                    help="group the finished points by every sweep key but KEY and print each metric's mean ± std "
                         "(ddof 1) over a group: `--by seed` over repeated seeds (KEY: a sweep key or its last part, "
-                        "seed = reader.seed); writes DIR/aggregate_by_KEY.md/.csv")
+                        "seed = reader.seed); `points` of `of` finished (the others are named on stderr); writes "
+                        "DIR/aggregate_by_KEY.md/.csv")
     p.add_argument("--parquet", metavar="FILE",
-                   help="also write every point's predictions as one Parquet table (point, sweep keys, flattened "
-                        "fields); load it with datasets.load_dataset('parquet', data_files=FILE) or pandas")
+                   help="also write every finished point's predictions as one Parquet table (point, sweep keys, "
+                        "flattened fields); load it with datasets.load_dataset('parquet', data_files=FILE) or pandas")
     p.set_defaults(func=cmd_aggregate, user_errors=user_errors)

@@ -130,22 +130,33 @@ def predictions_dataset(sweep_dir: str | Path) -> datasets.Dataset:
     `retrieval.pack_hit`, `judge.verdict`). `.to_pandas()`, `.to_parquet(path)`, `.filter(...)` from there;
     `memfit aggregate DIR --parquet FILE` writes it.
 
+    Only finished points (DONE) are read: `unfinished_points` lists the others.
+
     Raises:
-        SweepError: no point has predictions yet.
+        SweepError: no point has finished yet.
     """
     sweep_dir = Path(sweep_dir)
     record = read_sweep_record(sweep_dir / "sweep.json")
     rows: list[dict[str, Any]] = []
     for point in record.points:
         path = _point_dir(sweep_dir, point) / "predictions.jsonl"
-        if not path.exists():
+        # a point not finished holds some of its predictions (a failed or running one): a table of the sweep
+        # is of finished points, as `--by` is (unfinished_points names the others)
+        if not (_point_dir(sweep_dir, point) / "DONE").exists():
             continue
         sweep_values = {f"sweep.{k}": point.overrides.get(k) for k in record.sweep_keys}
         for prediction in read_jsonl(path, repair=False):
             rows.append({"point": point.point_id, **sweep_values, **flatten(prediction)})
     if not rows:
-        raise SweepError(f"{sweep_dir}: no point has a predictions.jsonl yet")
+        raise SweepError(f"{sweep_dir}: no point has finished yet (DONE): no predictions to write")
     return datasets.Dataset.from_list(_arrow_safe(rows))
+
+
+def unfinished_points(sweep_dir: str | Path) -> list[str]:
+    """The ids of the sweep's points without DONE, in sweep order: left out of `--by`'s means and `--parquet`."""
+    sweep_dir = Path(sweep_dir)
+    record = read_sweep_record(sweep_dir / "sweep.json")
+    return [p.point_id for p in record.points if not (_point_dir(sweep_dir, p) / "DONE").exists()]
 
 
 def _text(value: Any) -> str:
@@ -204,9 +215,11 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
     """Finished points grouped by every sweep key but `by` (e.g. seeds: `--by seed`), each metric's mean and
     sample standard deviation (ddof 1) over a group's points.
 
-    Returns (group columns, metric names, rows): a row holds the group's key values, `by` (the values it
-    covers), `points`, and per metric `(mean, std)` (std None for a single point; None when one of the
-    group's points lacks the metric, e.g. a judge off there, rather than a mean over the others)."""
+    Returns (group columns, metric names, rows): a row holds the group's key values, `by` (the values its
+    finished points cover), `points` (how many finished) and `of` (how many the sweep has: a group none of
+    whose points finished is a row too), and per metric `(mean, std)` (std None for a single point; None
+    when one of the group's points lacks the metric, e.g. a judge off there, rather than a mean over the
+    others)."""
     sweep_dir = Path(sweep_dir)
     record = read_sweep_record(sweep_dir / "sweep.json")
     key = _by_key(list(record.sweep_keys), by, sweep_dir / "sweep.json")
@@ -214,26 +227,28 @@ def aggregate_by(sweep_dir: str | Path, by: str) -> tuple[list[str], list[str], 
     groups: dict[str, dict[str, Any]] = {}
     for point in record.points:
         point_dir = _point_dir(sweep_dir, point)
+        group = json.dumps([point.overrides.get(k) for k in others], default=str)
+        entry = groups.setdefault(group, {"keys": {k: point.overrides.get(k) for k in others}, "by": [], "values": [],
+                                          "of": 0})
+        entry["of"] += 1
         if not (point_dir / "DONE").exists():
             continue
         metrics = read_json_object(point_dir / "metrics.json")
-        group = json.dumps([point.overrides.get(k) for k in others], default=str)
-        entry = groups.setdefault(group, {"keys": {k: point.overrides.get(k) for k in others}, "by": [], "values": []})
         entry["by"].append(point.overrides.get(key))
         entry["values"].append(point_values(metrics, point_dir / "metrics.json"))
-    if not groups:
+    if not any(g["values"] for g in groups.values()):
         raise SweepError(f"{sweep_dir}: no finished point to aggregate")
     names = list(dict.fromkeys(n for g in groups.values() for v in g["values"] for n in v))
     rows = []
     for entry in groups.values():
-        row: dict[str, Any] = {**entry["keys"], key: entry["by"], "points": len(entry["values"])}
+        row: dict[str, Any] = {**entry["keys"], key: entry["by"], "points": len(entry["values"]), "of": entry["of"]}
         for name in names:
             # only over every point of the group: a mean of some of them is another quantity than `points` says
             seen = [v[name] for v in entry["values"] if name in v]
             row[name] = ((float(np.mean(seen)), float(np.std(seen, ddof=1)) if len(seen) > 1 else None)
                          if seen and len(seen) == len(entry["values"]) else None)
         rows.append(row)
-    return [*others, key, "points"], names, rows
+    return [*others, key, "points", "of"], names, rows
 
 
 def by_to_markdown(columns: Sequence[str], names: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:

@@ -26,7 +26,7 @@ from memfit_gpu.methods.base import MethodRun
 from memfit_gpu.methods.lightmem import HQ, LightMem, UserMemory
 from memfit_gpu.methods.lightmem_noise import Item, chosen, noise_hqs, noise_notes, read_noise, replacements
 from memfit_gpu.run.growth import check_growth, due_questions, growth_turns
-from memfit_gpu.sweep.aggregate import aggregate_by, by_to_markdown
+from memfit_gpu.sweep.aggregate import aggregate_by, by_to_markdown, unfinished_points
 from memfit_gpu.sweep.spec import load_sweep, override_arg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,12 +300,12 @@ def test_aggregate_by_seed_gives_mean_and_std_per_group(tmp_path: Path):
     (tmp_path / "sweep.json").write_text(json.dumps({"name": "s", "sweep_keys": ["method", "reader.seed"],
                                                      "points": points}))
     columns, names, rows = aggregate_by(tmp_path, "seed")
-    assert columns == ["method", "reader.seed", "points"] and names == ["f1", "bleu1", "sbert", "f1 1"]
-    assert [(r["method"], r["reader.seed"], r["points"]) for r in rows] == [("naive_rag", [0, 1], 2),
-                                                                           ("lightmem_slm", [0, 1, 2], 3)]
+    assert columns == ["method", "reader.seed", "points", "of"] and names == ["f1", "bleu1", "sbert", "f1 1"]
+    assert [(r["method"], r["reader.seed"], r["points"], r["of"]) for r in rows] == [
+        ("naive_rag", [0, 1], 2, 2), ("lightmem_slm", [0, 1, 2], 3, 3)]
     assert rows[0]["f1"] == pytest.approx((0.3, math.sqrt(0.02)))
     assert rows[1]["f1"] == pytest.approx((0.6, math.sqrt(0.03)))
-    assert _cells(by_to_markdown(columns, names, rows))[3] == ["lightmem_slm", "[0, 1, 2]", "3", "60.00 ± 17.32",
+    assert _cells(by_to_markdown(columns, names, rows))[3] == ["lightmem_slm", "[0, 1, 2]", "3", "3", "60.00 ± 17.32",
                                                               "30.00 ± 8.66", "60.00 ± 17.32", "60.00 ± 17.32"]
     with pytest.raises(ValueError, match="--by temperature names no sweep key"):
         aggregate_by(tmp_path, "temperature")
@@ -316,6 +316,16 @@ def test_aggregate_by_seed_gives_mean_and_std_per_group(tmp_path: Path):
     _, _, rows = aggregate_by(tmp_path, "seed")
     assert rows[1]["f1 1"] is None and rows[1]["f1"] == pytest.approx((0.6, math.sqrt(0.03)))
     assert rows[0]["f1 1"] == pytest.approx((0.3, math.sqrt(0.02)))
+    # unfinished points: a group's mean says over how many of its points, and a group none of whose points
+    # finished is a row too (one seed of naive_rag failing and no lightmem point done showed naive_rag alone)
+    (tmp_path / "points" / "naive_rag-seed1" / "DONE").unlink()
+    for seed in (0, 1, 2):
+        (tmp_path / "points" / f"lightmem_slm-seed{seed}" / "DONE").unlink()
+    _, _, rows = aggregate_by(tmp_path, "seed")
+    assert [(r["method"], r["reader.seed"], r["points"], r["of"], r["f1"]) for r in rows] == [
+        ("naive_rag", [0], 1, 2, (0.2, None)), ("lightmem_slm", [], 0, 3, None)]
+    assert unfinished_points(tmp_path) == ["naive_rag-seed1", "lightmem_slm-seed0", "lightmem_slm-seed1",
+                                           "lightmem_slm-seed2"]
 
 
 # ------------------------------------------------------------------------------------ data and configs

@@ -342,8 +342,9 @@ def test_aggregate_table_from_metrics_and_predictions(tmp_path: Path, capsys: py
 
 def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
     """`datasets` earns its place: a sweep's predictions as one Arrow table (point and sweep keys as columns,
-    nested fields flattened, a mixed-type gold column as text), written to Parquet and read back; a
-    point's torn last line (it is still appending) is skipped and left on disk for its writer."""
+    nested fields flattened, a mixed-type gold column as text), written to Parquet and read back. Finished
+    points only: a point still appending (its torn last line left on disk for its writer) or failed held some
+    of its predictions, which went into the table with nothing to tell them apart."""
     sweep_dir = tmp_path / "sw"
     sweep_dir.mkdir()
     points = [{"id": f"k={k}", "overrides": {"pack.k": k}, "dir": str(sweep_dir / "points" / f"k={k}"),
@@ -351,9 +352,11 @@ def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
     (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
     _point(sweep_dir, "k=5", None, [
         {"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.5}}, "judge": None},
-        {"question_id": "b", "gold": 2022, "scores": {"paper": {"f1": 1.0}}, "judge": {"verdict": True}}], False)
+        {"question_id": "b", "gold": 2022, "scores": {"paper": {"f1": 1.0}}, "judge": {"verdict": True}}], True)
     _point(sweep_dir, "k=10", None, [{"question_id": "a", "gold": "7 May 2023", "scores": {"paper": {"f1": 0.0}},
                                       "judge": None}], False)
+    _point(sweep_dir, "k=20", None, [{"question_id": "a", "gold": 7, "scores": {"paper": {"f1": 0.25}},
+                                      "judge": None}], True)
     torn = sweep_dir / "points" / "k=10" / "predictions.jsonl"
     with torn.open("a") as handle:
         handle.write('{"question_id": "b", "go')
@@ -362,7 +365,7 @@ def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
     empty.mkdir()
     (empty / "sweep.json").write_text(json.dumps({"name": "e", "sweep_keys": ["pack.k"], "points": [
         {"id": "k=5", "overrides": {"pack.k": 5}, "dir": str(empty / "points" / "k=5"), "state": "pending"}]}))
-    with pytest.raises(SweepError, match="no point has a predictions.jsonl yet"):
+    with pytest.raises(SweepError, match=r"no point has finished yet \(DONE\)"):
         predictions_dataset(empty)
     for damaged in ({"name": "e", "sweep_keys": []}, {"name": "e", "sweep_keys": [], "points": []}):
         (empty / "sweep.json").write_text(json.dumps(damaged))  # every sweep has points: none is damage
@@ -370,9 +373,9 @@ def test_predictions_of_every_point_load_as_one_dataset(tmp_path: Path) -> None:
             predictions_dataset(empty)
     table = predictions_dataset(sweep_dir)
     assert table.num_rows == 3 and torn.stat().st_size == size
-    assert table["point"] == ["k=5", "k=5", "k=10"] and table["sweep.pack.k"] == [5, 5, 10]
-    assert table["gold"] == ["7 May 2023", "2022", "7 May 2023"]
-    assert table["scores.paper.f1"] == [0.5, 1.0, 0.0] and table["judge.verdict"] == [None, True, None]
+    assert table["point"] == ["k=5", "k=5", "k=20"] and table["sweep.pack.k"] == [5, 5, 20]
+    assert table["gold"] == ["7 May 2023", "2022", "7"]
+    assert table["scores.paper.f1"] == [0.5, 1.0, 0.25] and table["judge.verdict"] == [None, True, None]
     table.to_parquet(tmp_path / "p.parquet")
     back = datasets.load_dataset("parquet", data_files=str(tmp_path / "p.parquet"), split="train",
                                  cache_dir=str(tmp_path / "hf"))
