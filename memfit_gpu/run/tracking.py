@@ -11,29 +11,36 @@ tracker.log_files("report", [run_dir / "report.html"])
 tracker.finish()
 ```
 
-The W&B run id is fixed per run directory (stored in `RUN_DIR/wandb_run_id`, first derived from the
-directory's path), and runs start with `resume="allow"`: a resumed `memfit run` continues the same
-W&B run instead of opening a second one. A sweep passes `tracking.wandb.group=<sweep name>`, so its
+The W&B run id is fixed per run directory (stored in `RUN_DIR/wandb_run_id`, made when the directory is
+first tracked: its name and random digits), and runs start with `resume="allow"`: a resumed `memfit run`
+continues the same W&B run instead of opening a second one, and a directory deleted and made again starts
+a new one. A W&B run that cannot start (online without a login, W&B unreachable) stops the command with a
+one-line TrackingError (exit code 2) saying what to set. A sweep passes `tracking.wandb.group=<sweep name>`, so its
 points show up together. W&B's own files go to `$WANDB_DIR` when set, else into the run directory.
 (tests/support/wandb_offline.py reads back what an offline run recorded, without a server.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.config import MemFitConfig, to_dict
+from memfit_gpu.config import ConfigError, MemFitConfig, to_dict
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.mappings import flatten
 
 log = logging.getLogger(__name__)
+
+
+class TrackingError(ConfigError):
+    """W&B could not start a run: the environment's to fix (a login, the network) or the config's (mode)."""
+
 
 RUN_ID_FILE = "wandb_run_id"
 # per-question table: these fields of a predictions.jsonl row, then the table variant's scores
@@ -47,10 +54,11 @@ def summary_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_id_for(run_dir: str | Path) -> str:
-    """The W&B id of a run directory: kept in RUN_DIR/wandb_run_id, first made from the path.
+    """The W&B id of a run directory: kept in RUN_DIR/wandb_run_id, made the first time.
 
     W&B ids allow letters, digits, `-` and `_` (64 characters at most); the directory name keeps it
-    readable, the path hash keeps two `points/k=5` directories of different sweeps apart.
+    readable, random digits keep two `points/k=5` directories of different sweeps apart, and a directory
+    deleted and made again from a W&B run it would otherwise append to (resume="allow").
     """
     run_dir = Path(run_dir)
     stored = run_dir / RUN_ID_FILE
@@ -58,9 +66,8 @@ def run_id_for(run_dir: str | Path) -> str:
         text = stored.read_text().strip()
         if text:
             return text
-    resolved = str(run_dir.resolve())
     slug = re.sub(r"[^A-Za-z0-9_-]+", "-", run_dir.resolve().name).strip("-")[:40] or "run"
-    run_id = f"{slug}-{hashlib.sha1(resolved.encode()).hexdigest()[:12]}"
+    run_id = f"{slug}-{secrets.token_hex(6)}"
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(stored, run_id + "\n")
     return run_id
@@ -127,20 +134,26 @@ class WandbTracker(Tracker):
         self.table_metric = cfg.eval.table_metric
         wandb_dir = Path(os.environ.get("WANDB_DIR") or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=settings.project,
-            entity=settings.entity,
-            group=settings.group,
-            id=self.run_id,
-            name=run_dir.resolve().name,
-            resume="allow",
-            mode=settings.mode,
-            dir=str(wandb_dir),
-            config=to_dict(cfg),
-            job_type="memfit-run",
-            tags=[cfg.name],
-            reinit="create_new",
-        )
+        try:
+            self.run = wandb.init(
+                project=settings.project,
+                entity=settings.entity,
+                group=settings.group,
+                id=self.run_id,
+                name=run_dir.resolve().name,
+                resume="allow",
+                mode=settings.mode,
+                dir=str(wandb_dir),
+                config=to_dict(cfg),
+                job_type="memfit-run",
+                tags=[cfg.name],
+                reinit="create_new",
+            )
+        except Exception as exc:  # noqa: BLE001  (no key, no network, a refused id: W&B's own error types)
+            raise TrackingError(f"W&B could not start the run's tracking ({settings.mode} mode: "
+                                f"{type(exc).__name__}: {str(exc).strip()[:300]}); log in with `wandb login` (or set "
+                                "WANDB_API_KEY), set tracking.wandb.mode=offline to log locally and `wandb sync` "
+                                "later, or tracking.wandb.enabled=false") from None
         log.info("W&B run %s (%s mode, project %s, group %s)", self.run_id, settings.mode, settings.project,
                  settings.group)
 

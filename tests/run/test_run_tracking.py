@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,9 +15,16 @@ from pathlib import Path
 import pytest
 from support.wandb_offline import read_offline_run
 
-from memfit_gpu.config import load_config
+from memfit_gpu.config import ConfigError, load_config
 from memfit_gpu.mappings import flatten
-from memfit_gpu.run.tracking import RUN_ID_FILE, Tracker, WandbTracker, run_id_for, summary_values
+from memfit_gpu.run.tracking import (
+    RUN_ID_FILE,
+    Tracker,
+    TrackingError,
+    WandbTracker,
+    run_id_for,
+    summary_values,
+)
 
 ROWS = [
     {"question_id": "conv-26:q0", "memory_id": "conv-26", "category": "2", "evaluated": True,
@@ -75,6 +83,24 @@ def test_run_id_is_stable_per_directory_and_distinct_across_sweeps(tmp_path: Pat
     moved = tmp_path / "moved"
     a.rename(moved)
     assert run_id_for(moved) == id_a
+    # a directory deleted and made again is a new run: its id came from the path alone, so with resume="allow"
+    # the new run appended to the deleted one's W&B run
+    shutil.rmtree(moved)
+    assert run_id_for(moved) != id_a
+
+
+def test_a_w_and_b_run_that_cannot_start_is_one_line_exit_2(tmp_path: Path, wandb_env: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Online without a login, `memfit run` ended in W&B's traceback (exit 1), which a sweep retries as a
+    crash, up to max_requeue times. It is one line naming what to set (exit 2: not retried)."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    cfg = load_config(None, ["tracking.wandb.enabled=true", "tracking.wandb.mode=online"])
+    with pytest.raises(TrackingError, match=r"W&B could not start the run's tracking \(online mode: .*\); log in "
+                                            r"with `wandb login`"):
+        Tracker.start(cfg, tmp_path / "run")
+    assert issubclass(TrackingError, ConfigError)  # every command's user error: exit 2, one line
 
 
 def test_disabled_tracking_is_a_no_op(tmp_path: Path, wandb_env: Path) -> None:
