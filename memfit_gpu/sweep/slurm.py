@@ -61,12 +61,16 @@ class PointTask:
         # a requeued task can start before SLURM has finished killing the one it replaces, which still
         # holds the point's run lock: wait for it rather than fail the point
         env = {**os.environ, LOCK_WAIT_ENV: os.environ.get(LOCK_WAIT_ENV, str(TASK_LOCK_WAIT_S))}
-        proc = subprocess.run(argv, preexec_fn=ignore_usr2, env=env)
+        # not subprocess.run: submitit's USR2 handler requeues the job and raises SystemExit here, on which run()
+        # kills the command at once; Popen's exit waits for it instead, so the run keeps working until SLURM
+        # signals the whole step and stops at its next kill point (the requeued task resumes from there)
+        with subprocess.Popen(argv, preexec_fn=ignore_usr2, env=env) as proc:
+            returncode = proc.wait()
         if status_path is not None:
             # the sweep reads the exit code here: SLURM's FAILED does not say whether a retry can help
-            write_json_atomic(Path(status_path), {"rc": proc.returncode, "task": os.environ.get("SLURM_JOB_ID")})
-        if proc.returncode != 0:
-            raise RuntimeError(f"point {point_dir}: `{shlex.join(argv)}` exited with code {proc.returncode}")
+            write_json_atomic(Path(status_path), {"rc": returncode, "task": os.environ.get("SLURM_JOB_ID")})
+        if returncode != 0:
+            raise RuntimeError(f"point {point_dir}: `{shlex.join(argv)}` exited with code {returncode}")
         if not (Path(point_dir) / "DONE").exists():
             raise RuntimeError(f"point {point_dir}: the command exited 0 but wrote no DONE")
         return point_dir

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -809,3 +812,25 @@ def test_points_of_several_beam_splits_get_the_folder_holding_them(tmp_path: Pat
         cfg = load_config(pinned.config, point_overrides(pinned.name, pinned.fixed, point))
         assert resolve_data_path("beam", cfg.data.path, cfg.data.split) == [
             (data / "beam" / cfg.data.split / "1" / "chat.json").resolve()]
+
+
+def test_a_point_task_warned_by_submitit_lets_its_run_keep_working(tmp_path: Path) -> None:
+    """submitit's USR2 handler requeues the job and raises SystemExit in the task; subprocess.run then killed
+    the point's `memfit run` at once (SIGKILL: no kill point reached, its last minutes of work lost), though
+    the comment said it keeps working until SLURM's own kill. The task now waits for its command."""
+    marks = tmp_path / "marks"
+    child = f"import time; open({str(marks)!r}, 'a').write('alive 0\\n'); time.sleep(1.5); " \
+            f"open({str(marks)!r}, 'a').write('alive 1\\n')"
+    task = (f"import signal, sys\nfrom memfit_gpu.sweep.slurm import PointTask\n"
+            "def requeue(signum, frame):  # what submitit's handler does once it has requeued the job\n"
+            "    sys.exit(-1)\n"
+            "signal.signal(signal.SIGUSR2, requeue)\n"
+            f"PointTask()([sys.executable, '-c', {child!r}], {str(tmp_path)!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", task], env=memfit_env())
+    deadline = time.monotonic() + 60
+    while not (marks.exists() and "alive 0" in marks.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the point's command never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=60) != 0  # the task itself exits (requeued), after its command
+    assert marks.read_text() == "alive 0\nalive 1\n"
