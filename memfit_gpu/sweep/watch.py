@@ -33,6 +33,9 @@ ACTIVE_STATES = frozenset(
         "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT", "RESV_DEL_HOLD",
     }
 )
+# States after which SLURM itself may requeue the task under the same id (a job submitted with --requeue): a
+# result file there may be an earlier attempt's, so such an end settles like one without a result file.
+REQUEUED_BY_SLURM = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 # A task that ends without a result file is only taken as ended once it has looked ended this long:
 # resubmitting a task on its way back to PENDING would run the point twice at once.
 ENDED_SETTLE_S = 10.0
@@ -123,7 +126,7 @@ class TaskWatcher:
                 self._ended_since.pop(task_id, None)
                 views[task_id] = TaskView(state, active=True, ended=False)
                 continue
-            if result_written(self.folder, task_id):
+            if result_written(self.folder, task_id) and state not in REQUEUED_BY_SLURM:
                 views[task_id] = TaskView(state, active=False, ended=True)
                 continue
             first_seen = self._ended_since.setdefault(task_id, self.clock())

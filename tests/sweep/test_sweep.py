@@ -834,3 +834,22 @@ def test_a_point_task_warned_by_submitit_lets_its_run_keep_working(tmp_path: Pat
     proc.send_signal(signal.SIGUSR2)
     assert proc.wait(timeout=60) != 0  # the task itself exits (requeued), after its command
     assert marks.read_text() == "alive 0\nalive 1\n"
+
+
+def test_a_preempted_task_with_an_earlier_attempt_s_result_file_settles_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM requeues a preempted task (--requeue) under the same id; the result file its first attempt left
+    made the first poll that showed PREEMPTED count it as over, and the sweep resubmitted the point while SLURM
+    ran it again. Such an end settles first; a task whose function ended otherwise (CANCELLED, FAILED) does
+    not wait."""
+    state, _ = _running_state(tmp_path)
+    _write_result(state, "7_0", ("error", "RuntimeError: point k=5: `memfit run` exited with code -15\n"))
+    _write_result(state, "7_1", ("error", "RuntimeError: point k=10: `memfit run` exited with code 2\n"))
+    listing = {"7_0": "PREEMPTED", "7_1": "FAILED"}
+    monkeypatch.setattr(watch, "squeue_states", lambda ids: {i: listing[i] for i in ids if i in listing})
+    clock = FrozenClock()
+    watcher = watch.TaskWatcher(slurm.submitit_folder(state), settle_s=10.0, clock=clock)
+    views = watcher.poll({"7_0": "RUNNING", "7_1": "RUNNING"})
+    assert not views["7_0"].ended and views["7_1"].ended
+    listing["7_0"] = "REQUEUED"
+    assert watcher.poll({"7_0": "PREEMPTED"})["7_0"].active
