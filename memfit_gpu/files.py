@@ -231,10 +231,11 @@ def _read_mapping(path: Path, parse: Any, language: str, shape: str) -> dict[str
     return data
 
 
-def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, repair: bool = True, finished: bool = False) -> list[dict[str, Any]]:
     """Rows of a JSONL file ([] when missing); a torn last line is dropped, and cut off the file when
     `repair` (the file's writer resuming; a reader of another process's file, which may be mid-append,
-    passes repair=False and leaves the file alone).
+    passes repair=False and leaves the file alone). `finished`: the file's writer is done (a finished run's
+    predictions): a torn last line is damage, a DataError, never a question silently left out.
 
     Raises DataError naming the file and line when a complete line is not JSON."""
     path = Path(path)
@@ -252,6 +253,11 @@ def read_jsonl(path: str | Path, repair: bool = True) -> list[dict[str, Any]]:
             except UnicodeDecodeError as exc:  # json.loads decodes the bytes first
                 raise DataError(str(path), f"line {number}", None, f"not UTF-8 text ({exc.reason} at byte "
                                 f"{exc.start})") from None
+    if good_end < len(data) and finished:
+        line = data.count(b"\n", 0, good_end) + 1
+        raise DataError(str(path), f"line {line}", None,
+                        f"cut short ({len(data) - good_end} bytes without their end of line) though its writer had "
+                        "finished: the file was damaged or cut afterwards")
     if good_end < len(data) and repair:
         log.warning("%s: dropping a torn last line (%d bytes) left by a killed run", path, len(data) - good_end)
         with open(path, "r+b") as handle:

@@ -103,7 +103,7 @@ class Run:
         if not path.is_file():
             raise TablesError(f"{self.path}: no predictions.jsonl")
         try:  # the one JSONL reader: lines end at \n (a reply may hold U+2028, written raw)
-            rows = read_jsonl(path, repair=False)
+            rows = read_jsonl(path, repair=False, finished=True)  # a finished run's: a torn line is damage
         except DataError as exc:
             raise TablesError(str(exc)) from None
         for row in rows:  # what every reader of predictions checks (a verdict "false" is no correct answer)

@@ -145,7 +145,7 @@ def predictions_dataset(sweep_dir: str | Path) -> datasets.Dataset:
         if not (_point_dir(sweep_dir, point) / "DONE").exists():
             continue
         sweep_values = {f"sweep.{k}": point.overrides.get(k) for k in record.sweep_keys}
-        for prediction in read_jsonl(path, repair=False):
+        for prediction in read_jsonl(path, repair=False, finished=True):
             rows.append({"point": point.point_id, **sweep_values, **flatten(prediction)})
     if not rows:
         raise SweepError(f"{sweep_dir}: no point has finished yet (DONE): no predictions to write")

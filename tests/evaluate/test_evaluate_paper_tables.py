@@ -275,6 +275,15 @@ def test_longmemeval_table_by_question_type(tmp_path: Path):
     with pytest.raises(pt.TablesError, match=r"damaged/predictions.jsonl: question u2_abs: field 'judge.verdict' is "
                                              r"'false', not true, false or null"):
         pt.longmemeval([pt.load_run(damaged)])
+    # a finished run's predictions cut short: its last question was dropped without a word (Memories 2 -> 1 and
+    # build s/memory doubled in the efficiency table), where `compare` and `report` refuse the file
+    torn = tmp_path / "torn" / "predictions.jsonl"
+    write_run(tmp_path / "torn", [_row("u1", "single-session-user", 0, 0, True),
+                                   _row("t1", "temporal-reasoning", 0, 0, True)], benchmark="longmemeval")
+    torn.write_bytes(torn.read_bytes()[:-20])
+    with pytest.raises(pt.TablesError, match=r"torn/predictions.jsonl, item line 2: cut short \(\d+ bytes without their "
+                                             r"end of line\) though its writer had finished"):
+        pt.longmemeval([pt.load_run(tmp_path / "torn")])
 
 
 def test_efficiency_tables(tmp_path: Path):
