@@ -44,7 +44,7 @@ from memfit_gpu import faults, provenance
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data import Question, read_benchmark, select_from_config
 from memfit_gpu.evaluate.beam import BeamItem, BeamJudge
-from memfit_gpu.evaluate.compare import row_problem
+from memfit_gpu.evaluate.compare import PredictionsError, read_predictions, row_problem
 from memfit_gpu.evaluate.judge import (
     JudgeParseError,
     is_empty_prediction,
@@ -52,7 +52,7 @@ from memfit_gpu.evaluate.judge import (
 )
 from memfit_gpu.evaluate.metrics import paper_tokens, rule_category, score
 from memfit_gpu.evaluate.tables import category_name, category_order
-from memfit_gpu.files import atomic_write_text, read_jsonl, write_json_atomic
+from memfit_gpu.files import atomic_write_text, write_json_atomic
 from memfit_gpu.locks import DirectoryBusyError, exclusive, lock_path, lock_wait_s
 from memfit_gpu.months import MONTH_NAMES
 from memfit_gpu.readers.clean import reply_text
@@ -282,7 +282,11 @@ def _audit(run_dir: Path, inputs: RunInputs, seed: int, runs_own: bool, progress
     selected = select_from_config(bench, cfg.data)
     _check_data(run_dir, inputs, selected)
     by_id = {q.question_id: q for q in selected.questions()}
-    rows = [r for r in read_jsonl(run_dir / "predictions.jsonl", repair=False) if r.get("evaluated", True)]
+    try:  # every reader of predictions reads them so: each row an object naming its question and category
+        _, evaluated, _ = read_predictions(run_dir)
+    except PredictionsError as exc:
+        raise AuditError(str(exc)) from None
+    rows = list(evaluated.values())
     unknown = [r["question_id"] for r in rows if r["question_id"] not in by_id]
     if unknown:
         raise AuditError(f"{run_dir / 'predictions.jsonl'}: questions {unknown[:5]} are not in {bench.source} as "

@@ -173,8 +173,17 @@ def test_what_the_audit_refuses_exits_2_in_one_line(small_locomo: Path, tmp_path
     (run_dir / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert main(["judge-audit", str(run_dir), "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"memfit judge-audit: error: {run_dir / 'predictions.jsonl'}: question {rows[0]['question_id']}: field "
+        f"memfit judge-audit: error: {run_dir / 'predictions.jsonl'}:1: question {rows[0]['question_id']}: field "
         "'scores.paper.f1' is 7.0, not a number from 0 to 1")
+    # a row without its question id, or a line that is no object: a KeyError / AttributeError traceback (exit 1)
+    rows[0]["scores"]["paper"]["f1"] = 0.5
+    for first, says in (({k: v for k, v in rows[0].items() if k != "question_id"},
+                         "field 'question_id' missing or not a string"),
+                        ([1, 2], "expected a JSON object, got list")):
+        (run_dir / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in [first, *rows[1:]]))
+        assert main(["judge-audit", str(run_dir), "--quiet"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"memfit judge-audit: error: {run_dir / 'predictions.jsonl'}:1: {says}")
     (run_dir / "DONE").unlink()
     assert main(["judge-audit", str(run_dir), "--quiet"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
