@@ -30,10 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.files import atomic_write_text, read_json_object
+from memfit_gpu.files import atomic_write_text, is_finite_number, read_json_object, read_yaml_mapping
 from memfit_gpu.readers.registry import is_local
 from memfit_gpu.readers.types import PHASES, ROLE_PHASES, ROLES, Response
 
@@ -318,11 +316,17 @@ def load_prices(path: str | Path | None = None) -> dict[str, dict[str, float]]:
     source = Path(path) if path is not None else DEFAULT_PRICES
     if not source.is_file():
         raise FileNotFoundError(f"price table {source} does not exist")
-    data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    data = read_yaml_mapping(source)  # DataError naming the file: not YAML, or no mapping
     models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise DataError(str(source), None, "models", f"expected a mapping of models, got {type(models).__name__}")
     out: dict[str, dict[str, float]] = {}
     for name, price in models.items():
         if not isinstance(price, dict) or not {"input", "output"} <= set(price):
-            raise ValueError(f"{source}: models.{name} needs 'input' and 'output' (USD per 1M tokens)")
+            raise DataError(str(source), None, f"models.{name}", "needs 'input' and 'output' (USD per 1M tokens)")
+        for key in ("input", "output"):  # a price of "abc", NaN or -1 gave a traceback or an estimate of nan
+            if not is_finite_number(price[key]) or price[key] < 0:
+                raise DataError(str(source), None, f"models.{name}.{key}",
+                                f"{price[key]!r:.40} is no price: a number >= 0 (USD per 1M tokens)")
         out[str(name)] = {"input": float(price["input"]), "output": float(price["output"])}
     return out

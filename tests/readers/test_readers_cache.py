@@ -163,8 +163,18 @@ def test_prices_file(tmp_path: Path) -> None:
     assert load_prices()["gpt-4o"] == {"input": 2.5, "output": 10.0}
     bad = tmp_path / "prices.yaml"
     bad.write_text("models:\n  m: {input: 1.0}\n")
-    with pytest.raises(ValueError, match="models.m needs 'input' and 'output'"):
+    with pytest.raises(DataError, match=r"field 'models.m': needs 'input' and 'output'"):
         load_prices(bad)
+    # each was a traceback (ValueError, AttributeError, a YAML error) or, for NaN and -1, an estimate of nan
+    for text, field, says in (("models:\n  m: {input: abc, output: 1}\n", "models.m.input", "'abc' is no price"),
+                              ("models:\n  m: {input: .nan, output: 1}\n", "models.m.input", "nan is no price"),
+                              ("models:\n  m: {input: 1, output: -1}\n", "models.m.output", "-1 is no price"),
+                              ("models: [1, 2]\n", "models", "expected a mapping of models"),
+                              ("- 1\n", None, "a mapping of keys"), ("models: {m: [\n", None, "YAML")):
+        bad.write_text(text)
+        with pytest.raises(DataError) as refused:
+            load_prices(bad)
+        assert refused.value.field == field and says in str(refused.value), text
     with pytest.raises(FileNotFoundError, match="nowhere.yaml"):
         load_prices(tmp_path / "nowhere.yaml")
 
