@@ -104,6 +104,26 @@ def test_defaults_key_composes_on_a_base_file(tmp_path):
         load_config(missing)
 
 
+def test_a_key_written_twice_in_a_config_file_is_refused_naming_it_and_its_lines(tmp_path):
+    """A section written twice (two `reader:` blocks) loaded the second alone: the first block's settings were
+    dropped without a word (yaml.safe_load keeps the last value of a repeated key)."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("reader:\n  temperature: 0.5\npack:\n  k: 3\nreader:\n  max_new_tokens: 8\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(twice)
+    assert str(err.value) == (f"{twice}: key 'reader' is written twice in one mapping (lines 1 and 5): YAML would keep "
+                              "the second and drop the first silently; write it once")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("pack:\n  k: 3\n  k: 4\n")
+    with pytest.raises(ConfigError, match=r"nested.yaml: key 'k' is written twice in one mapping \(lines 2 and 3\)"):
+        load_config(nested)
+    # a merge key brings keys the mapping may override: no key is written twice there
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("pack:\n  <<: {k: 3, context_window: 2}\n  k: 4\n")
+    cfg = load_config(merged)
+    assert (cfg.pack.k, cfg.pack.context_window) == (4, 2)
+
+
 def test_yaml_round_trip(tmp_path):
     cfg = load_config(None, ["pack.k=20", "reader.base_urls=[http://a,http://b]"])
     out = tmp_path / "resolved.yaml"

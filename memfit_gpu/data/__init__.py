@@ -15,13 +15,14 @@ Where data is looked for, first hit wins: the explicit path; $MEMFIT_DATA_DIR (a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from memfit_gpu.config import ConfigError, DataConfig
-from memfit_gpu.data.registry import benchmark_spec
+from memfit_gpu.data.registry import benchmark_spec, find_spec
 from memfit_gpu.data.schema import Benchmark, DataError, Image, Memory, Question, Session, Turn
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,12 @@ def select_questions(
     Memories left without questions are dropped (nothing would read them); then the first
     `limit_memories` memories are kept and the first `limit_questions` questions of each. Sessions and
     turns are shared with the input, not copied.
+    A label in either list that is no category of the benchmark (no question has it, its spec does not know
+    it) is a ConfigError naming the key and the benchmark's categories.
     """
     include = None if include_categories is None else {str(c) for c in include_categories}
     exclude = set() if exclude_categories is None else {str(c) for c in exclude_categories}
+    _check_category_labels(benchmark, include, exclude)
     for label, value in (("limit_memories", limit_memories), ("limit_questions", limit_questions)):
         if value is not None and value < 0:
             raise ValueError(f"{label} must be >= 0, got {value}")
@@ -164,6 +168,40 @@ def select_questions(
     return Benchmark(
         name=benchmark.name, source=benchmark.source, memories=memories, problems=list(benchmark.problems)
     )
+
+
+# What an older memfit wrote into every run's config.yaml as data.exclude_categories, whatever the benchmark
+# (LoCoMo's category 5): on a benchmark without that label it excludes nothing, and refusing it would leave those
+# runs unreadable (resume, judge audit), so it is let through with a warning.
+_OLD_DEFAULT_EXCLUDE = frozenset({"5"})
+
+
+def _check_category_labels(benchmark: Benchmark, include: set[str] | None, exclude: set[str]) -> None:
+    """ConfigError for a label in a category list that is no category of the benchmark: no question has it
+    and its spec does not know it. Such a label selects nothing, so a mistyped or other benchmark's label
+    (`adversarial` for LoCoMo's 5) would score a different question set without a word."""
+    spec = find_spec(benchmark.name)
+    named = dict(spec.categories) if spec is not None else {}
+    labels = list(named) + sorted({q.category for m in benchmark.memories for q in m.questions} - named.keys())
+    for key, chosen in (("data.include_categories", include), ("data.exclude_categories", exclude)):
+        unknown = sorted(c for c in chosen or () if c not in labels)
+        if not unknown:
+            continue
+        if key == "data.exclude_categories" and include is None and set(unknown) <= _OLD_DEFAULT_EXCLUDE:
+            log.warning("%s=%s names no category of %s: nothing is excluded for it (an older memfit's default)",
+                        key, sorted(chosen or ()), benchmark.name)
+            continue
+        shown = ", ".join(f"{c} ({named[c]})" if named.get(c, c) != c else c for c in labels)
+        by_name = {name: c for c, name in named.items()}  # LoCoMo's are selected by id: 5, not adversarial
+        hints = []
+        for label in unknown:
+            meant = by_name.get(label) or next(iter(difflib.get_close_matches(label, labels, n=1)), None)
+            if meant is not None:
+                hints.append(f"{meant!r} instead of {label!r}")
+        hint = f"; did you mean {', '.join(hints)}?" if hints else ""
+        what = "is no category" if len(unknown) == 1 else "are no categories"
+        raise ConfigError(f"{key}: {', '.join(map(repr, unknown))} {what} of {benchmark.name}: its categories are "
+                          f"{shown or '(none: it holds no question)'}{hint}")
 
 
 def select_from_config(benchmark: Benchmark, cfg: DataConfig) -> Benchmark:

@@ -7,6 +7,9 @@ or a hand-edited file points at the exact spot instead of a KeyError deep in a l
 from __future__ import annotations
 
 import json
+import json.decoder
+import json.scanner
+import math
 import re
 from datetime import datetime
 from pathlib import Path
@@ -26,16 +29,83 @@ _LONGMEMEVAL_DATE = re.compile(
 _ISO_DAY = re.compile(r"^\s*(\d{4})-(\d{1,2})-(\d{1,2})\s*$")
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object that writes one key twice. Python's json keeps the last value and drops the first without a
+    word, so a hand-edited or merged file would load with data silently lost."""
+
+    def __init__(self, key: str, lineno: int | None = None, colno: int | None = None):
+        self.key, self.lineno, self.colno = key, lineno, colno
+        at = f" at line {lineno} column {colno}" if lineno is not None else ""
+        super().__init__(f"key {key!r} appears twice in the object{at}")
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return obj
+
+
+def _locate_duplicate(text: str) -> DuplicateKeyError:
+    """The first object of `text` that writes a key twice, with its line and column. The C parser's pairs hook
+    is not told where an object starts, so the text is parsed again (only on this error path) by json's
+    pure-Python scanner, whose object parser is: it finds the same object, the innermost first, as the hook."""
+    decoder = json.JSONDecoder()
+
+    def parse_object(s_and_end: tuple[str, int], strict: bool, scan_once: Any, object_hook: Any,
+                     object_pairs_hook: Any, memo: Any = None) -> tuple[list[tuple[str, Any]], int]:
+        pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                start = s_and_end[1] - 1  # the object's "{"
+                raise DuplicateKeyError(key, text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start))
+            seen.add(key)
+        return pairs, end
+
+    decoder.parse_object = parse_object  # type: ignore[attr-defined]
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    try:
+        decoder.decode(text)
+    except DuplicateKeyError as exc:
+        return exc
+    raise AssertionError("the C parser found a repeated key the Python scanner does not")  # pragma: no cover
+
+
+def loads(data: str | bytes) -> Any:
+    """json.loads refusing an object that writes a key twice (DuplicateKeyError naming the key, the line and
+    the column of its object); JSONDecodeError as json.loads raises it."""
+    try:
+        return json.loads(data, object_pairs_hook=_refuse_duplicate_keys)
+    except DuplicateKeyError:
+        text = data if isinstance(data, str) else data.decode(json.detect_encoding(data))
+        raise _locate_duplicate(text) from None
+
+
+def json_error_text(exc: json.JSONDecodeError, line: bool = True) -> str:
+    """What is wrong and where: "Expecting value at line 3 column 5" (`line` False: "... at column 5", for one
+    line of a JSON Lines file)."""
+    where = f"line {exc.lineno} column {exc.colno}" if line else f"column {exc.colno}"
+    # Some messages already end in "at" ("Unterminated string starting at"): the position completes them.
+    return f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"
+
+
 def read_json(path: Path) -> Any:
-    """Parse a JSON file; a file that is not JSON is a DataError naming the file and the position."""
+    """Parse a JSON file; a file that is not JSON, or that writes a key twice in one object, is a DataError
+    naming the file and the position."""
     try:
         with open(path, "rb") as handle:
-            return json.load(handle)
+            return loads(handle.read())
     except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        # Some messages already end in "at" ("Unterminated string starting at"): the position completes them.
-        message = f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"
-        raise DataError(str(path), None, None, f"not valid JSON ({message})") from exc
+        raise DataError(str(path), None, None, f"not valid JSON ({json_error_text(exc)})") from exc
+    except DuplicateKeyError as exc:
+        raise DataError(str(path), None, exc.key, f"written twice in the object at line {exc.lineno} column "
+                                                  f"{exc.colno} (JSON would keep the last value and lose the first "
+                                                  "silently)") from None
     except UnicodeDecodeError as exc:
         raise DataError(str(path), None, None, f"not UTF-8 text ({exc})") from exc
 
@@ -84,8 +154,9 @@ def check_turns(benchmark: str, memory: Memory, problems: list[str]) -> None:
 def check_questions(benchmark: str, memory: Memory, problems: list[str]) -> None:
     """Questions that cannot be scored, reported the same way by every loader and excluded from scoring
     (`Question.evaluated` False, the reason in `extra["excluded"]`; `select_questions` never selects
-    them): an empty (or whitespace-only) question, an empty gold answer of an evaluated question, and
-    every question of a memory whose conversation holds no text at all."""
+    them, whichever categories it is given): an empty (or whitespace-only) question, an empty gold answer,
+    and every question of a memory whose conversation holds no text at all. A question the benchmark does
+    not score by default (LoCoMo's category 5) is checked too: a category list can select it for scoring."""
     conversation_empty = not any(turn.text.strip() for turn in memory.turns())
     excluded: dict[str, list[str]] = {}
     for question in memory.questions:
@@ -93,7 +164,7 @@ def check_questions(benchmark: str, memory: Memory, problems: list[str]) -> None
             why = "the conversation is empty"
         elif not question.question.strip():
             why = "the question is empty"
-        elif question.evaluated and not question.answer.strip():
+        elif not question.answer.strip():
             why = "the gold answer is empty"
         else:
             continue
@@ -147,9 +218,12 @@ def get(
 
 
 def answer_text(value: Any, file: Path | str, item: str | int | None, field_path: str) -> str:
-    """Gold answers are strings or integers (LoCoMo, LongMemEval): both become text."""
+    """Gold answers are strings or integers (LoCoMo, LongMemEval): both become text. NaN and Infinity (which
+    Python's json reads, and 1e400 reads as infinity) are refused: they would be scored as the text "nan"."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise DataError(str(file), item, field_path, f"expected str or int, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(str(file), item, field_path, f"{value} is not a finite number")
     return value if isinstance(value, str) else str(value)
 
 

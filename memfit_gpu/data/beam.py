@@ -51,7 +51,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memfit_gpu.data._read import check_turns, read_json
+from memfit_gpu.data._read import DuplicateKeyError, answer_text, check_turns, loads, read_json
 from memfit_gpu.data.schema import Benchmark, DataError, Memory, Question, Session, Turn
 from memfit_gpu.data.spec import BenchmarkSpec, PublishedShape
 
@@ -277,6 +277,25 @@ def _batches(chat: Any, file: str, item: str | None, problems: list[str], memory
     return out
 
 
+def _unique_sessions(batches: list[tuple[str, str, list[list[dict[str, Any]]], Any]], memory_id: str,
+                     problems: list[str]) -> list[tuple[str, str, list[list[dict[str, Any]]], Any]]:
+    """The batches with a repeated session id (a `batch_number` written twice) renamed `<id>#<position>` (its
+    place in the conversation, from 0), as LongMemEval's loader renames a repeated session id: one store
+    session per batch, never two batches merged into one."""
+    used: set[str] = set()
+    out = []
+    renamed: list[str] = []
+    for position, (session_id, where, turns, anchor) in enumerate(batches):
+        if session_id in used:
+            renamed.append(f"{session_id!r} -> {session_id + '#' + str(position)!r}")
+            session_id = f"{session_id}#{position}"
+        used.add(session_id)
+        out.append((session_id, where, turns, anchor))
+    if renamed:
+        problems.append(f"beam {memory_id}: batch number repeated: later batches renamed ({', '.join(renamed)})")
+    return out
+
+
 def _batch_name(raw: Any, position: int) -> str:
     """A batch's session id: `batch-<batch_number>`, its place (from 1) where it has no number (the hub's)."""
     number = raw.get("batch_number") if isinstance(raw, dict) else None
@@ -351,7 +370,7 @@ def _message(raw: Any, file: str, item: str | None, where: str) -> tuple[str, st
 def _memory(memory_id: str, chat: Any, questions: Any, chat_file: str, questions_file: str, item: str | None,
             problems: list[str]) -> Memory:
     memory = Memory(memory_id=memory_id)
-    batches = _batches(chat, chat_file, item, problems, memory_id)
+    batches = _unique_sessions(_batches(chat, chat_file, item, problems, memory_id), memory_id, problems)
     dated: list[tuple[str, str, list[list[dict[str, Any]]], str | None, datetime | None]] = []
     undated: list[str] = []
     for session_id, where, turns, batch_anchor in batches:
@@ -401,16 +420,44 @@ def _probing_questions(raw: Any, file: str, item: str | None) -> dict[str, Any]:
     reads it with ast.literal_eval), which is read the same way (a literal, never code), or as JSON."""
     if isinstance(raw, str):
         try:
-            raw = ast.literal_eval(raw)
+            raw = _literal(raw)
+        except _DuplicateLiteralKey as exc:
+            raise DataError(file, item, "probing_questions", f"{exc} (the literal would keep the last value and "
+                                                              "lose the first silently)") from None
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             try:
-                raw = json.loads(raw)
+                raw = loads(raw)
             except json.JSONDecodeError as exc:
                 raise DataError(file, item, "probing_questions", "neither a Python literal nor JSON "
                                                                   f"({exc.msg} at character {exc.pos})") from None
+            except DuplicateKeyError as exc:
+                raise DataError(file, item, "probing_questions", f"{exc} (JSON would keep the last value and lose "
+                                                                  "the first silently)") from None
     if not isinstance(raw, dict):
         raise DataError(file, item, "probing_questions", f"expected an object of abilities, got {type(raw).__name__}")
     return raw
+
+
+def _literal(text: str) -> Any:
+    """ast.literal_eval, refusing a dict that writes one key twice (a literal keeps the last value and drops
+    the first without a word): _DuplicateLiteralKey naming the key and its line."""
+    tree = ast.parse(text.lstrip(" \t"), mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            seen: set[Any] = set()
+            for key in node.keys:
+                if isinstance(key, ast.Constant):
+                    if key.value in seen:
+                        raise _DuplicateLiteralKey(key.value, key.lineno)
+                    seen.add(key.value)
+    return ast.literal_eval(tree)
+
+
+class _DuplicateLiteralKey(Exception):
+    """A dict of the hub's probing_questions literal that writes one key twice."""
+
+    def __init__(self, key: Any, lineno: int):
+        super().__init__(f"key {key!r} appears twice in the dict at line {lineno}")
 
 
 def _ids(value: Any) -> Iterator[str]:
@@ -455,8 +502,10 @@ def _questions(memory_id: str, raw: Any, file: str, item: str | None, turn_sessi
             rubric = entry.get("rubric", [])
             if not isinstance(rubric, list) or not all(isinstance(r, str) for r in rubric):
                 raise DataError(file, item, f"{where}.rubric", f"expected a list of str, got {rubric!r:.80}")
-            gold_field = next((f for f in GOLD_FIELDS if isinstance(entry.get(f), (str, int, float))
-                               and not isinstance(entry.get(f), bool)), None)
+            # the first gold field the question writes; one of the wrong type is a broken file (it read as no
+            # gold at all and the question left the scores without a word)
+            gold_field = next((f for f in GOLD_FIELDS if entry.get(f) is not None), None)
+            gold = "" if gold_field is None else answer_text(entry[gold_field], file, item, f"{where}.{gold_field}")
             evidence = list(dict.fromkeys(_ids(entry.get("source_chat_ids"))))
             evidence_from = "source_chat_ids" if evidence else None
             if not evidence:
@@ -475,7 +524,7 @@ def _questions(memory_id: str, raw: Any, file: str, item: str | None, turn_sessi
                 extra["difficulty"] = entry["difficulty"]
             question = Question(
                 question_id=f"{memory_id}:{ability}:{index}", memory_id=memory_id, question=text,
-                answer="" if gold_field is None else str(entry[gold_field]), category=ability, evidence=evidence,
+                answer=gold, category=ability, evidence=evidence,
                 evidence_sessions=list(dict.fromkeys(turn_session[e] for e in evidence if e in turn_session)),
                 abstention=ability == "abstention", extra=extra,
             )

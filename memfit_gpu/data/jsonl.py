@@ -53,7 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu.data._read import check_turns, type_name
+from memfit_gpu.data._read import DuplicateKeyError, check_turns, json_error_text, loads, type_name
 from memfit_gpu.data.schema import (
     Benchmark,
     DataError,
@@ -239,7 +239,16 @@ def _memory(record: dict[str, Any], line: _Line, folder: Path) -> Memory | None:
     for s, raw in enumerate(line.objects(record, "sessions", "", required=True)):
         where = f"sessions[{s}]."
         line.keys(raw, SESSION_KEYS, where)
-        session_id = line.text(raw, "session_id", where, required=False) or f"S{s + 1}"
+        written_id = line.text(raw, "session_id", where, required=False)
+        session_id = written_id or f"S{s + 1}"
+        if memory.sessions and memory.sessions[-1].session_id == session_id:
+            # One id may have several entries (a live memory's export writes a new entry wherever the session id
+            # changes, so interleaved sessions keep the conversation's order): all are one session. Two entries
+            # in a row are never written so: most likely a copied session whose id was not changed.
+            own = f"{session_id!r}" if written_id else f"its default id {session_id!r}"
+            line.report.warn(line.item, f"{where}session_id", f"{own} is also the id of sessions[{s - 1}], the entry "
+                                                              "before it: both are read as one session (give this one "
+                                                              "its own session_id if it is another)")
         stamp = line.timestamp(raw, "timestamp", where, required=False) or ""
         written = line.text(raw, "date_text", where, required=False)
         session = Session(session_id, written if written is not None else (date_text(stamp) if stamp else ""), stamp)
@@ -338,6 +347,9 @@ def read(path: str | Path) -> tuple[Benchmark, Report]:
     except UnicodeDecodeError as exc:
         report.error(None, None, f"not UTF-8 text ({exc})")
         return benchmark, report
+    except FileNotFoundError:
+        # no content to report on: one line naming the file, not the OS's "[Errno 2] ..."
+        raise DataError(str(path), None, None, "no such file") from None
     users: dict[str, int] = {}
     questions: dict[str, str] = {}
     for number, text in enumerate(lines, start=1):
@@ -345,9 +357,13 @@ def read(path: str | Path) -> tuple[Benchmark, Report]:
             continue
         item = f"line {number}"
         try:
-            record = json.loads(text)
+            record = loads(text)
         except json.JSONDecodeError as exc:
-            report.error(item, None, f"not valid JSON ({exc.msg} at column {exc.colno})")
+            report.error(item, None, f"not valid JSON ({json_error_text(exc, line=False)})")
+            continue
+        except DuplicateKeyError as exc:
+            report.error(item, exc.key, f"written twice in the object at column {exc.colno} (JSON would keep the "
+                                        "last value and lose the first silently)")
             continue
         if not isinstance(record, dict):
             report.error(item, None, f"expected an object (one memory), got {type(record).__name__}")

@@ -24,6 +24,9 @@ from memfit_gpu.data.spec import BenchmarkSpec, PublishedShape
 
 NAME = "locomo"
 NOT_EVALUATED = frozenset({"5"})  # adversarial questions are not scored (SPEC Evaluation)
+# SPEC.md Evaluation, as the official code names them; any other label is a broken file (a run would report
+# it as a category of its own and average it into the four category means)
+CATEGORIES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop", "5": "adversarial"}
 
 _SESSION_KEY = re.compile(r"^session_(\d+)$")
 _DATE_KEY = re.compile(r"^session_(\d+)_date_time$")
@@ -169,6 +172,9 @@ def _load_question(
     text = get(raw, "question", str, path, index, f"{where}.question")
     category_value = get(raw, "category", (int, str), path, index, f"{where}.category")
     category = str(category_value)
+    if category not in CATEGORIES:
+        raise DataError(str(path), index, f"{where}.category", f"{category_value!r} is not a LoCoMo category ("
+                        f"{', '.join(f'{c} {name}' for c, name in CATEGORIES.items())})")
     extra: dict[str, Any] = {}
 
     adversarial = raw.get("adversarial_answer")
@@ -178,11 +184,12 @@ def _load_question(
     if raw.get("answer") is not None:
         answer = answer_text(raw["answer"], path, index, f"{where}.answer")
     elif category in NOT_EVALUATED:
-        # Category 5 is never scored; keeping the adversarial answer lets a reader prompt show what
-        # the trap answer was.
+        # Category 5 is not scored by default; keeping the adversarial answer lets a reader prompt show what
+        # the trap answer was. With neither answer the gold is empty: check_questions excludes the question
+        # from scoring, so a selection of category 5 never scores it against "".
         answer = extra.get("adversarial_answer", "")
         extra["answer_from"] = "adversarial_answer" if "adversarial_answer" in extra else "missing"
-        adversarial_only = True
+        adversarial_only = "adversarial_answer" in extra
     else:
         raise DataError(str(path), index, f"{where}.answer", "required field is missing")
 
@@ -248,8 +255,7 @@ def load(files: list[Path]) -> Benchmark:
 
 SPEC = BenchmarkSpec(
     name=NAME, title="LoCoMo", load=load, files_in=files_in, layout="locomo/locomo10.json", fetchable=True,
-    # SPEC.md Evaluation, as the official code names them
-    categories={"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop", "5": "adversarial"},
+    categories=CATEGORIES,
     category_source="snap-research/LoCoMo task_eval/evaluation_stats.py CATEGORY_MAPPING "
                     "(https://github.com/snap-research/LoCoMo/blob/main/task_eval/evaluation_stats.py)",
     averaging="category_mean",  # SPEC: "Average" = mean of the four category means

@@ -8,6 +8,7 @@ the session as stored in the file, so they stay stable whatever the sort does.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -31,13 +32,14 @@ SPLIT_FILES: dict[str, tuple[str, ...]] = {
 
 
 def load_longmemeval(paths: Path | Iterable[Path]) -> Benchmark:
-    """Load one file or several (a folder of samples); a question id seen twice is kept once."""
+    """Load one file or several (a folder of samples). A question id seen twice is kept once when both records
+    read the same (sample files may share a question); two different records with one id are a DataError."""
     files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not files:
         raise DataError("(no file)", None, None, "no LongMemEval file to load")
     source = str(files[0]) if len(files) == 1 else str(files[0].parent)
     benchmark = Benchmark(name=NAME, source=source)
-    seen: set[str] = set()
+    seen: dict[str, tuple[Path, int, Memory]] = {}  # question id -> where it was first read, and what
     for path in files:
         data = read_json(path)
         if not isinstance(data, list):
@@ -49,11 +51,18 @@ def load_longmemeval(paths: Path | Iterable[Path]) -> Benchmark:
             record_problems: list[str] = []
             memory = _load_record(record, index, path, record_problems)
             if memory.memory_id in seen:
+                first_path, first_index, first = seen[memory.memory_id]
+                if memory != first:  # which of the two is the question? keeping either would score a guess
+                    first_at = f"item {first_index}" + (f" of {first_path}" if first_path != path else "")
+                    raise DataError(str(path), index, "question_id",
+                                    f"{memory.memory_id!r} is also the question_id of {first_at}, a different "
+                                    "record: each question needs its own id")
                 benchmark.problems.append(
-                    f"longmemeval {path.name} item {index}: question_id {memory.memory_id!r} already loaded: skipped"
+                    f"longmemeval {path.name} item {index}: question_id {memory.memory_id!r} already loaded (the same "
+                    "record): skipped"
                 )
                 continue
-            seen.add(memory.memory_id)
+            seen[memory.memory_id] = (path, index, memory)
             benchmark.problems.extend(record_problems)
             benchmark.memories.append(memory)
     return benchmark
@@ -64,6 +73,18 @@ def _date(value: str, path: Path, index: int, field_path: str) -> str:
     if iso is None:
         raise DataError(str(path), index, field_path, f"date {value!r} is not like '2023/05/27 (Sat) 21:08'")
     return iso
+
+
+def _question_type(record: dict[str, Any], path: Path, index: int) -> str:
+    """The question's type, one the official scorer reports: another (a typo such as `temporal_reasoning`)
+    would be scored and averaged as a category of its own."""
+    value = get(record, "question_type", str, path, index)
+    if value not in QUESTION_TYPES:
+        close = difflib.get_close_matches(value, QUESTION_TYPES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise DataError(str(path), index, "question_type",
+                        f"{value!r} is not a LongMemEval question type ({', '.join(QUESTION_TYPES)}){hint}")
+    return value
 
 
 def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Memory:
@@ -137,7 +158,7 @@ def _load_record(record: Any, index: int, path: Path, problems: list[str]) -> Me
         memory_id=question_id,
         question=get(record, "question", str, path, index),
         answer=answer_text(get(record, "answer", (str, int, float), path, index), path, index, "answer"),
-        category=get(record, "question_type", str, path, index),
+        category=_question_type(record, path, index),
         evidence=[t.turn_id for s in sessions for t in s.turns if t.extra.get("has_answer")],
         evidence_sessions=answer_sessions,
         question_date=_date(question_date_text, path, index, "question_date"),

@@ -23,6 +23,9 @@ NAME = "memgallery"
 SPEAKER = "User"
 ASSISTANT_SEPARATOR = " | Assistant: "
 _IMAGE_ID = re.compile(r"D\d+:IMG_\d+")
+# The question categories (`point`) the official scorer reports (YuanchenBei/Mem-Gallery
+# benchmark/memengine/evaluate/evaluation.py); another would be scored as a category of its own.
+POINTS = ("FR", "MR", "TR", "VR", "TTL", "VS", "CD", "KR", "AR")
 
 
 def load_memgallery(paths: Path | Iterable[Path]) -> Benchmark:
@@ -134,6 +137,8 @@ def _load_round(raw: Any, path: Path, item: str, where: str, date_text: str, tim
 def _load_question(raw: Any, q_index: int, memory_id: str, path: Path) -> Question:
     item = f"human-annotated QAs[{q_index}]"
     category = get(raw, "point", str, path, item)
+    if category not in POINTS:
+        raise DataError(str(path), item, "point", f"{category!r} is not a MemGallery point ({', '.join(POINTS)})")
     answer = answer_text(get(raw, "answer", (str, int, float), path, item), path, item, "answer")
     question = Question(
         question_id=f"{memory_id}:q{q_index}",
@@ -185,7 +190,7 @@ SPEC = BenchmarkSpec(
     categories={"TTL": "test-time learning", "VS": "visual-centric search", "VR": "visual-centric reasoning",
                 "KR": "knowledge resolution"},
     category_source="the MemFit paper's Table 11 names; the official scorer (YuanchenBei/Mem-Gallery "
-                    "benchmark/memengine/evaluate/evaluation.py) reports the `point` codes FR, MR, TR, VR, TTL, VS, "
-                    "CD, KR, AR without names",
+                    f"benchmark/memengine/evaluate/evaluation.py) reports the `point` codes {', '.join(POINTS)} "
+                    "without names",
     protocol="memgallery", judge="memgallery",
 )

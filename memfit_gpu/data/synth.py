@@ -73,6 +73,9 @@ _SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "lo", "ni", "da", "ve", "pu", 
               "ru", "le", "ti", "no", "ka", "su", "we", "yo", "bi", "de", "po", "xa", "ji", "cu")
 _QUESTION_TYPES = ("single-session-user", "multi-session", "knowledge-update", "temporal-reasoning")
 _LOCOMO_CATEGORIES = ("1", "2", "3", "4")
+# The LongMemEval layout holds LongMemEval's question types (its loader refuses any other label): a LoCoMo-shaped
+# file writes category n as the n-th type.
+_FILE_QUESTION_TYPES = dict(zip(_LOCOMO_CATEGORIES, _QUESTION_TYPES, strict=True))
 # BEAM's ten abilities (data/beam.py ABILITIES), named here to keep synth below the loaders
 _BEAM_ABILITIES = ("abstention", "contradiction_resolution", "event_ordering", "information_extraction",
                    "instruction_following", "knowledge_update", "multi_session_reasoning", "preference_following",
@@ -234,7 +237,7 @@ def _record(memory: Memory) -> dict:
     question = memory.questions[0]
     return {
         "question_id": question.question_id,
-        "question_type": question.category,
+        "question_type": _FILE_QUESTION_TYPES.get(question.category, question.category),
         "question": question.question,
         "answer": question.answer,
         "question_date": question.extra["question_date_text"],

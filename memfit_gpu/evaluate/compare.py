@@ -15,6 +15,7 @@ import numpy as np
 
 from memfit_gpu import provenance
 from memfit_gpu.config import MemFitConfig, load_config
+from memfit_gpu.data._read import json_error_text
 from memfit_gpu.evaluate.metrics import VARIANTS, rule_category, score
 from memfit_gpu.evaluate.stats import bootstrap_category_mean_ci, bootstrap_mean_ci, paired_permutation_test
 from memfit_gpu.evaluate.tables import category_name, category_order
@@ -74,7 +75,7 @@ def read_predictions(run: str | Path) -> tuple[Path, dict[str, dict[str, Any]], 
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise PredictionsError(
-                    f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})"
+                    f"{path}:{number}: not valid JSON ({json_error_text(exc, line=False)})"
                 ) from None
             if not isinstance(row, dict):
                 raise PredictionsError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")

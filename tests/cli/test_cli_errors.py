@@ -101,10 +101,14 @@ def test_corrected_rerun_in_the_same_directory_finishes(tmp_path: Path, capsys: 
     out = tmp_path / "r"
     few = ["data.limit_questions=1", "reader.max_new_tokens=4"]
     _refused(out, ["pack.k=-1", *few], capsys)
-    # a selection without questions (LoCoMo's categories are numbers) was refused after config.yaml was written
+    # a selection naming a category by its name (LoCoMo's are selected by id) was refused after config.yaml was written
     line = _refused(out, ["data.include_categories=[multi-hop]", *few], capsys)
-    assert line.endswith("data.include_categories=['multi-hop'], data.exclude_categories=None, data.limit_memories=1 "
-                         "and data.limit_questions=1 select no question (its questions' categories: 1, 2, 3, 4, 5)")
+    assert line.endswith("data.include_categories: 'multi-hop' is no category of locomo: its categories are "
+                         "1 (multi-hop), 2 (temporal), 3 (open-domain), 4 (single-hop), 5 (adversarial); did you mean "
+                         "'1' instead of 'multi-hop'?")
+    # one that names categories and selects nothing all the same, likewise
+    line = _refused(out, ["data.include_categories=[5]", "data.exclude_categories=[5]", *few], capsys)
+    assert line.endswith("select no question (its questions' categories: 1, 2, 3, 4, 5)")
     _refused(out, ["rerank.backend=cross-encoder", "rerank.model=memfit-tests/no-such-reranker", *few], capsys)
     # corrected, and with a prompt bound that cuts: the prediction row records what was cut
     assert main(["run", "--config", SMOKE, "--out", str(out), "--quiet", "pack.k=3", "reader.max_prompt_chars=1200",

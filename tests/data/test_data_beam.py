@@ -243,6 +243,61 @@ def test_bad_input_names_file_item_and_field(beam_folder: Path, tmp_path: Path) 
         load_benchmark("beam", broken)
 
 
+@pytest.mark.parametrize(("ability", "field", "value", "reason"), [
+    ("information_extraction", "answer", ["a", "b"], "expected str or int, got list"),
+    ("summarization", "ideal_summary", {"summary": "x"}, "expected str or int, got dict"),
+    ("instruction_following", "expected_compliance", True, "expected str or int, got bool"),
+    ("abstention", "ideal_response", float("nan"), "nan is not a finite number"),
+    ("temporal_reasoning", "answer", float("inf"), "inf is not a finite number"),
+])
+def test_a_gold_answer_of_the_wrong_type_is_an_error_naming_the_field(beam_folder: Path, tmp_path: Path, ability: str,
+                                                                      field: str, value: object, reason: str) -> None:
+    """A gold field of another type than BEAM's text (every ability of the real files writes a str) read as
+    "the gold answer is empty" and left the scores with only a problem line; NaN became the gold text "nan"."""
+    folder = tmp_path / "100K" / "3"
+    shutil.copytree(beam_folder / "3", folder)
+    questions_path = folder / "probing_questions" / "probing_questions.json"
+    questions = json.loads(questions_path.read_text())
+    questions[ability][1][field] = value
+    questions_path.write_text(json.dumps(questions))
+    with pytest.raises(DataError) as info:
+        load_benchmark("beam", folder)
+    assert str(info.value) == f"{questions_path}, field '{ability}[1].{field}': {reason}"
+
+
+def test_a_repeated_batch_number_is_renamed_not_merged_into_one_session(beam_folder: Path, tmp_path: Path) -> None:
+    """Batches numbered 1, 1, 3 became two store sessions: both batch-1's turns merged into one session."""
+    folder = tmp_path / "100K" / "3"
+    shutil.copytree(beam_folder / "3", folder)
+    chat = json.loads((folder / "chat.json").read_text())
+    chat[1]["batch_number"] = 1
+    (folder / "chat.json").write_text(json.dumps(chat))
+    benchmark = load_benchmark("beam", folder)
+    real = load_benchmark("beam", beam_folder / "3")
+    assert [(s.session_id, len(s.turns)) for s in benchmark.memories[0].sessions] == [
+        ("batch-1", 58), ("batch-1#1", 64), ("batch-3", 72)]
+    assert [t.turn_id for t in benchmark.memories[0].turns()] == [t.turn_id for t in real.memories[0].turns()]
+    renamed = {"batch-2": "batch-1#1"}
+    assert [q.evidence_sessions for q in benchmark.questions()] == [
+        [renamed.get(s, s) for s in q.evidence_sessions] for q in real.questions()]
+    assert benchmark.problems == ["beam 3: batch number repeated: later batches renamed ('batch-1' -> 'batch-1#1')"]
+
+
+def test_a_key_written_twice_in_the_hubs_questions_literal_is_an_error(tmp_path: Path) -> None:
+    """The hub's probing_questions string is read with ast.literal_eval, which keeps the last of a repeated key:
+    a second `'abstention'` list replaced the first without a word."""
+    chat = [[{"role": "user", "id": 0, "content": "hi ->-> 1,1", "time_anchor": "March-15-2024"}]]
+    one = "[{'question': 'q', 'answer': 'a', 'rubric': ['r']}]"
+    path = _write_parquet(tmp_path / "hub" / "100K.parquet", [{"conversation_id": "9", "chat": chat,
+                                                               "probing_questions": f"{{'abstention': {one},\n"
+                                                                                    f" 'abstention': {one}}}"}])
+    with pytest.raises(DataError) as info:
+        load_benchmark("beam", path)
+    assert str(info.value) == (f"{path}, item conversation 9, field 'probing_questions': key 'abstention' appears "
+                               "twice in the dict at line 2 (the literal would keep the last value and lose the first "
+                               "silently)")
+
+
 def test_evidence_from_references_and_undated_batches(tmp_path: Path) -> None:
     """Without source_chat_ids, the `chat_id N` mentions of conversation_references are the evidence; a batch
     without a readable anchor takes the date before it."""

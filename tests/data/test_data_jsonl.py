@@ -101,3 +101,40 @@ def test_validate_lists_the_questions_a_run_leaves_unscored(tmp_path: Path, caps
     out = capsys.readouterr().out.splitlines()
     assert out == ["warning: jsonl u: the gold answer is empty for 1 question (u:q0): excluded from scoring",
                    f"ok: {path}: 1 memories, 3 turns, 2 questions (1 scored by default), 1 warning(s)"]
+
+
+def test_a_key_written_twice_on_a_line_is_an_error_naming_the_line_and_the_key(tmp_path: Path, capsys) -> None:
+    """`"answer": "Rex", "answer": "Max"` validated ok and loaded Max: Python's json keeps the last value."""
+    line = json.dumps(_memory([{"question": "Pet?", "answer": "Rex", "category": "pet"}]))
+    path = tmp_path / "own.jsonl"
+    path.write_text(line.replace('"answer": "Rex"', '"answer": "Rex", "answer": "Max"') + "\n", encoding="utf-8")
+    column = line.index('{"question": "Pet?"') + 1
+    benchmark, report = read(path)
+    assert report.errors == [f"{path}, item line 1, field 'answer': written twice in the object at column {column} "
+                             "(JSON would keep the last value and lose the first silently)"]
+    assert main(["data", "validate", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"memfit data: error: {path}: 1 error(s)")
+
+
+def test_a_session_repeating_the_id_of_the_entry_before_it_is_a_warning(tmp_path: Path, capsys) -> None:
+    """Sessions `s1, s1` validated ok with no word and were stored as one session. One id may have several
+    entries (a live memory's export writes interleaved sessions so, and they read back as they were): two in a
+    row are never written so, and are now a warning; apart, as an export writes them, they are not."""
+    turns = [dict(turn, turn_id=f"t{n}") for n, turn in enumerate(TURNS)]
+    record = _memory([], sessions=[{"session_id": "s1", "turns": turns[:1]}, {"session_id": "s1", "turns": turns[1:]}])
+    path = _write(tmp_path, record)
+    benchmark, report = read(path)
+    warning = (f"{path}, item line 1 (user 'u'), field 'sessions[1].session_id': 's1' is also the id of sessions[0], "
+               "the entry before it: both are read as one session (give this one its own session_id if it is another)")
+    assert (report.errors, benchmark.problems) == ([], [warning])
+    assert main(["data", "validate", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"warning: {warning}"
+    # a session without an id takes S<n>, which the entry before may have taken
+    record = _memory([], sessions=[{"session_id": "S2", "turns": turns[:1]}, {"turns": turns[1:]}])
+    assert read(_write(tmp_path, record))[0].problems == [
+        f"{path}, item line 1 (user 'u'), field 'sessions[1].session_id': its default id 'S2' is also the id of "
+        "sessions[0], the entry before it: both are read as one session (give this one its own session_id if it is "
+        "another)"]
+    interleaved = _memory([], sessions=[{"session_id": "A", "turns": turns[:1]}, {"session_id": "B", "turns": turns[1:2]},
+                                        {"session_id": "A", "turns": turns[2:]}])
+    assert read(_write(tmp_path, interleaved))[0].problems == []

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from memfit_gpu.cli import main
 from memfit_gpu.config import ConfigError, DataConfig
 from memfit_gpu.data import (
     DataNotFoundError,
@@ -257,7 +258,7 @@ def _lme_record(question_id: str, dates: list[str], has_answer: list[bool]) -> d
 
 def test_longmemeval_sort_is_stable_and_duplicates_skipped(tmp_path: Path) -> None:
     dates = ["2023/05/02 (Tue) 09:00", "2023/05/01 (Mon) 09:00", "2023/05/02 (Tue) 09:00"]
-    records = [_lme_record("a", dates, [False, True, False]), _lme_record("a", dates[:1], [False])]
+    records = [_lme_record("a", dates, [False, True, False]), _lme_record("a", dates, [False, True, False])]
     records.append(_lme_record("c", dates[:1], [True]))  # answer_session_ids ["s1"] is not in its haystack
     path = tmp_path / "longmemeval_oracle.json"
     path.write_text(json.dumps(records))
@@ -271,9 +272,33 @@ def test_longmemeval_sort_is_stable_and_duplicates_skipped(tmp_path: Path) -> No
     assert benchmark.memories[0].questions[0].evidence == ["s1:1"]
     assert benchmark.memories[0].questions[0].answer == "7"
     assert benchmark.problems == [
-        "longmemeval longmemeval_oracle.json item 1: question_id 'a' already loaded: skipped",
+        "longmemeval longmemeval_oracle.json item 1: question_id 'a' already loaded (the same record): skipped",
         "longmemeval c: answer_session_ids ['s1'] are not in the haystack: kept",
     ]
+
+
+def test_two_different_longmemeval_records_with_one_question_id_are_an_error_naming_both(tmp_path: Path) -> None:
+    """The second record was skipped with only a problem line: which of the two was the question depended on
+    file order. An identical copy (sample files may share a record) is still skipped."""
+    day = ["2023/05/01 (Mon) 09:00"]
+    other = _lme_record("a", day, [True]) | {"answer": 8}
+    path = _write(tmp_path, "lme.json", [_lme_record("a", day, [True]), _lme_record("b", day, [True]), other])
+    with pytest.raises(DataError) as info:
+        load_benchmark("longmemeval", path)
+    assert str(info.value) == (f"{path}, item 2, field 'question_id': 'a' is also the question_id of item 0, a "
+                               "different record: each question needs its own id")
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    first = _write(folder, "a.json", [_lme_record("a", day, [True])])
+    second = _write(folder, "b.json", [_lme_record("b", day, [True]), other])
+    with pytest.raises(DataError) as info:
+        load_benchmark("longmemeval", folder)
+    assert str(info.value) == (f"{second}, item 1, field 'question_id': 'a' is also the question_id of item 0 of "
+                               f"{first}, a different record: each question needs its own id")
+    second.write_text(json.dumps([_lme_record("b", day, [True]), _lme_record("a", day, [True])]))
+    benchmark = load_benchmark("longmemeval", folder)
+    assert [m.memory_id for m in benchmark.memories] == ["a", "b"]
+    assert "longmemeval b.json item 1: question_id 'a' already loaded (the same record): skipped" in benchmark.problems
 
 
 def test_longmemeval_folder_prefers_official_split(tmp_path: Path) -> None:
@@ -418,6 +443,14 @@ def test_broken_json_names_the_file(tmp_path: Path) -> None:
         (lambda s: s["conversation"].update(session_1_date_time="May 8"), 1, "conversation.session_1_date_time",
          "is not like"),
         (lambda s: s.pop("qa"), 1, "qa", "missing"),
+        # a label outside LoCoMo's five loaded as a sixth category, averaged into the category means
+        (lambda s: s["qa"][0].update(category=7), 1, "qa[0].category",
+         "7 is not a LoCoMo category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial)"),
+        (lambda s: s["qa"][0].update(category="adversarial"), 1, "qa[0].category", "'adversarial' is not a LoCoMo"),
+        # NaN and Infinity (Python's json reads them) became the gold text "nan" / "inf"
+        (lambda s: s["qa"][0].update(answer=float("nan")), 1, "qa[0].answer", "nan is not a finite number"),
+        (lambda s: s["qa"][0].update(answer=None, category=5, adversarial_answer=float("-inf")), 1,
+         "qa[0].adversarial_answer", "-inf is not a finite number"),
     ],
 )  # fmt: skip
 def test_broken_locomo_names_file_item_field(
@@ -438,6 +471,42 @@ def test_json_error_message_reads_once(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         load_benchmark("locomo", path)
     assert str(info.value) == f"{path}: not valid JSON (Unterminated string starting at line 1 column 16)"
+
+
+def test_a_key_written_twice_in_a_benchmark_file_is_an_error_naming_the_key_and_its_object(tmp_path: Path) -> None:
+    """Python's json keeps the last of a repeated key: `"answer": "Rex", "answer": "Max"` loaded as Max, the
+    first value lost without a word."""
+    text = json.dumps([_locomo_sample()], indent=1).replace('"answer": "a"', '"answer": "Rex", "answer": "Max"')
+    path = _write(tmp_path, "locomo10.json", text)
+    assert text.split("\n")[16] == "   {"  # line 17: the "{" of the object that repeats the key
+    with pytest.raises(DataError) as info:
+        load_benchmark("locomo", path)
+    assert str(info.value) == (f"{path}, field 'answer': written twice in the object at line 17 column 4 (JSON "
+                               "would keep the last value and lose the first silently)")
+    # one line, as MemGallery's files are: the column finds the object
+    scenario = json.dumps(_scenario()).replace('"user": "hi"', '"user": "hi", "user": "bye"')
+    column = scenario.index('{"round": "D1:1"') + 1
+    path = _write(tmp_path, "one.json", scenario)
+    with pytest.raises(DataError) as info:
+        load_benchmark("memgallery", path)
+    assert str(info.value) == (f"{path}, field 'user': written twice in the object at line 1 column {column} (JSON "
+                               "would keep the last value and lose the first silently)")
+
+
+def test_json_errors_name_the_position_once_in_every_reader(tmp_path: Path, capsys) -> None:
+    """jsonl lines and predictions files printed "Unterminated string starting at at column 13"."""
+    from memfit_gpu.evaluate.compare import PredictionsError, read_predictions
+
+    own = _write(tmp_path, "own.jsonl", '{"user_id": "u\n')
+    with pytest.raises(DataError) as info:
+        load_benchmark("jsonl", own)
+    assert str(info.value) == f"{own}, item line 1: not valid JSON (Unterminated string starting at column 13)"
+    predictions = _write(tmp_path, "predictions.jsonl", '{"question_id": "q')
+    with pytest.raises(PredictionsError) as info:
+        read_predictions(predictions)
+    assert str(info.value) == f"{predictions}:1: not valid JSON (Unterminated string starting at column 17)"
+    assert main(["data", "validate", str(tmp_path / "missing.jsonl")]) == 2
+    assert capsys.readouterr().err == f"memfit data: error: {tmp_path / 'missing.jsonl'}: no such file\n"
 
 
 def test_locomo_turn_quirks_are_reported(tmp_path: Path) -> None:
@@ -491,6 +560,27 @@ def test_empty_questions_gold_answers_and_conversations_are_quirks_excluded_from
     assert (stats["evaluated_questions"], stats["excluded_questions"]) == (1, 4)
 
 
+def test_a_question_without_gold_is_never_scored_whichever_categories_are_selected(tmp_path: Path) -> None:
+    """A category-5 question with neither `answer` nor `adversarial_answer` was left out of the check for an
+    empty gold answer (category 5 is not scored by default); `exclude_categories=[]` then scored it against ""."""
+    sample = _locomo_sample()
+    sample["qa"] += [{"question": "q5?", "adversarial_answer": "trap", "evidence": ["D1:1"], "category": 5},
+                     {"question": "q5 bare?", "evidence": ["D1:1"], "category": 5}]
+    benchmark = load_benchmark("locomo", _write(tmp_path, "locomo10.json", [sample]))
+    bare = benchmark.questions()[2]
+    assert (bare.answer, bare.evaluated, bare.extra) == ("", False, {"answer_from": "missing",
+                                                                      "excluded": "the gold answer is empty"})
+    assert benchmark.problems == [
+        "locomo c1: the gold answer is empty for 1 question (c1:q2): excluded from scoring",
+        "locomo: 1 category-5 questions have only 'adversarial_answer': answer set to it, kept in "
+        "extra['adversarial_answer'] (category 5 is not evaluated)",
+    ]
+    for selected in (select_questions(benchmark, exclude_categories=[]), select_questions(benchmark,
+                                                                                          include_categories=["5"])):
+        assert [(q.question_id, q.answer, q.evaluated) for q in selected.questions() if q.category == "5"] == [
+            ("c1:q1", "trap", True)]
+
+
 def test_longmemeval_system_role_and_empty_turn_are_reported(tmp_path: Path) -> None:
     record = _lme_record("a", ["2023/05/01 (Mon) 09:00"], [True])
     record["haystack_sessions"][0].insert(0, {"role": "system", "content": "You are a helpful assistant."})
@@ -539,6 +629,12 @@ def test_good_locomo_fixture_loads(tmp_path: Path) -> None:
         (lambda r: r.update(haystack_sessions={}), "haystack_sessions", "expected list, got dict"),
         (lambda r: r.update(question_date="yesterday"), "question_date", "is not like"),
         (lambda r: r.pop("question_type"), "question_type", "missing"),
+        # a mistyped question type loaded as a seventh category
+        (lambda r: r.update(question_type="temporal_reasoning"), "question_type",
+         "'temporal_reasoning' is not a LongMemEval question type (single-session-user, single-session-preference, "
+         "single-session-assistant, multi-session, temporal-reasoning, knowledge-update); did you mean "
+         "'temporal-reasoning'?"),
+        (lambda r: r.update(answer=float("inf")), "answer", "inf is not a finite number"),
     ],
 )  # fmt: skip
 def test_broken_longmemeval_names_file_item_field(tmp_path: Path, edit, field_name: str, reason: str) -> None:
@@ -590,6 +686,10 @@ def _scenario() -> dict:
          "image_caption", "missing"),
         (lambda s: s["human-annotated QAs"][0].update(clue=[1]), "human-annotated QAs[0]", "clue",
          "expected a list of str"),
+        (lambda s: s["human-annotated QAs"][0].update(point="FRR"), "human-annotated QAs[0]", "point",
+         "'FRR' is not a MemGallery point (FR, MR, TR, VR, TTL, VS, CD, KR, AR)"),
+        (lambda s: s["human-annotated QAs"][0].update(answer=float("nan")), "human-annotated QAs[0]", "answer",
+         "nan is not a finite number"),
     ],
 )  # fmt: skip
 def test_broken_memgallery_names_file_item_field(
@@ -660,6 +760,39 @@ def test_select_questions(locomo: Benchmark, longmemeval: Benchmark) -> None:
     assert len(locomo.memories[0].questions) == 199  # the input is untouched
     with pytest.raises(ValueError, match="limit_questions must be >= 0"):
         select_questions(locomo, limit_questions=-1)
+
+
+def test_a_category_list_naming_no_category_of_the_benchmark_is_refused(locomo: Benchmark, longmemeval: Benchmark,
+                                                                       tmp_path: Path, caplog) -> None:
+    """LoCoMo's categories are 1..5: `exclude_categories=[adversarial]` excluded nothing and scored all 1,986
+    questions (category 5 too), and an unknown label in include_categories was ignored."""
+    labels = "1 (multi-hop), 2 (temporal), 3 (open-domain), 4 (single-hop), 5 (adversarial)"
+    with pytest.raises(ConfigError) as info:
+        select_from_config(locomo, DataConfig(exclude_categories=["adversarial"]))
+    assert str(info.value) == (f"data.exclude_categories: 'adversarial' is no category of locomo: its categories are "
+                               f"{labels}; did you mean '5' instead of 'adversarial'?")
+    with pytest.raises(ConfigError) as info:
+        select_from_config(locomo, DataConfig(include_categories=["1", "2", "3", "4", "adversarial", "6"]))
+    assert str(info.value) == (f"data.include_categories: '6', 'adversarial' are no categories of locomo: its "
+                               f"categories are {labels}; did you mean '5' instead of 'adversarial'?")
+    with pytest.raises(ConfigError, match=r"^data.include_categories: 'temporal_reasoning' is no category of "
+                                          r"longmemeval: .* did you mean 'temporal-reasoning' instead"):
+        select_questions(longmemeval, include_categories=["temporal_reasoning"])
+    assert len(select_questions(locomo, exclude_categories=["5"]).questions()) == 1540
+    assert len(select_questions(locomo, exclude_categories=[]).questions()) == 1986
+    # a category the benchmark has, though no question of this file does, selects nothing
+    one = load_benchmark("locomo", _write(tmp_path, "locomo10.json", [_locomo_sample()]))
+    assert select_questions(one, include_categories=["5"]).questions() == []
+    # own data: its labels are whatever its questions carry
+    own = _write(tmp_path, "own.jsonl", json.dumps({"user_id": "u", "sessions": [{"turns": [
+        {"speaker": "A", "text": "hi"}]}], "questions": [{"question": "q?", "answer": "a", "category": "who"}]}))
+    with pytest.raises(ConfigError, match=r"^data.include_categories: 'what' is no category of jsonl: its categories "
+                                          r"are who$"):
+        select_questions(load_benchmark("jsonl", own), include_categories=["what"])
+    # the default an older memfit wrote into every run's config.yaml still reads, with a warning
+    with caplog.at_level("WARNING", logger="memfit_gpu.data"):
+        assert len(select_questions(longmemeval, exclude_categories=["5"]).questions()) == 47
+    assert "data.exclude_categories=['5'] names no category of longmemeval" in caplog.text
 
 
 def test_a_split_the_benchmark_does_not_have_is_refused_naming_its_splits(shared_data: Path) -> None:
