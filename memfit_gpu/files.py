@@ -106,10 +106,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
-        except OSError:
+        except OSError as exc:
             if tmp is not None:
                 with suppress(OSError):  # a full disk keeps no half-written copy beside the file
                     tmp.unlink(missing_ok=True)
+            if isinstance(exc, FileNotFoundError) and not path.parent.is_dir():  # not the temporary's name
+                raise StorageError(path, f"{path}: writing failed: its folder {path.parent} does not exist; make it "
+                                         "or give another path", errno.ENOENT) from None
             raise
     _remove_stale_temporaries(path)
 

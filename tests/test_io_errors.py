@@ -318,3 +318,13 @@ def test_a_temporary_of_another_node_is_kept_while_its_writer_may_live(tmp_path:
         os.utime(stray, (past, past))
     atomic_write_text(target, "third")
     assert temporaries(target) == [alive] and target.read_text() == "third"
+
+
+def test_a_file_in_a_folder_that_is_not_there_is_named_not_its_temporary(tmp_path: Path, capsys) -> None:
+    """`memfit data convert --out /missing/x.jsonl` said "[Errno 2] No such file or directory:
+    '/missing/.x.jsonl.24190-...tmp'": the name of a temporary file the user never gave."""
+    target = tmp_path / "missing" / "x.jsonl"
+    with pytest.raises(StorageError) as refused:
+        atomic_write_text(target, "x")
+    assert str(refused.value) == (f"{target}: writing failed: its folder {target.parent} does not exist; make it or "
+                                  "give another path")
