@@ -1,7 +1,9 @@
 """ReferenceBM25: the readable oracle of `BM25Index` (index/bm25.py), plain Python, one query at a time.
 
 Same scoring (bm25s's ``lucene`` form with every statistic taken per memory, see index/bm25.py), the
-same `LexicalIndex` methods and errors (index/protocols.py), float64 arithmetic over dict postings.
+same `LexicalIndex` methods and errors (index/protocols.py), float64 arithmetic over dict postings, with
+BM25Index's rounding: each posting's weight a float32 on the 2^-32 grid, their sum exact, the score
+rounded once to float32, ties in that score broken by the lower row (protocols.py).
 Term ids are numbered the way BM25Index numbers them, per (memory, token) in order of first
 appearance, so `feedback_terms` and `search_encoded` give the same pairs and rows on both. Nothing
 here is fast: tests hold the batched index to it, and `index.bm25_backend: reference` runs a whole
@@ -15,8 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from memfit_gpu.index.bm25_postings import _GRID_BITS
 from memfit_gpu.index.protocols import (
     as_int_list,
     check_batch,
@@ -27,6 +31,13 @@ from memfit_gpu.index.protocols import (
 )
 
 __all__ = ["ReferenceBM25"]
+
+
+def _grid_weight(weight: float) -> float:
+    """bm25_postings._on_grid for one weight: the float32 nearest it, on the 2^-_GRID_BITS grid (half to even,
+    as Python's round)."""
+    scale = float(2 ** _GRID_BITS)
+    return round(float(np.float32(weight)) * scale) / scale
 
 
 class ReferenceBM25:
@@ -135,6 +146,8 @@ class ReferenceBM25:
                 torch.tensor(pair_term, dtype=torch.long, device=self.device))
 
     def _score_one(self, query: list[str], mem: int) -> dict[int, float]:
+        """Each row's score as BM25Index gives it (module doc): a float64 sum of grid weights would tie where
+        the float32 scores tie and rank by rounding noise where they did not, and differ by 1 ulp."""
         n_docs, avgdl = self.memory_stats(mem)
         scores: dict[int, float] = {}
         postings = self._postings.get(mem, {})
@@ -144,8 +157,8 @@ class ReferenceBM25:
                 if row in self._deleted:
                     continue
                 norm = self.k1 * (1.0 - self.b + self.b * self._row_len[row] / avgdl)
-                scores[row] = scores.get(row, 0.0) + idf * tf / (tf + norm)
-        return scores
+                scores[row] = scores.get(row, 0.0) + _grid_weight(idf * tf / (tf + norm))
+        return {row: float(np.float32(score)) for row, score in scores.items()}
 
     def scores(
         self, queries: list[list[str]], memory_idx: Sequence[int] | torch.Tensor
