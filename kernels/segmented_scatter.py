@@ -108,7 +108,10 @@ def segmented_scatter_add_triton(
     post_weight: torch.Tensor,
     block: int = BLOCK,
 ) -> torch.Tensor:
-    """Triton kernel: one program per block of one pair's postings, float64 atomic adds (in place)."""
+    """Triton kernel: one program per block of one pair's postings, float64 atomic adds (in place). `block`: a
+    power of two (tl.arange's rule; anything else failed inside Triton's compiler)."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or block & (block - 1):
+        raise ValueError(f"segmented_scatter_add_triton: block={block!r} must be a power of two (e.g. {BLOCK})")
     _check(acc, pair_base, pair_term, term_ptr, post_col, post_weight)
     device = launch_device(acc=acc, pair_base=pair_base, pair_term=pair_term, term_ptr=term_ptr,
                            post_col=post_col, post_weight=post_weight)

@@ -347,3 +347,13 @@ def test_kernels_compile_on_old_triton_by_construction():
                 assert id(node) in top_level, f"{path.name}: kernel {node.name} is nested (closure over tl)"
                 assert not future, f"{path.name}: kernel module uses from __future__ import annotations"
     assert jitted == 3
+
+
+@pytest.mark.parametrize("block", [3, 0, 96, True])
+def test_a_scatter_block_that_is_no_power_of_two_is_refused_by_name(block: object) -> None:
+    """block=3 failed inside Triton's interpreter ("arange's range must be a power of 2")."""
+    empty = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"block={block!r} must be a power of two"):
+        scatter_module.segmented_scatter_add_triton(torch.zeros((1, 1), dtype=torch.float64), empty, empty,
+                                                    torch.zeros(1, dtype=torch.long), empty,
+                                                    torch.zeros(0), block=block)  # type: ignore[arg-type]
