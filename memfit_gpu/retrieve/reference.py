@@ -3,8 +3,11 @@
 It shares only the pure rule helpers with the batched path (dates: constraint parsing and
 relative dates; pack.format_excerpts: text layout; the added stages of retrieve.stages, which it runs
 on a batch of one) and calls the indexes' searches with a batch of one. Every score is formed with the same
-float64 operations in the same order, so both paths must produce identical packs;
-tests/retrieve/test_retrieve_reference.py and experiments/bench_retrieval.py check it.
+float64 operations in the same order, so both paths must produce identical packs given the same encoder
+outputs; tests/retrieve/test_retrieve_reference.py and experiments/bench_retrieval.py check it. (The packed
+encoders' floats depend on what else shares their batch, by up to ~2e-7 for the bi-encoder and ~4e-8 for the
+cross-encoder: with live encoders, which encode one question here and all of them there, a near-tie may
+rank otherwise. The checks therefore feed both paths the same embeddings and rerank scores.)
 """
 
 from __future__ import annotations
