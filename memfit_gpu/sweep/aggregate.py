@@ -63,6 +63,10 @@ def aggregate(sweep_dir: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
         row: dict[str, Any] = {"point": point.point_id}
         row.update({k: point.overrides.get(k) for k in keys})
         row["status"] = PointState.DONE.value if (point_dir / "DONE").exists() else point.state.value
+        if point.state is PointState.PENDING and (point_dir / "config.yaml").exists() and row["status"] != "done":
+            # a driver-less task (`sbatch slurm/memfit-array.sbatch`) records no state: "pending" would say it
+            # never started, where it started and has not finished (or failed: its task's log says)
+            row["status"] = "started"
         metrics_path = point_dir / "metrics.json"
         # what the row reads (a metrics.json of an older memfit without them: refused naming the field)
         metrics = (read_json_object(metrics_path, {"metric_variant": str, "average": dict})

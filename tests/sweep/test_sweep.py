@@ -853,3 +853,17 @@ def test_a_preempted_task_with_an_earlier_attempt_s_result_file_settles_first(
     assert not views["7_0"].ended and views["7_1"].ended
     listing["7_0"] = "REQUEUED"
     assert watcher.poll({"7_0": "PREEMPTED"})["7_0"].active
+
+
+def test_a_driverless_point_that_started_is_not_shown_as_never_started(tmp_path: Path) -> None:
+    """`sbatch slurm/memfit-array.sbatch` runs points without a driver, which records no state: a point whose task
+    started (its config.yaml written) and failed or is running was listed as `pending` ("never started")."""
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    points = [{"id": f"k={k}", "overrides": {"pack.k": k}, "dir": str(sweep_dir / "points" / f"k={k}"),
+               "state": "pending"} for k in (5, 10)]
+    (sweep_dir / "sweep.json").write_text(json.dumps({"name": "t", "sweep_keys": ["pack.k"], "points": points}))
+    _point(sweep_dir, "k=5", None, None, False)
+    (sweep_dir / "points" / "k=5" / "config.yaml").write_text("name: t\n")
+    _, rows = aggregate(sweep_dir)
+    assert [(r["point"], r["status"]) for r in rows] == [("k=5", "started"), ("k=10", "pending")]
