@@ -217,7 +217,14 @@ def parse_turn(raw: Mapping[str, Any] | Turn, user_id: str, position: int, sourc
     written = text("date_text", False)
     turn = Turn(text("turn_id", False) or "", str(speaker), str(body), stamp or "",
                 written if written is not None else (date_text(stamp) if stamp else ""), images)
-    return turn, text("session_id", False) or (stamp[:10] if stamp else None)
+    session = text("session_id", False) or (stamp[:10] if stamp else None)
+    if session is None and written and len(written) > LABEL_MAX:
+        # with neither a session id nor a timestamp, the date text names the turn's session (_plan_add): a
+        # label, bounded as a session_id is
+        raise DataError(source, item, f"{where}date_text", f"{len(written):,} characters; a date_text is at most "
+                                                           f"{LABEL_MAX} when it names the session (a turn without "
+                                                           "session_id or timestamp)")
+    return turn, session
 
 
 def _import_turns(memory: DataMemory) -> list[tuple[str, dict[str, Any]]]:

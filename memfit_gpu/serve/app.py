@@ -21,16 +21,20 @@ serve.max_in_flight_per_key requests being served) and its size (413 above serve
 ASGI middleware, so a refused request reads nothing; the route checks the binding again on the user id
 it was given, so the id authorised is the id used (the path is decoded once, by the server). A body that
 does not arrive within serve.read_timeout_s is 408. Bodies are validated by pydantic (422 naming the
-field, wrong types included; `k` a JSON integer) and by the serve.max_* limits (422 with the limit; the words
-of a request's queries together: serve.max_query_words_per_request); a 4xx body names the field (pydantic's
-copy of the input is left out; a message may quote the offending value, never the rest of the request). An unknown user is 404, a turn id reused with other words 409, a full disk 507 naming the
+field, wrong types included; `k` a JSON integer; a body that is not UTF-8, JSON nested too deep to parse or
+holding an integer of more digits than Python converts: 422 naming `body`) and by the serve.max_* limits
+(422 with the limit; the words of a request's queries together: serve.max_query_words_per_request); a 4xx
+body names the field (pydantic's copy of the input is left out; a message may quote the offending value,
+never the rest of the request). An unknown user is 404, a turn id reused with other words 409, a full disk 507 naming the
 file (the memory writes again once space is freed), and so is an add past serve.max_turns_per_user or while
 the disk has less than serve.min_free_disk_mb free (one client cannot take what every user shares).
 Searches, answers and adds go through dynamic batching (serve/batching.py; serve.batch_window_ms,
 serve.max_batch): one batched call per batch, and a request that fails inside it is run again alone, so
 it fails alone. Searches, adds and the read half of answers run on one worker thread, in arrival order;
 an answer's generation runs beside it (Memory.finish_answers on a thread of its own), so one user's
-answers never hold another user's searches.
+answers never hold another user's searches. A user's turns and export (replies as large as the user's
+memory) run on the worker one at a time, round-robin between keys, a key's one at a time (the next waits
+its turn), their JSON rendered off the event loop (serve/engine.py).
 """
 
 from __future__ import annotations
@@ -41,14 +45,17 @@ import contextlib
 import json
 import logging
 import re
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -57,6 +64,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.exceptions import HTTPException
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.live.memory import Memory
@@ -95,11 +103,84 @@ class Metrics:
 
 
 # ---------------------------------------------------------------------------------------- the guard
+_JSON = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
 class SafeJSONResponse(JSONResponse):
     """Every reply renders: ASCII-escaped (a lone surrogate in a message cannot break it), no NaN."""
 
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+        return _JSON.encode(content).encode("ascii")
+
+
+def _split(value: Any) -> bool:
+    """Whether _json_pieces writes `value` in parts: a list, or an object holding a list or an object."""
+    return isinstance(value, list) or (isinstance(value, dict) and any(isinstance(v, (dict, list))
+                                                                       for v in value.values()))
+
+
+def _size(value: Any) -> int:
+    """About how many characters a plain value (no list or object inside an object) writes."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        return sum(len(k) + _size(v) + 4 for k, v in value.items())
+    return 8
+
+
+PIECE_CHARS = 1 << 16  # plain elements of a list written together, up to about this many characters a piece
+
+
+def _json_pieces(value: Any, depth: int) -> Iterator[str]:
+    """`value` as SafeJSONResponse writes it, in pieces: the lists, and the objects holding lists or objects,
+    of its first `depth` levels are written part by part (a list's plain elements, turns, together up to about
+    PIECE_CHARS a piece), so no one call holds the interpreter for long (a turn of 1 MB is a piece of its own)."""
+    if not depth or not _split(value):
+        yield _JSON.encode(value)
+    elif isinstance(value, dict):
+        yield "{"
+        for n, (key, item) in enumerate(value.items()):
+            yield ("," if n else "") + _JSON.encode(key) + ":"
+            yield from _json_pieces(item, depth - 1)
+        yield "}"
+    else:
+        yield "["
+        plain: list[Any] = []
+        chars = 0
+        for n, item in enumerate(value):
+            if plain and (_split(item) or chars >= PIECE_CHARS):
+                yield ("," if n > len(plain) else "") + _JSON.encode(plain)[1:-1]
+                plain, chars = [], 0
+            if _split(item):
+                yield "," if n else ""
+                yield from _json_pieces(item, depth - 1)
+            else:
+                plain.append(item)
+                chars += _size(item)
+        if plain:
+            yield ("," if len(value) > len(plain) else "") + _JSON.encode(plain)[1:-1]
+        yield "]"
+
+
+def json_bytes(content: Any) -> bytes:
+    """What SafeJSONResponse.render(content) gives, built piece by piece: a thread writing a reply of many MB
+    (a user's turns, its export) lets the event loop run between the pieces."""
+    return "".join(_json_pieces(content, depth=6)).encode("ascii")
+
+
+def _json_reply(content: Any) -> Response:
+    return Response(json_bytes(content), media_type="application/json")
+
+
+def _unparsed(exc: BaseException | None) -> str | None:
+    """Why a body that is valid JSON text could not be parsed (Python's own limits), or None: not that."""
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply to parse"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return f"an integer of more than {sys.get_int_max_str_digits():,} digits"
+    return None
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -260,7 +341,15 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
     app = FastAPI(title="memfit serve", version="1", lifespan=lifespan, default_response_class=SafeJSONResponse,
                   description="A live MemFit memory: add turns, search and answer per user (memfit_gpu/serve/app.py); "
                               "the same over MCP at /mcp (serve/mcp.py).")
-    app.mount(MCP_PATH, mcp.streamable_http_app(streamable_http_path="/", stateless_http=True, json_response=True))
+    # The SDK's DNS-rebinding protection (a Host / Origin allow-list, by default localhost only) is off: it refused
+    # every MCP call sent to a hostname, a --host 0.0.0.0 address or through a reverse proxy (421). It guards a
+    # server that trusts whoever reaches it; this one reads nothing without a bearer key (the Guard, 401), which a
+    # page rebound to it cannot send (a browser sends no Authorization header of its own accord, and none across
+    # origins without a CORS preflight this server does not answer), and the REST routes check no Host either.
+    mcp_http = mcp.streamable_http_app(streamable_http_path="/", stateless_http=True, json_response=True,
+                                       transport_security=TransportSecuritySettings(
+                                           enable_dns_rebinding_protection=False))
+    app.mount(MCP_PATH, mcp_http)
 
     def bound(request: Request, user_id: str) -> str:
         """The route's own user id, authorised again (the Guard checked the path it saw): the id a request
@@ -286,6 +375,16 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
             message = "body: not read as JSON: send it with Content-Type: application/json"
         return SafeJSONResponse({"detail": message, "errors": errors}, status_code=422)
 
+    @app.exception_handler(HTTPException)
+    async def unparsed(request: Request, exc: HTTPException) -> Response:
+        # FastAPI answers a body json.loads cannot parse though it is JSON text (nested past the recursion
+        # limit, an integer of more than 4,300 digits, bytes that are not UTF-8) with a bare 400 "There was an
+        # error parsing the body"; it is malformed input like any other: 422 naming the body
+        why = _unparsed(exc.__cause__) if exc.status_code == 400 else None
+        if why is not None:
+            return _error(422, f"body: not read as JSON: {why}")
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> JSONResponse:
         return _error(exc.status, exc.message)
@@ -304,14 +403,17 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         added = await served.add(user_id, turn_dicts(body.turns), client_of(request.scope))
         return {"added": [a.to_json() for a in added]}
 
-    @app.get("/v1/users/{user_id}/turns")
-    async def turns(user_id: str = Depends(bound)) -> dict[str, Any]:
-        return {"user_id": user_id, "turns": await served.turns(user_id)}
+    @app.get("/v1/users/{user_id}/turns", response_class=SafeJSONResponse)
+    async def turns(request: Request, user_id: str = Depends(bound)) -> Response:
+        """The user's live turns in order (a key's reads of turns and exports are served one at a time)."""
+        return await served.turns(user_id, client_of(request.scope),
+                                  lambda found: _json_reply({"user_id": user_id, "turns": found}))
 
-    @app.get("/v1/users/{user_id}/export")
-    async def export(user_id: str = Depends(bound), summaries: bool = False) -> dict[str, Any]:
-        """The user as one line of the own-data jsonl format (`memfit store import` adds it back)."""
-        return await served.export(user_id, summaries)
+    @app.get("/v1/users/{user_id}/export", response_class=SafeJSONResponse)
+    async def export(request: Request, user_id: str = Depends(bound), summaries: bool = False) -> Response:
+        """The user as one line of the own-data jsonl format (`memfit store import` adds it back); a key's
+        reads of turns and exports are served one at a time."""
+        return await served.export(user_id, summaries, client_of(request.scope), _json_reply)
 
     @app.post("/v1/users/{user_id}/search")
     async def search(request: Request, body: SearchIn, user_id: str = Depends(bound)) -> dict[str, Any]:
@@ -338,9 +440,10 @@ def make_app(memory: Memory, keys: KeyRing, cfg: MemFitConfig | None = None,
         return {"compacted": await served.compact()}
 
     @app.post("/v1/consolidate")
-    async def consolidate(request: Request, body: ConsolidateIn) -> dict[str, Any]:
-        """Every user's pending consolidation (user_ids unset), or the named users', each bound to the key."""
-        user_ids = None if body.user_ids is None else [bound(request, u) for u in body.user_ids]
+    async def consolidate(request: Request, body: ConsolidateIn | None = None) -> dict[str, Any]:
+        """Every user's pending consolidation (no body, or user_ids unset), or the named users', each bound to
+        the key."""
+        user_ids = None if body is None or body.user_ids is None else [bound(request, u) for u in body.user_ids]
         return {"consolidated": await served.consolidate(user_ids)}
 
     guarded = Guard(app, keys, cfg.serve.max_body_bytes, metrics, cfg.serve.read_timeout_s,

@@ -6,16 +6,25 @@ One thread runs every call on the memory (the one that opened it: `memory_worker
 the read half of answers are batched onto it (serve/batching.py), an answer's generation runs beside it
 on a thread of its own that ends with the batch (devices.in_fresh_thread: a lasting second torch thread
 slows the worker's every op), so one user's answers never hold another user's searches.
+
+A user's turns and its export (the heavy reads: a reply as large as everything the user stored) go onto
+the worker one at a time, round-robin between keys, so the worker runs at most one of them between two
+search batches; a key's heavy reads are served one at a time (the next waits for the one before, within
+the key's serve.max_in_flight_per_key), and a REST reply is rendered (`render`) off the event loop and
+outside the memory's lock, within that turn (an MCP tool's reply the SDK renders itself): one key's heavy
+reads hold another key's search for one such read at most, and hold one reply's memory at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import errno
 import logging
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -99,6 +108,11 @@ def _texts(item: tuple[Any, ...]) -> int:
     return len(item[1])
 
 
+# Answer.error to a client: the cause only; the reader's own message (with vLLM: the engine's exception, which
+# may name the model's path or the server's files) goes to the server's log
+ANSWER_FAILED = "the reader could not answer this question (the memory server's log says why)"
+
+
 def _tenant(client: str | None, user_id: str) -> str:
     """Whose share of the batches a request takes (serve/batching.py): its API key's (`client`, the key's
     hash), else (no key: a stdio MCP server, a library caller) its user's."""
@@ -122,16 +136,20 @@ class ServedMemory:
         self.adds = Batcher("add", self._add_run, window, most, self.worker, observe, _texts, texts)
         self.searches = Batcher("search", memory.search_batch, window, most, self.worker, observe, _texts, texts)
         self.answers = Batcher("answer", self._answer_run, window, most, self._answering, observe, _texts, texts)
+        # the heavy reads (a user's turns, its export): one at a time on the worker, round-robin between keys
+        self.reads = Batcher("read", self._read_run, 0.0, 1, self.worker)
+        # per tenant (a key's hash) with heavy reads being served or waiting: its turn, and how many hold or wait
+        self._reading: dict[str, tuple[asyncio.Lock, int]] = {}
 
     # --------------------------------------------------------------------------------------- life
     def start(self) -> None:
-        for batcher in (self.adds, self.searches, self.answers):
+        for batcher in (self.adds, self.searches, self.answers, self.reads):
             batcher.start()
 
     async def stop(self) -> BaseException | None:
         """Run what the batchers still hold, close the memory on its worker, shut the threads down; the
         error closing raised (a snapshot refused by a full disk), or None."""
-        for batcher in (self.adds, self.searches, self.answers):
+        for batcher in (self.adds, self.searches, self.answers, self.reads):
             await batcher.stop()
         self._answering.shutdown(wait=True)
         failed: BaseException | None = None
@@ -153,6 +171,37 @@ class ServedMemory:
     def _answer_run(self, items: list[tuple[Any, ...]]) -> list[Any]:
         prepared: PreparedAnswers = self.worker.submit(self.memory.prepare_answers, items).result()
         return in_fresh_thread(self.memory.finish_answers, prepared)
+
+    def _read_run(self, items: list[tuple[str, str, bool]]) -> list[Any]:
+        """One heavy read (the batcher's max_batch is 1): a user's turns, or its export."""
+        (what, user_id, summaries), = items
+        return [self.memory.turns(user_id) if what == "turns" else self.memory.export(user_id, summaries)]
+
+    @contextlib.asynccontextmanager
+    async def _turn_to_read(self, tenant: str) -> AsyncIterator[None]:
+        """The tenant's one heavy read at a time (its read and its rendering); the next waits, in arrival order.
+        Only the event loop touches `_reading`."""
+        lock, users = self._reading.get(tenant) or (asyncio.Lock(), 0)
+        self._reading[tenant] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._reading[tenant]
+            if users == 1:
+                del self._reading[tenant]
+            else:
+                self._reading[tenant] = (lock, users - 1)
+
+    async def _read(self, what: str, user_id: str, summaries: bool, client: str | None,
+                    render: Callable[[Any], Any] | None) -> Any:
+        tenant = _tenant(client, checked_user(user_id))
+        async with self._turn_to_read(tenant):
+            found = await outcome(self.reads.submit((what, user_id, summaries), tenant))
+            if render is None:
+                return found
+            # off the event loop (a reply of many MB would hold every request) and outside the memory's lock
+            return await asyncio.get_running_loop().run_in_executor(None, render, found)
 
     async def _on_worker(self, call: Callable[..., Any], *args: Any) -> Any:
         return await outcome(asyncio.get_running_loop().run_in_executor(self.worker, call, *args))
@@ -198,11 +247,24 @@ class ServedMemory:
                     "serve.max_queries_per_request")
         self._limit(k, self.cfg.serve.max_k, "hits (k)", "serve.max_k")
         self._words(questions, "questions")
-        return await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date),
-                                                 _tenant(client, user_id)))
+        found = await outcome(self.answers.submit((checked_user(user_id), list(questions), k, question_date),
+                                                  _tenant(client, user_id)))
+        return [self._cause_only(a) for a in found]
 
-    async def turns(self, user_id: str) -> list[dict[str, Any]]:
-        return await self._on_worker(self.memory.turns, checked_user(user_id))
+    @staticmethod
+    def _cause_only(answer: Answer) -> Answer:
+        """An answer whose reader call failed says so, and no more (as a 503 does): the reader's message goes
+        to the server's log."""
+        if answer.error is None:
+            return answer
+        log.warning("memfit serve: the reader could not answer a question: %s", answer.error)
+        return dataclasses.replace(answer, error=ANSWER_FAILED)
+
+    async def turns(self, user_id: str, client: str | None = None,
+                    render: Callable[[list[dict[str, Any]]], Any] | None = None) -> Any:
+        """The user's live turns (Memory.turns); with `render`, render(turns) computed off the event loop,
+        within the key's turn to read (module doc)."""
+        return await self._read("turns", user_id, False, client, render)
 
     async def delete(self, user_id: str, turn_ids: Sequence[str]) -> dict[str, int]:
         self._limit(len(turn_ids), self.cfg.serve.max_turns_per_request, "turn ids", "serve.max_turns_per_request")
@@ -214,8 +276,10 @@ class ServedMemory:
     async def delete_user(self, user_id: str) -> dict[str, int]:
         return await self._on_worker(self.memory.delete_user, checked_user(user_id))
 
-    async def export(self, user_id: str, summaries: bool = False) -> dict[str, Any]:
-        return await self._on_worker(self.memory.export, checked_user(user_id), summaries)
+    async def export(self, user_id: str, summaries: bool = False, client: str | None = None,
+                     render: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+        """The user as own-data jsonl (Memory.export); `render` as for `turns`."""
+        return await self._read("export", user_id, summaries, client, render)
 
     async def compact(self) -> dict[str, int]:
         # not on the worker: dropping the cached replies waits for the reader's turn (an answer being generated),

@@ -10,7 +10,10 @@ Two transports:
   (the agent's own process), every tool refused for any other user.
 
 Tools (each with a JSON schema from its typed arguments and a description an agent can read): add_turns,
-search, answer, list_turns, delete_turns, delete_user, export_user.
+search, answer, list_turns, delete_turns, delete_user, export_user. Their arguments are the REST bodies'
+types (serve/schemas.py), so a tool refuses what the route refuses (an empty list of turns, queries,
+questions or turn ids; k below 1), and an argument error is `refused (422): FIELD: why`, as REST names the
+field, never quoting the input (the SDK's own message quotes pydantic's `input_value`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from pydantic import ValidationError
 
 from memfit_gpu.serve.engine import Refused, ServedMemory, checked_user
 from memfit_gpu.serve.keys import ApiKey
-from memfit_gpu.serve.schemas import StrictInt, Text, TurnIn, turn_dicts
+from memfit_gpu.serve.schemas import K, Text, Texts, Turns, turn_dicts
 
 MCP_PATH = "/mcp"
 INSTRUCTIONS = """\
@@ -33,11 +37,28 @@ from the memory with answer. Each call names the user whose memory it reads or w
 users your key is not bound to. Turns are durable when add_turns returns."""
 
 
+class _Server(MCPServer):
+    """The SDK's server, whose argument errors name the field and why, as REST's 422 does: the SDK's message is
+    pydantic's whole text, which quotes the input (`input_value=...`), the caller's own data."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            first = cause.errors(include_url=False, include_context=False, include_input=False)[0]
+            field = ".".join(str(part) for part in first["loc"])
+            more = f" (and {cause.error_count() - 1} more)" if cause.error_count() > 1 else ""
+            raise ToolError(f"Error executing tool {name}: refused (422): {field}: {first['msg']}{more}") from None
+
+
 def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | None] | None = None,
              only_user: str | None = None) -> MCPServer:
     """The MCP server over `served`. key_of: the bearer key of an HTTP request's ASGI scope (the Guard
     put it there); only_user: the one user a stdio server serves (then no key is asked for)."""
-    mcp = MCPServer("memfit", instructions=INSTRUCTIONS, version="1")
+    mcp = _Server("memfit", instructions=INSTRUCTIONS, version="1")
 
     def authorized(ctx: Context, user_id: str) -> str:
         """`user_id` once the caller may touch it (refused before the tool runs otherwise)."""
@@ -70,20 +91,20 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
     @mcp.tool(description="Store turns of a user's conversation, verbatim and durably (when the call returns). "
                           "A turn: speaker, text; optional timestamp (ISO 8601 local time), turn_id (re-adding "
                           "the same id with the same words stores nothing new), session_id, date_text, images.")
-    async def add_turns(user_id: Text, turns: list[TurnIn], ctx: Context) -> dict[str, Any]:
+    async def add_turns(user_id: Text, turns: Turns, ctx: Context) -> dict[str, Any]:
         added = await run(served.add(authorized(ctx, user_id), turn_dicts(turns), client(ctx)))
         return {"added": [a.to_json() for a in added]}
 
     @mcp.tool(description="Search a user's memory: for each query, the k best excerpts (episode turns or "
                           "segment summaries) with their text, turn ids, final score and stage scores.")
-    async def search(user_id: Text, queries: list[Text], ctx: Context, k: StrictInt = 10) -> dict[str, Any]:
+    async def search(user_id: Text, queries: Texts, ctx: Context, k: K = 10) -> dict[str, Any]:
         found = await run(served.search(authorized(ctx, user_id), queries, k, client(ctx)))
         return {"results": [[h.to_json() for h in hits] for hits in found]}
 
     @mcp.tool(description="Answer questions from a user's memory: one reader call per question on the excerpts "
                           "retrieved for it; each answer with the reader's raw output and the hits it read. "
                           "question_date: when the questions are asked (e.g. 2024-05-01).")
-    async def answer(user_id: Text, questions: list[Text], ctx: Context, k: StrictInt = 10,
+    async def answer(user_id: Text, questions: Texts, ctx: Context, k: K = 10,
                      question_date: Text | None = None) -> dict[str, Any]:
         found = await run(served.answer(authorized(ctx, user_id), questions, k, question_date, client(ctx)))
         return {"answers": [a.to_json() for a in found]}
@@ -91,11 +112,11 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
     @mcp.tool(description="List a user's stored turns in conversation order (turn_id, speaker, text, "
                           "timestamp, session_id).")
     async def list_turns(user_id: Text, ctx: Context) -> dict[str, Any]:
-        return {"user_id": user_id, "turns": await run(served.turns(authorized(ctx, user_id)))}
+        return {"user_id": user_id, "turns": await run(served.turns(authorized(ctx, user_id), client(ctx)))}
 
     @mcp.tool(description="Delete turns of a user by turn id: gone from every search at once (their text leaves "
                           "the disk when the memory is compacted).")
-    async def delete_turns(user_id: Text, turn_ids: list[Text], ctx: Context) -> dict[str, Any]:
+    async def delete_turns(user_id: Text, turn_ids: Texts, ctx: Context) -> dict[str, Any]:
         return {"deleted": await run(served.delete(authorized(ctx, user_id), turn_ids))}
 
     @mcp.tool(description="Delete every turn of a user (and the summaries over them).")
@@ -105,6 +126,6 @@ def make_mcp(served: ServedMemory, key_of: Callable[[dict[str, Any]], ApiKey | N
     @mcp.tool(description="A user's memory as one line of memfit's own-data jsonl format (turns, sessions, "
                           "timestamps; with summaries=true its segment summaries and the turns they cover).")
     async def export_user(user_id: Text, ctx: Context, summaries: bool = False) -> dict[str, Any]:
-        return await run(served.export(authorized(ctx, user_id), summaries))
+        return await run(served.export(authorized(ctx, user_id), summaries, client(ctx)))
 
     return mcp

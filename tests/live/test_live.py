@@ -147,6 +147,21 @@ def test_bad_turns_are_refused_naming_the_user_turn_and_field(tmp_path: Path) ->
         assert len(memory.turns("u")) == 1
 
 
+def test_a_date_text_that_names_the_session_is_bounded_as_a_session_id(tmp_path: Path) -> None:
+    """A turn without session_id or timestamp takes its date text as its session id: a 100,000-character
+    date_text made a 100,000-character session id, past the 256 a session_id is held to (names.LABEL_MAX).
+    Such a date_text is bounded as the session id it becomes; beside a session id it is only a date text."""
+    with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP) as memory:
+        with pytest.raises(DataError) as refused:
+            memory.add("u", [{"speaker": "Ann", "text": "fine"}, {"speaker": "Ann", "text": "hi", "date_text": "d" * 100_000}])
+        assert str(refused.value) == ("add, item user 'u' turn 1, field 'date_text': 100,000 characters; a date_text is "
+                                      "at most 256 when it names the session (a turn without session_id or timestamp)")
+        memory.add("u", [{"speaker": "Ann", "text": "at the limit", "date_text": "d" * 256, "turn_id": "a"},
+                         {"speaker": "Ann", "text": "with a session", "date_text": "e" * 300, "session_id": "s1",
+                          "turn_id": "b"}])
+        assert [(t["turn_id"], t["session_id"]) for t in memory.turns("u")] == [("a", "d" * 256), ("b", "s1")]
+
+
 def test_one_writer_per_memory_and_no_offline_method(tmp_path: Path) -> None:
     with Memory.open(tmp_path / "m", config=DEMO, overrides=CHEAP):
         with pytest.raises(DirectoryBusyError, match=f"pid {os.getpid()}"):

@@ -25,6 +25,7 @@ from support.live_server import CHEAP, DEMO, LiveServer
 
 from memfit_gpu.config import load_config
 from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.serve.app import SafeJSONResponse, json_bytes
 from memfit_gpu.serve.keys import KeyRing, new_key
 from memfit_gpu.serve.server import freeze_loaded_objects
 from memfit_gpu.store import RecordLog
@@ -247,6 +248,67 @@ def test_one_keys_queued_searches_hold_another_keys_search_for_one_batch_at_most
     # a batch holds 4 of A's searches; B's goes in the batch after the one running when it came (at most 3
     # of A's beside it), or one later if A's requests were still arriving then: at most 11 of A's before it
     assert before_b <= 11, f"{before_b} of A's 16 searches were answered before B's one"
+
+
+def test_one_keys_reads_of_a_large_user_hold_another_keys_search_for_one_read_at_most(served) -> None:
+    """A user's turns and its export are replies as large as the user: they ran unbatched, in arrival order, on
+    the one worker, their JSON written on the event loop, so 60 exports by one key of a 40 MB user held another
+    key's search for 11 s. Now a key's such reads are served one at a time (the next waits its turn), the
+    worker runs them one at a time between search batches, and their JSON is written off the event loop.
+
+    Key A keeps 24 of them in flight at a 20 MB user. Key B's one search waits for its batch window (50 ms) and
+    at most the one read of A's on the worker: A's reads go on meanwhile, one at a time, a few of them answered
+    before B's search is (2 to 5 on two busy cores); in arrival order B's search waited for all 24 that A had in
+    flight."""
+    server, client, keys, _, _ = served
+    heavy = new_key(server.keys, ["heavy"], name="heavy")  # the server reads its keys file again
+    words = "the heavy ledger of the lighthouse keeper " * 21_000  # 882,000 characters
+    for i in range(24):
+        added = client.post("/v1/users/heavy/turns", headers=auth(heavy), json={"turns": [
+            {"speaker": "Ann", "text": f"{words}{i}", "turn_id": f"heavy-{i}"}]})
+        assert added.status_code == 200, added.text
+    search = {"json": {"queries": ["willow project"], "k": 1}, "headers": auth(keys["user01"])}
+    assert client.post("/v1/users/user01/search", **search).status_code == 200  # the read caches, made again
+    replies: list[tuple[int, float, int]] = []  # A's: status, when answered, bytes
+    stop = threading.Event()
+
+    def flood(n: int) -> None:
+        path = f"/v1/users/heavy/{'export' if n % 2 else 'turns'}"
+        with httpx.Client(base_url=server.url, timeout=120) as own:
+            while not stop.is_set():
+                reply = own.get(path, headers=auth(heavy))
+                replies.append((reply.status_code, time.perf_counter(), len(reply.content)))
+
+    with ThreadPoolExecutor(24) as pool:
+        floods = [pool.submit(flood, n) for n in range(24)]
+        time.sleep(3.0)  # A's flood is under way
+        sent = time.perf_counter()
+        found = client.post("/v1/users/user01/search", **search)
+        answered = time.perf_counter()
+        stop.set()
+        for future in floods:
+            future.result()
+    assert found.status_code == 200 and found.json()["results"][0][0]["turn_id"].startswith("user01-"), found.text
+    meanwhile = sum(1 for _, at, _ in replies if sent < at < answered)
+    assert meanwhile <= 8, f"{meanwhile} of A's reads were answered while B's one search waited"
+    assert {status for status, _, _ in replies} == {200} and min(size for _, _, size in replies) > 21_000_000
+    listed = client.get("/v1/users/heavy/turns", headers=auth(heavy)).json()  # whole, once the flood is over
+    assert [(t["turn_id"], t["text"]) for t in listed["turns"]] == [(f"heavy-{i}", f"{words}{i}") for i in range(24)]
+    exported = client.get("/v1/users/heavy/export", headers=auth(heavy)).json()
+    assert [t["text"] for s in exported["sessions"] for t in s["turns"]] == [f"{words}{i}" for i in range(24)]
+
+
+@pytest.mark.parametrize("content", [
+    {"user_id": "u1", "turns": [{"turn_id": f"t{i}", "text": "é\ud800" * (i * 9_000), "timestamp": None}
+                                for i in range(40)]},
+    {"sessions": [{"turns": [{"images": [{"caption": "c"}], "text": "x" * 70_000}] * 3, "date": "d"}, {"turns": []}],
+     "speakers": ["Ann"], "n": 1.5, "summaries": [], "extra": {}},
+    [[], [{}], [[1], 2, {"a": [3]}, 4], "s"], "text", None,
+])
+def test_a_large_reply_is_written_in_pieces_as_the_whole_would_be(content: Any) -> None:
+    """The turns and export replies are written element by element off the event loop (app.json_bytes): the
+    bytes are those one json.dumps of the whole writes (ASCII-escaped, compact)."""
+    assert json_bytes(content) == SafeJSONResponse(None).render(content)
 
 
 def test_answers_are_one_reader_call_per_question(served) -> None:

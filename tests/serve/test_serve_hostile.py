@@ -236,6 +236,54 @@ def test_a_label_longer_than_256_characters_is_422(served, field: str) -> None:
                 add_body({**turn("u1", n), field: "x" * 256}))[0] == 200
 
 
+def test_a_date_text_that_names_the_session_is_422_past_256_characters(served) -> None:
+    """A turn with neither session_id nor timestamp takes its date_text as its session id: a 100,000-character
+    date_text stored a 100,000-character session id, past the bound a session_id has. Now it is refused, naming
+    the field; beside a session id a long date_text is only the date the episode text writes."""
+    server, keys = served
+    status, reply = call(server, "POST", "/v1/users/u1/turns", keys["u1"],
+                         add_body(turn("u1", 80, date_text="d" * 100_000)))
+    assert status == 422, reply
+    assert reply["detail"] == ("add, item user 'u1' turn 0, field 'date_text': 100,000 characters; a date_text is at "
+                               "most 256 when it names the session (a turn without session_id or timestamp)"), reply
+    assert call(server, "POST", "/v1/users/u1/turns", keys["u1"],
+                add_body(turn("u1", 81, date_text="d" * 300, session_id="s-81")))[0] == 200
+    listed = {t["turn_id"]: t["session_id"] for t in call(server, "GET", "/v1/users/u1/turns", keys["u1"])[1]["turns"]}
+    assert "u1-80" not in listed and listed["u1-81"] == "s-81"
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("[" * 5_000 + "]" * 5_000, "JSON nested too deeply to parse"),
+    ('{"queries": [' * 2_000 + '"lantern"' + "]}" * 2_000, "JSON nested too deeply to parse"),
+    ('{"queries": ["lantern"], "k": 1' + "0" * 5_000 + "}", "an integer of more than 4,300 digits"),
+    (b'{"queries": ["lantern \xff"]}', "not UTF-8 text (invalid start byte at byte 22)"),
+])
+def test_json_the_server_cannot_parse_is_422_naming_the_body(served, body: str | bytes, why: str) -> None:
+    """Valid JSON text that Python's parser will not take (nested past its recursion limit, an integer of more
+    than 4,300 digits) and a body that is not UTF-8 got FastAPI's bare 400 "There was an error parsing the
+    body"; malformed JSON is 422 naming the field, here the body."""
+    server, keys = served
+    status, reply = call(server, "POST", "/v1/users/u1/search", keys["u1"], body)
+    assert (status, reply) == (422, {"detail": f"body: not read as JSON: {why}"})
+    assert call(server, "POST", "/v1/users/u1/search", keys["u1"], json.dumps({"queries": ["lantern"]}))[0] == 200
+
+
+def test_consolidate_takes_no_body_and_names_a_bad_user_id_by_its_place(served) -> None:
+    """POST /v1/consolidate without a body was 422 "body: Field required", though its body is optional; a bad id
+    in user_ids was refused as "path: ...", naming a path the request does not have."""
+    server, keys = served
+    admin = new_key(server.keys, ["u1", "u2"], name="admin", admin=True)  # the server reads its keys file again
+    for body in (None, "{}", json.dumps({"user_ids": ["u1"]})):
+        status, reply = call(server, "POST", "/v1/consolidate", admin, body)
+        assert status == 200 and set(reply) == {"consolidated"}, (body, status, reply)
+    status, reply = call(server, "POST", "/v1/consolidate", admin, json.dumps({"user_ids": ["u1", "../u2"]}))
+    assert status == 422, reply
+    assert reply["detail"] == ("body.user_ids.1: Value error, user id '../u2' is not valid: 1 to 128 characters, "
+                               "ASCII letters, digits and _ - . @ : only, starting with a letter or digit"), reply
+    status, reply = call(server, "POST", "/v1/consolidate", admin, json.dumps({"user_ids": ["u1", "u3"]}))
+    assert (status, reply) == (403, {"detail": "key 'admin' is not bound to user 'u3'"})
+
+
 def test_the_answer_route_passes_the_question_date(served) -> None:
     """The echo reader answers with the prompt's first line: the date the request gave is in it."""
     server, keys = served
@@ -466,6 +514,32 @@ def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
         assert refused.value.message.startswith("the reader gave no answer to this request")
 
     run_served(served, ask)
+
+
+def test_an_answer_the_reader_could_not_give_names_the_cause_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM answers a request it refused with "{exception}: {engine message}" (readers/vllm.py), which may name the
+    model's path; the answer's `error` reached the client verbatim. It now says the reader could not answer; the
+    server's log keeps the message."""
+    cfg = load_config(DEMO, CHEAP)
+    worker = memory_worker()
+    live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
+    worker.submit(live.add, "u1", [turn("u1", i) for i in range(2)]).result()
+    backend = live.reader().backend
+    why = "ValueError: /srv/models/private-70b prompt of 9,000 tokens is longer than max_model_len 8,192"
+    monkeypatch.setattr(backend, "generate", lambda requests: [
+        Response("", 0, 0, 0.0, False, "m", error=why) for _ in requests])
+    served = ServedMemory(live, cfg, worker)
+
+    async def ask() -> None:
+        found = await served.answer("u1", ["Where is the lantern?", "And the harbor?"], 2)
+        assert [a.to_json()["error"] for a in found] == [
+            "the reader could not answer this question (the memory server's log says why)"] * 2
+        assert all(a.answer == "" and a.hits for a in found)
+
+    with caplog.at_level("WARNING", logger="memfit_gpu.serve.engine"):
+        run_served(served, ask)
+    assert caplog.messages.count(f"memfit serve: the reader could not answer a question: {why}") == 2
 
 
 def test_stalled_connections_are_closed(served) -> None:

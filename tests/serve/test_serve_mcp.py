@@ -109,6 +109,78 @@ def test_an_mcp_client_over_http_uses_its_users_memory_and_no_other(tmp_path: Pa
         server.kill()
 
 
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server with one key bound to agent-u1, which holds the two TURNS."""
+    root = tmp_path_factory.mktemp("mcp")
+    key = new_key(root / "keys.jsonl", ["agent-u1"], name="agent")
+    server = LiveServer(root / "memory", root / "keys.jsonl", CHEAP).start()
+    try:
+        added = httpx.post(f"{server.url}/v1/users/agent-u1/turns", json={"turns": TURNS},
+                           headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert added.status_code == 200, added.text
+        yield server, key
+        assert server.stop() == 0
+    finally:
+        server.kill()
+
+
+def jsonrpc(server: LiveServer, key: str, method: str, params: dict[str, Any] | None = None,
+            **headers: str) -> httpx.Response:
+    """One JSON-RPC request to /mcp/ as an agent's HTTP client sends it (stateless: no session to open)."""
+    body: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})}
+    return httpx.post(f"{server.url}/mcp/", json=body, timeout=60, headers={
+        "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18", **headers})
+
+
+@pytest.mark.parametrize("host", ["memory.example.com", "memory.example.com:443", "10.1.2.3:8765", "[fd00::7]:8765"])
+def test_mcp_over_http_answers_a_host_that_is_not_localhost(http_server, host: str) -> None:
+    """The SDK's DNS-rebinding protection, on by default for a localhost bind, allowed only Host headers naming
+    localhost: behind a reverse proxy, at a hostname or on `--host 0.0.0.0`, every MCP call was 421 "Invalid
+    Host header". The bearer key guards /mcp (a rebound page cannot send it), so the protection is off."""
+    server, key = http_server
+    listed = jsonrpc(server, key, "tools/list", host=host, origin=f"https://{host}")
+    assert listed.status_code == 200, listed.text
+    assert {t["name"] for t in listed.json()["result"]["tools"]} == TOOLS
+    called = jsonrpc(server, key, "tools/call", {"name": "list_turns", "arguments": {"user_id": "agent-u1"}}, host=host)
+    assert called.status_code == 200 and not called.json()["result"]["isError"], called.text
+    assert [t["turn_id"] for t in called.json()["result"]["structuredContent"]["turns"]] == ["c1", "c2"]
+    refused = httpx.post(f"{server.url}/mcp/", headers={"host": host, "Accept": "application/json, text/event-stream"},
+                         json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=60)
+    assert refused.status_code == 401  # still nothing without a key
+
+
+# a REST body and the MCP tool call with the same arguments: REST refused each with 422, MCP took the empty lists
+# (and k=0, answered by the memory's own check), and its argument errors quoted the input (pydantic's input_value)
+REFUSED_ALIKE = [
+    ("POST", "turns", "add_turns", {"turns": []}),
+    ("POST", "search", "search", {"queries": []}),
+    ("POST", "search", "search", {"queries": ["bike"], "k": 0}),
+    ("POST", "answer", "answer", {"questions": []}),
+    ("POST", "delete", "delete_turns", {"turn_ids": []}),
+    ("POST", "turns", "add_turns", {"turns": [{"speaker": "Ann", "text": "my pin is 4471", "pin": "4471"}]}),
+    ("POST", "search", "search", {"queries": ["my pin is 4471"], "k": "4471"}),
+]
+
+
+@pytest.mark.parametrize(("method", "route", "tool", "arguments"), REFUSED_ALIKE)
+def test_an_mcp_tool_refuses_what_the_rest_route_refuses_naming_the_field_only(
+        http_server, method: str, route: str, tool: str, arguments: dict[str, Any]) -> None:
+    server, key = http_server
+    rest = httpx.request(method, f"{server.url}/v1/users/agent-u1/{route}", json=arguments, timeout=60,
+                         headers={"Authorization": f"Bearer {key}"})
+    assert rest.status_code == 422, rest.text
+    called = jsonrpc(server, key, "tools/call", {"name": tool, "arguments": {"user_id": "agent-u1", **arguments}})
+    result = called.json()["result"]
+    assert result["isError"], result
+    text = result["content"][0]["text"]
+    assert text == f"Error executing tool {tool}: refused (422): {rest.json()['detail'].removeprefix('body.')}", text
+    assert "4471" not in text and "input_value" not in text
+    listed = jsonrpc(server, key, "tools/call", {"name": "list_turns", "arguments": {"user_id": "agent-u1"}})
+    assert [t["turn_id"] for t in listed.json()["result"]["structuredContent"]["turns"]] == ["c1", "c2"]
+
+
 def readme_mcp_config() -> dict[str, Any]:
     text = (REPO / "README.md").read_text()
     match = re.search(r"```json\n(\{\s*\"mcpServers\".*?)```", text, re.S)
