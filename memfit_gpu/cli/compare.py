@@ -9,7 +9,9 @@ import sys
 DESCRIPTION = """\
 Compare two finished runs on the questions they share. Each run is a run directory (its
 predictions.jsonl is read) or a predictions.jsonl file. Questions are paired by question_id;
-questions present in only one run are counted and listed, not tested. Rows with "evaluated": false
+questions present in only one run are counted and listed, not tested. Runs whose stored gold answer
+or question text differs under one question_id (other data) are refused (exit 2), naming the first
+such question and the field. Rows with "evaluated": false
 (LoCoMo category 5) are left out.
 
 For every category, overall, and the average of category means, prints mean A, mean B, their

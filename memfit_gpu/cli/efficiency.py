@@ -16,7 +16,9 @@ from what the run wrote (memfit_gpu/evaluate/efficiency.py says where each numbe
   build_s                   timings.json build + summaries
   latency_s_per_question    (timings.json retrieve + the answer role's wall time in ledger.json) /
                             questions: a mean over one batched pass, not a single question's latency
-  gpu_seconds, ledger_usd   the ledger's (local backends cost 0 there)
+  gpu_seconds, ledger_usd   the ledger's (local backends cost 0 there); ledger_usd is n/a (empty in the
+                            CSV) when a hosted model has no price in the price table
+  unpriced_models           those models
   est_usd                   write and read tokens at --price-model's list price (configs/prices.yaml)
 The same rows are the paper tables' `efficiency_methods` (experiments/paper_tables.py --efficiency)."""
 
@@ -40,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from memfit_gpu.render import csv_text, markdown_table
 
     rows = efficiency_table(args.runs, args.price_model, args.prices)
-    cells = [["" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows]
+    # an unknown ledger cost says so: an empty cell beside a priced run's would read as nothing paid
+    cells = [["n/a" if c == "ledger_usd" and row["unpriced_models"] else "" if row[c] is None else str(row[c])
+              for c in COLUMNS] for row in rows]
     print(markdown_table(COLUMNS, cells, align=["left"] * 3 + ["right"] * (len(COLUMNS) - 3)), end="")
     if args.csv:
         write_output(args.csv, csv_text(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))

@@ -12,8 +12,9 @@ Build the MemFit paper's tables, and with --lightmem the LightMem-SLM paper's (M
 (memfit_gpu/evaluate/paper_tables.py says where every number is read from). Each table option takes DIR or
 LABEL=DIR arguments; a sweep directory (holding sweep.json) stands for all its points, labelled by point
 id. Each table goes to OUT/<table>.md and OUT/<table>.csv, OUT/tables.md holds them all and is printed;
-the last line printed is a JSON object naming the files. experiments/README.md says which command makes
-which table."""
+the last line printed is a JSON object naming the files. Under each table of several runs, the lines
+`memfit compare` prints where their provenance.json differ (warning: data, category names, weights, judge,
+prompts; note: code, packages, devices). experiments/README.md says which command makes which table."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

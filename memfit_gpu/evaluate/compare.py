@@ -2,6 +2,8 @@
 
 Both runs' predictions.jsonl are read, evaluated questions are paired by question_id, and each
 question contributes one value per run: its judge verdict (0/1) or its F1 under a metric variant.
+A pair whose stored gold answer or question text differs is refused (check_same_questions): the two
+runs asked other questions under one id, and a difference of their scores would compare other things.
 """
 
 from __future__ import annotations
@@ -102,6 +104,31 @@ def read_predictions(run: str | Path) -> tuple[Path, dict[str, dict[str, Any]], 
     return path, rows, warnings
 
 
+# What a question is: two runs that hold other texts under one id asked other questions (another data file, or a
+# loader that numbers them otherwise), and their scores measure different things.
+SAME_QUESTION_FIELDS = ("gold", "question")
+
+
+def check_same_questions(path_a: Path, rows_a: Mapping[str, Mapping[str, Any]], path_b: Path,
+                         rows_b: Mapping[str, Mapping[str, Any]]) -> None:
+    """PredictionsError naming the first shared question id (in A's order) whose stored gold answer or question
+    text differs between the two files (a field one row lacks is not compared: an older file's). A row's `_line`
+    (read_predictions') is named with its file."""
+    def where(path: Path, row: Mapping[str, Any]) -> str:
+        return f"{path}:{row['_line']}" if "_line" in row else str(path)
+
+    for qid, row_a in rows_a.items():
+        row_b = rows_b.get(qid)
+        if row_b is None:
+            continue
+        for name in SAME_QUESTION_FIELDS:
+            if name in row_a and name in row_b and row_a[name] != row_b[name]:
+                raise PredictionsError(
+                    f"{where(path_a, row_a)} and {where(path_b, row_b)}: question {qid}: field '{name}' differs "
+                    f"({row_a[name]!r:.60} against {row_b[name]!r:.60}): the runs asked other questions under one id "
+                    "(other data), so their scores measure different things and are not compared")
+
+
 def _has_judge(row: Mapping[str, Any]) -> bool:
     judge = row.get("judge")
     return isinstance(judge, Mapping) and judge.get("verdict") is not None
@@ -156,6 +183,7 @@ def compare_runs(
     only_b = [qid for qid in rows_b if qid not in rows_a]
     if not shared:
         raise PredictionsError(f"{path_a} and {path_b} share no evaluated question_id")
+    check_same_questions(path_a, rows_a, path_b, rows_b)
 
     warnings = warn_a + warn_b
     for qid in shared:
@@ -291,8 +319,10 @@ def format_comparison(result: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------ over seeds
-def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], list[str], dict[str, str], np.ndarray]:
-    """(files, shared question ids, {id: category}, values [runs, questions]) of one side's seed runs."""
+def _seed_values(runs: Sequence[str | Path], variant: str
+                 ) -> tuple[list[Path], list[str], dict[str, str], np.ndarray, dict[str, dict[str, Any]]]:
+    """(files, shared question ids, {id: category}, values [runs, questions], the first run's rows by id) of one
+    side's seed runs."""
     files, tables = [], []
     for run in runs:
         path, rows, _ = read_predictions(run)
@@ -305,10 +335,11 @@ def _seed_values(runs: Sequence[str | Path], variant: str) -> tuple[list[Path], 
             extra = sorted(set(rows) - set(ids))[:5]
             raise PredictionsError(f"{path}: answers other questions than {files[0]} (missing {missing}, extra "
                                    f"{extra}): seeds of one system must answer the same questions")
+        check_same_questions(files[0], tables[0], path, rows)
     benchmarks = [_benchmark_of(_config_of(path), rows) for path, rows in zip(files, tables, strict=True)]
     values = np.array([[_value(rows[q], "f1", variant, path, benchmark) for q in ids]
                        for path, rows, benchmark in zip(files, tables, benchmarks, strict=True)])
-    return files, ids, {q: str(tables[0][q]["category"]) for q in ids}, values
+    return files, ids, {q: str(tables[0][q]["category"]) for q in ids}, values, tables[0]
 
 
 def compare_seeds(runs_a: Sequence[str | Path], runs_b: Sequence[str | Path], variant: str = "paper",
@@ -327,14 +358,15 @@ def compare_seeds(runs_a: Sequence[str | Path], runs_b: Sequence[str | Path], va
         raise ValueError("compare --seeds needs at least one run on each side")
     if variant not in VARIANTS:
         raise ValueError(f"unknown metric variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    files_a, ids_a, cats, values_a = _seed_values(runs_a, variant)
+    files_a, ids_a, cats, values_a, rows_a = _seed_values(runs_a, variant)
     settings = (_config_of(files_a[0]) or MemFitConfig()).eval
     n_permutations = settings.permutation_samples if n_permutations is None else n_permutations
     seed = settings.seed if seed is None else seed
-    files_b, ids_b, _, values_b = _seed_values(runs_b, variant)
+    files_b, ids_b, _, values_b, rows_b = _seed_values(runs_b, variant)
     if set(ids_a) != set(ids_b):
         raise PredictionsError(f"{files_a[0]} and {files_b[0]} answer different questions "
                                f"({len(set(ids_a) - set(ids_b))} only in A, {len(set(ids_b) - set(ids_a))} only in B)")
+    check_same_questions(files_a[0], rows_a, files_b[0], rows_b)
     order_b = [ids_b.index(q) for q in ids_a]
     values_b = values_b[:, order_b]
     labels = np.array([cats[q] for q in ids_a])

@@ -16,7 +16,8 @@ One row per run directory, from what the run wrote:
 - GPU-seconds of the write and read phases (local backends: wall time x GPUs held);
 - estimated cost: the write and read tokens at a hosted model's list price (configs/prices.yaml,
   `--price-model`, as experiments/paper_tables.py prices its efficiency table), and the ledger's own USD
-  (hosted models only; local backends cost 0 there).
+  (hosted models only; local backends cost 0 there): None when a hosted model the run called has no price,
+  `unpriced_models` naming them (a total that left them out would read as the run's cost).
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from memfit_gpu.files import read_json_object, read_yaml_mapping
-from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
+from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger, recorded_cost
 
 COLUMNS = ["run", "method", "reader", "questions", "write_calls", "read_calls", "write_input_tokens",
            "write_output_tokens", "read_input_tokens", "read_output_tokens", "cached", "build_s",
-           "latency_s_per_question", "gpu_seconds", "ledger_usd", "est_usd"]
+           "latency_s_per_question", "gpu_seconds", "ledger_usd", "unpriced_models", "est_usd"]
 WRITE_STAGES = ("build", "summaries")
 DEFAULT_PRICE_MODEL = "gpt-4.1-mini"
 
@@ -58,6 +59,7 @@ def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str,
     read_s = float(timings.get("retrieve", 0.0)) + ledger.roles["answer"].wall_s
     tokens_in = write.input_tokens + read.input_tokens
     tokens_out = write.output_tokens + read.output_tokens
+    cost = recorded_cost(ledger_data)
     return {
         "run": label, "method": config.get("method", "memfit"), "reader": (config.get("reader") or {}).get("model"),
         "questions": questions,
@@ -68,7 +70,8 @@ def efficiency_values(label: str, config: dict[str, Any], ledger_data: dict[str,
         "build_s": round(sum(float(timings.get(stage, 0.0)) for stage in WRITE_STAGES), 3),
         "latency_s_per_question": round(read_s / questions, 4) if questions else None,
         "gpu_seconds": round(write.gpu_seconds + read.gpu_seconds, 3),
-        "ledger_usd": (ledger_data.get("cost") or {}).get("usd"),
+        "ledger_usd": cost["usd"],
+        "unpriced_models": ", ".join(cost["unpriced_models"]) or None,
         "est_usd": None if price is None else round(tokens_in / 1e6 * price["input"]
                                                     + tokens_out / 1e6 * price["output"], 6),
     }

@@ -22,13 +22,16 @@ What each number is read from (nothing is recomputed that a run already wrote, e
   `retrieval.overall|by_category[cat].pack_hit|hit@30|questions` (retrieval diagnostics);
   `timings.build|summaries|retrieve|answer` (seconds, StageTimer).
 - ledger.json (memfit_gpu.readers.ledger.Ledger.to_dict): `roles[summary|answer|judge].calls|cached|
-  input_tokens|output_tokens|wall_s|gpu_seconds`, `cost.usd`; every role summed into its phase (write | read |
-  eval, readers.types.ROLE_PHASES) for the efficiency tables, so a baseline's own roles (LightMem-SLM's
-  mtm_summary, consolidate, rewrite, rerank_slm) are counted too.
+  input_tokens|output_tokens|wall_s|gpu_seconds`, `cost.usd|priced_usd|unpriced_models` (readers.ledger
+  recorded_cost); every role summed into its phase (write | read | eval, readers.types.ROLE_PHASES) for the
+  efficiency tables, so a baseline's own roles (LightMem-SLM's mtm_summary, consolidate, rewrite, rerank_slm) are
+  counted too.
 - config.yaml: `method` (memfit when absent) names the memory system in the efficiency table by method.
 - predictions.jsonl: per-question judge verdicts for the paired sign-flip permutation tests
   (memfit_gpu.evaluate.compare.compare_runs), memory ids (memories per run), `*_abs` ids (LongMemEval
   abstention).
+- provenance.json: under each table of several runs, provenance.drift's lines (provenance_notes), as `memfit compare`
+  and `memfit aggregate` print them.
 Fractions are printed x100 with two decimals, as the paper prints them; CSV cells hold the same scale unrounded.
 """
 
@@ -36,13 +39,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memfit_gpu import render
+from memfit_gpu import provenance, render
 from memfit_gpu.data.schema import DataError
-from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, read_predictions, row_problem
+from memfit_gpu.evaluate.compare import (
+    PredictionsError,
+    check_same_questions,
+    compare_runs,
+    read_predictions,
+    row_problem,
+)
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import LOCOMO_CATEGORIES, category_name, category_order
 from memfit_gpu.files import (
@@ -51,7 +60,7 @@ from memfit_gpu.files import (
     read_jsonl,
     read_yaml_mapping,
 )
-from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger
+from memfit_gpu.readers.ledger import Ledger, load_prices, read_ledger, recorded_cost, usd_text
 from memfit_gpu.sweep.spec import SweepError
 from memfit_gpu.sweep.state import point_dir, read_sweep_record
 
@@ -85,6 +94,9 @@ class Run:
     config: dict[str, Any]
     metrics: dict[str, Any]
     ledger: dict[str, Any] | None
+    # the config keys the run's sweep varies (sweep.json `sweep_keys`): a model or judge they name differs by design,
+    # and the provenance lines under a table (provenance_notes) say so
+    varied: tuple[str, ...] = ()
 
     @property
     def reader(self) -> str:
@@ -168,6 +180,14 @@ def sweep_point_dirs(sweep_dir: Path) -> list[tuple[str, Path]]:
     return [(p.point_id, point_dir(sweep_dir, p.point_id)) for p in points]  # never sweep.json's recorded dir
 
 
+def sweep_keys(sweep_dir: Path) -> tuple[str, ...]:
+    """The config keys a sweep varies (its sweep.json)."""
+    try:
+        return tuple(read_sweep_record(sweep_dir / "sweep.json").sweep_keys)
+    except SweepError as exc:
+        raise TablesError(str(exc)) from None
+
+
 def split_spec(spec: str) -> tuple[str, Path]:
     """(label or "", directory) of `DIR` or `LABEL=DIR`; an existing DIR may itself contain "=" (`points/k=5`)."""
     label, _, rest = spec.partition("=")
@@ -180,7 +200,9 @@ def expand(spec: str) -> list[Run]:
     """`DIR` or `LABEL=DIR`; a sweep directory becomes all its points (labels `LABEL/point` or `point`)."""
     label, path = split_spec(spec)
     if (path / "sweep.json").is_file():
-        return [load_run(d, f"{label}/{pid}" if label else pid) for pid, d in sweep_point_dirs(path)]
+        varied = sweep_keys(path)
+        return [replace(load_run(d, f"{label}/{pid}" if label else pid), varied=varied)
+                for pid, d in sweep_point_dirs(path)]
     return [load_run(path, label or None)]
 
 
@@ -204,6 +226,25 @@ def point(runs: Sequence[Run], name: str, where: str) -> Run:
         if run.label == name or run.label.endswith("/" + name):
             return run
     raise TablesError(f"{where}: no run labelled {name!r} (have: {', '.join(r.label for r in runs)})")
+
+
+def provenance_notes(runs: Sequence[Run], varied: Sequence[str] = ()) -> list[str]:
+    """provenance.drift over the runs a table combines, the first the reference: a `warning:` line per section whose
+    difference makes their numbers incomparable (data, category names, weights, judge, prompts), a `note:` line per
+    other (code, packages, devices; a run without provenance.json), as `memfit compare` and `memfit aggregate` print
+    them. varied: config keys the table's rows differ in by design (Table 1's readers), with the runs' sweep keys; a
+    model or judge they name is marked as expected. Nothing for a table of one run."""
+    if len(runs) < 2:
+        return []
+    labels = [run.label for run in runs]
+    # two sweeps' points share labels (Table 6: `full` of each reader): such a run is named by its directory
+    names = [label if labels.count(label) == 1 else str(run.path) for label, run in zip(labels, runs, strict=True)]
+    try:
+        records = {name: provenance.read(run.path) for name, run in zip(names, runs, strict=True)}
+    except provenance.ProvenanceError as exc:  # a damaged provenance.json: named
+        raise TablesError(str(exc)) from None
+    keys = list(dict.fromkeys([*varied, *(key for run in runs for key in run.varied)]))
+    return provenance.drift(records, varied=keys)
 
 
 # --------------------------------------------------------------------------------------------- table
@@ -335,6 +376,7 @@ def _paired(a: Run, b: Run, tests: PairedTests, variant: str) -> dict[str, Any]:
             only_a, only_b = len(rows_a.keys() - rows_b.keys()), len(rows_b.keys() - rows_a.keys())
             raise TablesError(f"{path_a} and {path_b} answered different questions ({only_a} only in the first, "
                               f"{only_b} only in the second): their differences would compare other questions")
+        check_same_questions(path_a, rows_a, path_b, rows_b)  # one id, other gold: judged or not
         if not (_judged(a) and _judged(b)):
             return dict(NO_TEST)
         return compare_runs(a.path, b.path, metric="judge", variant=variant, n_permutations=tests.n_permutations,
@@ -376,10 +418,29 @@ def locomo_main(runs: Sequence[Run], variant: str | None = None) -> Table:
         row += [_average(run, variant), _average(run, variant, "bleu1"), average.get("judge")]
         table.rows.append(row)
     table.notes = [
-        f"F1 / BLEU-1: metric variant `{variant}`, x100. Average = unweighted mean of the four category means "
-        "(each Judge column likewise); n = scored questions.",
-    ]
+        f"F1 / BLEU-1: metric variant `{variant}`, x100. {_averaged_note(runs)} (each Judge column likewise); "
+        "n = scored questions.",
+    ] + provenance_notes(runs, ("reader.model",))
     return table
+
+
+def _averaged_note(runs: Sequence[Run]) -> str:
+    """Which category means each run's Average is the mean of: the categories of its metrics.json (the ones
+    evaluate.tables.summarize found among its scored questions), named; "the four" only when they are 1-4."""
+    averaged = {run.label: category_order(run.metrics.get("by_category") or {}) for run in runs}
+
+    def named(cats: Sequence[str]) -> str:
+        return ", ".join(category_name(c, "locomo") for c in cats)
+
+    if all(cats == list(LOCOMO_SCORED) for cats in averaged.values()):
+        return "Average = unweighted mean of the four category means"
+    # a run without a category's questions (a smoke run's 3 of 4), or with category 5 scored: another mean
+    kinds = {tuple(cats) for cats in averaged.values()}
+    if len(kinds) == 1:
+        (cats,) = kinds
+        return f"Average = unweighted mean of the {len(cats)} category means the runs scored ({named(cats)})"
+    each = "; ".join(f"{label}: {len(cats)} ({named(cats)})" for label, cats in averaged.items())
+    return f"Average = unweighted mean of the means of the categories each run scored ({each})"
 
 
 def plain_vs_memfit(pairs: Sequence[tuple[str, Run, Run]], tests: PairedTests, variant: str | None = None) -> Table:
@@ -400,7 +461,7 @@ def plain_vs_memfit(pairs: Sequence[tuple[str, Run, Run]], tests: PairedTests, v
         "Judge = accuracy over all paired questions (question-weighted), x100; Avg F1 = the benchmark's Average "
         f"(LoCoMo: mean of category means), variant `{variant}`.",
         _test_note(tests),
-    ]
+    ] + provenance_notes([r for _, a, b in pairs for r in (a, b)], ("reader.model",))
     return table
 
 
@@ -443,7 +504,7 @@ def ablation(runs: Sequence[Run], tests: PairedTests, baseline: str = ABLATION_B
         f"Differences are to `{base.label}`. Avg = mean of the category means (variant `{variant}`); "
         "Judge = accuracy over all questions (question-weighted).",
         _test_note(tests),
-    ]
+    ] + provenance_notes(runs)
     return table
 
 
@@ -459,24 +520,34 @@ def retrieval_diagnostics(runs: Sequence[Run]) -> Table:
     cats = category_order(c for b in blocks for c in (b.get("by_category") or {}))
     if benchmark == "locomo":
         cats = [c for c in cats if c in LOCOMO_SCORED]
-    columns = [Column("Configuration", "text"), Column("n", "int"), Column("Pack hit"), Column("Hit@30")]
+    # what each run's hit@30 ranked over (eval.hit_list): runs of `final` and `episodes` side by side count other
+    # lists, so the column says which (a run whose diagnostics predate the setting ranked the turns alone)
+    hit_lists = [str(block.get("hit_list", "episodes")) for block in blocks]
+    columns = [Column("Configuration", "text"), Column("Hit list", "text"), Column("n", "int"), Column("Pack hit"),
+               Column("Hit@30")]
     for cat in cats:
         name = category_name(cat, benchmark)
         columns += [Column(f"{name} pack hit"), Column(f"{name} hit@30")]
     table = Table("table9_retrieval", "Tables 8/9: retrieval diagnostics (gold evidence in the pack / top 30)",
                   columns)
-    for run, block in zip(runs, blocks, strict=True):
+    for run, block, hit_list in zip(runs, blocks, hit_lists, strict=True):
         overall = block["overall"]
-        row: list[Any] = [run.label, overall.get("questions"), overall.get("pack_hit"), overall.get("hit@30")]
+        row: list[Any] = [run.label, hit_list, overall.get("questions"), overall.get("pack_hit"), overall.get("hit@30")]
         for cat in cats:
             per = (block.get("by_category") or {}).get(cat) or {}
             row += [per.get("pack_hit"), per.get("hit@30")]
         table.rows.append(row)
     table.notes = [
         "Pack hit: a gold evidence turn among the k selected episodes, before neighbour turns are added; Hit@30: "
-        "in the first 30 of the final ranked list (each run's diagnostics.json `hit_list` says whether summaries "
-        "held ranks in it). n = questions with matched gold evidence.",
+        "in the first 30 of the ranked list the run's `eval.hit_list` names (Hit list: `final`, the final ranked "
+        "list, where a summary holds a rank too; `episodes`, the episodes alone). n = questions with matched gold "
+        "evidence.",
     ]
+    if len(set(hit_lists)) > 1:
+        table.notes.append("warning: the runs' Hit@30 rank over different lists (" + ", ".join(
+            f"{run.label}: {h}" for run, h in zip(runs, hit_lists, strict=True)) + "): those columns are not "
+            "comparable between them (rerun with one eval.hit_list)")
+    table.notes += provenance_notes(runs)
     return table
 
 
@@ -512,7 +583,7 @@ def sensitivity(runs: Sequence[Run], tests: PairedTests, baseline: str = SENSITI
         f"Differences and the token ratio are to `{base.label}`. Input tokens / question: answer-prompt tokens "
         "(ledger.json roles.answer.input_tokens / calls) as the reader's tokenizer counts them.",
         _test_note(tests),
-    ]
+    ] + provenance_notes(runs)
     return table
 
 
@@ -542,7 +613,7 @@ def memgallery(runs: Sequence[Run], tests: PairedTests, variant: str | None = No
         f"Token F1 (variant `{variant}`) x100; Overall = question-weighted over all questions. Judge diff and p are "
         f"to `{first.label}`." + (f" {names}." if names else ""),
         _test_note(tests),
-    ]
+    ] + provenance_notes(runs)
     return table
 
 
@@ -572,7 +643,7 @@ def longmemeval(runs: Sequence[Run]) -> Table:
     table.notes = [
         "Judge accuracy x100 with LongMemEval's per-type judge prompts. A question type's column includes its "
         "abstention questions (ids ending `_abs`), which are also shown on their own; Overall = all questions.",
-    ]
+    ] + provenance_notes(runs, ("reader.model",))
     return table
 
 
@@ -608,10 +679,12 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         Column("Run", "text"), Column("Summary calls", "int"), Column("Answer calls", "int"),
         Column("Judge calls", "int"), Column("LLM calls", "int"), Column("Summary calls / memory", "num2"),
         Column("Build tokens / memory (k)", "num2"), Column("Answer input tokens / question", "num0"),
-        Column("Answer output tokens / question", "num1"), Column("Ledger USD", "num2"),
-        Column(f"USD at {price_model} prices", "num2"),
+        # four decimals, as efficiency_methods prints the same cost: a smoke run's 0.0022 is no 0.00
+        Column("Answer output tokens / question", "num1"), Column("Ledger USD", "num4"),
+        Column(f"USD at {price_model} prices", "num4"),
     ])
     cached_notes = []
+    unpriced_notes = []
     for run in runs:
         summary, answer = run.role("summary"), run.role("answer")
         judge = run.need_ledger().get("roles", {}).get("judge") or {}
@@ -631,12 +704,15 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         summary_calls = summary["calls"] + summary["cached"]
         tokens_in = write.input_tokens + read.input_tokens
         tokens_out = write.output_tokens + read.output_tokens
+        cost = recorded_cost(run.need_ledger())
+        if cost["unpriced_models"]:
+            unpriced_notes.append(f"{run.label}: Ledger USD {usd_text(cost)}")
         cost_table.rows.append([
             run.label, summary_calls, questions, judge.get("calls", 0) + judge.get("cached", 0),
             write.calls + write.cached + read.calls + read.cached, _per(summary_calls, memories),
             _per(write.input_tokens + write.output_tokens, memories, 1e-3),
             _per(answer["input_tokens"], answer["calls"]), _per(answer["output_tokens"], answer["calls"]),
-            (run.need_ledger().get("cost") or {}).get("usd"),
+            cost["usd"],
             tokens_in / 1e6 * price["input"] + tokens_out / 1e6 * price["output"],
         ])
         cached = {r: s["cached"] for r, s in run.need_ledger().get("roles", {}).items() if r != "judge" and s["cached"]}
@@ -649,14 +725,15 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         "Retrieval ms / question = timings.retrieve / questions (one batched pass, so a mean, not a single-question "
         "latency). Answer s / question = ledger roles.answer.wall_s / answer calls generated (judge time excluded). "
         "GPU-seconds = reader wall time x GPUs held (write and read phases: summary + answer for MemFit).",
-    ]
+    ] + provenance_notes(runs, ("reader.model",))
     cost_table.notes = [
         "LLM calls = the system's own calls, the ledger's write and read phases (MemFit: summary + answer; "
         "LightMem-SLM adds its MTM, consolidation, rewrite and re-rank calls); judge calls are evaluation and listed "
-        "apart. Build tokens = the write phase's input + output tokens (MemFit: its summaries'). Ledger USD prices hosted models only (local vLLM = 0); "
+        "apart. Build tokens = the write phase's input + output tokens (MemFit: its summaries'). Ledger USD prices "
+        "hosted models only (local vLLM = 0; - when a hosted model has no price, named below); "
         f"the last column prices this run's write and read tokens at {price_model}'s list price "
         f"(configs/prices.yaml: ${price['input']}/M in, ${price['output']}/M out), as the paper's cost figure does.",
-    ] + cached_notes
+    ] + unpriced_notes + cached_notes + provenance_notes(runs, ("reader.model",))
     return time_table, cost_table
 
 
@@ -687,7 +764,7 @@ def efficiency_methods(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         "(timings.retrieve + the answer role's wall time) / questions, a mean over one batched pass. "
         f"USD prices the write and read tokens at {price_model}'s list price ($" + f"{price['input']}/M in, "
         f"${price['output']}/M out). Same numbers as `memfit efficiency`.",
-    ]
+    ] + provenance_notes(runs, ("reader.model",))
     return table
 
 

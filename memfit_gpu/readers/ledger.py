@@ -192,7 +192,11 @@ class Ledger:
             raise LedgerCheckError("one answer call per question does not hold: " + "; ".join(parts))
 
     def cost(self, prices_path: str | Path | None = None) -> dict[str, Any]:
-        """USD from per-model prices per 1M tokens; local backends cost 0 (their GPU-seconds are recorded)."""
+        """USD from per-model prices per 1M tokens; local backends cost 0 (their GPU-seconds are recorded).
+
+        `usd` is the whole cost, or None when a hosted model has no price (`unpriced_models` names them): a total
+        that left them out read as the run's cost, 0.0 for a run whose only hosted model is unpriced.
+        `priced_usd` is what the priced models cost (the whole cost when every model has a price)."""
         prices = load_prices(prices_path)
         by_model: dict[str, float | None] = {}
         unpriced: list[str] = []
@@ -210,8 +214,8 @@ class Ledger:
             by_model[name] = usd
             total += usd
         gpu_seconds = sum(s.gpu_seconds for s in self.roles.values())
-        return {"usd": total, "by_model": by_model, "unpriced_models": sorted(set(unpriced)),
-                "gpu_seconds": gpu_seconds}
+        return {"usd": None if unpriced else total, "priced_usd": total, "by_model": by_model,
+                "unpriced_models": sorted(set(unpriced)), "gpu_seconds": gpu_seconds}
 
     def phase_of(self, role: str) -> str:
         """The role's phase: registered in this process, else as ledger.json recorded it, else the role's name."""
@@ -280,7 +284,8 @@ def read_ledger(path: str | Path) -> dict[str, Any]:
 def check_ledger(data: Mapping[str, Any], source: str) -> None:
     """DataError naming `source` and the field when `data` is not what Ledger.to_json writes: per role (model) a
     mapping of RoleStats (ModelStats) fields, each count a number (a model's backend and model named), the answer
-    keys a list of ids, the role phases a mapping of names."""
+    keys a list of ids, the role phases a mapping of names, the cost's USD a number or null and its unpriced models a
+    list of names."""
     if not isinstance(data, Mapping):
         raise DataError(source, None, None, f"expected a ledger (a mapping), got {type(data).__name__}")
     for section, kind in (("answer_keys", list), ("role_phases", dict)):
@@ -290,6 +295,15 @@ def check_ledger(data: Mapping[str, Any], source: str) -> None:
         raise DataError(source, None, "answer_keys", "expected question ids (text)")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.get("role_phases", {}).items()):
         raise DataError(source, None, "role_phases", "expected role names and phase names (text)")
+    cost = data.get("cost", {})  # what the report and the tables show as the run's USD (recorded_cost)
+    if not isinstance(cost, Mapping):
+        raise DataError(source, None, "cost", f"expected a mapping, got {type(cost).__name__}")
+    for key in ("usd", "priced_usd"):
+        if cost.get(key) is not None and not is_finite_number(cost[key]):
+            raise DataError(source, None, f"cost.{key}", f"expected a number or null, got {cost[key]!r:.40}")
+    unpriced = cost.get("unpriced_models", [])
+    if not isinstance(unpriced, list) or not all(isinstance(m, str) for m in unpriced):
+        raise DataError(source, None, "cost.unpriced_models", f"expected a list of model names, got {unpriced!r:.40}")
     for section, kind in (("roles", RoleStats), ("models", ModelStats)):
         entries = data.get(section, {})
         if not isinstance(entries, dict):
@@ -309,6 +323,28 @@ def check_ledger(data: Mapping[str, Any], source: str) -> None:
                         value, (int, float))):
                     raise DataError(source, None, f"{section}.{name}.{key}",
                                     f"expected {'text' if text else 'a number'}, got {value!r:.40}")
+
+
+def recorded_cost(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A ledger.json's `cost` as the tables and the report show it: {"usd": the whole cost, None when it is
+    unknown, "priced_usd": what the priced models cost, "unpriced_models": [hosted models without a price]}; all
+    None and [] for a ledger without a cost. A ledger written before `usd` was None for an unpriced model holds the
+    priced models' sum there: it is read as the priced part, the whole unknown."""
+    cost = data.get("cost")
+    if not isinstance(cost, Mapping) or cost.get("usd") is None and "unpriced_models" not in cost:
+        return {"usd": None, "priced_usd": None, "unpriced_models": []}
+    unpriced = list(cost.get("unpriced_models") or [])
+    priced = cost.get("priced_usd", cost.get("usd"))
+    return {"usd": None if unpriced else cost.get("usd"), "priced_usd": priced, "unpriced_models": unpriced}
+
+
+def usd_text(cost: Mapping[str, Any], digits: int = 4) -> str:
+    """recorded_cost's USD in words: the amount, "-" when the ledger has none, or "n/a (partial: X USD priced;
+    unpriced, no price in configs/prices.yaml: MODELS)" when a hosted model has no price there."""
+    if cost["unpriced_models"]:
+        priced = "" if cost["priced_usd"] is None else f"partial: {cost['priced_usd']:.{digits}f} USD priced; "
+        return f"n/a ({priced}unpriced, no price in configs/prices.yaml: {', '.join(cost['unpriced_models'])})"
+    return "-" if cost["usd"] is None else f"{cost['usd']:.{digits}f}"
 
 
 def load_prices(path: str | Path | None = None) -> dict[str, dict[str, float]]:

@@ -2,16 +2,20 @@
 
 What the page holds, and where each part comes from (nothing a run wrote is recomputed another way):
 - a header per run: provenance.json's summary (provenance.summary, results.md's block), the configuration keys the
-  runs differ in (config.yaml, flattened), the ledger's calls, tokens and cost per role, timings.json's stages;
+  runs differ in (config.yaml, flattened), the ledger's calls, tokens and cost per role (the USD unknown, its
+  unpriced models named, when a hosted model has no price), timings.json's stages;
 - the results table per category in the paper's layout (metrics.json; 95 % percentile bootstrap intervals:
   metrics.json's for Average and Overall, the same bootstrap per category, evaluate/stats.py) and, from two
   runs on, each run against the first as `memfit compare` tests it (evaluate/compare.py compare_runs: paired
-  sign-flip permutation test, gained / lost questions, provenance drift);
+  sign-flip permutation test, gained / lost questions, provenance drift; runs whose gold answer or question text
+  differs under one question id are refused), under each table the reader errors and unparsed judge replies
+  results.md states;
 - the failure attribution per category (evaluate/attribution.py: one outcome per question, the rule stated on
   the page) as counts and a stacked bar;
 - a per-question viewer: filters by category, outcome and run; per question the gold answer, each run's
-  prediction, score, verdict and judge reply, the pack as the reader saw it (packs.jsonl `excerpts`) with the
-  evidence turns marked and their rank in the method's ranking;
+  prediction, score, verdict ("unparsed" where the judge's reply stated none: counted as wrong) and judge reply,
+  the pack as the reader saw it (packs.jsonl `excerpts`) with the evidence turns marked and their rank in the
+  method's ranking (each run's eval.hit_list named);
 - figures (report/plots.py): scores per category per run, accuracy against cost and latency (`memfit
   efficiency`'s rows) with their frontier, accuracy and prompt tokens against the pack depth (depths.json), and
   latency percentiles of an experiments/bench_online.py JSON when one is given.
@@ -46,13 +50,13 @@ from memfit_gpu.evaluate.attribution import (
     matches,
     outcome_counts,
 )
-from memfit_gpu.evaluate.compare import PredictionsError, compare_runs
+from memfit_gpu.evaluate.compare import PredictionsError, check_same_questions, compare_runs
 from memfit_gpu.evaluate.efficiency import DEFAULT_PRICE_MODEL
 from memfit_gpu.evaluate.stats import bootstrap_mean_ci
 from memfit_gpu.evaluate.tables import benchmark_title, category_name, category_order
 from memfit_gpu.files import atomic_write_text
 from memfit_gpu.mappings import flatten
-from memfit_gpu.readers.ledger import load_prices
+from memfit_gpu.readers.ledger import load_prices, recorded_cost, usd_text
 from memfit_gpu.report import plots
 from memfit_gpu.report.runs import ReportError, RunFiles, labels_for, read_run
 
@@ -93,6 +97,8 @@ def question_records(run: RunFiles, top_n: int = DEFAULT_TOP_N) -> list[dict[str
             "judge": None if judge is None else judge.get("verdict"),
             "judge_reply": None if judge is None else judge.get("reason"),
             "judge_score": None if judge is None else judge.get("score"),
+            # a reply that stated no verdict the parser could read: its verdict is false, and counted so
+            "judge_unparsed": bool(judge is not None and judge.get("unparsed")),
             "correct": a.correct, "outcome": a.outcome, "evidence": list(pack.get("evidence") or []),
             "ranking": a.evidence.ranking, "ranks": dict(a.evidence.ranks), "in_pack": dict(a.evidence.in_pack),
             "selected": [e["turn_id"] for e in (pack.get("pack") or {}).get("selected") or []],
@@ -238,8 +244,13 @@ def _results_table(run: RunFiles) -> dict[str, Any]:
         rule = f"Average = unweighted mean of the {len(metrics['by_category'])} category means; Overall = every question alike"
     else:
         rule = "Average = every question alike"
+    # results.md's two lines (evaluate/tables.py render_markdown): read_run checked metrics.json's counts are these
+    verdicts = [r["judge"] for r in run.predictions
+                if isinstance(r.get("judge"), dict) and r["judge"].get("verdict") is not None]
     return {"rows": rows, "variant": variant, "rule": rule, "n_boot": n_boot, "seed": seed,
-            "judged": any(r["judge"] != "-" for r in rows)}
+            "judged": any(r["judge"] != "-" for r in rows), "questions": len(run.predictions),
+            "reader_errors": sum(1 for r in run.predictions if r.get("reader_error")),
+            "verdicts": len(verdicts), "unparsed": sum(1 for j in verdicts if j.get("unparsed"))}
 
 
 def _comparison(base: RunFiles, other: RunFiles) -> dict[str, Any]:
@@ -265,6 +276,21 @@ def _comparison(base: RunFiles, other: RunFiles) -> dict[str, Any]:
             "lines": [*(f"warning: {w}" for w in result["warnings"]), *result["provenance"]]}
 
 
+def _check_same_questions(runs: Sequence[RunFiles]) -> None:
+    """ReportError naming the first question id whose gold answer or question text differs between a run and the
+    first run that holds it: the viewer shows one gold and one question per id, and the comparisons pair by id."""
+    first: dict[str, tuple[RunFiles, dict[str, Any]]] = {}
+    for run in runs:
+        for row in run.predictions:
+            holder, held = first.setdefault(row["question_id"], (run, row))
+            if holder is not run:
+                try:
+                    check_same_questions(holder.path / "predictions.jsonl", {row["question_id"]: held},
+                                         run.path / "predictions.jsonl", {row["question_id"]: row})
+                except PredictionsError as exc:
+                    raise ReportError(str(exc)) from None
+
+
 def _config_diff(runs: Sequence[RunFiles]) -> list[dict[str, Any]]:
     flat = [flatten(run.config) for run in runs]
     keys = sorted(set().union(*flat))
@@ -278,7 +304,7 @@ def _header(run: RunFiles) -> dict[str, Any]:
               "input_tokens": s.get("input_tokens", 0), "output_tokens": s.get("output_tokens", 0),
               "wall_s": f"{s.get('wall_s', 0.0):.1f}"}
              for role, s in (ledger.get("roles") or {}).items() if s.get("calls", 0) or s.get("cached", 0)]
-    cost = ledger.get("cost") or {}
+    cost = recorded_cost(ledger)
     reader = run.config.get("reader") or {}
     return {"label": run.label, "path": str(run.path), "name": run.metrics.get("name"), "method": run.method,
             "benchmark": benchmark_title(run.benchmark) or run.benchmark, "questions": run.metrics.get("questions"),
@@ -286,7 +312,7 @@ def _header(run: RunFiles) -> dict[str, Any]:
             "provenance": provenance.summary(run.provenance) if run.provenance else None,
             "in_run": ", ".join(f"{c} {category_name(c, run.benchmark)}"
                                 for c in category_order(str(r["category"]) for r in run.predictions)),
-            "roles": roles, "usd": cost.get("usd"),
+            "roles": roles, "usd": usd_text(cost), "unpriced": bool(cost["unpriced_models"]), "hit_list": run.hit_list,
             "timings": [(stage, f"{seconds:.1f}") for stage, seconds in run.timings.items()],
             "total_s": f"{sum(run.timings.values()):.1f}", "warnings": run.warnings}
 
@@ -418,6 +444,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path, online: str | 
                               f"(have: {', '.join(sorted(prices))})")
         price = prices[price_model]
     bench_online = _read_online(Path(online)) if online is not None else None
+    _check_same_questions(runs)
 
     records = [question_records(run, top_n) for run in runs]
     attributed = [attribute_run(run.packs, run.predictions, run.variant, top_n, run.hit_list) for run in runs]

@@ -29,8 +29,11 @@ def _svg(name: str, draw: Callable[[Any], None], size: tuple[float, float]) -> s
     import matplotlib
     from matplotlib.figure import Figure
 
+    # text.parse_math off: labels are run directory names, and one holding a `$` pair (`r$x$`) was drawn as TeX
+    # math or, unparsable (`r$\foo{$`), stopped the report with a mathtext traceback
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"memfit-report-{name}",
-                                "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}):
+                                "font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                                "text.parse_math": False}):
         figure = Figure(figsize=size, layout="constrained")
         draw(figure)
         buffer = io.StringIO()

@@ -7,10 +7,12 @@ refused, naming the file.
 
 The page puts metrics.json's numbers (the table's point estimates) beside numbers worked out from
 predictions.jsonl (intervals, comparisons, attribution), so the two must be of one scoring: metrics.json's
-question count, and each category's size and means under the table's variant, must be those of the evaluated
-predictions, or the run is refused (naming the file, the category and the field) rather than shown with an
-interval that is not its estimate's. Every field the page reads is checked where it is read, so a damaged file
-is one error naming the file, the question or category and the field, never a traceback.
+question count and reader errors, each category's, Overall's and Average's (under its `averaging` rule) size,
+means and judge accuracy under the table's variant, and the unparsed judge replies must be those of the evaluated
+predictions (evaluate.tables.summarize of them), or the run is refused (naming the file, the category and the
+field) rather than shown with an interval that is not its estimate's. Every field the page reads is checked where
+it is read, so a damaged file is one error naming the file, the question or category and the field, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from memfit_gpu import provenance
 from memfit_gpu.data.schema import DataError
+from memfit_gpu.data.spec import AVERAGING_RULES
 from memfit_gpu.evaluate.compare import PredictionsError, read_predictions
 from memfit_gpu.evaluate.efficiency import efficiency_values
 from memfit_gpu.evaluate.tables import summarize
@@ -199,32 +202,42 @@ def _check_block(path: Path, name: str, block: Any, variant: str, label: str, ow
     if n != scored["n"] or not scored["n"]:  # a block of no question has no mean and no interval either
         held = f"{scored['n']} evaluated questions" if scored["n"] else "no evaluated question"
         raise ReportError(f"{path}, {name}, field 'n': {n}, but predictions.jsonl holds {held} of it{stale}")
+    # the average of category means (summarize's block counts its categories) is not its questions' mean
+    mean_of = "the mean of its category means" if "categories" in scored else "its questions' mean"
     for metric in ("f1", "bleu1"):
         mean = scored[variant][metric]
         if not _close(float(table[metric]), mean):
-            raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table[metric]:.6g}, but its questions' "
-                              f"mean in predictions.jsonl is {mean:.6g}{stale}")
+            raise ReportError(f"{path}, {name}, field '{variant}.{metric}': {table[metric]:.6g}, but {mean_of} in "
+                              f"predictions.jsonl is {mean:.6g}{stale}")
     if "judge" not in block:  # a run without the judge has no judge column
         return
     accuracy = scored["judge"]
     if not (judge is None and accuracy is None
             or judge is not None and accuracy is not None and _close(float(judge), accuracy)):
-        have = f"an accuracy of {accuracy:.6g} over {scored['judged']} verdicts" if scored["judged"] else "no verdict"
         shown = "null" if judge is None else f"{judge:.6g}"
+        if "judged" not in scored:  # the average of category means: the mean of the categories' accuracies
+            have = ("judge accuracies whose mean is " + f"{accuracy:.6g}" if accuracy is not None
+                    else "no judge accuracy for every category")
+            raise ReportError(f"{path}, {name}, field 'judge': {shown}, but predictions.jsonl holds {have} for its "
+                              f"categories{stale}")
+        have = f"an accuracy of {accuracy:.6g} over {scored['judged']} verdicts" if scored["judged"] else "no verdict"
         raise ReportError(f"{path}, {name}, field 'judge': {shown}, but predictions.jsonl holds {have} for its "
                           f"questions{stale}")
 
 
 def _check_metrics(path: Path, metrics: dict[str, Any], predictions_file: Path, predictions: list[dict[str, Any]],
                    variant: str, label: str, own: str) -> None:
-    """metrics.json is the scoring of these predictions: its question count, each category's size, means and judge
-    accuracy, and overall's; average's and each category's VARIANT numbers are there."""
+    """metrics.json is the scoring of these predictions: its question count and reader errors, each category's size,
+    means and judge accuracy, overall's (and its unparsed judge replies) and average's under its averaging rule."""
+    stale = "; the two files are not of one scoring (one was edited or replaced)"
     if metrics["questions"] != len(predictions):
         raise ReportError(f"{path}, field 'questions': {metrics['questions']}, but {predictions_file} holds "
-                          f"{len(predictions)} evaluated questions; the two files are not of one scoring (one was "
-                          "edited or replaced)")
+                          f"{len(predictions)} evaluated questions{stale}")
+    averaging = metrics.get("averaging")
+    if averaging not in AVERAGING_RULES:  # the rule the Average row is worked out by, and the page states
+        raise ReportError(f"{path}, field 'averaging': {averaging!r:.40}, not one of {', '.join(AVERAGING_RULES)}")
     # what the score stage would write of these predictions (the one summary: evaluate.tables.summarize)
-    scored = summarize(predictions, variant=variant, judge=True, ci=False)
+    scored = summarize(predictions, variant=variant, judge=True, averaging=averaging, ci=False)
     by_category = scored["by_category"]
     blocks = metrics["by_category"]
     for cat, block in blocks.items():
@@ -238,7 +251,24 @@ def _check_metrics(path: Path, metrics: dict[str, Any], predictions_file: Path, 
                           "edited or replaced)")
     if "overall" in metrics:
         _check_block(path, "overall", metrics["overall"], variant, label, own, scored["overall"])
-    _check_block(path, "average", metrics["average"], variant, label, own, None)
+    # the page prints Average beside the categories and Overall: an edited average was shown as it stood
+    average = scored["average"]
+    if averaging == "question_mean":  # every question alike: its verdicts are overall's
+        average = {**average, "judged": scored["overall"]["judged"]}
+    _check_block(path, "average", metrics["average"], variant, label, own, average)
+    categories = metrics["average"].get("categories")
+    if "categories" in metrics["average"] and categories != average.get("categories"):
+        raise ReportError(f"{path}, average, field 'categories': {categories!r:.40}, but predictions.jsonl holds "
+                          f"{len(by_category)} categories{stale}")
+    # the counts the page states under the table (results.md's lines)
+    counts = [("reader_errors", metrics.get("reader_errors"), scored["reader_errors"], "answers with a reader error")]
+    if isinstance(metrics.get("overall"), dict) and "judge_unparsed" in metrics["overall"]:
+        counts.append(("overall.judge_unparsed", metrics["overall"]["judge_unparsed"],
+                       scored["overall"]["judge_unparsed"], "unparsed judge replies"))
+    for field, count, held, what in counts:
+        if count is not None and count != held:
+            raise ReportError(f"{path}, field '{field}': {count!r:.40}, but predictions.jsonl holds {held} {what}"
+                              f"{stale}")
     ci = metrics.get("ci95")
     if ci is not None and not (isinstance(ci, dict) and all(isinstance(ci.get(k), (dict, type(None)))
                                                             for k in ("average", "overall"))):

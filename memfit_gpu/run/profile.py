@@ -4,8 +4,10 @@
 
 1. Runs the real pipeline (`memfit run`, resumable) into DIR/run and reads its stage clocks: encode
    (the store's bi-encoder pass), the store's BM25 and FAISS appends, summaries, the retrieval stages
-   (query encoding, BM25, dense, fusion + boosts, summary search, pool + expansion, PRF, rerank, pack)
-   and the reader (answer and judge calls). Each stage gets wall seconds, items/s and share of the total.
+   (query encoding, BM25, dense, fusion + boosts, summary search, pool + expansion, PRF, rerank, pack),
+   the reader (`read`: the answer calls' wall time, ledger.json roles.answer.wall_s) and the judge (`judge`:
+   roles.judge.wall_s, evaluation: it runs beside the answers, so its time overlaps theirs). Each stage gets
+   wall seconds, items/s and share of the stages' summed seconds.
 2. Samples GPU memory and utilisation through NVML while it runs, on the GPUs this process sees
    (CUDA_VISIBLE_DEVICES, mapped by index or UUID as the variable spells them): whole-device numbers
    (vLLM engines included) next to memfit's own (NVML's per-process figure, and torch's peak reserved per
@@ -215,6 +217,7 @@ def stage_table(run_dir: Path) -> dict[str, dict[str, float]]:
     n_q = diag.get("questions_total", 0)
     episodes = build.get("episodes", 0)
     roles = ledger["roles"]
+    judge = roles["judge"]  # ledger.json lists every built-in role, used or not
     stages: dict[str, tuple[float, float, str]] = {
         "encode": (build.get("encode_s", 0.0), episodes, "episodes"),
         "index_append": (build.get("bm25_s", 0.0) + build.get("dense_s", 0.0), episodes, "episodes"),
@@ -228,7 +231,11 @@ def stage_table(run_dir: Path) -> dict[str, dict[str, float]]:
         "prf": (retrieve.get(StageKey.PRF, 0.0), n_q, "questions"),
         "rerank": (retrieve.get(StageKey.RERANK, 0.0), n_q, "questions"),
         "pack": (retrieve.get(StageKey.PACK, 0.0), n_q, "questions"),
-        "read": (timings.get("answer", 0.0), roles["answer"]["calls"] + roles["answer"]["cached"], "answers"),
+        # the answer calls' own wall time: timings.answer is the whole answer stage, which holds the judge's calls
+        # too (on its own thread behind the answers) and the models' loading, against a count of answers alone
+        "read": (roles["answer"]["wall_s"], roles["answer"]["calls"] + roles["answer"]["cached"], "answers"),
+        # evaluation, not the pipeline: beside the answers, so its time overlaps read's
+        "judge": (judge["wall_s"], judge["calls"] + judge["cached"], "calls"),
     }
     total = sum(s for s, _, _ in stages.values()) or 1.0
     return {name: {"seconds": s, "items": n, "unit": unit, "items_per_s": (n / s) if s > 0 else None,

@@ -9,7 +9,7 @@ import pytest
 
 from memfit_gpu.cli import main
 from memfit_gpu.config import ConfigError, load_config, to_yaml
-from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, format_comparison
+from memfit_gpu.evaluate.compare import PredictionsError, compare_runs, compare_seeds, format_comparison
 
 # question: (category, verdict A, verdict B)
 PAIRS = {
@@ -146,7 +146,7 @@ def test_cli_table_and_json(runs, capsys):
 
 def test_f1_default_when_a_run_has_no_verdicts_and_rescoring(tmp_path):
     # B has no judge and no stored scores: F1 is computed from its prediction and gold (paper variant).
-    rows_a = [_record("m:q1", "4", True), _record("m:q2", "4", False)]  # stored paper F1 1 and 0
+    rows_a = [_record("m:q1", "4", True, gold="Paris France"), _record("m:q2", "4", False, gold="Lyon")]  # F1 1, 0
     rows_b = [
         _record("m:q1", "4", None, prediction="Paris", gold="Paris France", scores=False),  # F1 2/3
         _record("m:q2", "4", None, prediction="Lyon", gold="Lyon", scores=False),  # F1 1
@@ -224,3 +224,29 @@ def test_rescoring_applies_locomos_category_rules_to_locomo_runs_only(tmp_path):
     (run_a / "config.yaml").write_text(to_yaml(load_config(None, ["data.benchmark=jsonl"])))
     own = compare_runs(run_a, run_b, metric="f1", variant="locomo", method="exact")
     assert own["overall"]["mean_a"] == pytest.approx((2 / 3 + 1) / 2)  # plain F1: "paris" of "paris capital"
+
+
+@pytest.mark.parametrize(("field", "a", "b"), [("gold", "7 May 2023", "something else"), ("question", "When?", "Why?")])
+def test_runs_that_asked_other_questions_under_one_id_are_refused(tmp_path, capsys, field, a, b):
+    """Questions were paired by id alone: runs whose stored gold answer or question text differs under one id (other
+    data) were tested against each other without a word. Refused naming the first such question and the field."""
+    rows = [_record("m:q1", "4", True), _record("m:q2", "4", False)]
+    run_a = _write(tmp_path / "A", [rows[0], {**rows[1], field: a}])
+    run_b = _write(tmp_path / "B", [rows[0], {**rows[1], field: b}])
+    said = (f"{run_a / 'predictions.jsonl'}:2 and {run_b / 'predictions.jsonl'}:2: question m:q2: field '{field}' "
+            f"differs ({a!r} against {b!r}): the runs asked other questions under one id (other data), so their scores "
+            "measure different things and are not compared")
+    with pytest.raises(PredictionsError) as info:
+        compare_runs(run_a, run_b)
+    assert str(info.value) == said
+    assert main(["compare", str(run_a), str(run_b)]) == 2
+    assert capsys.readouterr().err.strip() == f"memfit compare: error: {said}"
+    # over seeds: a B seed of other data, and an A seed of other data than the first A seed
+    same = _write(tmp_path / "A2", [rows[0], {**rows[1], field: a}])
+    with pytest.raises(PredictionsError, match=f"question m:q2: field '{field}' differs"):
+        compare_seeds([run_a, same], [run_b])
+    with pytest.raises(PredictionsError, match=f"question m:q2: field '{field}' differs"):
+        compare_seeds([run_a, run_b], [same])
+    # a row that lacks the field (an older file) is not held to it
+    bare = _write(tmp_path / "bare", [rows[0], {k: v for k, v in rows[1].items() if k != field}])
+    assert compare_runs(run_a, bare)["paired"] == 2

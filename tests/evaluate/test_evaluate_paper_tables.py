@@ -24,7 +24,7 @@ from memfit_gpu.config import load_config, to_dict, to_yaml
 from memfit_gpu.evaluate import paper_tables as pt
 from memfit_gpu.evaluate.tables import summarize
 from memfit_gpu.mappings import flatten
-from memfit_gpu.readers.ledger import Ledger, RoleStats
+from memfit_gpu.readers.ledger import Ledger, ModelStats, RoleStats
 from memfit_gpu.readers.prompts import JUDGE_KINDS
 from memfit_gpu.sweep.spec import load_sweep, point_overrides
 
@@ -196,6 +196,81 @@ def test_table1_locomo_cells(sweep_dir: Path):
     assert _markdown_rows(table.markdown())[2][:6] == ["full", "reader/A", "8", "70.00", "60.00", "50.00"]
 
 
+def test_table1_states_the_categories_its_average_is_the_mean_of(tmp_path: Path, sweep_dir: Path):
+    """The note said "the four category means" of a run with three categories (a smoke run has no single-hop
+    question): it names the categories averaged."""
+    assert pt.locomo_main(pt.expand(str(sweep_dir))).notes[0] == (
+        "F1 / BLEU-1: metric variant `paper`, x100. Average = unweighted mean of the four category means (each Judge "
+        "column likewise); n = scored questions.")
+    three = write_run(tmp_path / "three", _rows(FULL[:6]))
+    assert pt.locomo_main([pt.load_run(three)]).notes[0] == (
+        "F1 / BLEU-1: metric variant `paper`, x100. Average = unweighted mean of the 3 category means the runs scored "
+        "(multi-hop, temporal, open-domain) (each Judge column likewise); n = scored questions.")
+    table = pt.locomo_main(pt.expand_all([str(three), str(sweep_dir / "points" / "full")]))
+    assert table.notes[0] == (
+        "F1 / BLEU-1: metric variant `paper`, x100. Average = unweighted mean of the means of the categories each run "
+        "scored (three: 3 (multi-hop, temporal, open-domain); full: 4 (multi-hop, temporal, open-domain, single-hop)) "
+        "(each Judge column likewise); n = scored questions.")
+
+
+def _provenance(run: Path, data_sha: str, judge: str = "j") -> None:
+    record = {"schema": 1, "data": {"files": {"locomo10.json": {"sha256": data_sha * 64}}},
+              "judge": {"enabled": True, "model": judge}, "models": {}, "prompts": {}}
+    (run / "provenance.json").write_text(json.dumps(record))
+
+
+def test_tables_say_where_the_runs_provenance_differs(tmp_path: Path, sweep_dir: Path):
+    """`memfit tables` combined runs of other data or another judge without a word (the paired tests' provenance
+    lines were dropped; unjudged runs had none): each table of several runs ends with provenance.drift's lines, as
+    `memfit aggregate` prints them."""
+    points = sweep_dir / "points"
+    for point_id in ("full", "no_prf"):
+        _provenance(points / point_id, "a")
+    _provenance(points / "plain_retrieval", "b", judge="other")
+    runs = pt.expand(str(sweep_dir))
+    drift = ["warning: data: full and plain_retrieval differ in data.files.locomo10.json.sha256 (full: aaaaaaaaaaaa; "
+             "plain_retrieval: bbbbbbbbbbbb)",
+             "warning: judge: full and plain_retrieval differ in judge.model (full: j; plain_retrieval: other)"]
+    for table in (pt.locomo_main(runs), pt.ablation(runs, EXACT), pt.retrieval_diagnostics(runs),
+                  pt.sensitivity(runs, EXACT, baseline="full"),
+                  *pt.efficiency(runs), pt.efficiency_methods(runs)):
+        assert table.notes[-2:] == drift, table.key
+        assert table.markdown().endswith(f"- {drift[0]}\n- {drift[1]}\n")
+    # Table 6: each reader's plain run first, the reference
+    assert pt.plain_vs_memfit(pt.pairs_from_sweeps([str(sweep_dir)]), EXACT).notes[-2:] == [
+        "warning: data: plain_retrieval and full differ in data.files.locomo10.json.sha256 (plain_retrieval: "
+        "bbbbbbbbbbbb; full: aaaaaaaaaaaa)",
+        "warning: judge: plain_retrieval and full differ in judge.model (plain_retrieval: other; full: j)"]
+    # a run without provenance.json is said to be not compared; one run alone is compared with nothing
+    (points / "no_prf" / "provenance.json").unlink()
+    notes = pt.ablation(runs, EXACT).notes
+    assert "note: no_prf has no provenance.json (made before memfit recorded provenance): not compared" in notes
+    assert not any(n.startswith(("note:", "warning:")) for n in pt.locomo_main(runs[:1]).notes)
+    # runs of one provenance: nothing to say
+    _provenance(points / "no_prf", "a")
+    assert not any(n.startswith(("note:", "warning:")) for n in pt.locomo_main(runs[:2]).notes)
+    # through the CLI: under the table in OUT/tables.md
+    out = tmp_path / "tables"
+    assert main(["tables", "--out", str(out), "--locomo-main", str(sweep_dir)]) == 0
+    assert f"- {drift[1]}" in (out / "tables.md").read_text()
+
+
+def test_unjudged_runs_of_other_gold_answers_are_refused(tmp_path: Path):
+    """Unjudged runs were checked for the same question ids only: runs of other gold answers (other data) had the
+    difference of their averages printed."""
+    rows = _rows(FULL)
+    for row in rows:
+        row["judge"] = None
+    full = write_run(tmp_path / "full", rows)
+    other = write_run(tmp_path / "other", [{**r, "gold": "another"} if r["question_id"] == "q3" else r for r in rows])
+    with pytest.raises(pt.TablesError) as info:
+        pt.ablation(pt.expand_all([str(full), str(other)]), EXACT, baseline="full")
+    assert str(info.value) == (
+        f"paired test full vs other: {full}/predictions.jsonl:3 and {other}/predictions.jsonl:3: question q3: field "
+        "'gold' differs ('g' against 'another'): the runs asked other questions under one id (other data), so their "
+        "scores measure different things and are not compared")
+
+
 def test_table6_plain_vs_memfit_paired_test(sweep_dir: Path):
     table = pt.plain_vs_memfit(pt.pairs_from_sweeps([f"Reader A={sweep_dir}"]), EXACT)
     # judge 3/8 -> 6/8; full gains q1, q4, q6 and loses none: three +1 differences, exact p = 2 / 2**3
@@ -228,6 +303,22 @@ def test_retrieval_diagnostics_table(sweep_dir: Path):
     assert [table.cell("full", c) for c in ("n", "Pack hit", "Hit@30", "multi-hop pack hit", "open-domain hit@30")] \
         == ["8", "75.00", "87.50", "50.00", "50.00"]
     assert table.cell("no_prf", "temporal pack hit") == "-"  # no per-category block in that run
+
+
+def test_retrieval_diagnostics_say_what_each_hit_at_30_ranked(tmp_path: Path):
+    """Runs of eval.hit_list final (summaries hold ranks) and episodes (the turns alone) stood side by side in one
+    Hit@30 column without a word: a column says which, and a note warns when they differ."""
+    final = write_run(tmp_path / "final", _rows(FULL), retrieval={**FULL_RETRIEVAL, "hit_list": "final"})
+    episodes = write_run(tmp_path / "episodes", _rows(FULL), retrieval={**FULL_RETRIEVAL, "hit_list": "episodes"})
+    older = write_run(tmp_path / "older", _rows(FULL), retrieval=FULL_RETRIEVAL)  # diagnostics before the setting
+    table = pt.retrieval_diagnostics(pt.expand_all([str(final), str(episodes), str(older)]))
+    assert [table.cell(label, "Hit list") for label in ("final", "episodes", "older")] == ["final", "episodes",
+                                                                                        "episodes"]
+    assert table.notes[1] == ("warning: the runs' Hit@30 rank over different lists (final: final, episodes: episodes, "
+                              "older: episodes): those columns are not comparable between them (rerun with one "
+                              "eval.hit_list)")
+    alike = pt.retrieval_diagnostics(pt.expand_all([str(episodes), str(older)]))
+    assert not any("different lists" in note for note in alike.notes)
 
 
 def test_sensitivity_tokens_relative_to_default(tmp_path: Path):
@@ -299,11 +390,26 @@ def test_efficiency_tables(tmp_path: Path):
     assert [cost_table.cell("eff", c) for c in (
         "Summary calls", "Answer calls", "Judge calls", "LLM calls", "Summary calls / memory",
         "Build tokens / memory (k)", "Answer input tokens / question", "Answer output tokens / question",
-        "Ledger USD")] == ["3", "8", "8", "11", "1.50", "1.65", "1000", "10.0", "0.00"]
-    # gpt-4.1-mini list price: 11,000 input tokens x $0.40/M + 380 output x $1.60/M = $0.005008
+        "Ledger USD")] == ["3", "8", "8", "11", "1.50", "1.65", "1000", "10.0", "0.0000"]
+    # gpt-4.1-mini list price: 11,000 input tokens x $0.40/M + 380 output x $1.60/M = $0.005008, at four decimals as
+    # efficiency_methods prints it (0.01 before: the same cost two ways)
+    assert cost_table.cell("eff", "USD at gpt-4.1-mini prices") == "0.0050"
     path = cost_table.write_csv(tmp_path / "cost.csv")
     row = next(csv.DictReader(path.open()))
     assert float(row["USD at gpt-4.1-mini prices"]) == pytest.approx(0.005008)
+
+
+def test_an_unpriced_hosted_model_leaves_the_ledger_usd_unknown(tmp_path: Path):
+    """A hosted model without a price was left out of the ledger's USD: the table showed 0.00 for the run. Its cell is
+    empty and a note names the model and the priced part."""
+    ledger = Ledger.from_dict(_ledger())
+    ledger.models["openai|gpt-5-pro-unlisted"] = ModelStats("openai", "gpt-5-pro-unlisted", 8, 8000, 80)
+    ledger.models["openai|gpt-4o-mini"] = ModelStats("openai", "gpt-4o-mini", 3, 1_000_000, 0)  # 0.15 USD
+    run = pt.load_run(write_run(tmp_path / "hosted", _rows(FULL), ledger=ledger.to_dict()))
+    _, cost_table = pt.efficiency([run])
+    assert cost_table.cell("hosted", "Ledger USD") == "-"
+    assert cost_table.notes[1] == ("hosted: Ledger USD n/a (partial: 0.1500 USD priced; unpriced, no price in "
+                                   "configs/prices.yaml: gpt-5-pro-unlisted)")
 
 
 def _method_ledger(roles: dict[str, tuple[int, int, int]]) -> dict[str, Any]:

@@ -18,7 +18,15 @@ from memfit_gpu.config import ReaderConfig
 from memfit_gpu.data.schema import DataError
 from memfit_gpu.files import temporaries
 from memfit_gpu.readers.cache import ResponseCache, request_key
-from memfit_gpu.readers.ledger import Ledger, LedgerCheckError, load_prices, read_ledger
+from memfit_gpu.readers.ledger import (
+    Ledger,
+    LedgerCheckError,
+    check_ledger,
+    load_prices,
+    read_ledger,
+    recorded_cost,
+    usd_text,
+)
 from memfit_gpu.readers.reader import Reader, background_calls
 from memfit_gpu.readers.types import Backend, Request, Response
 
@@ -132,16 +140,41 @@ def test_a_ledger_that_is_not_one_is_a_data_error_naming_the_field(tmp_path: Pat
     assert Ledger.load(path).roles["answer"].calls == 0
 
 
-def test_local_models_cost_nothing_unknown_models_are_reported() -> None:
+def test_local_models_cost_nothing_unknown_models_make_the_cost_unknown() -> None:
+    """A hosted model without a price was left out of `usd`: a run whose judge is unpriced cost 0.0 in the report,
+    `memfit efficiency` and the paper tables. The total is unknown (None); the priced part and the models are said."""
     ledger = Ledger()
     ledger.record("answer", "q1", _resp(1000, 10, model="HuggingFaceTB/SmolLM2-135M-Instruct"), "vllm")
     ledger.add_gpu_seconds("answer", 12.5)
     ledger.record("judge", "q1", _resp(1000, 10, model="my-private-model"), "openai")
     cost = ledger.cost()
-    assert cost["usd"] == 0.0
+    assert cost["usd"] is None and cost["priced_usd"] == 0.0
     assert cost["by_model"] == {"vllm|HuggingFaceTB/SmolLM2-135M-Instruct": 0.0, "openai|my-private-model": None}
     assert cost["unpriced_models"] == ["my-private-model"]
     assert cost["gpu_seconds"] == 12.5
+    # a priced hosted model beside it: its part is kept, the whole stays unknown
+    ledger.record("summary", "s1", _resp(1_000_000, 0), "openai")  # gpt-4o-mini: 0.15 USD per 1M input tokens
+    cost = ledger.to_dict()["cost"]
+    assert (cost["usd"], cost["priced_usd"], cost["unpriced_models"]) == (None, pytest.approx(0.15), ["my-private-model"])
+    assert recorded_cost(ledger.to_dict()) == {"usd": None, "priced_usd": pytest.approx(0.15),
+                                               "unpriced_models": ["my-private-model"]}
+    assert usd_text(recorded_cost(ledger.to_dict())) == (
+        "n/a (partial: 0.1500 USD priced; unpriced, no price in configs/prices.yaml: my-private-model)")
+    # a ledger.json written before: its `usd` summed the priced models alone, and is read as that part
+    old = {"cost": {"usd": 0.15, "by_model": {}, "unpriced_models": ["my-private-model"], "gpu_seconds": 0.0}}
+    assert recorded_cost(old) == {"usd": None, "priced_usd": 0.15, "unpriced_models": ["my-private-model"]}
+    # every model priced (or local): the whole cost, as before
+    priced = Ledger()
+    priced.record("answer", "q1", _resp(1_000_000, 0), "openai")
+    assert priced.cost()["usd"] == priced.cost()["priced_usd"] == pytest.approx(0.15)
+    assert usd_text(recorded_cost(priced.to_dict())) == "0.1500"
+    assert usd_text(recorded_cost({"roles": {}})) == "-"  # a ledger without a cost
+    # what the readers show is checked where it is read: damage is one error naming the field
+    for cost_field, value, said in (("usd", "abc", "expected a number or null, got 'abc'"),
+                                    ("unpriced_models", "gpt-x", "expected a list of model names, got 'gpt-x'")):
+        with pytest.raises(DataError) as info:
+            check_ledger({"roles": {}, "cost": {cost_field: value}}, "ledger.json")
+        assert str(info.value) == f"ledger.json, field 'cost.{cost_field}': {said}"
 
 
 def test_one_answer_per_question_check() -> None:

@@ -4,6 +4,7 @@ every trimmed excerpt noted, the refusals. tests/report/test_report_browser.py o
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -15,7 +16,10 @@ import pytest
 from support.report_runs import REPO, FakeQuestion, write_run  # tests/ is on sys.path
 
 from memfit_gpu.cli import main
+from memfit_gpu.evaluate.efficiency import COLUMNS, efficiency_row
 from memfit_gpu.evaluate.tables import category_name, summarize
+from memfit_gpu.readers.ledger import Ledger
+from memfit_gpu.readers.types import Response
 from memfit_gpu.report import ReportError, build_report, plots, question_records, question_table, read_run
 from memfit_gpu.report.build import TABLE_COLUMNS, _segments, excerpt_blocks
 
@@ -387,6 +391,24 @@ def _depths(variant: str) -> dict[str, Any]:
     ("metrics.json", lambda m: m["average"].pop("paper"),
      "metrics.json, average, field 'paper': missing; run a has no paper scores, and the report reads it at paper, "
      "its table metric"),
+    # Average and the counts under the table were shown as metrics.json held them (an average F1 of 0.9 as 90.00)
+    ("metrics.json", lambda m: m["average"]["paper"].update(f1=0.9),
+     "metrics.json, average, field 'paper.f1': 0.9, but the mean of its category means in predictions.jsonl is 0.5; "
+     "the two files are not of one scoring (one was edited or replaced)"),
+    ("metrics.json", lambda m: m["average"].update(judge=0.9),
+     "metrics.json, average, field 'judge': 0.9, but predictions.jsonl holds judge accuracies whose mean is 0.625 for "
+     "its categories; the two files are not of one scoring (one was edited or replaced)"),
+    ("metrics.json", lambda m: m["average"].update(categories=3),
+     "metrics.json, average, field 'categories': 3, but predictions.jsonl holds 4 categories; the two files are not "
+     "of one scoring (one was edited or replaced)"),
+    ("metrics.json", lambda m: m.update(averaging="median"),
+     "metrics.json, field 'averaging': 'median', not one of category_mean, question_mean"),
+    ("metrics.json", lambda m: m.update(reader_errors=2),
+     "metrics.json, field 'reader_errors': 2, but predictions.jsonl holds 0 answers with a reader error; the two "
+     "files are not of one scoring (one was edited or replaced)"),
+    ("metrics.json", lambda m: m["overall"].update(judge_unparsed=1),
+     "metrics.json, field 'overall.judge_unparsed': 1, but predictions.jsonl holds 0 unparsed judge replies; the two "
+     "files are not of one scoring (one was edited or replaced)"),
     ("depths.json", lambda d: d.update(_depths("locomo")),
      "depths.json, depth k=5 average, field 'paper': missing; run a has no paper scores, and the report reads it at "
      "paper, its table metric"),
@@ -404,3 +426,110 @@ def test_a_damaged_field_is_refused_naming_it(tmp_path: Path, capsys: pytest.Cap
     else:
         _edit_json(run / file, edit)
     assert _report_error([run], tmp_path / "r.html", capsys) == f"memfit report: error: {run}/{message}"
+
+
+# ------------------------------------------------------------------ what the page states beside the numbers
+def test_an_unpriced_hosted_model_makes_the_cost_unknown_not_zero(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose hosted model has no price cost 0.0 in the report's header and `memfit efficiency`'s ledger_usd
+    (the ledger left the model out of its total): the cost is unknown, and the model is named."""
+    run = write_run(tmp_path / "hosted", _questions(3, 2, "t"))
+    ledger = Ledger()
+    for i in range(3):
+        ledger.record("answer", f"q{i}", Response("x", 1000, 10, 0.1, model="gpt-5-pro-unlisted"), "openai")
+    (run / "ledger.json").write_text(ledger.to_json())
+    page = build_report([run], tmp_path / "r.html").path.read_text()
+    assert ('<div class="warn usd">USD (hosted models at their list price; local backends cost 0): n/a (partial: '
+            "0.0000 USD priced; unpriced, no price in configs/prices.yaml: gpt-5-pro-unlisted)</div>") in page
+    row = efficiency_row(run)
+    assert (row["ledger_usd"], row["unpriced_models"]) == (None, "gpt-5-pro-unlisted")
+    assert main(["efficiency", str(run)]) == 0
+    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[2].strip("|").split("|")]
+    assert cells[COLUMNS.index("ledger_usd")] == "n/a" and cells[COLUMNS.index("unpriced_models")] == "gpt-5-pro-unlisted"
+    # a local reader costs 0, as before
+    local = write_run(tmp_path / "local", _questions(3, 2, "t"))
+    page = build_report([local], tmp_path / "r.html").path.read_text()
+    assert ('<div class="note usd">USD (hosted models at their list price; local backends cost 0): 0.0000</div>'
+            in page)
+    assert (efficiency_row(local)["ledger_usd"], efficiency_row(local)["unpriced_models"]) == (0.0, None)
+
+
+def test_runs_of_other_gold_answers_or_questions_under_one_id_are_refused(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The comparison paired questions by id alone, and the viewer showed the first run's question and gold for all:
+    runs made on other data were compared without a word. One line naming the question and the field, exit 2."""
+    questions = _questions(3, 2, "t")
+    a = write_run(tmp_path / "a", questions)
+    b = write_run(tmp_path / "b", [*questions[:2], FakeQuestion("q2", questions[2].category, "the sea",
+                                                                 questions[2].prediction, [], questions[2].excerpts)])
+    assert _report_error([a, b], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {a}/predictions.jsonl and {b}/predictions.jsonl: question q2: field 'gold' differs "
+        "('the lake' against 'the sea'): the runs asked other questions under one id (other data), so their scores "
+        "measure different things and are not compared")
+    c = write_run(tmp_path / "c", questions)
+    _edit_rows(c / "predictions.jsonl", lambda rows: [{**r, "question": "what else?"} if r["question_id"] == "q1" else r
+                                                     for r in rows])
+    assert _report_error([a, c], tmp_path / "r.html", capsys) == (
+        f"memfit report: error: {a}/predictions.jsonl and {c}/predictions.jsonl: question q1: field 'question' "
+        "differs ('question q1?' against 'what else?'): the runs asked other questions under one id (other data), so "
+        "their scores measure different things and are not compared")
+    # a question the first run lacks is held to the first run that has it
+    d = write_run(tmp_path / "d", [FakeQuestion("x0", "1", "red", "red", [], [("t0", "a")])])
+    e = write_run(tmp_path / "e", [*questions[:1], FakeQuestion("x0", "1", "blue", "red", [], [("t0", "a")])])
+    assert _report_error([a, d, e], tmp_path / "r.html", capsys).startswith(
+        f"memfit report: error: {d}/predictions.jsonl and {e}/predictions.jsonl: question x0: field 'gold' differs")
+
+
+def test_unparsed_verdicts_and_reader_errors_are_stated(tmp_path: Path) -> None:
+    """results.md states the judge replies that stated no verdict and the answers the reader failed; the page said
+    neither, and showed an unparsed reply's verdict as WRONG."""
+    run = _judged_run(tmp_path / "a")
+
+    def damage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        rows[1]["judge"]["unparsed"] = True  # its verdict stays false: counted as not correct
+        rows[5]["reader_error"] = "timed out"
+        return rows
+
+    _edit_rows(run / "predictions.jsonl", damage)
+    rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics.update(summarize(rows, judge=True, benchmark="locomo", n_boot=50))
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    page = build_report([run], tmp_path / "r.html").path.read_text()
+    assert ('<div class="warn reader-errors">Reader errors: 1 of 6 answers failed at the reader and are scored as '
+            "empty predictions") in page
+    assert ('<div class="warn judge-unparsed">Unparsed judge replies: 1 of 6 stated no verdict the parser could '
+            "read; each is counted as not correct in the Judge column") in page
+    verdicts = re.findall(r'judge <b class="verdict[^"]*">(\w+)</b>([^·]*)·', page)
+    assert [v for v, _ in verdicts] == ["CORRECT", "unparsed", "CORRECT", "CORRECT", "CORRECT", "WRONG"]
+    assert verdicts[1][1].startswith(" (the reply stated no verdict the parser could read; counted as wrong)")
+    clean = build_report([_judged_run(tmp_path / "b")], tmp_path / "r.html").path.read_text()
+    assert '<div class="note reader-errors">Reader errors: 0 of 6 answers' in clean
+    assert '<div class="note judge-unparsed">Unparsed judge replies: 0 of 6' in clean
+
+
+def test_each_runs_hit_list_and_the_latency_rule_are_stated(tmp_path: Path) -> None:
+    """The attribution note said ranks count turns for memfit and plain, where eval.hit_list=final (the default)
+    gives summaries ranks too; the latency note named a rule the code does not use."""
+    final = write_run(tmp_path / "final", _questions(3, 2, "t"))
+    _edit_json(final / "metrics.json", lambda m: m.update(retrieval={"hit_list": "final"}))
+    older = write_run(tmp_path / "older", _questions(3, 2, "t"))  # diagnostics made before the setting
+    page = build_report([final, older], tmp_path / "r.html").path.read_text()
+    assert ("for memfit and plain they count what the run's hit@k counts (<code>eval.hit_list</code>): with "
+            "<code>final</code> every item of the final ranked list, a summary holding a rank too, with "
+            "<code>episodes</code> the turns alone:\nfinal <code class=\"hit-list\">final</code>; older <code "
+            "class=\"hit-list\">episodes</code>.</p>") in page
+    assert ("latency = (timings.json <code>retrieve</code> + the answer role's wall time, ledger.json "
+            "<code>roles.answer.wall_s</code>) / questions, a mean over one batched pass (the judge's calls are not in "
+            "it).") in page
+
+
+@pytest.mark.parametrize("name", ["r$x$", "r$\\foo{$"])
+def test_a_run_named_with_dollar_signs_is_drawn_as_written(tmp_path: Path, name: str) -> None:
+    """matplotlib read a `$` pair in a run's name as TeX: `r$x$` was drawn as math, `r$\\foo{$` stopped the report
+    with a mathtext traceback."""
+    run = write_run(tmp_path / name, _questions(3, 2, "t"))
+    page = build_report([run], tmp_path / "r.html").path.read_text()
+    figure = re.search(r'<figure id="figure-scores">(.*?)</figure>', page, re.S).group(1)
+    # the legend's text element holds the name as written (drawn as math, it was glyph runs of `r` and `x`)
+    assert re.search(r"<text [^>]*>" + re.escape(html.escape(name, quote=False)) + "</text>", figure)

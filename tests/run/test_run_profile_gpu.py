@@ -1,10 +1,12 @@
 """`memfit profile`'s GPU accounting on the CPU: NVML devices restricted to CUDA_VISIBLE_DEVICES (by index
 or UUID, as the variable spells them), a device NVML refuses skipped, memfit's own torch memory, and the
 scaling sweep's BM25 on the configured device. The NVML module is a fake made to provoke the mapping: its
-numbers are inputs of these tests, never measurements."""
+numbers are inputs of these tests, never measurements. And the stage table of a judged run's files."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +14,8 @@ import pytest
 
 from memfit_gpu.config import load_config
 from memfit_gpu.devices import first_device
-from memfit_gpu.run.profile import GpuSampler, memfit_gpu_memory, scaling_sweep, visible_gpus
+from memfit_gpu.readers.ledger import Ledger, RoleStats
+from memfit_gpu.run.profile import GpuSampler, memfit_gpu_memory, scaling_sweep, stage_table, visible_gpus
 
 
 class FakeNvmlError(Exception):
@@ -115,3 +118,21 @@ def test_scaling_sweep_builds_bm25_on_the_configured_device():
     rows = scaling_sweep(cfg, (300,), n_queries=4, progress=False)
     assert rows[0]["bm25_device"] == str(first_device(cfg.index.device)) == "cpu"
     assert rows[0]["dense_placement"].startswith("CPU")
+
+
+def test_the_read_stage_is_the_answer_calls_and_the_judge_has_its_own(tmp_path: Path):
+    """`read` was timings.answer, the whole answer stage, which holds the judge's calls (on its own thread behind
+    the answers) and the models' loading, over a count of answers alone: a judged run's answers/s counted the judge's
+    time. The read stage is the answer calls' wall time; the judge's is a stage of its own."""
+    ledger = Ledger()
+    ledger.roles["answer"] = RoleStats(calls=6, wall_s=4.0)
+    ledger.roles["judge"] = RoleStats(calls=5, cached=1, wall_s=9.0)
+    (tmp_path / "ledger.json").write_text(ledger.to_json())
+    (tmp_path / "timings.json").write_text(json.dumps({"load": 1.0, "build": 2.0, "retrieve": 0.5, "answer": 12.0}))
+    (tmp_path / "diagnostics.json").write_text(json.dumps({"questions_total": 6, "retrieve_stage_seconds": {}}))
+    stages = stage_table(tmp_path)
+    assert {k: stages["read"][k] for k in ("seconds", "items", "unit", "items_per_s")} == {
+        "seconds": 4.0, "items": 6, "unit": "answers", "items_per_s": 1.5}
+    assert {k: stages["judge"][k] for k in ("seconds", "items", "unit", "items_per_s")} == {
+        "seconds": 9.0, "items": 6, "unit": "calls", "items_per_s": 6 / 9.0}
+    assert stages["read"]["share"] == 4.0 / 13.0  # of the stages' summed seconds
