@@ -493,19 +493,25 @@ def test_a_compaction_waiting_for_the_reader_holds_no_other_user_s_search_on_the
     run_served(served, requests, release)
 
 
-def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reader's error names its endpoint and quotes that server's reply; the client got both in its 503.
-    The reply now says what happened; the server's log keeps the rest."""
+def _served_with_a_failing_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str,
+                                  answered: bool) -> ServedMemory:
+    """A served memory of user u1 (two turns) whose reader fails every request with `why`."""
     cfg = load_config(DEMO, CHEAP)
     worker = memory_worker()
     live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
     worker.submit(live.add, "u1", [turn("u1", i) for i in range(2)]).result()
-    backend = live.reader().backend
-    why = "http://10.0.0.7:8000/v1/chat/completions refused request 'k': HTTP 400: {'detail': 'bad'}"
-    monkeypatch.setattr(backend, "generate", lambda requests: [
-        Response("", 0, 0, 0.0, False, "m", error=why, answered=False) for _ in requests])
-    served = ServedMemory(live, cfg, worker)
+    monkeypatch.setattr(live.reader().backend, "generate", lambda requests: [
+        Response("", 0, 0, 0.0, False, "m", error=why, answered=answered) for _ in requests])
+    return ServedMemory(live, cfg, worker)
+
+
+def test_a_reader_without_an_answer_is_503_naming_no_endpoint_of_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's error names its endpoint and quotes that server's reply; the client got both in its 503.
+    The reply now says what happened; the server's log keeps the rest."""
+    served = _served_with_a_failing_reader(
+        tmp_path, monkeypatch, "http://10.0.0.7:8000/v1/chat/completions refused request 'k': HTTP 400: "
+                               "{'detail': 'bad'}", answered=False)
 
     async def ask() -> None:
         with pytest.raises(Refused) as refused:
@@ -521,15 +527,8 @@ def test_an_answer_the_reader_could_not_give_names_the_cause_only(
     """vLLM answers a request it refused with "{exception}: {engine message}" (readers/vllm.py), which may name the
     model's path; the answer's `error` reached the client verbatim. It now says the reader could not answer; the
     server's log keeps the message."""
-    cfg = load_config(DEMO, CHEAP)
-    worker = memory_worker()
-    live = worker.submit(Memory.open, tmp_path / "memory", cfg).result()
-    worker.submit(live.add, "u1", [turn("u1", i) for i in range(2)]).result()
-    backend = live.reader().backend
     why = "ValueError: /srv/models/private-70b prompt of 9,000 tokens is longer than max_model_len 8,192"
-    monkeypatch.setattr(backend, "generate", lambda requests: [
-        Response("", 0, 0, 0.0, False, "m", error=why) for _ in requests])
-    served = ServedMemory(live, cfg, worker)
+    served = _served_with_a_failing_reader(tmp_path, monkeypatch, why, answered=True)
 
     async def ask() -> None:
         found = await served.answer("u1", ["Where is the lantern?", "And the harbor?"], 2)
