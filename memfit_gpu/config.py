@@ -790,17 +790,20 @@ def _base_of(data: Any, path: Path, chain: tuple[Path, ...]) -> Any:
 _RETIRED_KEYS = {"seed": "reader.seed (sampling) and eval.seed (bootstrap); the top-level seed was read by nothing"}
 
 
-class _DuplicateKey(yaml.YAMLError):
-    """Raised inside the loader, which does not know the file: _load_yaml_tree names it in a ConfigError."""
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping that writes one key twice (UniqueKeyLoader); the loader does not know the file, so its
+    reader names it (a ConfigError here, a SweepError for a sweep file)."""
 
     def __init__(self, key: Any, first_line: int, line: int):
-        super().__init__(f"key {key!r} at line {line}")
+        super().__init__(f"key {key!r} is written twice in one mapping (lines {first_line} and {line}): YAML would "
+                         "keep the second and drop the first silently; write it once")
         self.key, self.first_line, self.line = key, first_line, line
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load that refuses a key written twice in one mapping: PyYAML keeps the last and drops the
-    first without a word, so a section written twice (two `reader:` blocks) lost every setting of the first."""
+    first without a word, so a section written twice (two `reader:` blocks) lost every setting of the first.
+    Every YAML file memfit reads as settings (configs, sweep files) goes through it."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -812,7 +815,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node)
                 line = key_node.start_mark.line + 1
                 if key in seen:
-                    raise _DuplicateKey(key, seen[key], line)
+                    raise DuplicateKeyError(key, seen[key], line)
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -821,10 +824,9 @@ def _load_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> Any:
     if path.is_dir():
         raise ConfigError(f"{path}: a folder, not a config file (e.g. configs/memfit.yaml)")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader: no tags run code
-    except _DuplicateKey as exc:
-        raise ConfigError(f"{path}: key {exc.key!r} is written twice in one mapping (lines {exc.first_line} and "
-                          f"{exc.line}): YAML would keep the second and drop the first silently; write it once") from None
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # a SafeLoader: no tags run code
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     except UnicodeDecodeError as exc:

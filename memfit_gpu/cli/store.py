@@ -193,11 +193,13 @@ def repair_command(args: argparse.Namespace) -> int:
               f"killed writer's): {'the repair cuts it off' if args.dry_run else 'cut off'}, as any open does")
     if report.uncommitted:  # likewise (a store opened to read only, `memfit retrieve --store`, refuses it)
         print(f"  the log {'ends' if args.dry_run else 'ended'} in a write batch of {report.uncommitted} records that "
-              f"was never committed (a killed writer's): {'the repair drops it' if args.dry_run else 'dropped'}, as "
-              "any open to write does")
+              f"was never committed (a killed writer's, or the log was cut short): "
+              f"{'the repair drops it' if args.dry_run else 'dropped'}, as any open to write does")
     if not report.dropped:
+        kept = "" if args.dry_run or report.backup is None else \
+            f"; the old log is {report.backup}, the dropped records {report.dropped_file}"
         print(f"memfit store repair: {store}: all {report.batches} write batches apply; nothing "
-              f"{'else ' if report.torn_bytes or report.uncommitted else ''}to repair")
+              f"{'else ' if report.torn_bytes or report.uncommitted else ''}to repair{kept}")
         return 0
     for item in report.dropped:
         print(f"  log record {item['log_record']}: {item['reason']} ({item['records']} records"

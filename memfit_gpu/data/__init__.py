@@ -182,7 +182,8 @@ def _check_category_labels(benchmark: Benchmark, include: set[str] | None, exclu
     (`adversarial` for LoCoMo's 5) would score a different question set without a word."""
     spec = find_spec(benchmark.name)
     named = dict(spec.categories) if spec is not None else {}
-    labels = list(named) + sorted({q.category for m in benchmark.memories for q in m.questions} - named.keys())
+    known = list(dict.fromkeys([*named, *(spec.labels if spec is not None else ())]))
+    labels = known + sorted({q.category for m in benchmark.memories for q in m.questions} - set(known))
     for key, chosen in (("data.include_categories", include), ("data.exclude_categories", exclude)):
         unknown = sorted(c for c in chosen or () if c not in labels)
         if not unknown:

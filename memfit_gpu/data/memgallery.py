@@ -189,6 +189,7 @@ SPEC = BenchmarkSpec(
     # Names the MemFit paper itself uses (Table 11); the other points print as their codes.
     categories={"TTL": "test-time learning", "VS": "visual-centric search", "VR": "visual-centric reasoning",
                 "KR": "knowledge resolution"},
+    labels=POINTS,
     category_source="the MemFit paper's Table 11 names; the official scorer (YuanchenBei/Mem-Gallery "
                     f"benchmark/memengine/evaluate/evaluation.py) reports the `point` codes {', '.join(POINTS)} "
                     "without names",

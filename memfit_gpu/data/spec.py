@@ -61,6 +61,9 @@ class BenchmarkSpec:
     splits: tuple[str, ...] = ()  # data.split values (LongMemEval: s, m, oracle)
     default_split: str | None = None  # the split fetch and the plan take when none is given
     categories: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # id -> name
+    # every label its files may hold where `categories` names only some (MemGallery's nine points): a file holding
+    # a subset still selects by any of them (data.include/exclude_categories)
+    labels: tuple[str, ...] = ()
     category_source: str = ""  # where the id -> name mapping is written (the official scorer's file)
     averaging: str = "question_mean"  # "Average" of the results table
     protocol: str = "paper"  # reader.protocol=auto

@@ -719,13 +719,14 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         if cached:
             cached_notes.append(f"{run.label}: {cached} requests came from the response cache (a resumed run); "
                                 "their tokens are not in the ledger, so token totals undercount")
+    drift = provenance_notes(runs, ("reader.model",))  # provenance.json read once for both tables
     time_table.notes = [
         "Store + index = timings.build (encode, BM25 and dense insertion; another method's write-time work); "
         "Summaries = timings.summaries (segmentation and one LLM call per segment); Memory build = both. "
         "Retrieval ms / question = timings.retrieve / questions (one batched pass, so a mean, not a single-question "
         "latency). Answer s / question = ledger roles.answer.wall_s / answer calls generated (judge time excluded). "
         "GPU-seconds = reader wall time x GPUs held (write and read phases: summary + answer for MemFit).",
-    ] + provenance_notes(runs, ("reader.model",))
+    ] + drift  # each table read alone says it
     cost_table.notes = [
         "LLM calls = the system's own calls, the ledger's write and read phases (MemFit: summary + answer; "
         "LightMem-SLM adds its MTM, consolidation, rewrite and re-rank calls); judge calls are evaluation and listed "
@@ -733,7 +734,7 @@ def efficiency(runs: Sequence[Run], price_model: str = "gpt-4.1-mini",
         "hosted models only (local vLLM = 0; - when a hosted model has no price, named below); "
         f"the last column prices this run's write and read tokens at {price_model}'s list price "
         f"(configs/prices.yaml: ${price['input']}/M in, ${price['output']}/M out), as the paper's cost figure does.",
-    ] + unpriced_notes + cached_notes + provenance_notes(runs, ("reader.model",))
+    ] + unpriced_notes + cached_notes + drift
     return time_table, cost_table
 
 

@@ -86,6 +86,9 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
     path = store / "log.jsonl"
     if not dry_run:  # as any open to write: a killed compaction finished or undone first
         compaction.finish_compaction(store)
+    elif not path.is_file() and compaction.interrupted(store):
+        raise FileNotFoundError(f"{path}: a compaction of this store was interrupted mid-swap; `memfit store repair` "
+                                "without --dry-run finishes it (as any open to write does)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no store log there")
     report = RepairReport()
@@ -137,14 +140,14 @@ def repair_store(store: str | Path, dry_run: bool = False) -> RepairReport:
                                    "records": len(body), "kept_memory_records": len(salvaged)})
             log.warning("%s: dropping the batch at record %d (%d records): %s", path, position + 1, len(body), exc.reason)
         position += len(batch)
-    report.uncommitted = len(records) - sum(len(batch) for batch in _batches(records, commits))
-    if dry_run:
-        return report
-    if first_change is None:
-        if report.uncommitted:  # what any open to write drops, dropped here too (read-only opens refuse it)
-            tail = RecordLog(path)
-            tail.drop_records(len(records) - report.uncommitted)
-            tail.close()
+    report.uncommitted = len(records) - position
+    if report.uncommitted:
+        # a batch without its commit (a killed writer's, or the log cut short: a snapshot may cover it): what an
+        # open to write drops, dropped here through the same rewrite, so its records stay in the dropped file and
+        # the old log's backup, and no snapshot past what the log keeps remains
+        dropped_records.extend(records[position:])
+        first_change = position if first_change is None else first_change
+    if dry_run or first_change is None:
         return report
     # Every step leaves a store that opens as the old one or the repaired one, so a kill anywhere is undone by
     # the same command again: the dropped records and the new log beside the old; the snapshots past the first

@@ -128,21 +128,21 @@ def _open_to_read(path: Path, snapshots: Path, cfg: MemFitConfig, dim: int) -> O
     log_path = path / "log.jsonl"
     mend = f"open it to write once (`memfit store repair {path}` shows and mends what is left), then read it"
     if not log_path.is_file() or not log_path.stat().st_size:
-        interrupted = any(d.exists() for d in compaction.compaction_dirs(path))
         raise StoreCorruptError(str(log_path), None, None,
-                                "a compaction of this store was interrupted mid-swap: " + mend if interrupted
+                                "a compaction of this store was interrupted mid-swap: " + mend
+                                if compaction.interrupted(path)
                                 else "no store log there: not a store (or not built yet); nothing was read")
     record_log = RecordLog(log_path, read_only=True)
     commits = _checked_header(record_log, cfg, dim)
     committed = committed_records(record_log) if commits else len(record_log)
+    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
+    if widest is not None and widest[0] > committed:  # first, as an open to write refuses it (open_log says why)
+        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest))
     if committed < len(record_log):
         raise StoreCorruptError(str(log_path), None, None,
                                 f"the last {len(record_log) - committed} records are a write batch that was never "
-                                "committed (its writer was killed, or the log was cut short); opened to read only, "
-                                f"nothing was dropped: {mend}")
-    widest = widest_snapshot(snapshots) if cfg.store.fsync else None
-    if widest is not None and widest[0] > committed:  # as an open to write refuses it (open_log says why)
-        raise StoreCorruptError(str(log_path), None, None, _outrun(committed, widest))
+                                "committed (its writer was killed or is writing it now, or the log was cut short); "
+                                f"opened to read only, nothing was dropped: {mend}")
     return OpenedLog(record_log, commits=commits, created=False)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from memfit_gpu.config import ConfigError, MemFitConfig, load_config
+from memfit_gpu.config import ConfigError, DuplicateKeyError, MemFitConfig, UniqueKeyLoader, load_config
 from memfit_gpu.data import DataNotFoundError, data_location, resolve_data_path
 from memfit_gpu.mappings import flatten
 
@@ -249,30 +249,6 @@ def _flat_mapping(value: Any, where: str) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()}
 
 
-class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, line: int) -> None:
-        super().__init__(f"line {line}: key {key!r} given twice in one mapping (YAML would keep only the last)")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a mapping that gives one key twice is an error (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *anchor`: its keys are defaults the mapping's own keys may override
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the base class says so
-                continue
-            if duplicate:
-                raise _DuplicateKey(key, key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _check_command(command: list[str], where: str) -> None:
     """Every `{...}` of a command part is one point_command fills; a lone brace is written `{{` or `}}`."""
     for i, part in enumerate(command):
@@ -309,8 +285,8 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
     except OSError as exc:
         raise SweepError(f"{path}: cannot be read ({exc})") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506  (a SafeLoader)
-    except _DuplicateKey as exc:
+        data = yaml.load(text, Loader=UniqueKeyLoader) or {}  # noqa: S506  (a SafeLoader)
+    except DuplicateKeyError as exc:
         raise SweepError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SweepError(f"{path}: not valid YAML: {exc}") from exc
@@ -332,7 +308,10 @@ def load_sweep(path: str | Path, extra_overrides: Sequence[str] = ()) -> SweepSp
         if "=" not in item:
             raise SweepError(f"override {item!r} is not key=value (e.g. reader.backend=openai)")
         key, value = item.split("=", 1)
-        fixed[key] = dotlist_value(value)  # as `memfit run key=value` reads it (pack.k=3 is 3, [a,b] a list)
+        try:
+            fixed[key] = dotlist_value(value)  # as `memfit run key=value` reads it (pack.k=3 is 3, [a,b] a list)
+        except yaml.YAMLError as exc:
+            raise SweepError(f"override {item!r}: its value is not read as YAML ({str(exc).splitlines()[0]})") from None
         from_command_line.add(key)
 
     grid = _flat_mapping(data.get("grid"), f"{path}: grid")

@@ -789,6 +789,13 @@ def test_a_category_list_naming_no_category_of_the_benchmark_is_refused(locomo: 
     with pytest.raises(ConfigError, match=r"^data.include_categories: 'what' is no category of jsonl: its categories "
                                           r"are who$"):
         select_questions(load_benchmark("jsonl", own), include_categories=["what"])
+    # a MemGallery point the file holds no question of is one of its nine points all the same (its spec names
+    # only four): selecting it selects nothing, and a label that is no point is refused
+    gallery = Benchmark("memgallery", "test")
+    assert select_questions(gallery, include_categories=["FR"]).questions() == []
+    with pytest.raises(ConfigError, match=r"'FRR' is no category of memgallery: its categories are TTL "
+                                          r"\(test-time learning\), .*FR, MR, TR, CD, AR; did you mean 'FR'"):
+        select_questions(gallery, include_categories=["FRR"])
     # the default an older memfit wrote into every run's config.yaml still reads, with a warning
     with caplog.at_level("WARNING", logger="memfit_gpu.data"):
         assert len(select_questions(longmemeval, exclude_categories=["5"]).questions()) == 47

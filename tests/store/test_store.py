@@ -17,6 +17,7 @@ import torch
 
 from memfit_gpu.config import MemFitConfig
 from memfit_gpu.data.schema import Image, Memory, Session, Turn
+from memfit_gpu.files import read_jsonl
 from memfit_gpu.index.tokenize import tokenize
 from memfit_gpu.retrieve.view import ReadView
 from memfit_gpu.store import EpisodeStore, compaction, episode_text
@@ -717,7 +718,11 @@ def test_a_store_opened_to_read_changes_no_byte_and_refuses_what_a_writer_would_
     assert _folder_bytes(tmp_path) == cut
     # `memfit store repair` says so (its dry run said "nothing to repair") and drops it, as an open to write does
     assert repair_store(tmp_path, dry_run=True).uncommitted == 1 and _folder_bytes(tmp_path) == cut
-    assert repair_store(tmp_path).uncommitted == 1
+    repaired = repair_store(tmp_path)
+    # nothing lost: the old log (less its torn bytes, which any open cuts) and the dropped batch are kept
+    assert repaired.uncommitted == 1 and repaired.torn_bytes > 0
+    assert Path(repaired.backup).read_bytes() == cut["log.jsonl"][:-repaired.torn_bytes]
+    assert [r["t"] for r in read_jsonl(Path(repaired.dropped_file))] == ["episode"]
     mended = EpisodeStore(tmp_path, MemFitConfig(), bi_encoder, read_only=True)
     assert mended.size == 7 and mended.turn_id.tolist()[-1] == "D1:2"
     (Path(tmp_path) / "log.jsonl").unlink()
