@@ -14,6 +14,7 @@ complete, so the same command resumes once the cause is fixed.
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import hashlib
 import json
@@ -125,20 +126,18 @@ def temporaries(path: Path) -> list[Path]:
 # A temporary file whose writer cannot be asked whether it lives (another node's, another PID namespace's, an
 # older memfit's without the place in its name) is another writer's for this long: no text write takes an hour.
 FOREIGN_TEMPORARY_S = 3600.0
-_PLACE: list[str] = []
 
 
+@functools.cache
 def _writer_place() -> str:
     """Where this process's PIDs mean something: its host and PID namespace, hashed to 8 hex digits. A PID
     is asked after (os.kill) only in the place that gave it: two SLURM tasks on two nodes share the sweep's
     folder, and a PID of the one is a dead or unrelated process on the other."""
-    if not _PLACE:
-        try:
-            namespace = os.readlink("/proc/self/ns/pid")
-        except OSError:  # no /proc (macOS): the host alone
-            namespace = ""
-        _PLACE.append(hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode()).hexdigest()[:8])
-    return _PLACE[0]
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # no /proc (macOS): the host alone
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()}\0{namespace}".encode()).hexdigest()[:8]
 
 
 def _remove_stale_temporaries(path: Path) -> None:
